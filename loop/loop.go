@@ -1,0 +1,472 @@
+// Package loop is a single-threaded, level-triggered epoll event loop.
+//
+// One goroutine, locked to its OS thread, runs epoll_wait and every callback:
+// fd readiness handlers, timers, functions posted from other goroutines and
+// end-of-iteration hooks. Because everything runs on that one goroutine, the
+// state a loop's callbacks touch needs no locks. The price is the rule every
+// callback must keep: never block. No blocking syscall, channel operation,
+// lock or network round-trip; slow work goes to another goroutine, which hands
+// its result back with Post.
+//
+// One iteration of Run, top to bottom:
+//
+//  1. epoll_wait, with a timeout taken from the nearest timer (0 when posts
+//     are already queued, forever when there is nothing to wait for);
+//  2. the readiness handler of every fd that epoll reported;
+//  3. every timer whose deadline has passed, in deadline order;
+//  4. every function posted before this step started, in posting order;
+//  5. the AfterIteration hooks (the hub flushes each worker it touched here,
+//     so all the frames one iteration produced leave in one write).
+//
+// The loop knows nothing of frames, workers or Postgres.
+package loop
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Events is a set of readiness conditions.
+type Events uint32
+
+const (
+	// Readable: data (or EOF) can be read without blocking.
+	Readable Events = 1 << iota
+	// Writable: some bytes can be written without blocking.
+	Writable
+)
+
+func (e Events) String() string {
+	switch e {
+	case 0:
+		return "none"
+	case Readable:
+		return "readable"
+	case Writable:
+		return "writable"
+	case Readable | Writable:
+		return "readable|writable"
+	}
+	return fmt.Sprintf("Events(%#x)", uint32(e))
+}
+
+// Handler is called on the loop goroutine when its fd is ready. A hang-up or
+// an error on the fd is reported as Readable|Writable whatever the interest,
+// as the Go runtime's netpoller does: whichever side the owner is waiting on
+// then sees the failure on its next read or write. A Handler must not block.
+type Handler func(ev Events)
+
+// Token names one registration. File descriptor numbers are reused as soon as
+// they are closed, so a Token carries a generation as well: events, Modify and
+// Unregister for a registration that no longer exists are recognised as stale
+// instead of reaching whoever holds the fd number now.
+type Token struct {
+	fd  int32
+	gen uint32
+}
+
+// FD returns the file descriptor the token was registered for.
+func (t Token) FD() int { return int(t.fd) }
+
+// Valid reports whether t came from Register (the zero Token never does).
+func (t Token) Valid() bool { return t.gen != 0 }
+
+var (
+	// ErrStopped is returned by Post after the loop has stopped.
+	ErrStopped = errors.New("loop: stopped")
+	// ErrStaleToken is returned for a token whose registration is gone.
+	ErrStaleToken = errors.New("loop: stale token")
+	// ErrRunning is returned by a second call to Run.
+	ErrRunning = errors.New("loop: Run already called")
+)
+
+// Options configures a Loop.
+type Options struct {
+	// Logger receives the loop's own rare complaints (a failed epoll_ctl
+	// during shutdown, say). Nil means slog.Default().
+	Logger *slog.Logger
+	// MaxEvents bounds the readiness events taken from one epoll_wait.
+	// Zero means 256.
+	MaxEvents int
+}
+
+type registration struct {
+	gen uint32
+	ev  Events
+	h   Handler
+}
+
+// Loop is a single-threaded epoll event loop. Methods documented "loop
+// goroutine only" may also be called before Run starts, for setup, but never
+// concurrently with Run from another goroutine.
+type Loop struct {
+	epfd   int
+	wakefd int // eventfd: Post and Stop write to it to end epoll_wait
+	log    *slog.Logger
+	events []unix.EpollEvent
+
+	// Loop-goroutine state.
+	regs      []*registration // indexed by fd; nil when not registered
+	gen       uint32          // last generation handed out; 0 is never used
+	timers    timerHeap
+	timerSeq  uint64
+	afterIter []func()
+	onClose   []func()
+	now       time.Time
+	tid       int // OS thread of Run, for InLoop
+
+	// Shared with other goroutines.
+	mu       sync.Mutex
+	posts    []func() // guarded by mu
+	closed   bool     // guarded by mu: Post refuses once set
+	spare    []func() // loop goroutine only: the drained posts slice, reused
+	notified atomic.Bool
+	stopping atomic.Bool
+	started  atomic.Bool
+	done     chan struct{}
+}
+
+// New creates a loop: an epoll instance and its wake-up eventfd.
+func New(opts Options) (*Loop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("epoll_create1", err)
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, os.NewSyscallError("eventfd", err)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakefd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
+		unix.Close(wakefd)
+		unix.Close(epfd)
+		return nil, os.NewSyscallError("epoll_ctl", err)
+	}
+	n := opts.MaxEvents
+	if n <= 0 {
+		n = 256
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Loop{
+		epfd:   epfd,
+		wakefd: wakefd,
+		log:    log,
+		events: make([]unix.EpollEvent, n),
+		now:    time.Now(),
+		done:   make(chan struct{}),
+	}, nil
+}
+
+// Run runs the loop on the calling goroutine, locked to its OS thread, until
+// Stop. When it returns, the posts queued before the stop have run, the
+// OnClose hooks have run, and the epoll and eventfd descriptors are closed.
+func (l *Loop) Run() error {
+	if !l.started.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	l.tid = unix.Gettid()
+	defer close(l.done)
+
+	var err error
+	for !l.stopping.Load() {
+		if err = l.poll(); err != nil {
+			break
+		}
+	}
+	l.shutdown()
+	return err
+}
+
+// Done is closed when Run has returned.
+func (l *Loop) Done() <-chan struct{} { return l.done }
+
+// poll is one iteration.
+func (l *Loop) poll() error {
+	n, err := unix.EpollWait(l.epfd, l.events, l.timeout())
+	if err != nil && err != unix.EINTR {
+		return os.NewSyscallError("epoll_wait", err)
+	}
+	// EINTR: fall through with n < 0, so that timers that came due while
+	// the call was interrupted still run and the timeout is recomputed.
+	l.now = time.Now()
+	for i := 0; i < n; i++ {
+		e := &l.events[i]
+		fd := int(e.Fd)
+		if fd == l.wakefd {
+			l.drainWake()
+			continue
+		}
+		if fd >= len(l.regs) {
+			continue
+		}
+		r := l.regs[fd]
+		if r == nil || r.gen != uint32(e.Pad) {
+			continue // unregistered, or re-registered, by an earlier handler
+		}
+		var ev Events
+		if e.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLPRI) != 0 {
+			ev |= Readable
+		}
+		if e.Events&unix.EPOLLOUT != 0 {
+			ev |= Writable
+		}
+		if e.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			ev |= Readable | Writable
+		}
+		r.h(ev)
+	}
+	l.runTimers()
+	l.runPosts()
+	for _, f := range l.afterIter {
+		f()
+	}
+	return nil
+}
+
+// timeout is epoll_wait's timeout in milliseconds: 0 when posts are waiting,
+// -1 (forever) when there is no timer, otherwise the time to the nearest
+// timer rounded up, so that the loop never wakes a hair early and spins.
+func (l *Loop) timeout() int {
+	if l.stopping.Load() {
+		return 0
+	}
+	if len(l.timers) == 0 {
+		return -1
+	}
+	d := time.Until(l.timers[0].when)
+	if d <= 0 {
+		return 0
+	}
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	if ms > 1<<30 {
+		ms = 1 << 30
+	}
+	return int(ms)
+}
+
+func (l *Loop) drainWake() {
+	var buf [8]byte
+	// The eventfd is a counter: one read resets it, however many writes.
+	_, _ = unix.Read(l.wakefd, buf[:])
+}
+
+// wake ends the current or next epoll_wait. The CAS makes it one eventfd
+// write per batch of posts: until the loop drains the queue, later posters
+// find the flag set and skip the syscall.
+func (l *Loop) wake() {
+	if !l.notified.CompareAndSwap(false, true) {
+		return
+	}
+	one := [8]byte{1, 0, 0, 0, 0, 0, 0, 0} // little-endian uint64 1
+	for {
+		_, err := unix.Write(l.wakefd, one[:])
+		if err == unix.EINTR {
+			continue
+		}
+		// EAGAIN means the counter is at its maximum: the loop is
+		// already bound to wake. Other errors mean the eventfd is
+		// closed, i.e. the loop is gone.
+		return
+	}
+}
+
+// Post queues f to run on the loop goroutine and wakes the loop. It is safe
+// from any goroutine, including the loop's own (f then runs later in the
+// same iteration's post step or the next). Posts from one goroutine run in
+// the order they were posted. Once the loop has stopped, Post returns
+// ErrStopped and f never runs.
+func (l *Loop) Post(f func()) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ErrStopped
+	}
+	l.posts = append(l.posts, f)
+	l.mu.Unlock()
+	l.wake()
+	return nil
+}
+
+func (l *Loop) runPosts() {
+	// Clear the flag before taking the queue: a post that lands after the
+	// swap then writes the eventfd again and is run next iteration.
+	l.notified.Store(false)
+	l.mu.Lock()
+	batch := l.posts
+	l.posts = l.spare[:0]
+	l.mu.Unlock()
+	for i, f := range batch {
+		f()
+		batch[i] = nil // let the closure be collected
+	}
+	l.spare = batch[:0]
+}
+
+// Stop makes Run return. From another goroutine it only asks: Run may still
+// be finishing its current iteration when Stop returns (wait on Done). From
+// a callback on the loop, the current iteration completes first.
+//
+// The rule for posts: every function whose Post returned nil runs before
+// Run returns, including those posted by the shutdown itself up to the
+// moment the queue is closed; after that, Post returns ErrStopped.
+func (l *Loop) Stop() {
+	l.stopping.Store(true)
+	l.notified.Store(false) // force the eventfd write: Run may be parked
+	l.wake()
+}
+
+func (l *Loop) shutdown() {
+	// Run what was posted before the stop, and what those posts post in
+	// turn, then close the queue so later posts are refused.
+	for {
+		l.mu.Lock()
+		if len(l.posts) == 0 {
+			l.closed = true
+			l.mu.Unlock()
+			break
+		}
+		l.mu.Unlock()
+		l.runPosts()
+	}
+	for _, f := range l.onClose {
+		f()
+	}
+	l.timers = nil
+	l.regs = nil
+	// close(2) is not retried on EINTR: on Linux the descriptor is gone
+	// whatever the result.
+	unix.Close(l.wakefd)
+	unix.Close(l.epfd)
+}
+
+// OnClose registers f to run on the loop goroutine when the loop stops,
+// after the remaining posts and before the loop's own descriptors close.
+// Hooks run in registration order. Loop goroutine only.
+func (l *Loop) OnClose(f func()) { l.onClose = append(l.onClose, f) }
+
+// AfterIteration registers f to run at the end of every iteration, after
+// all events, timers and posts of that pass. Loop goroutine only.
+func (l *Loop) AfterIteration(f func()) { l.afterIter = append(l.afterIter, f) }
+
+// Now returns the time taken when the current iteration's epoll_wait
+// returned: cheap, and the same for every callback of one pass.
+func (l *Loop) Now() time.Time { return l.now }
+
+// InLoop reports whether the caller runs on the loop goroutine. Meant for
+// assertions; it costs a gettid system call.
+func (l *Loop) InLoop() bool {
+	return l.started.Load() && l.tid != 0 && unix.Gettid() == l.tid
+}
+
+func toEpoll(ev Events) uint32 {
+	var e uint32 = unix.EPOLLRDHUP
+	if ev&Readable != 0 {
+		e |= unix.EPOLLIN
+	}
+	if ev&Writable != 0 {
+		e |= unix.EPOLLOUT
+	}
+	return e
+}
+
+// Register adds fd to the loop with interest ev and handler h. The fd should
+// be non-blocking. Level-triggered: h is called every iteration for as long
+// as the condition holds, so a handler that leaves data unread is called
+// again. Loop goroutine only.
+func (l *Loop) Register(fd int, ev Events, h Handler) (Token, error) {
+	if fd < 0 {
+		return Token{}, fmt.Errorf("loop: register fd %d: invalid descriptor", fd)
+	}
+	if h == nil {
+		return Token{}, fmt.Errorf("loop: register fd %d: nil handler", fd)
+	}
+	if fd < len(l.regs) && l.regs[fd] != nil {
+		return Token{}, fmt.Errorf("loop: register fd %d: already registered", fd)
+	}
+	l.gen++
+	if l.gen == 0 {
+		l.gen = 1
+	}
+	gen := l.gen
+	e := unix.EpollEvent{Events: toEpoll(ev), Fd: int32(fd), Pad: int32(gen)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &e); err != nil {
+		return Token{}, fmt.Errorf("loop: register fd %d: %w", fd, os.NewSyscallError("epoll_ctl", err))
+	}
+	for fd >= len(l.regs) {
+		l.regs = append(l.regs, nil)
+	}
+	l.regs[fd] = &registration{gen: gen, ev: ev, h: h}
+	return Token{fd: int32(fd), gen: gen}, nil
+}
+
+func (l *Loop) lookup(t Token) *registration {
+	fd := int(t.fd)
+	if t.gen == 0 || fd < 0 || fd >= len(l.regs) {
+		return nil
+	}
+	r := l.regs[fd]
+	if r == nil || r.gen != t.gen {
+		return nil
+	}
+	return r
+}
+
+// Modify changes the interest of a registration. Switching Writable on and
+// off as an outbound buffer fills and drains is the expected use; a Modify
+// to the current interest costs nothing. Loop goroutine only.
+func (l *Loop) Modify(t Token, ev Events) error {
+	r := l.lookup(t)
+	if r == nil {
+		return ErrStaleToken
+	}
+	if r.ev == ev {
+		return nil
+	}
+	e := unix.EpollEvent{Events: toEpoll(ev), Fd: t.fd, Pad: int32(t.gen)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, int(t.fd), &e); err != nil {
+		return fmt.Errorf("loop: modify fd %d: %w", t.fd, os.NewSyscallError("epoll_ctl", err))
+	}
+	r.ev = ev
+	return nil
+}
+
+// Unregister removes a registration. It does not close the fd: the caller
+// does, after this. Events already collected for it in the current
+// iteration are dropped. Loop goroutine only.
+func (l *Loop) Unregister(t Token) error {
+	r := l.lookup(t)
+	if r == nil {
+		return ErrStaleToken
+	}
+	l.regs[t.fd] = nil
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(t.fd), nil); err != nil {
+		return fmt.Errorf("loop: unregister fd %d: %w", t.fd, os.NewSyscallError("epoll_ctl", err))
+	}
+	return nil
+}
+
+// Registered reports how many fds are registered (the eventfd not counted).
+// Loop goroutine only.
+func (l *Loop) Registered() int {
+	n := 0
+	for _, r := range l.regs {
+		if r != nil {
+			n++
+		}
+	}
+	return n
+}

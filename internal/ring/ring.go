@@ -1,0 +1,287 @@
+// Package ring is the hub's per-worker outbound byte buffer.
+//
+// A Buffer holds the bytes the kernel did not take yet, in order, and remembers
+// where each frame ends so that the hub can count pending frames (its hard
+// queue limit is in frames) as well as bytes. It is built for a hub with many
+// mostly idle workers: an empty Buffer holds no storage at all; storage is
+// borrowed from a process-wide pool on the first Append, grows on demand
+// (copying the pending bytes, in order) up to the byte cap, and goes back to the
+// pool as soon as everything was written. In steady state (append, peek,
+// discard at a stable size) it allocates nothing.
+//
+// A Buffer is not safe for concurrent use; in the hub it belongs to the loop
+// goroutine. It must not be copied after first use.
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+)
+
+// ErrFull is returned by Append when the frame does not fit under the byte cap.
+// Nothing was copied; the caller decides what that means (the hub evicts the
+// worker for an ephemeral wake and drops a durable one).
+var ErrFull = errors.New("ring: buffer full")
+
+const (
+	// minSlab is the smallest byte storage borrowed: a page holds ~30 typical
+	// wake frames, enough that a worker which keeps up never grows past it.
+	minSlab = 4 << 10
+	// byteClasses pooled slab sizes: 4 KiB, 8 KiB, ... 16 MiB. Larger storage
+	// (only a worker far behind with a cap above 16 MiB) is allocated and
+	// dropped to the GC, which is fine for a rare, pathological case.
+	byteClasses = 13
+	// minEnds is the smallest frame-end ring; 32 entries are 256 bytes.
+	minEnds = 32
+	// endClasses pooled frame-end ring sizes: 32 ... 32<<15 (1 Mi frames).
+	endClasses = 16
+)
+
+// Pools of slabs by size class. They hold pointers to slices so that Get and
+// Put do not allocate (a slice stored in an interface would be boxed).
+var (
+	bytePools [byteClasses]sync.Pool
+	endPools  [endClasses]sync.Pool
+)
+
+// Buffer is a FIFO of whole frames, stored as a ring of bytes.
+//
+// The zero value is an empty buffer with no byte cap; set Max (or use New)
+// before the first Append.
+type Buffer struct {
+	// Max is the byte cap: Append fails with ErrFull when Len()+len(frame)
+	// would exceed it. Zero or negative means no cap. Changing it never drops
+	// bytes already held.
+	Max int
+
+	// buf is the storage, nil when empty; len(buf) is its capacity.
+	// slab is the pool handle buf came from (nil when buf was allocated
+	// outside the pools, e.g. clamped to Max or above the largest class).
+	buf  []byte
+	slab *[]byte
+	// head indexes the first pending byte in buf; n bytes are pending, the
+	// rest wrapping around to buf[0:].
+	head, n int
+
+	// written and appended are absolute byte offsets: bytes ever discarded
+	// and ever appended. appended-written == n always.
+	written, appended uint64
+
+	// ends is a ring of the absolute end offsets (in appended terms) of the
+	// frames not fully written, oldest at ends[ehead], en entries. Its length
+	// is a power of two so indexing is a mask. endSlab is its pool handle.
+	ends    []uint64
+	endSlab *[]uint64
+	ehead   int
+	en      int
+}
+
+// New returns an empty Buffer with byte cap maxBytes (<= 0: no cap).
+func New(maxBytes int) *Buffer { return &Buffer{Max: maxBytes} }
+
+// SetMax sets the byte cap; see Max.
+func (b *Buffer) SetMax(maxBytes int) { b.Max = maxBytes }
+
+// Len returns the number of bytes pending.
+func (b *Buffer) Len() int { return b.n }
+
+// Frames returns the number of frames not yet fully written. A frame of which
+// only a prefix was discarded still counts.
+func (b *Buffer) Frames() int { return b.en }
+
+// Written returns the absolute count of bytes ever discarded.
+func (b *Buffer) Written() uint64 { return b.written }
+
+// Appended returns the absolute count of bytes ever appended. A caller that
+// records Appended() before an Append knows the frame starts at that offset,
+// and that the frame is still wholly unsent while Written() <= that offset.
+func (b *Buffer) Appended() uint64 { return b.appended }
+
+// Cap returns the byte storage held now (0 when empty).
+func (b *Buffer) Cap() int { return len(b.buf) }
+
+// Append queues one whole frame. It returns ErrFull, copying nothing, when
+// Len()+len(frame) would exceed Max. An empty frame is a no-op: it has no
+// bytes to send and is not counted.
+func (b *Buffer) Append(frame []byte) error {
+	if len(frame) == 0 {
+		return nil
+	}
+	need := b.n + len(frame)
+	if need < b.n || (b.Max > 0 && need > b.Max) {
+		return ErrFull
+	}
+	if need > len(b.buf) {
+		b.grow(need)
+	}
+	if b.en == len(b.ends) {
+		b.growEnds()
+	}
+	// Copy into the free region, which starts at tail and may wrap.
+	tail := b.head + b.n
+	if tail >= len(b.buf) {
+		tail -= len(b.buf)
+	}
+	c := copy(b.buf[tail:], frame)
+	if c < len(frame) {
+		copy(b.buf, frame[c:])
+	}
+	b.n = need
+	b.appended += uint64(len(frame))
+	b.ends[(b.ehead+b.en)&(len(b.ends)-1)] = b.appended
+	b.en++
+	return nil
+}
+
+// Peek returns the pending bytes, in order, as up to two slices (the second is
+// non-empty only when the data wraps around), ready for write or writev. They
+// alias the storage: valid until the next Append, Discard or Reset.
+func (b *Buffer) Peek() (first, second []byte) {
+	if b.n == 0 {
+		return nil, nil
+	}
+	end := b.head + b.n
+	if end <= len(b.buf) {
+		return b.buf[b.head:end], nil
+	}
+	return b.buf[b.head:], b.buf[:end-len(b.buf)]
+}
+
+// Discard drops the first n pending bytes: the kernel took them. When nothing
+// is left the storage goes back to the pool; when much less than the storage
+// is left it moves to a smaller slab. It panics if n is negative or more than
+// Len(), which is a bug in the caller.
+func (b *Buffer) Discard(n int) {
+	if n < 0 || n > b.n {
+		panic(fmt.Sprintf("ring: Discard(%d) with %d bytes pending", n, b.n))
+	}
+	if n == 0 {
+		return
+	}
+	b.written += uint64(n)
+	b.n -= n
+	if b.n == 0 {
+		b.release()
+		return
+	}
+	b.head += n
+	if b.head >= len(b.buf) {
+		b.head -= len(b.buf)
+	}
+	mask := len(b.ends) - 1
+	for b.en > 0 && b.ends[b.ehead] <= b.written {
+		b.ehead = (b.ehead + 1) & mask
+		b.en--
+	}
+	// Shrink with hysteresis: only at a quarter full, to a slab at most half
+	// full, so a buffer oscillating around one size never copies back and forth.
+	if len(b.buf) > minSlab && b.n <= len(b.buf)/4 {
+		b.resize(slabSize(2 * b.n))
+	}
+	if len(b.ends) > minEnds && b.en <= len(b.ends)/4 {
+		b.resizeEnds(len(b.ends) / 2)
+	}
+}
+
+// Reset drops everything pending (counting it as written, so offsets stay
+// monotonic) and returns the storage. Use it when the worker goes away.
+func (b *Buffer) Reset() {
+	b.written = b.appended
+	b.n = 0
+	b.release()
+}
+
+// release returns both slabs to their pools and forgets all positions.
+func (b *Buffer) release() {
+	if b.slab != nil {
+		bytePools[bits.TrailingZeros(uint(len(b.buf)/minSlab))].Put(b.slab)
+	}
+	b.buf, b.slab, b.head = nil, nil, 0
+	if b.endSlab != nil {
+		endPools[bits.TrailingZeros(uint(len(b.ends)/minEnds))].Put(b.endSlab)
+	}
+	b.ends, b.endSlab, b.ehead, b.en = nil, nil, 0, 0
+}
+
+// slabSize is the smallest pooled size class holding n bytes.
+func slabSize(n int) int {
+	if n <= minSlab {
+		return minSlab
+	}
+	return 1 << bits.Len(uint(n-1))
+}
+
+// grow moves the pending bytes into storage holding at least need bytes: the
+// next size class, clamped to Max so that a buffer near its cap never holds
+// up to twice the cap.
+func (b *Buffer) grow(need int) {
+	size := slabSize(need)
+	if size < 2*len(b.buf) {
+		size = 2 * len(b.buf)
+	}
+	if b.Max > minSlab && size > b.Max && need <= b.Max {
+		size = b.Max
+	}
+	b.resize(size)
+}
+
+// resize moves the pending bytes, in order, to the start of a slab of size
+// bytes (pooled when size is a class) and returns the old slab.
+func (b *Buffer) resize(size int) {
+	var buf []byte
+	var slab *[]byte
+	if c := bits.TrailingZeros(uint(size / minSlab)); size >= minSlab && size == minSlab<<c && c < byteClasses {
+		if p, _ := bytePools[c].Get().(*[]byte); p != nil {
+			slab = p
+		} else {
+			s := make([]byte, size)
+			slab = &s
+		}
+		buf = *slab
+	} else {
+		buf = make([]byte, size)
+	}
+	first, second := b.Peek()
+	copy(buf[copy(buf, first):], second)
+	if b.slab != nil {
+		bytePools[bits.TrailingZeros(uint(len(b.buf)/minSlab))].Put(b.slab)
+	}
+	b.buf, b.slab, b.head = buf, slab, 0
+}
+
+// growEnds doubles the frame-end ring (or borrows the first one).
+func (b *Buffer) growEnds() {
+	if len(b.ends) == 0 {
+		b.resizeEnds(minEnds)
+		return
+	}
+	b.resizeEnds(2 * len(b.ends))
+}
+
+// resizeEnds moves the pending frame ends, in order, to a ring of size entries
+// (a power of two, at least minEnds).
+func (b *Buffer) resizeEnds(size int) {
+	var ends []uint64
+	var slab *[]uint64
+	if c := bits.TrailingZeros(uint(size / minEnds)); c < endClasses {
+		if p, _ := endPools[c].Get().(*[]uint64); p != nil {
+			slab = p
+		} else {
+			s := make([]uint64, size)
+			slab = &s
+		}
+		ends = *slab
+	} else {
+		ends = make([]uint64, size)
+	}
+	mask := len(b.ends) - 1
+	for i := 0; i < b.en; i++ {
+		ends[i] = b.ends[(b.ehead+i)&mask]
+	}
+	if b.endSlab != nil {
+		endPools[bits.TrailingZeros(uint(len(b.ends)/minEnds))].Put(b.endSlab)
+	}
+	b.ends, b.endSlab, b.ehead = ends, slab, 0
+}

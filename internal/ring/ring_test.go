@@ -1,0 +1,393 @@
+package ring
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+// pending returns Peek's two slices joined.
+func pending(b *Buffer) []byte {
+	first, second := b.Peek()
+	return append(append([]byte{}, first...), second...)
+}
+
+// fill returns n bytes of a pattern starting at seed, so that misordered
+// copies show.
+func fill(n int, seed byte) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = seed + byte(i*7)
+	}
+	return p
+}
+
+func mustAppend(t *testing.T, b *Buffer, p []byte) {
+	t.Helper()
+	if err := b.Append(p); err != nil {
+		t.Fatalf("Append(%d bytes) with Len %d Max %d: %v", len(p), b.Len(), b.Max, err)
+	}
+}
+
+func TestZeroValue(t *testing.T) {
+	var b Buffer
+	if b.Len() != 0 || b.Frames() != 0 || b.Cap() != 0 || b.Written() != 0 || b.Appended() != 0 {
+		t.Fatalf("zero Buffer not empty: len %d frames %d cap %d", b.Len(), b.Frames(), b.Cap())
+	}
+	if f, s := b.Peek(); f != nil || s != nil {
+		t.Fatalf("Peek on empty = %q, %q", f, s)
+	}
+	b.Discard(0)
+	if err := b.Append(nil); err != nil || b.Frames() != 0 || b.Cap() != 0 {
+		t.Fatalf("Append(nil) = %v, frames %d cap %d; want a no-op", err, b.Frames(), b.Cap())
+	}
+	mustAppend(t, &b, []byte("hello"))
+	if b.Cap() != minSlab || b.Len() != 5 || b.Frames() != 1 {
+		t.Fatalf("after one Append: cap %d len %d frames %d", b.Cap(), b.Len(), b.Frames())
+	}
+}
+
+func TestWrapAround(t *testing.T) {
+	b := New(0)
+	a := fill(3000, 1)
+	mustAppend(t, b, a)
+	b.Discard(2500)
+	c := fill(3000, 2)
+	mustAppend(t, b, c)
+	if b.Cap() != minSlab {
+		t.Fatalf("cap %d, want %d: 3500 bytes fit without growing", b.Cap(), minSlab)
+	}
+	first, second := b.Peek()
+	if len(second) == 0 {
+		t.Fatalf("Peek did not wrap: first %d second %d", len(first), len(second))
+	}
+	if len(first)+len(second) != 3500 {
+		t.Fatalf("Peek lengths %d+%d, want 3500", len(first), len(second))
+	}
+	want := append(append([]byte{}, a[2500:]...), c...)
+	if !bytes.Equal(pending(b), want) {
+		t.Fatal("wrapped contents differ")
+	}
+	// Growing while wrapped must unwrap in order.
+	d := fill(2000, 3)
+	mustAppend(t, b, d)
+	if b.Cap() != 2*minSlab {
+		t.Fatalf("cap %d after growth, want %d", b.Cap(), 2*minSlab)
+	}
+	want = append(want, d...)
+	if !bytes.Equal(pending(b), want) {
+		t.Fatal("contents differ after growing a wrapped buffer")
+	}
+	if _, second := b.Peek(); second != nil {
+		t.Fatal("grown buffer still wrapped")
+	}
+	if b.Frames() != 3 {
+		t.Fatalf("frames %d, want 3", b.Frames())
+	}
+}
+
+func TestCap(t *testing.T) {
+	b := New(100)
+	mustAppend(t, b, fill(60, 1))
+	before := pending(b)
+	if err := b.Append(fill(41, 2)); !errors.Is(err, ErrFull) {
+		t.Fatalf("Append over cap = %v, want ErrFull", err)
+	}
+	if b.Len() != 60 || b.Frames() != 1 || b.Appended() != 60 || !bytes.Equal(pending(b), before) {
+		t.Fatalf("a refused Append changed the buffer: len %d frames %d appended %d", b.Len(), b.Frames(), b.Appended())
+	}
+	mustAppend(t, b, fill(40, 3)) // exactly at the cap
+	if b.Len() != 100 || b.Frames() != 2 {
+		t.Fatalf("len %d frames %d, want 100, 2", b.Len(), b.Frames())
+	}
+	if err := b.Append([]byte{1}); !errors.Is(err, ErrFull) {
+		t.Fatalf("Append to a full buffer = %v, want ErrFull", err)
+	}
+	b.Discard(100)
+	if err := b.Append(fill(101, 4)); !errors.Is(err, ErrFull) {
+		t.Fatalf("Append of a frame larger than the cap = %v, want ErrFull", err)
+	}
+	if b.Cap() != 0 {
+		t.Fatalf("refused Append on an empty buffer borrowed storage: cap %d", b.Cap())
+	}
+
+	// Growth is clamped to the cap instead of doubling past it.
+	b = New(10000)
+	mustAppend(t, b, fill(4000, 5))
+	mustAppend(t, b, fill(5000, 6))
+	if b.Cap() != 10000 {
+		t.Fatalf("cap %d, want growth clamped to Max 10000", b.Cap())
+	}
+	mustAppend(t, b, fill(1000, 7))
+	if err := b.Append([]byte{1}); !errors.Is(err, ErrFull) {
+		t.Fatalf("Append past the cap = %v, want ErrFull", err)
+	}
+	if b.Cap() != 10000 {
+		t.Fatalf("cap %d, want 10000", b.Cap())
+	}
+
+	// Lowering Max never drops what is held.
+	b.SetMax(10)
+	if b.Len() != 10000 {
+		t.Fatalf("SetMax dropped bytes: len %d", b.Len())
+	}
+	if err := b.Append([]byte{1}); !errors.Is(err, ErrFull) {
+		t.Fatalf("Append after lowering Max = %v, want ErrFull", err)
+	}
+}
+
+func TestShrink(t *testing.T) {
+	b := New(0)
+	for i := 0; i < 64; i++ {
+		mustAppend(t, b, fill(1024, byte(i)))
+	}
+	if b.Cap() != 64<<10 {
+		t.Fatalf("cap %d, want 64 KiB", b.Cap())
+	}
+	endsCap := len(b.ends)
+	if endsCap < 64 {
+		t.Fatalf("frame-end ring %d < 64 frames", endsCap)
+	}
+	want := pending(b)
+	// Write most of it in odd-sized pieces; storage shrinks on the way.
+	for b.Len() > 1500 {
+		b.Discard(1000 + b.Len()%7)
+		want = want[len(want)-b.Len():]
+		if !bytes.Equal(pending(b), want) {
+			t.Fatalf("contents differ after shrinking to cap %d", b.Cap())
+		}
+		if b.Len() > 0 && b.Cap() > minSlab && b.Len() <= b.Cap()/4 {
+			t.Fatalf("len %d in cap %d: did not shrink", b.Len(), b.Cap())
+		}
+	}
+	if b.Cap() != minSlab {
+		t.Fatalf("cap %d with %d pending, want %d", b.Cap(), b.Len(), minSlab)
+	}
+	if len(b.ends) >= endsCap || len(b.ends) < b.Frames() {
+		t.Fatalf("frame-end ring %d (was %d) for %d frames: did not shrink", len(b.ends), endsCap, b.Frames())
+	}
+	b.Discard(b.Len())
+	if b.Cap() != 0 || b.ends != nil || b.Frames() != 0 {
+		t.Fatalf("drained buffer holds cap %d, ends %d, frames %d", b.Cap(), len(b.ends), b.Frames())
+	}
+	if b.Written() != 64<<10 || b.Appended() != 64<<10 {
+		t.Fatalf("written %d appended %d, want 65536 both", b.Written(), b.Appended())
+	}
+
+	// Reset returns storage and counts the rest as written.
+	mustAppend(t, b, fill(10, 1))
+	b.Reset()
+	if b.Cap() != 0 || b.Len() != 0 || b.Frames() != 0 || b.Written() != b.Appended() {
+		t.Fatalf("after Reset: cap %d len %d frames %d written %d appended %d",
+			b.Cap(), b.Len(), b.Frames(), b.Written(), b.Appended())
+	}
+}
+
+func TestFrameCounting(t *testing.T) {
+	b := New(0)
+	sizes := []int{10, 20, 5, 1, 100}
+	for i, n := range sizes {
+		mustAppend(t, b, fill(n, byte(i)))
+	}
+	if b.Frames() != 5 {
+		t.Fatalf("frames %d, want 5", b.Frames())
+	}
+	// Frame ends: 10, 30, 35, 36, 136.
+	steps := []struct {
+		discard, frames int
+	}{
+		{9, 5},  // 9 of the first 10: still pending
+		{1, 4},  // first frame done
+		{19, 4}, // one byte of the second left
+		{2, 3},  // second done, 1 byte of the 5-byte third gone
+		{4, 2},  // third done exactly
+		{0, 2},  // no-op
+		{1, 1},  // the 1-byte fourth
+		{99, 1}, // one byte of the fifth left
+		{1, 0},
+	}
+	for i, s := range steps {
+		b.Discard(s.discard)
+		if b.Frames() != s.frames {
+			t.Fatalf("step %d: after Discard(%d) written %d: frames %d, want %d", i, s.discard, b.Written(), b.Frames(), s.frames)
+		}
+	}
+}
+
+func TestWholeUnsent(t *testing.T) {
+	// The hub's coalescing rule: a frame that started at offset s is still
+	// wholly unsent while Written() <= s.
+	b := New(0)
+	mustAppend(t, b, fill(10, 1))
+	s := b.Appended()
+	mustAppend(t, b, fill(10, 2))
+	b.Discard(10)
+	if !(b.Written() <= s) {
+		t.Fatal("second frame reported as partly sent")
+	}
+	b.Discard(1)
+	if b.Written() <= s {
+		t.Fatal("second frame reported as wholly unsent after a byte of it left")
+	}
+}
+
+func TestDiscardTooMuchPanics(t *testing.T) {
+	for _, n := range []int{-1, 4} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("Discard(%d) with 3 pending did not panic", n)
+				}
+			}()
+			b := New(0)
+			mustAppend(t, b, []byte("abc"))
+			b.Discard(n)
+		}()
+	}
+}
+
+// TestModel runs random operations against a plain []byte model.
+func TestModel(t *testing.T) {
+	for seed := uint64(1); seed <= 20; seed++ {
+		rng := rand.New(rand.NewPCG(seed, seed*7919))
+		max := 0
+		if seed%2 == 0 {
+			max = 1 + rng.IntN(200000)
+		}
+		b := New(max)
+		var model []byte
+		var ends []uint64 // absolute end offsets of frames not fully written
+		var written, appended uint64
+		for op := 0; op < 5000; op++ {
+			switch r := rng.IntN(10); {
+			case r < 5:
+				var n int
+				switch rng.IntN(4) {
+				case 0:
+					n = rng.IntN(8)
+				case 1:
+					n = rng.IntN(300)
+				case 2:
+					n = rng.IntN(5000)
+				default:
+					n = rng.IntN(40000)
+				}
+				p := fill(n, byte(op))
+				err := b.Append(p)
+				if max > 0 && len(model)+n > max {
+					if !errors.Is(err, ErrFull) {
+						t.Fatalf("seed %d op %d: Append(%d) at %d/%d = %v, want ErrFull", seed, op, n, len(model), max, err)
+					}
+					break
+				}
+				if err != nil {
+					t.Fatalf("seed %d op %d: Append(%d) at %d/%d: %v", seed, op, n, len(model), max, err)
+				}
+				if n > 0 {
+					model = append(model, p...)
+					appended += uint64(n)
+					ends = append(ends, appended)
+				}
+			case r < 9:
+				n := 0
+				if len(model) > 0 {
+					n = rng.IntN(len(model) + 1)
+					if rng.IntN(4) == 0 {
+						n = len(model)
+					}
+				}
+				b.Discard(n)
+				model = model[n:]
+				written += uint64(n)
+				for len(ends) > 0 && ends[0] <= written {
+					ends = ends[1:]
+				}
+			default:
+				if rng.IntN(10) == 0 {
+					b.Reset()
+					model, ends = nil, nil
+					written = appended
+				}
+			}
+			if b.Len() != len(model) || b.Frames() != len(ends) || b.Written() != written || b.Appended() != appended {
+				t.Fatalf("seed %d op %d: len %d frames %d written %d appended %d; model %d %d %d %d",
+					seed, op, b.Len(), b.Frames(), b.Written(), b.Appended(), len(model), len(ends), written, appended)
+			}
+			if !bytes.Equal(pending(b), model) {
+				t.Fatalf("seed %d op %d: contents differ from model (len %d)", seed, op, len(model))
+			}
+			if (b.Cap() == 0) != (b.Len() == 0) {
+				t.Fatalf("seed %d op %d: cap %d with len %d", seed, op, b.Cap(), b.Len())
+			}
+			if b.Cap() > minSlab && b.Len() <= b.Cap()/8 {
+				t.Fatalf("seed %d op %d: cap %d holds only %d", seed, op, b.Cap(), b.Len())
+			}
+			if max > minSlab && b.Cap() > max {
+				t.Fatalf("seed %d op %d: cap %d above Max %d", seed, op, b.Cap(), max)
+			}
+		}
+	}
+}
+
+func TestNoAllocsSteadyState(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items on purpose under the race detector")
+	}
+	b := New(1 << 20)
+	frame := fill(128, 1)
+	cycle := func() {
+		for i := 0; i < 16; i++ {
+			if err := b.Append(frame); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for b.Len() > 0 {
+			f, _ := b.Peek()
+			b.Discard(min(len(f), 700))
+		}
+	}
+	cycle()
+	if n := testing.AllocsPerRun(1000, cycle); n != 0 {
+		t.Fatalf("%v allocs per append/peek/discard cycle, want 0", n)
+	}
+}
+
+// BenchmarkCycle: 16 wake-sized frames appended, then written out in one go,
+// which is the hub's flush when the kernel takes everything.
+func BenchmarkCycle(b *testing.B) {
+	buf := New(1 << 20)
+	frame := fill(128, 1)
+	b.ReportAllocs()
+	b.SetBytes(16 * 128)
+	for b.Loop() {
+		for i := 0; i < 16; i++ {
+			if err := buf.Append(frame); err != nil {
+				b.Fatal(err)
+			}
+		}
+		first, second := buf.Peek()
+		buf.Discard(len(first) + len(second))
+	}
+}
+
+// BenchmarkBacklog: a worker that is always behind; the kernel takes a bit
+// less than was appended, so the buffer wraps and stays around one size.
+func BenchmarkBacklog(b *testing.B) {
+	buf := New(1 << 20)
+	frame := fill(128, 1)
+	for i := 0; i < 100; i++ {
+		_ = buf.Append(frame)
+	}
+	b.ReportAllocs()
+	b.SetBytes(16 * 128)
+	for b.Loop() {
+		for i := 0; i < 16; i++ {
+			if err := buf.Append(frame); err != nil {
+				b.Fatal(err)
+			}
+		}
+		first, _ := buf.Peek()
+		buf.Discard(min(len(first), 16*128))
+	}
+}

@@ -1,0 +1,81 @@
+// Package testutil holds small helpers shared by the tests of every package:
+// waiting on a condition with a deadline (never sleep-and-hope) and counting
+// open file descriptors to catch leaks.
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// WaitFor polls cond until it returns true, and fails the test with what if
+// that does not happen within timeout. The first check is immediate; the
+// polling interval starts at 1 ms and doubles up to 20 ms, so fast conditions
+// cost little and slow ones do not burn a core. Like t.Fatal it must be
+// called from the goroutine running the test.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	interval := time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			// One last look: the deadline may have passed while we slept.
+			if cond() {
+				return
+			}
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(interval)
+		interval = min(2*interval, 20*time.Millisecond)
+	}
+}
+
+// FDCount returns the number of file descriptors open in this process
+// (entries of /proc/self/fd, not counting the one used to read it). It panics
+// if /proc is not mounted: leak checks are meaningless without it.
+func FDCount() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		panic(fmt.Sprintf("testutil: FDCount: %v", err))
+	}
+	return len(ents) - 1
+}
+
+// fdList describes the open descriptors (fd -> target), for failure messages.
+func fdList() string {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err.Error()
+	}
+	var sb strings.Builder
+	for _, e := range ents {
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil {
+			continue // the directory's own fd, already closed
+		}
+		fmt.Fprintf(&sb, "\n  %s -> %s", e.Name(), target)
+	}
+	return sb.String()
+}
+
+// CheckFDs records FDCount now and, when the test ends, waits up to timeout
+// for the count to come back to that level, failing with a list of the open
+// descriptors if it does not. Call it first in a test: cleanups run last-in
+// first-out, so the check then runs after every other cleanup of the test.
+func CheckFDs(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	before := FDCount()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(timeout)
+		for FDCount() > before {
+			if time.Now().After(deadline) {
+				t.Errorf("file descriptors leaked: %d open, %d before the test:%s", FDCount(), before, fdList())
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+}

@@ -1,0 +1,124 @@
+// Package pgtesting is the test-binary side of pgtest: a TestMain helper that
+// starts one cluster for all of a package's tests and removes it however the
+// binary ends, and helpers that turn pgtest.ErrExternal into a skip. It is a
+// separate package so that pgtest itself does not import "testing" (the demo
+// command links pgtest into the listenhub binary).
+//
+//	var db *pgtest.Cluster
+//
+//	func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{}, &db) }
+package pgtesting
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/internal/pgtest"
+)
+
+// Main starts a cluster with opts, stores it in *dst, runs the tests and
+// exits with their status. A cluster that cannot be started fails the binary
+// (exit 1, the reason and how to install PostgreSQL on stderr): a missing
+// database is never a skip. The cluster is removed when the tests end, pass
+// or fail, and on SIGINT or SIGTERM (after which the binary exits 1). Should
+// the binary die otherwise (its -timeout panic, SIGKILL), the server follows
+// it (parent-death signal) and the next Start removes the directory.
+//
+// With -v, lifecycle steps are logged to stderr unless opts.Logf is set.
+func Main(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) {
+	os.Exit(run(m, opts, dst))
+}
+
+func run(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) int {
+	if !flag.Parsed() {
+		flag.Parse() // for testing.Verbose; m.Run does not parse twice
+	}
+	if opts.Logf == nil && testing.Verbose() {
+		opts.Logf = func(format string, args ...any) {
+			fmt.Fprintf(os.Stderr, format+"\n", args...)
+		}
+	}
+
+	// Handle signals from before Start, so that a ^C during initdb still
+	// removes the directory.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	var (
+		mu      sync.Mutex
+		cluster *pgtest.Cluster
+		closed  bool
+	)
+	cleanup := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if cluster != nil && !closed {
+			closed = true
+			if err := cluster.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "pgtest: close:", err)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "pgtest: %v: removing the test cluster\n", s)
+		cancel()
+		// A Start in progress removes its own directory once cancelled.
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+		}
+		cleanup()
+		os.Exit(1)
+	}()
+
+	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
+	c, err := pgtest.Start(sctx, opts)
+	scancel()
+	if err == nil {
+		mu.Lock()
+		cluster = c
+		mu.Unlock()
+	}
+	close(started)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	defer cleanup()
+	*dst = c
+	return m.Run()
+}
+
+// Must fails the test on err, except that pgtest.ErrExternal (the operation
+// needs a server this process owns) skips it:
+//
+//	pgtesting.Must(t, db.Restart(ctx))
+func Must(t testing.TB, err error) {
+	t.Helper()
+	if errors.Is(err, pgtest.ErrExternal) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// RequireLocal skips the test when c is an external server, for tests that
+// need to stop, restart or freeze it.
+func RequireLocal(t testing.TB, c *pgtest.Cluster) {
+	t.Helper()
+	if c.External() {
+		t.Skip("needs a throwaway cluster; " + pgtest.EnvURL + " is set")
+	}
+}

@@ -136,11 +136,15 @@ func readPID(path string) int {
 	return pid
 }
 
-// alive reports whether a process with this pid exists.
+// alive reports whether a process with this pid exists and has not exited
+// (a zombie nobody reaped, common under minimal container inits, is dead).
 func alive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	err := syscall.Kill(pid, 0)
-	return err == nil || err == syscall.EPERM
+	if err := syscall.Kill(pid, 0); err != nil && err != syscall.EPERM {
+		return false
+	}
+	st, err := procState(pid)
+	return err == nil && st != 'Z' && st != 'X'
 }

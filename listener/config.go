@@ -1,0 +1,192 @@
+// Package listener is the Postgres side of listenhub: the LISTEN connection.
+//
+// Conn is the hub's connection. It is opened and authenticated by pgconn off
+// the loop, then hijacked: a plaintext TCP or Unix-socket connection is
+// driven from its raw file descriptor by the loop (no goroutine at all), a
+// TLS connection by one bridge goroutine that feeds the loop through Post.
+// Either way every callback runs on the loop goroutine and every method is
+// loop-goroutine only.
+//
+// Plain is the fallback for a worker without a hub: the same
+// Listen/Unlisten-with-confirmation semantics on its own pgconn connection,
+// driven by a goroutine.
+//
+// Both batch the commands they are given into one multi-statement simple
+// Query, health-check an idle connection with an empty query, and on loss
+// reconnect with capped exponential backoff and jitter, re-LISTEN the whole
+// set in one query, and only then report healthy again.
+package listener
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DefaultApplicationName is the application_name the listener's backends
+// carry in pg_stat_activity unless the connection string or PGAPPNAME says
+// otherwise: `listenhub census` counts backends by it.
+const DefaultApplicationName = "listenhub"
+
+// MaxChannelLen is the longest channel name Postgres keeps: identifiers are
+// silently truncated at NAMEDATALEN-1 bytes, and a truncated LISTEN would
+// listen to a different channel than the one asked for.
+const MaxChannelLen = 63
+
+// Defaults applied to zero Config fields (DESIGN.md rule 8 and rule 7).
+const (
+	DefaultHealthCheckInterval = 250 * time.Millisecond
+	DefaultHealthCheckTimeout  = time.Second
+	DefaultReconnectMin        = 100 * time.Millisecond
+	DefaultReconnectMax        = 5 * time.Second
+	// defaultConnectTimeout bounds one reconnect attempt when the
+	// connection string sets no connect_timeout: a server that accepts
+	// TCP and then hangs during authentication must not stall the
+	// reconnect loop forever.
+	defaultConnectTimeout = 10 * time.Second
+)
+
+var (
+	// ErrClosed is passed to the done callbacks (or returned) of commands
+	// that were still waiting when the connection was closed, and of
+	// commands issued after Close.
+	ErrClosed = errors.New("listener: closed")
+	// ErrCommandTimeout is passed to done when a command issued while the
+	// connection was down waited longer than Config.CommandTimeout.
+	ErrCommandTimeout = errors.New("listener: no connection within the command timeout")
+	// ErrInvalidChannel wraps every reason ValidChannel refuses a name.
+	ErrInvalidChannel = errors.New("listener: invalid channel")
+	// ErrHealthCheck is the reason a connection is declared dead when the
+	// server sent nothing within the health-check deadline.
+	ErrHealthCheck = errors.New("listener: health check: no answer from the server")
+)
+
+// Config configures a Conn. ConnConfig is required; zero durations take the
+// defaults above.
+type Config struct {
+	// ConnConfig says where and how to connect: use ParseConfig. It is
+	// used for every (re)connect and not modified.
+	ConnConfig *pgconn.Config
+
+	// HealthCheckInterval is how long the connection may be idle (no
+	// byte from the server) before it is probed with an empty query;
+	// HealthCheckTimeout is how long the probe, or any command in flight,
+	// may go unanswered before the connection is declared dead. Any
+	// traffic from the server counts as an answer, so a busy connection
+	// is never probed.
+	HealthCheckInterval, HealthCheckTimeout time.Duration
+
+	// ReconnectMin and ReconnectMax bound the delay before each reconnect
+	// attempt: it starts at ReconnectMin, doubles per failed attempt up to
+	// ReconnectMax, and is jittered down by up to half so that the hubs of
+	// many hosts do not reconnect in lockstep after a server restart.
+	ReconnectMin, ReconnectMax time.Duration
+
+	// CommandTimeout bounds how long a Listen or Unlisten waits for a
+	// connection while the connection is down; on expiry its done gets
+	// ErrCommandTimeout. Zero means wait for the reconnect however long.
+	// A command that was already sent is bounded by the health check.
+	CommandTimeout time.Duration
+
+	// OnNotification is called on the loop goroutine for every
+	// NotificationResponse. The slices point into the read buffer and are
+	// valid only during the call: copy what you keep. It must not block.
+	OnNotification func(channel, payload []byte)
+
+	// OnHealth is called on the loop goroutine with false when the
+	// connection is lost, and with true when it is (re)established and
+	// every channel of the current set is LISTENed again. The first
+	// OnHealth(true) comes right after Open.
+	OnHealth func(healthy bool)
+
+	// Logger receives connection events (keys "pid", "reason", "q"). Nil
+	// means slog.Default().
+	Logger *slog.Logger
+}
+
+func (cfg *Config) withDefaults() Config {
+	c := *cfg
+	if c.HealthCheckInterval <= 0 {
+		c.HealthCheckInterval = DefaultHealthCheckInterval
+	}
+	if c.HealthCheckTimeout <= 0 {
+		c.HealthCheckTimeout = DefaultHealthCheckTimeout
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = DefaultReconnectMin
+	}
+	if c.ReconnectMax <= 0 {
+		c.ReconnectMax = DefaultReconnectMax
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		c.ReconnectMax = c.ReconnectMin
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// ParseConfig parses a connection string the way libpq does, through
+// pgconn.ParseConfig: a postgres:// URL, a key=value DSN, or "" for the PG*
+// environment variables alone (which also fill in whatever the string
+// leaves out). The application_name is applicationName, or
+// DefaultApplicationName when that is empty, unless the string or
+// PGAPPNAME already sets one.
+func ParseConfig(connString, applicationName string) (*pgconn.Config, error) {
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		// pgconn's ParseConfigError already redacts the password.
+		return nil, fmt.Errorf("listener: %w", err)
+	}
+	if applicationName == "" {
+		applicationName = DefaultApplicationName
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = applicationName
+	}
+	return cfg, nil
+}
+
+// ValidChannel reports why ch cannot be LISTENed to as given, or nil. Empty
+// names are a syntax error in Postgres; names over MaxChannelLen bytes would
+// be truncated into another channel; NUL cannot travel in a query; invalid
+// UTF-8 is refused by the server for the whole query string, which would
+// make the error impossible to pin on one command of a batch.
+func ValidChannel(ch string) error {
+	switch {
+	case ch == "":
+		return fmt.Errorf("%w: empty name", ErrInvalidChannel)
+	case len(ch) > MaxChannelLen:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidChannel, len(ch), MaxChannelLen)
+	case strings.IndexByte(ch, 0) >= 0:
+		return fmt.Errorf("%w: contains NUL", ErrInvalidChannel)
+	case !utf8.ValidString(ch):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidChannel)
+	}
+	return nil
+}
+
+// QuoteIdentifier returns ch as a quoted SQL identifier: wrapped in double
+// quotes with every double quote doubled, so that no channel name can end
+// the identifier and inject SQL. Check ValidChannel first (NUL is not
+// representable).
+func QuoteIdentifier(ch string) string {
+	return string(appendQuoted(make([]byte, 0, len(ch)+2), ch))
+}
+
+func appendQuoted(dst []byte, ch string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(ch); i++ {
+		if ch[i] == '"' {
+			dst = append(dst, '"')
+		}
+		dst = append(dst, ch[i])
+	}
+	return append(dst, '"')
+}

@@ -1,0 +1,831 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/loop"
+)
+
+// connState is where a Conn is in its life.
+type connState uint8
+
+const (
+	// stateConnecting: Open has connected but the loop has not installed
+	// the transport yet (the install is posted).
+	stateConnecting connState = iota
+	// stateUp: a transport is installed and commands flow.
+	stateUp
+	// stateDown: the connection was lost; a reconnect is scheduled or in
+	// progress. Commands wait in pending.
+	stateDown
+	// stateClosing: Close sent UNLISTEN * and Terminate and waits for the
+	// server to hang up (bounded by the health-check timeout).
+	stateClosing
+	// stateClosed: nothing left; every method is a no-op or ErrClosed.
+	stateClosed
+)
+
+func (s connState) String() string {
+	switch s {
+	case stateConnecting:
+		return "connecting"
+	case stateUp:
+		return "up"
+	case stateDown:
+		return "down"
+	case stateClosing:
+		return "closing"
+	case stateClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("connState(%d)", uint8(s))
+}
+
+// queryKind tells the queries in flight apart.
+type queryKind uint8
+
+const (
+	queryCommands queryKind = iota // a batch of Listen/Unlisten
+	queryProbe                     // the health check's empty query
+	queryClose                     // UNLISTEN * before Terminate
+)
+
+// query is one simple Query sent and not yet answered by its ReadyForQuery.
+type query struct {
+	kind      queryKind
+	cmds      []*command
+	completes int             // CommandCompletes received so far
+	err       *pgconn.PgError // the ErrorResponse of this query, if any
+}
+
+// Conn is the loop-driven LISTEN connection. Every method, and every
+// callback of Config, runs on the loop goroutine.
+type Conn struct {
+	l   *loop.Loop
+	cfg Config
+	log *slog.Logger
+
+	state connState
+	tr    transport // the installed transport; nil unless up or closing
+	// gen is bumped whenever the transport changes. Posts from bridge
+	// goroutines and reconnect attempts carry the gen they were made
+	// for and are dropped when it no longer matches (STYLE.md rule 8).
+	gen uint64
+
+	// set holds the channels whose LISTEN Postgres confirmed and whose
+	// UNLISTEN it has not: what a resync re-LISTENs.
+	set map[string]struct{}
+	// pending are the commands not sent yet, in order; inflight the
+	// queries sent and not yet answered by ReadyForQuery, in order. At
+	// most one queryCommands is in flight: on an error the commands of a
+	// batch are sent again, and a later batch already on the wire could
+	// overtake them.
+	pending  []*command
+	inflight []*query
+	// cmdInflight counts the queryCommands in inflight (0 or 1).
+	cmdInflight int
+	// isolate: send the next batch with only its first command (see
+	// settle).
+	isolate bool
+	// resyncing counts the re-LISTENs of the current resync not yet
+	// confirmed; OnHealth(true) waits for it to reach zero.
+	resyncing int
+	healthy   bool
+
+	// Reading. rbuf[rpos:rend] holds received bytes not parsed yet.
+	rbuf       []byte
+	rpos, rend int
+
+	// Health. lastRx is the loop time of the last read that brought
+	// bytes; probeSince is when the current probe (or deadline on a query
+	// in flight) started, zero when none.
+	lastRx     time.Time
+	probeSince time.Time
+	hc         *loop.Timer
+
+	// Reconnect.
+	backoff    time.Duration // delay before the next attempt
+	reconnect  *loop.Timer   // the scheduled attempt, nil when none
+	cancelDial context.CancelFunc
+	lastErr    error // why the connection was last lost or not made
+	pid        uint32
+
+	// Close.
+	closeTimer *loop.Timer
+	closeDone  []func()
+
+	qbuf []byte // scratch for building queries; reused
+
+	// dialer replaces dial for reconnects in tests (a fake server).
+	dialer func(ctx context.Context) (transport, error)
+	// batches counts the command queries sent, for tests.
+	batches int
+}
+
+// Open connects and authenticates now, in the calling goroutine (which must
+// not be the loop's: it blocks), then hands the connection to the loop. An
+// unreachable server or a failed authentication is returned as the error.
+// From then on the Conn belongs to the loop: call its methods only there.
+// Calling them in the loop's setup phase before Run is fine; they queue
+// until the posted install runs.
+func Open(ctx context.Context, l *loop.Loop, cfg Config) (*Conn, error) {
+	if cfg.ConnConfig == nil {
+		return nil, errors.New("listener: Config.ConnConfig is nil (use ParseConfig)")
+	}
+	if l.InLoop() {
+		return nil, errors.New("listener: Open blocks; call it off the loop goroutine")
+	}
+	c := newConn(l, cfg)
+	tr, err := dial(ctx, c.cfg.ConnConfig)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.begin(tr); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func newConn(l *loop.Loop, cfg Config) *Conn {
+	c := &Conn{
+		l:    l,
+		cfg:  cfg.withDefaults(),
+		set:  make(map[string]struct{}),
+		rbuf: make([]byte, readBufSize),
+	}
+	c.log = c.cfg.Logger
+	c.backoff = c.cfg.ReconnectMin
+	return c
+}
+
+// begin hands the first transport to the loop. Nothing of c is touched by
+// the caller after this: the post is the hand-over.
+func (c *Conn) begin(tr transport) error {
+	l := c.l
+	if err := l.Post(func() {
+		l.AfterIteration(c.flush)
+		l.OnClose(c.loopStopped)
+		c.install(tr)
+	}); err != nil {
+		tr.discard()
+		return fmt.Errorf("listener: %w", err)
+	}
+	return nil
+}
+
+// Healthy reports whether the connection is up and the whole set is
+// LISTENed.
+func (c *Conn) Healthy() bool { return c.healthy }
+
+// Listen starts listening to channel. done runs on the loop once Postgres
+// has confirmed it (CommandComplete, then ReadyForQuery: from then on every
+// NOTIFY committed reaches OnNotification), or with the reason it failed.
+// done never runs inside Listen. Commands issued in one loop iteration go
+// out together, in one write and one multi-statement query.
+func (c *Conn) Listen(channel string, done func(error)) { c.enqueue(true, channel, done) }
+
+// Unlisten stops listening to channel; done as for Listen.
+func (c *Conn) Unlisten(channel string, done func(error)) { c.enqueue(false, channel, done) }
+
+func (c *Conn) enqueue(listen bool, channel string, done func(error)) {
+	if done == nil {
+		done = func(error) {}
+	}
+	if err := ValidChannel(channel); err != nil {
+		c.later(done, err)
+		return
+	}
+	if c.state == stateClosing || c.state == stateClosed {
+		c.later(done, ErrClosed)
+		return
+	}
+	cmd := &command{listen: listen, channel: channel, done: done, waiting: true}
+	c.pending = append(c.pending, cmd)
+	if c.state == stateDown {
+		c.startExpiry(cmd)
+	}
+}
+
+// later runs done(err) on the loop, after the current callback returns.
+func (c *Conn) later(done func(error), err error) {
+	if c.l.Post(func() { done(err) }) != nil {
+		done(err) // the loop is stopping: no later to wait for
+	}
+}
+
+// startExpiry bounds how long cmd waits for a connection.
+func (c *Conn) startExpiry(cmd *command) {
+	if c.cfg.CommandTimeout <= 0 || cmd.resync || cmd.expire != nil {
+		return
+	}
+	cmd.expire = c.l.AfterFunc(c.cfg.CommandTimeout, func() {
+		cmd.expire = nil
+		if !cmd.waiting {
+			return
+		}
+		c.removePending(cmd)
+		err := fmt.Errorf("%w (%s)", ErrCommandTimeout, c.cfg.CommandTimeout)
+		if c.lastErr != nil {
+			err = fmt.Errorf("%w (%s; last error: %v)", ErrCommandTimeout, c.cfg.CommandTimeout, c.lastErr)
+		}
+		cmd.done(err)
+	})
+}
+
+func stopExpiry(cmd *command) {
+	if t, ok := cmd.expire.(*loop.Timer); ok {
+		t.Stop()
+	}
+	cmd.expire = nil
+}
+
+func (c *Conn) removePending(cmd *command) {
+	cmd.waiting = false
+	if i := slices.Index(c.pending, cmd); i >= 0 {
+		c.pending = slices.Delete(c.pending, i, i+1)
+	}
+}
+
+// maxBatchBytes bounds one batch query. The server accepts up to 1 GB, but a
+// bounded batch keeps the write and the server's parse small; more commands
+// simply go in the next batch.
+const maxBatchBytes = 256 << 10
+
+// flush sends the pending commands as one multi-statement query when the
+// connection is up and no batch is in flight. It is the AfterIteration
+// hook: everything queued during one iteration leaves in one write.
+func (c *Conn) flush() {
+	if c.state != stateUp || c.cmdInflight > 0 || len(c.pending) == 0 {
+		return
+	}
+	q := &query{kind: queryCommands}
+	buf, start := beginQuery(c.qbuf[:0])
+	n := 0
+	for _, cmd := range c.pending {
+		if len(q.cmds) > 0 {
+			if len(buf)-start > maxBatchBytes || c.isolate {
+				break
+			}
+			buf = append(buf, ';')
+		}
+		buf = appendCommand(buf, cmd.listen, cmd.channel)
+		cmd.waiting = false
+		stopExpiry(cmd)
+		q.cmds = append(q.cmds, cmd)
+		n++
+	}
+	c.isolate = false
+	c.pending = slices.Delete(c.pending, 0, n)
+	if len(c.pending) == 0 {
+		c.pending = nil // let a big queue's array go
+	}
+	buf = finishQuery(buf, start)
+	c.qbuf = buf
+	c.batches++
+	c.send(q, buf)
+}
+
+// send records q as in flight and writes msg. A write error declares the
+// connection dead (which requeues q's commands).
+func (c *Conn) send(q *query, msg []byte) {
+	c.inflight = append(c.inflight, q)
+	if q.kind == queryCommands {
+		c.cmdInflight++
+	}
+	if err := c.tr.write(msg); err != nil {
+		c.fail(fmt.Errorf("write: %w", err))
+	}
+}
+
+// install puts a freshly connected transport to work: on the first connect
+// from Open, on every reconnect from the dial goroutine's post.
+func (c *Conn) install(tr transport) {
+	if c.state == stateClosing || c.state == stateClosed {
+		tr.discard()
+		return
+	}
+	c.gen++
+	if err := tr.start(c, c.gen); err != nil {
+		tr.discard()
+		c.lastErr = err
+		c.state = stateDown
+		c.scheduleReconnect()
+		return
+	}
+	c.tr = tr
+	c.pid = tr.backendPID()
+	c.state = stateUp
+	c.lastRx = c.l.Now()
+	c.probeSince = time.Time{}
+	c.hc = c.l.AfterFunc(c.cfg.HealthCheckInterval, c.healthTick)
+	c.log.Info("listener: connected", "pid", c.pid, "tls", tr.isTLS(), "channels", len(c.set))
+
+	// Re-LISTEN the whole set first, in the same batch as whatever
+	// waited: one query, one write. Duplicates with pending LISTENs are
+	// harmless (LISTEN is idempotent); a pending UNLISTEN comes after
+	// the re-LISTEN and wins, as it should.
+	if len(c.set) > 0 {
+		resync := make([]*command, 0, len(c.set)+len(c.pending))
+		for ch := range c.set {
+			resync = append(resync, &command{listen: true, channel: ch, resync: true, waiting: true})
+		}
+		c.resyncing = len(resync)
+		c.pending = append(resync, c.pending...)
+	}
+	if c.resyncing == 0 {
+		c.setHealthy(true)
+	}
+	c.flush()
+}
+
+// setHealthy reports a health change once.
+func (c *Conn) setHealthy(h bool) {
+	if c.healthy == h {
+		return
+	}
+	c.healthy = h
+	if c.cfg.OnHealth != nil {
+		c.cfg.OnHealth(h)
+	}
+}
+
+// fail declares the connection dead: tear it down, put every command that
+// was in flight back at the head of the queue (it may or may not have taken
+// effect; it will be sent again), report unhealthy and schedule a
+// reconnect.
+func (c *Conn) fail(err error) {
+	switch c.state {
+	case stateClosing:
+		c.finishClose()
+		return
+	case stateUp:
+	default:
+		return
+	}
+	c.lastErr = err
+	c.log.Warn("listener: connection lost", "pid", c.pid, "reason", err)
+	c.teardown()
+	var requeue []*command
+	for _, q := range c.inflight {
+		for _, cmd := range q.cmds {
+			if !cmd.resync {
+				requeue = append(requeue, cmd)
+			}
+		}
+	}
+	c.inflight = nil
+	c.cmdInflight = 0
+	c.resyncing = 0
+	// Drop the old resync's unsent re-LISTENs: the next install builds a
+	// fresh one from the set.
+	kept := requeue
+	for _, cmd := range c.pending {
+		if !cmd.resync {
+			kept = append(kept, cmd)
+		}
+	}
+	c.pending = kept
+	c.isolate = false
+	c.state = stateDown
+	for _, cmd := range c.pending {
+		cmd.waiting = true
+		c.startExpiry(cmd)
+	}
+	c.setHealthy(false)
+	if c.state == stateDown { // OnHealth may have closed us
+		c.scheduleReconnect()
+	}
+}
+
+// teardown closes the transport and stops its timers.
+func (c *Conn) teardown() {
+	if c.tr != nil {
+		c.tr.close()
+		c.tr = nil
+	}
+	c.gen++
+	if c.hc != nil {
+		c.hc.Stop()
+		c.hc = nil
+	}
+	c.rpos, c.rend = 0, 0
+	if len(c.rbuf) > readBufSize {
+		c.rbuf = make([]byte, readBufSize)
+	}
+	c.probeSince = time.Time{}
+}
+
+// scheduleReconnect arms the next attempt, jittered into [d/2, d].
+func (c *Conn) scheduleReconnect() {
+	d := c.backoff
+	d = d/2 + rand.N(d/2+1)
+	c.backoff = min(c.backoff*2, c.cfg.ReconnectMax)
+	c.reconnect = c.l.AfterFunc(d, c.redial)
+}
+
+// redial starts one connection attempt on a goroutine; its result comes back
+// through Post, tagged with the gen it was started for.
+func (c *Conn) redial() {
+	c.reconnect = nil
+	if c.state != stateDown {
+		return
+	}
+	var timeout time.Duration
+	if c.cfg.ConnConfig != nil {
+		timeout = c.cfg.ConnConfig.ConnectTimeout
+	}
+	if timeout <= 0 {
+		timeout = defaultConnectTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	c.cancelDial = cancel
+	gen := c.gen
+	cfg := c.cfg.ConnConfig
+	dialer := c.dialer
+	go func() {
+		var tr transport
+		var err error
+		if dialer != nil {
+			tr, err = dialer(ctx)
+		} else {
+			tr, err = dial(ctx, cfg)
+		}
+		cancel()
+		if perr := c.l.Post(func() { c.dialed(gen, tr, err) }); perr != nil && tr != nil {
+			tr.discard()
+		}
+	}()
+}
+
+func (c *Conn) dialed(gen uint64, tr transport, err error) {
+	c.cancelDial = nil
+	if gen != c.gen || c.state != stateDown {
+		if tr != nil {
+			tr.discard()
+		}
+		return
+	}
+	if err != nil {
+		c.lastErr = err
+		c.log.Warn("listener: reconnect failed", "reason", err, "retry_in_max", c.backoff)
+		c.scheduleReconnect()
+		return
+	}
+	c.install(tr)
+}
+
+// healthTick is the health-check timer. While nothing is expected from the
+// server it waits for HealthCheckInterval of silence, then probes; while a
+// probe or a query is in flight it gives the server HealthCheckTimeout to
+// send anything at all.
+func (c *Conn) healthTick() {
+	c.hc = nil
+	if c.state != stateUp {
+		return
+	}
+	now := c.l.Now()
+	if !c.probeSince.IsZero() {
+		if !c.lastRx.After(c.probeSince) {
+			if wait := c.cfg.HealthCheckTimeout - now.Sub(c.probeSince); wait > 0 {
+				c.hc = c.l.AfterFunc(wait, c.healthTick)
+				return
+			}
+			c.fail(fmt.Errorf("%w within %s", ErrHealthCheck, c.cfg.HealthCheckTimeout))
+			return
+		}
+		c.probeSince = time.Time{}
+	}
+	idle := now.Sub(c.lastRx)
+	if idle < c.cfg.HealthCheckInterval {
+		c.hc = c.l.AfterFunc(c.cfg.HealthCheckInterval-idle, c.healthTick)
+		return
+	}
+	c.probeSince = now
+	c.hc = c.l.AfterFunc(c.cfg.HealthCheckTimeout, c.healthTick)
+	if len(c.inflight) == 0 {
+		// The empty query: EmptyQueryResponse + ReadyForQuery, no
+		// transaction, no parse. With a query already in flight its
+		// answer is the probe.
+		c.send(&query{kind: queryProbe}, emptyQuery)
+	}
+}
+
+var emptyQuery = appendQuery(nil, nil)
+
+// readBufSize is the read buffer: hundreds of notifications per read.
+const readBufSize = 64 << 10
+
+// received processes c.rbuf[c.rpos:c.rend] after a read brought bytes. It
+// returns false when the connection was torn down meanwhile (a callback
+// closed it, or the stream was bad), telling the reader to stop.
+func (c *Conn) received() bool {
+	c.lastRx = c.l.Now()
+	gen := c.gen
+	for {
+		typ, body, n, want, err := nextMessage(c.rbuf[c.rpos:c.rend])
+		if err != nil {
+			c.fail(err)
+			return false
+		}
+		if n == 0 {
+			c.compact(want)
+			return true
+		}
+		c.rpos += n
+		c.dispatch(typ, body)
+		if c.gen != gen {
+			return false
+		}
+	}
+}
+
+// compact moves the partial message at rpos to the front and makes room for
+// want bytes of it.
+func (c *Conn) compact(want int) {
+	if c.rpos == c.rend {
+		c.rpos, c.rend = 0, 0
+		if len(c.rbuf) > readBufSize {
+			c.rbuf = make([]byte, readBufSize) // shrink once drained
+		}
+		return
+	}
+	if c.rpos > 0 {
+		c.rend = copy(c.rbuf, c.rbuf[c.rpos:c.rend])
+		c.rpos = 0
+	}
+	if want > len(c.rbuf) {
+		nb := make([]byte, want)
+		copy(nb, c.rbuf[:c.rend])
+		c.rbuf = nb
+	}
+}
+
+// dispatch handles one backend message: the one switch that updates state
+// and calls out.
+func (c *Conn) dispatch(typ byte, body []byte) {
+	switch typ {
+	case msgNotification:
+		ch, payload, ok := parseNotification(body)
+		if !ok {
+			c.fail(fmt.Errorf("%w: malformed NotificationResponse", errProtocol))
+			return
+		}
+		if c.cfg.OnNotification != nil && c.state == stateUp {
+			c.cfg.OnNotification(ch, payload)
+		}
+	case msgCommandComplete:
+		if len(c.inflight) > 0 {
+			q := c.inflight[0]
+			if q.err == nil {
+				q.completes++
+			}
+		}
+	case msgEmptyQuery:
+	case msgErrorResponse:
+		e, err := parseError(body)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if fatalSeverity(e) {
+			c.fail(e)
+			return
+		}
+		if len(c.inflight) == 0 {
+			c.log.Warn("listener: unexpected error from the server", "pid", c.pid, "reason", e)
+			return
+		}
+		if q := c.inflight[0]; q.err == nil {
+			q.err = e
+		}
+	case msgReadyForQuery:
+		if len(c.inflight) == 0 {
+			return // not ours; harmless
+		}
+		q := c.inflight[0]
+		c.inflight[0] = nil
+		c.inflight = c.inflight[1:]
+		c.answered(q)
+	case msgNotice:
+		if e, err := parseError(body); err == nil {
+			c.log.Info("listener: notice from the server", "pid", c.pid, "severity", e.Severity, "message", e.Message)
+		}
+	case msgParameterStatus, msgBackendKeyData:
+		// ParameterStatus arrives when a setting the server reports
+		// changes (a SET, a reload); nothing here depends on one.
+	default:
+		c.log.Warn("listener: unexpected message from the server", "pid", c.pid, "type", string(rune(typ)))
+	}
+}
+
+// answered completes a query at its ReadyForQuery.
+func (c *Conn) answered(q *query) {
+	switch q.kind {
+	case queryProbe:
+		return
+	case queryClose:
+		if c.state == stateClosing {
+			// Terminate follows; the server hangs up. Closing now is
+			// as good as waiting for its EOF.
+			c.finishClose()
+		}
+		return
+	}
+	c.cmdInflight--
+	cmds := q.cmds
+	v, idx := settle(len(cmds), q.completes, q.err != nil)
+	var retry []*command
+	var done []*command // commands to report, in order
+	switch v {
+	case allDone:
+		done = cmds
+	case allFailed:
+		done = cmds
+	case oneFailed:
+		done = cmds[idx : idx+1]
+		retry = slices.Concat(cmds[:idx], cmds[idx+1:])
+	case isolateOne:
+		retry = cmds
+		c.isolate = true
+	}
+	if len(retry) > 0 {
+		for _, cmd := range retry {
+			cmd.waiting = true
+		}
+		c.pending = append(retry, c.pending...)
+	}
+	var err error
+	if v == oneFailed || v == allFailed {
+		err = q.err
+		for _, cmd := range done {
+			if cmd.resync {
+				// A channel that was fine before the reconnect cannot
+				// be LISTENed now: a server-wide condition (a
+				// read-only standby after a failover, say). Healthy
+				// would be a lie; try another connection, with every
+				// command of this batch waiting for it.
+				// (retry is already back in pending.)
+				var again []*command
+				for _, d := range done {
+					if !d.resync {
+						d.waiting = true
+						again = append(again, d)
+					}
+				}
+				c.pending = append(again, c.pending...)
+				c.fail(fmt.Errorf("re-LISTEN %s: %w", QuoteIdentifier(cmd.channel), err))
+				return
+			}
+		}
+	}
+	for _, cmd := range done {
+		if err != nil {
+			continue
+		}
+		if cmd.listen {
+			c.set[cmd.channel] = struct{}{}
+		} else {
+			delete(c.set, cmd.channel)
+		}
+		if cmd.resync {
+			c.resyncing--
+		}
+	}
+	if c.resyncing == 0 && c.state == stateUp {
+		c.backoff = c.cfg.ReconnectMin
+		c.setHealthy(true)
+	}
+	for _, cmd := range done {
+		if cmd.done != nil {
+			if err != nil {
+				c.log.Warn("listener: command failed", "q", cmd.channel, "listen", cmd.listen, "reason", err)
+			}
+			cmd.done(err)
+		}
+	}
+}
+
+// Close stops listening and closes the connection: UNLISTEN * and Terminate
+// in one write, then the fd is closed when the server hangs up or after the
+// health-check timeout, and done runs (on the loop, never inside Close).
+// Commands still waiting get ErrClosed. A second Close only adds its done.
+func (c *Conn) Close(done func()) {
+	if done != nil {
+		c.closeDone = append(c.closeDone, done)
+	}
+	switch c.state {
+	case stateClosing:
+		return
+	case stateClosed:
+		c.runCloseDone()
+		return
+	}
+	prev := c.state
+	c.state = stateClosing
+	if c.reconnect != nil {
+		c.reconnect.Stop()
+		c.reconnect = nil
+	}
+	if c.cancelDial != nil {
+		c.cancelDial()
+		c.cancelDial = nil
+	}
+	if c.hc != nil {
+		c.hc.Stop()
+		c.hc = nil
+	}
+	c.failWaiting(ErrClosed)
+	if prev != stateUp || c.tr == nil {
+		c.finishClose()
+		return
+	}
+	c.healthy = false // no OnHealth: the owner asked for this
+	msg := appendQuery(nil, []byte("UNLISTEN *"))
+	msg = append(msg, terminate...)
+	c.inflight = append(c.inflight, &query{kind: queryClose})
+	if err := c.tr.write(msg); err != nil {
+		c.finishClose()
+		return
+	}
+	c.closeTimer = c.l.AfterFunc(c.cfg.HealthCheckTimeout, c.finishClose)
+}
+
+// failWaiting ends every command not yet answered with err.
+func (c *Conn) failWaiting(err error) {
+	var cmds []*command
+	for _, q := range c.inflight {
+		cmds = append(cmds, q.cmds...)
+	}
+	cmds = append(cmds, c.pending...)
+	c.inflight, c.pending, c.cmdInflight = nil, nil, 0
+	for _, cmd := range cmds {
+		cmd.waiting = false
+		stopExpiry(cmd)
+		if cmd.done != nil {
+			cmd.done(err)
+		}
+	}
+}
+
+func (c *Conn) finishClose() {
+	if c.state == stateClosed {
+		return
+	}
+	c.state = stateClosed
+	if c.closeTimer != nil {
+		c.closeTimer.Stop()
+		c.closeTimer = nil
+	}
+	c.teardown()
+	c.inflight = nil
+	c.healthy = false
+	c.log.Info("listener: closed", "pid", c.pid)
+	c.runCloseDone()
+}
+
+func (c *Conn) runCloseDone() {
+	fs := c.closeDone
+	c.closeDone = nil
+	for _, f := range fs {
+		if c.l.Post(f) != nil {
+			f()
+		}
+	}
+}
+
+// loopStopped is the loop's OnClose hook: the loop is going away, so drop
+// the connection without ceremony (the server cleans up the LISTENs of a
+// closed session) and end every waiting command.
+func (c *Conn) loopStopped() {
+	if c.state == stateClosed {
+		return
+	}
+	c.state = stateClosing
+	if c.reconnect != nil {
+		c.reconnect.Stop()
+		c.reconnect = nil
+	}
+	if c.cancelDial != nil {
+		c.cancelDial()
+		c.cancelDial = nil
+	}
+	c.failWaiting(ErrClosed)
+	c.finishClose()
+}
+
+// readFailed is how a transport reports a read error or EOF.
+func (c *Conn) readFailed(err error) {
+	if errors.Is(err, io.EOF) {
+		err = fmt.Errorf("server closed the connection: %w", err)
+	}
+	c.fail(err)
+}

@@ -1,0 +1,238 @@
+package hub
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/listenhub/listenhub/frame"
+)
+
+// chanState is where a channel of the union stands with Postgres.
+type chanState uint8
+
+const (
+	// stateListenInFlight: LISTEN issued, not confirmed yet. Every
+	// subscriber is a waiter, to be acked when it completes.
+	stateListenInFlight chanState = iota + 1
+	// stateListening: Postgres confirmed the LISTEN. A new subscriber is
+	// acked at once (or, while the connection is down, when it is back).
+	stateListening
+	// stateUnlistenInFlight: the last subscriber left and UNLISTEN is
+	// issued. Subscribers arriving now wait for a fresh LISTEN, issued
+	// when the UNLISTEN completes.
+	stateUnlistenInFlight
+)
+
+func (s chanState) String() string {
+	switch s {
+	case stateListenInFlight:
+		return "listen-in-flight"
+	case stateListening:
+		return "listening"
+	case stateUnlistenInFlight:
+		return "unlisten-in-flight"
+	}
+	return fmt.Sprintf("chanState(%d)", uint8(s))
+}
+
+// channel is one member of the union: one Postgres channel, the workers
+// subscribed to it and where its LISTEN stands. At most one LISTEN or
+// UNLISTEN is in flight per channel, so done callbacks always refer to the
+// current operation. A channel exists while it has subscribers or a command
+// in flight; it is deleted when an UNLISTEN completes with no subscriber.
+type channel struct {
+	q     string // subscription name, as workers see it
+	pg    string // Postgres channel: prefix + q + suffix
+	state chanState
+	// subs is the routing table: every worker here gets this channel's
+	// wakes, acked or not (rule 1: routing before LISTEN). Its size is
+	// the refcount.
+	subs map[*worker]struct{}
+	// waiters are subs still owed an answer, in arrival order; a worker
+	// that sent sub twice is here twice and gets two answers.
+	waiters []*worker
+}
+
+// channelName maps a subscription name to its Postgres channel, or says why
+// it cannot be LISTENed.
+func (h *Hub) channelName(q string) (string, error) {
+	if q == "" {
+		return "", errors.New("invalid channel: empty name")
+	}
+	pg := q
+	if h.cfg.ChannelPrefix != "" || h.cfg.ChannelSuffix != "" {
+		pg = h.cfg.ChannelPrefix + q + h.cfg.ChannelSuffix
+	}
+	if len(pg) > maxChannelBytes {
+		return "", fmt.Errorf("invalid channel: %d bytes, Postgres allows at most %d", len(pg), maxChannelBytes)
+	}
+	if strings.IndexByte(pg, 0) >= 0 {
+		return "", errors.New("invalid channel: contains NUL")
+	}
+	return pg, nil
+}
+
+// subscribe handles {"t":"sub"}: routing table first, LISTEN second, ack
+// last.
+func (h *Hub) subscribe(w *worker, q string) {
+	pg, err := h.channelName(q)
+	if err != nil {
+		h.log.Info("sub refused", "worker", w.id, "pid", w.pid, "q", q, "reason", err)
+		h.sendNack(w, q, err.Error())
+		return
+	}
+	ch := h.channels[pg]
+	if ch == nil {
+		ch = &channel{q: q, pg: pg, subs: make(map[*worker]struct{})}
+		h.channels[pg] = ch
+		h.addSub(w, ch)
+		ch.waiters = append(ch.waiters, w)
+		h.listen(ch)
+		return
+	}
+	h.addSub(w, ch)
+	if ch.state == stateListening && h.healthy {
+		h.sendAck(w, q)
+		return
+	}
+	// LISTEN or UNLISTEN in flight, or the connection is down: the
+	// answer comes when Postgres has LISTENed (again).
+	ch.waiters = append(ch.waiters, w)
+}
+
+func (h *Hub) addSub(w *worker, ch *channel) {
+	if _, ok := w.subs[ch.q]; ok {
+		return
+	}
+	if w.subs == nil {
+		w.subs = make(map[string]*channel)
+	}
+	w.subs[ch.q] = ch
+	ch.subs[w] = struct{}{}
+}
+
+// unsubscribe handles {"t":"unsub"}; no answer. Unknown names are ignored.
+func (h *Hub) unsubscribe(w *worker, q string) {
+	ch := w.subs[q]
+	if ch == nil {
+		return
+	}
+	h.dropSub(w, ch)
+}
+
+// dropSub takes w out of ch (unsub or disconnect) and UNLISTENs ch if that
+// was the last subscriber.
+func (h *Hub) dropSub(w *worker, ch *channel) {
+	delete(ch.subs, w)
+	delete(w.subs, ch.q)
+	delete(w.durable, ch.q)
+	ws := ch.waiters[:0]
+	for _, x := range ch.waiters {
+		if x != w {
+			ws = append(ws, x)
+		}
+	}
+	clear(ch.waiters[len(ws):])
+	ch.waiters = ws
+	// In flight, the completion decides: a finished LISTEN with nobody
+	// left turns into an UNLISTEN, a finished UNLISTEN deletes.
+	if len(ch.subs) == 0 && ch.state == stateListening {
+		h.unlisten(ch)
+	}
+}
+
+func (h *Hub) listen(ch *channel) {
+	ch.state = stateListenInFlight
+	if h.stopping {
+		return
+	}
+	h.pg.Listen(ch.pg, func(err error) { h.listenDone(ch, err) })
+}
+
+func (h *Hub) unlisten(ch *channel) {
+	if ch.state == stateListening {
+		h.stats.channels.Add(-1)
+	}
+	ch.state = stateUnlistenInFlight
+	if h.stopping {
+		return // Close UNLISTENs everything
+	}
+	h.pg.Unlisten(ch.pg, func(err error) { h.unlistenDone(ch, err) })
+}
+
+func (h *Hub) listenDone(ch *channel, err error) {
+	if h.stopping {
+		return
+	}
+	if err != nil {
+		h.log.Warn("LISTEN failed", "q", ch.q, "channel", ch.pg, "subscribers", len(ch.subs), "reason", err)
+		reason := "LISTEN failed: " + err.Error()
+		// Taken out first: a nack may evict its worker, and eviction
+		// edits the waiter list.
+		ws := ch.waiters
+		ch.waiters = nil
+		for _, w := range ws {
+			if !w.closed {
+				h.sendNack(w, ch.q, reason)
+			}
+		}
+		// Refused subscribers leave the routing table. Whether Postgres
+		// LISTENs after a failure (a connection lost mid-command) is
+		// unknown, so UNLISTEN to make it certain; a sub meanwhile gets
+		// a fresh LISTEN.
+		for w := range ch.subs {
+			delete(w.subs, ch.q)
+			delete(w.durable, ch.q)
+			delete(ch.subs, w)
+		}
+		h.unlisten(ch)
+		return
+	}
+	if len(ch.subs) == 0 {
+		h.unlisten(ch) // everybody left while the LISTEN was in flight
+		return
+	}
+	ch.state = stateListening
+	h.stats.channels.Add(1)
+	if h.healthy {
+		h.ackWaiters(ch)
+	}
+}
+
+func (h *Hub) unlistenDone(ch *channel, err error) {
+	if h.stopping {
+		return
+	}
+	if err != nil {
+		h.log.Warn("UNLISTEN failed", "q", ch.q, "channel", ch.pg, "reason", err)
+	}
+	if len(ch.subs) > 0 {
+		h.listen(ch) // subscribers arrived while the UNLISTEN was in flight
+		return
+	}
+	delete(h.channels, ch.pg)
+}
+
+// ackWaiters answers every waiter of a listening channel.
+func (h *Hub) ackWaiters(ch *channel) {
+	// Taken out first: an ack may evict its worker, and eviction edits
+	// the waiter list.
+	ws := ch.waiters
+	ch.waiters = nil
+	for _, w := range ws {
+		if !w.closed {
+			h.sendAck(w, ch.q)
+		}
+	}
+}
+
+func (h *Hub) sendAck(w *worker, q string) {
+	h.scratch = frame.AppendAck(h.scratch[:0], q)
+	h.enqueue(w, h.scratch)
+}
+
+func (h *Hub) sendNack(w *worker, q, reason string) {
+	h.scratch = frame.AppendNack(h.scratch[:0], q, reason)
+	h.enqueue(w, h.scratch)
+}

@@ -1,0 +1,160 @@
+package hub
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Defaults for the zero fields of a Config. They are DESIGN.md's defaults.
+const (
+	DefaultApplicationName     = "listenhub"
+	DefaultDurableQueueLimit   = 256
+	DefaultHardQueueLimit      = 1024
+	DefaultStatusInterval      = time.Second
+	DefaultHealthCheckInterval = 250 * time.Millisecond
+	DefaultHealthCheckTimeout  = time.Second
+	DefaultAcceptBatch         = 64
+
+	// DefaultHardQueueBytes (8 MiB) is the byte half of the hard limit.
+	// A NOTIFY payload is at most 8000 bytes, so a frame is at most about
+	// 8100 bytes unless the payload needs JSON escapes; 1024 such frames
+	// (8.3 MB) fit under 8 MiB (8.39 MB). The frame cap is therefore the one
+	// that normally bites, and the byte cap only stops payloads that escape
+	// heavily from pinning more than 8 MiB of hub memory per worker.
+	DefaultHardQueueBytes = 8 << 20
+
+	// maxChannelBytes is NAMEDATALEN-1: Postgres silently truncates longer
+	// identifiers, which would make two names LISTEN on one channel.
+	maxChannelBytes = 63
+)
+
+// Config configures a Hub. The zero value of every field but SocketPath (and
+// a database to connect to) means the default documented on the field.
+type Config struct {
+	// SocketPath is where the hub listens for workers. Required.
+	SocketPath string
+
+	// DatabaseURL is a libpq connection string or URL. Empty means the
+	// libpq PG* environment variables (pgconn.ParseConfig("")).
+	// Ignored when ConnConfig is set.
+	DatabaseURL string
+	// ConnConfig, when set, is used as is (its application_name included).
+	ConnConfig *pgconn.Config
+
+	// ChannelPrefix and ChannelSuffix map a subscription name Q to the
+	// Postgres channel Prefix+Q+Suffix (pgbus: "pgmq.q_" and ".INSERT").
+	ChannelPrefix, ChannelSuffix string
+
+	// ApplicationName tags the hub's backend in pg_stat_activity, which is
+	// what `listenhub census` counts. Default "listenhub".
+	ApplicationName string
+
+	// DurableQueueLimit caps the pending (not yet written) durable wake
+	// frames of one worker; a durable wake beyond it is dropped and
+	// counted, never a reason to evict. Default 256.
+	DurableQueueLimit int
+	// HardQueueLimit caps the pending frames of one worker; an ephemeral
+	// wake, ack, nack or status beyond it evicts the worker. Default 1024.
+	HardQueueLimit int
+	// HardQueueBytes caps the pending bytes of one worker, with the same
+	// consequences as HardQueueLimit. Default DefaultHardQueueBytes.
+	HardQueueBytes int
+
+	// StatusInterval is the status period: every worker is re-sent the
+	// current status every 5 intervals. Default 1s.
+	StatusInterval time.Duration
+	// HealthCheckInterval and HealthCheckTimeout drive the Postgres
+	// health check (DESIGN.md rule 8). Defaults 250ms and 1s.
+	HealthCheckInterval, HealthCheckTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the reconnect backoff.
+	// Zero leaves the listener's defaults.
+	ReconnectMin, ReconnectMax time.Duration
+	// CommandTimeout bounds a LISTEN or UNLISTEN issued while Postgres is
+	// down: after it the sub is nacked. Default 5s.
+	CommandTimeout time.Duration
+
+	// AllowUIDs lists the peer uids allowed to connect. Empty means the
+	// hub's own uid and root.
+	AllowUIDs []int
+
+	// Logger receives the hub's logs. Nil means slog.Default().
+	Logger *slog.Logger
+
+	// AcceptBatch bounds the connections accepted per readiness of the
+	// listening socket, so an accept storm cannot starve fanout.
+	// Default 64.
+	AcceptBatch int
+}
+
+// withDefaults returns a copy of c with zero fields defaulted, or an error
+// naming the first invalid field.
+func (c Config) withDefaults() (Config, error) {
+	if c.SocketPath == "" {
+		return c, errors.New("hub: config: SocketPath is required")
+	}
+	if c.ApplicationName == "" {
+		c.ApplicationName = DefaultApplicationName
+	}
+	defInt := func(v *int, def int, name string) error {
+		if *v < 0 {
+			return fmt.Errorf("hub: config: %s must not be negative (got %d)", name, *v)
+		}
+		if *v == 0 {
+			*v = def
+		}
+		return nil
+	}
+	defDur := func(v *time.Duration, def time.Duration, name string) error {
+		if *v < 0 {
+			return fmt.Errorf("hub: config: %s must not be negative (got %v)", name, *v)
+		}
+		if *v == 0 {
+			*v = def
+		}
+		return nil
+	}
+	for _, err := range []error{
+		defInt(&c.DurableQueueLimit, DefaultDurableQueueLimit, "DurableQueueLimit"),
+		defInt(&c.HardQueueLimit, DefaultHardQueueLimit, "HardQueueLimit"),
+		defInt(&c.HardQueueBytes, DefaultHardQueueBytes, "HardQueueBytes"),
+		defInt(&c.AcceptBatch, DefaultAcceptBatch, "AcceptBatch"),
+		defDur(&c.StatusInterval, DefaultStatusInterval, "StatusInterval"),
+		defDur(&c.HealthCheckInterval, DefaultHealthCheckInterval, "HealthCheckInterval"),
+		defDur(&c.HealthCheckTimeout, DefaultHealthCheckTimeout, "HealthCheckTimeout"),
+		defDur(&c.CommandTimeout, 5*time.Second, "CommandTimeout"),
+		defDur(&c.ReconnectMin, 0, "ReconnectMin"),
+		defDur(&c.ReconnectMax, 0, "ReconnectMax"),
+	} {
+		if err != nil {
+			return c, err
+		}
+	}
+	if c.HardQueueBytes < 64<<10 {
+		// One frame may carry an 8000-byte payload; a cap below a few
+		// of those would evict healthy workers on an ordinary burst.
+		return c, fmt.Errorf("hub: config: HardQueueBytes %d is below the 64 KiB minimum", c.HardQueueBytes)
+	}
+	if n := len(c.ChannelPrefix) + len(c.ChannelSuffix); n >= maxChannelBytes {
+		return c, fmt.Errorf("hub: config: channel prefix and suffix are %d bytes; no subscription name fits in %d", n, maxChannelBytes)
+	}
+	for _, uid := range c.AllowUIDs {
+		if uid < 0 {
+			return c, fmt.Errorf("hub: config: AllowUIDs: invalid uid %d", uid)
+		}
+	}
+	if len(c.AllowUIDs) == 0 {
+		c.AllowUIDs = []int{os.Getuid()}
+		if os.Getuid() != 0 {
+			c.AllowUIDs = append(c.AllowUIDs, 0)
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}

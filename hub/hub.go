@@ -1,0 +1,401 @@
+// Package hub is the listenhub state machine: one Postgres LISTEN connection
+// shared by every worker process of a host, which connect over a Unix socket
+// and speak the length-prefixed JSON protocol of package frame.
+//
+// All state lives on one loop goroutine (package loop): workers, the
+// refcounted channel union, outbound buffers, timers. Nothing in this package
+// takes a lock; other goroutines reach the hub only through loop.Post, and
+// Stats reads atomics.
+//
+// What the hub guarantees (DESIGN.md, "Semantics the hub guarantees"):
+//
+//   - a worker is in the routing table before LISTEN is issued and is acked
+//     only after Postgres confirmed the LISTEN;
+//   - the hub LISTENs to the refcounted union of all subscriptions;
+//   - ephemeral wakes (NOTIFY with a payload) are never dropped while the
+//     worker is connected: a worker whose backlog passes the hard limit is
+//     evicted instead;
+//   - durable wakes (empty payload) are coalesced per worker and channel,
+//     capped by DurableQueueLimit, and never cause an eviction;
+//   - frames to one worker leave in the order they were produced;
+//   - status is sent on connect, on every change and every 5 status
+//     intervals; after a reconnect every subscriber gets one durable wake
+//     per channel;
+//   - malformed input severs only the connection that sent it.
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/loop"
+)
+
+// postgres is the hub's view of its LISTEN connection (listener.Conn in
+// production, a fake in unit tests). Every method is called on the loop
+// goroutine, and every callback must run there too, after the call
+// returned: the hub never expects a done callback from inside Listen.
+// Notifications and health changes arrive through Hub.onNotification and
+// Hub.onHealth, also on the loop goroutine.
+type postgres interface {
+	// Listen makes ch part of the connection's LISTEN set; done runs once
+	// Postgres confirmed it (CommandComplete and ReadyForQuery) or with the
+	// reason it could not be.
+	Listen(ch string, done func(error))
+	// Unlisten removes ch from the set.
+	Unlisten(ch string, done func(error))
+	// Healthy reports whether the connection is up and its set LISTENed.
+	Healthy() bool
+	// Close UNLISTENs everything and closes the connection; done runs on
+	// the loop when it is closed.
+	Close(done func())
+}
+
+// pgOpener connects the Postgres side. It runs in Start, before the loop
+// runs, on Start's goroutine (loop methods may be called then).
+type pgOpener func(ctx context.Context, l *loop.Loop, h *Hub) (postgres, error)
+
+// stopper is a running timer.
+type stopper interface{ Stop() bool }
+
+// clock schedules the hub's repeating timers. Production uses the loop's;
+// unit tests inject one they advance by hand, so status timing is tested
+// without waiting for real seconds.
+type clock interface {
+	Every(d time.Duration, f func()) stopper
+}
+
+type loopClock struct{ l *loop.Loop }
+
+func (c loopClock) Every(d time.Duration, f func()) stopper { return c.l.Every(d, f) }
+
+// statusEvery is how many status intervals pass between two periodic
+// re-sends of the status to every worker (DESIGN.md rule 6).
+const statusEvery = 5
+
+// readSize is the size of the one read buffer shared by all workers: the
+// decoder copies what it is fed, so the buffer is free again after a read.
+const readSize = 64 << 10
+
+// acceptPause is how long accepting stops after EMFILE and friends: long
+// enough not to spin on a readiness that cannot be served, short enough that
+// workers barely notice once descriptors free up.
+const acceptPause = 100 * time.Millisecond
+
+// Hub is one listenhub. Create it with New, run it with Start, stop it with
+// Stop. Stats and Done are safe from any goroutine.
+type Hub struct {
+	cfg   Config
+	log   *slog.Logger
+	stats counters
+
+	openPG   pgOpener // set by New; tests replace it
+	newClock func(l *loop.Loop) clock
+
+	started  atomic.Bool
+	stopOnce sync.Once
+	done     chan struct{} // closed when the loop has exited
+	err      error         // Run's result; written before done closes
+
+	// Set once in Start, before the loop goroutine starts.
+	loop *loop.Loop
+	pg   postgres
+	clk  clock
+
+	// Everything below belongs to the loop goroutine.
+	sock         listenSocket
+	acceptPaused bool
+	acceptTimer  *loop.Timer
+	allow        map[uint32]struct{}
+
+	workers  map[uint64]*worker
+	nextID   uint64
+	channels map[string]*channel // by Postgres channel name (prefix+Q+suffix)
+	healthy  bool                // last health broadcast to workers
+	stopping bool
+	closed   bool // OnClose ran: every fd is gone
+
+	dirty   []*worker // workers with frames appended this iteration
+	rbuf    []byte    // shared read buffer
+	scratch []byte    // one encoded wake, copied to each subscriber
+	iov     [][]byte  // writev vectors, reused
+
+	ticks       uint64
+	statusTimer stopper
+	stopTimer   *loop.Timer
+}
+
+// New validates cfg and returns a hub that is not running yet.
+func New(cfg Config) (*Hub, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	h := &Hub{
+		cfg:      c,
+		log:      c.Logger,
+		openPG:   openListener,
+		newClock: func(l *loop.Loop) clock { return loopClock{l} },
+		done:     make(chan struct{}),
+		allow:    make(map[uint32]struct{}, len(c.AllowUIDs)),
+		workers:  make(map[uint64]*worker),
+		channels: make(map[string]*channel),
+		iov:      make([][]byte, 2),
+		sock:     listenSocket{fd: -1},
+	}
+	for _, uid := range c.AllowUIDs {
+		h.allow[uint32(uid)] = struct{}{}
+	}
+	return h, nil
+}
+
+// Config returns the configuration in force, defaults filled in.
+func (h *Hub) Config() Config { return h.cfg }
+
+// Start connects to Postgres (an error if it cannot be reached), binds the
+// socket and starts the loop goroutine. A socket path held by a running hub
+// is an error and leaves that hub untouched; a stale socket file is
+// replaced. Start may be called once.
+func (h *Hub) Start(ctx context.Context) (err error) {
+	if !h.started.CompareAndSwap(false, true) {
+		return errors.New("hub: Start called twice")
+	}
+	defer func() {
+		if err != nil {
+			close(h.done)
+		}
+	}()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// Refuse a live socket before touching Postgres: a second hub started
+	// by mistake must not even open a backend.
+	if err := checkSocket(h.cfg.SocketPath); err != nil {
+		return err
+	}
+	l, err := loop.New(loop.Options{Logger: h.log})
+	if err != nil {
+		return fmt.Errorf("hub: %w", err)
+	}
+	h.loop = l
+	h.clk = h.newClock(l)
+	pg, err := h.openPG(ctx, l, h)
+	if err != nil {
+		discardLoop(l)
+		return fmt.Errorf("hub: connect to postgres: %w", err)
+	}
+	h.pg = pg
+	sock, err := bindSocket(h.cfg.SocketPath)
+	if err != nil {
+		pg.Close(func() {})
+		discardLoop(l)
+		return err
+	}
+	h.sock = sock
+	if sock.tok, err = l.Register(sock.fd, loop.Readable, h.onAcceptable); err != nil {
+		sock.close()
+		pg.Close(func() {})
+		discardLoop(l)
+		return fmt.Errorf("hub: %w", err)
+	}
+	h.rbuf = make([]byte, readSize)
+	// Open connected and authenticated: the hub starts healthy. The
+	// listener's first OnHealth(true), once its connection is installed
+	// on the loop, is then no change; a loss before that is.
+	h.healthy = true
+	h.stats.healthy.Store(true)
+	l.AfterIteration(h.flush)
+	l.OnClose(h.onLoopClose)
+	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
+	h.log.Info("hub started", "socket", h.cfg.SocketPath, "application_name", h.cfg.ApplicationName,
+		"healthy", h.healthy)
+	go func() {
+		err := l.Run()
+		h.err = err
+		close(h.done)
+	}()
+	return nil
+}
+
+// discardLoop releases a loop that never ran.
+func discardLoop(l *loop.Loop) {
+	l.Stop()
+	_ = l.Run()
+}
+
+// Stop stops accepting, closes every worker (they see EOF), UNLISTENs,
+// closes the Postgres connection and removes the socket file. It waits for
+// all that until ctx is done; then it stops the loop anyway, closing every
+// descriptor, and returns ctx's error. Safe from any goroutine, more than
+// once.
+func (h *Hub) Stop(ctx context.Context) error {
+	if !h.started.Load() || h.loop == nil {
+		return nil
+	}
+	h.stopOnce.Do(func() {
+		if err := h.loop.Post(h.shutdown); err != nil {
+			h.loop.Stop()
+		}
+	})
+	select {
+	case <-h.done:
+		return h.err
+	case <-ctx.Done():
+		h.loop.Stop()
+		<-h.done
+		return ctx.Err()
+	}
+}
+
+// Done is closed when the hub has stopped (or failed to start).
+func (h *Hub) Done() <-chan struct{} { return h.done }
+
+// Wait blocks until the hub has stopped and returns the loop's error, nil
+// after a clean Stop.
+func (h *Hub) Wait() error {
+	<-h.done
+	return h.err
+}
+
+// Stats returns the current gauges and counters. Safe from any goroutine.
+func (h *Hub) Stats() Stats { return h.stats.snapshot() }
+
+// shutdown is Stop on the loop goroutine.
+func (h *Hub) shutdown() {
+	if h.stopping {
+		return
+	}
+	h.stopping = true
+	h.log.Info("hub stopping", "workers", len(h.workers), "channels", len(h.channels))
+	h.closeSocket()
+	if h.statusTimer != nil {
+		h.statusTimer.Stop()
+	}
+	if h.acceptTimer != nil {
+		h.acceptTimer.Stop()
+	}
+	for _, w := range h.workers {
+		// One last try for frames already produced; never wait for it.
+		if !w.armed {
+			h.write(w)
+		}
+		if !w.closed {
+			h.closeWorker(w, reasonHubStopping, nil)
+		}
+	}
+	// Closing the Postgres side is asynchronous (UNLISTEN *, Terminate);
+	// bound it, so that a dead server cannot hold the stop.
+	h.stopTimer = h.loop.AfterFunc(5*time.Second, func() {
+		h.log.Warn("postgres close did not finish in 5s; stopping anyway")
+		h.loop.Stop()
+	})
+	h.pg.Close(func() {
+		h.stopTimer.Stop()
+		h.loop.Stop()
+	})
+}
+
+// onLoopClose runs when the loop stops, whatever the cause: every
+// descriptor the hub owns is closed here at the latest.
+func (h *Hub) onLoopClose() {
+	if h.closed {
+		return
+	}
+	h.closed = true
+	h.stopping = true
+	h.closeSocket()
+	for _, w := range h.workers {
+		if !w.closed {
+			h.closeWorker(w, reasonHubStopping, nil)
+		}
+	}
+	h.stats.healthy.Store(false)
+	h.log.Info("hub stopped")
+}
+
+// onStatusTick runs every StatusInterval; every statusEvery ticks it
+// re-sends the status to every worker.
+func (h *Hub) onStatusTick() {
+	h.ticks++
+	if h.ticks%statusEvery != 0 {
+		return
+	}
+	for _, w := range h.workers {
+		// A status frame still wholly unsent says the same thing: the
+		// re-send would only add to the backlog of a worker that is
+		// not reading.
+		if w.hasStatus && w.out.Written() <= w.statusAt {
+			continue
+		}
+		h.sendStatus(w)
+	}
+}
+
+// onHealth is called by the Postgres side, on the loop goroutine, when the
+// connection is lost (false) and when it is back with the whole union
+// LISTENed again (true).
+func (h *Hub) onHealth(healthy bool) {
+	if h.stopping || healthy == h.healthy {
+		return
+	}
+	h.healthy = healthy
+	h.stats.healthy.Store(healthy)
+	if !healthy {
+		h.log.Warn("postgres connection lost; workers told healthy:false")
+		for _, w := range h.workers {
+			h.sendStatus(w)
+		}
+		return
+	}
+	h.stats.postgresReconnects.Add(1)
+	h.log.Info("postgres connection back; resyncing", "channels", len(h.channels))
+	for _, w := range h.workers {
+		h.sendStatus(w)
+	}
+	// NOTIFYs during the gap are gone: acks held back while down go out
+	// now that the union is LISTENed again, then every subscriber gets
+	// one durable wake per channel so that durable readers re-read.
+	for _, ch := range h.channels {
+		if ch.state == stateListening {
+			h.ackWaiters(ch)
+		}
+	}
+	for _, ch := range h.channels {
+		if len(ch.subs) == 0 {
+			continue
+		}
+		h.scratch = frame.AppendWake(h.scratch[:0], ch.q, nil, false)
+		for w := range ch.subs {
+			h.enqueueDurable(w, ch.q, h.scratch)
+		}
+	}
+}
+
+// onNotification is called by the Postgres side for every NOTIFY, on the
+// loop goroutine. channel and payload are valid only during the call.
+func (h *Hub) onNotification(channel, payload []byte) {
+	h.stats.wakesReceived.Add(1)
+	if h.stopping {
+		return
+	}
+	ch := h.channels[string(channel)]
+	if ch == nil || len(ch.subs) == 0 {
+		return // an UNLISTEN crossed this NOTIFY
+	}
+	// Encode once; every subscriber gets a copy of the same bytes.
+	durable := len(payload) == 0
+	h.scratch = frame.AppendWake(h.scratch[:0], ch.q, payload, !durable)
+	for w := range ch.subs {
+		if durable {
+			h.enqueueDurable(w, ch.q, h.scratch)
+		} else {
+			h.enqueue(w, h.scratch)
+		}
+	}
+}

@@ -1,0 +1,136 @@
+package hub
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/loop"
+)
+
+// maxSocketPath is the room in sockaddr_un.sun_path, less the NUL.
+const maxSocketPath = 107
+
+// listenBacklog is the listen(2) backlog: a host's workers often start at
+// once (a preforking master forks them all), and a full backlog makes
+// connect fail with EAGAIN, which a client reads as "no hub".
+const listenBacklog = 4096
+
+// listenSocket is the bound, listening Unix socket. Loop goroutine only
+// once Start returned.
+type listenSocket struct {
+	path string
+	fd   int // -1 once closed
+	tok  loop.Token
+	// dev and ino identify the socket file this hub created, so that Stop
+	// removes it only if it is still ours.
+	dev, ino uint64
+}
+
+// ErrSocketInUse is wrapped by the error Start returns when another process
+// is accepting on the socket path.
+var ErrSocketInUse = errors.New("in use by a running hub")
+
+// checkSocket fails if path is held by a live hub (someone accepts on it)
+// or is something other than a socket. A stale socket passes: bindSocket
+// replaces it.
+func checkSocket(path string) error {
+	if len(path) > maxSocketPath {
+		return fmt.Errorf("hub: socket path %q is %d bytes; a Unix socket path is at most %d", path, len(path), maxSocketPath)
+	}
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("hub: socket %s: %w", path, err)
+	}
+	if fi.Mode()&fs.ModeSocket == 0 {
+		return fmt.Errorf("hub: socket %s: exists and is not a socket; not replacing it", path)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("hub: socket %s is %w", path, ErrSocketInUse)
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, fs.ErrNotExist):
+		return nil // stale: nobody accepts on it
+	case errors.Is(err, syscall.EAGAIN):
+		// The backlog of a live, busy hub is full.
+		return fmt.Errorf("hub: socket %s is %w (its backlog is full)", path, ErrSocketInUse)
+	}
+	return fmt.Errorf("hub: socket %s: cannot tell whether a hub runs there: %w", path, err)
+}
+
+// bindSocket creates, binds and listens on path with mode 0600. The umask is
+// set around bind(2), so there is no moment when the socket exists with a
+// wider mode. A stale socket file at path is removed first.
+func bindSocket(path string) (listenSocket, error) {
+	s := listenSocket{path: path, fd: -1}
+	if err := checkSocket(path); err != nil {
+		return s, err
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return s, fmt.Errorf("hub: %w", os.NewSyscallError("socket", err))
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		unix.Close(fd)
+		return s, fmt.Errorf("hub: remove stale socket: %w", err)
+	}
+	old := unix.Umask(0o177)
+	err = unix.Bind(fd, &unix.SockaddrUnix{Name: path})
+	unix.Umask(old)
+	if err != nil {
+		unix.Close(fd)
+		if err == unix.EADDRINUSE {
+			// Another hub bound it between our check and our bind.
+			return s, fmt.Errorf("hub: socket %s is %w", path, ErrSocketInUse)
+		}
+		return s, fmt.Errorf("hub: bind %s: %w", path, os.NewSyscallError("bind", err))
+	}
+	if err := unix.Listen(fd, listenBacklog); err != nil {
+		unix.Close(fd)
+		os.Remove(path)
+		return s, fmt.Errorf("hub: listen %s: %w", path, os.NewSyscallError("listen", err))
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err == nil {
+		s.dev, s.ino = st.Dev, st.Ino
+	}
+	s.fd = fd
+	return s, nil
+}
+
+// close closes the socket and removes its file, if the file is still the
+// one bind created.
+func (s *listenSocket) close() {
+	if s.fd < 0 {
+		return
+	}
+	unix.Close(s.fd)
+	s.fd = -1
+	var st unix.Stat_t
+	if err := unix.Stat(s.path, &st); err == nil && st.Dev == s.dev && st.Ino == s.ino {
+		os.Remove(s.path)
+	}
+}
+
+// closeSocket stops accepting: workers that connect from now on get
+// ECONNREFUSED or ENOENT, and fall back.
+func (h *Hub) closeSocket() {
+	if h.sock.fd < 0 {
+		return
+	}
+	if !h.closed {
+		_ = h.loop.Unregister(h.sock.tok)
+	}
+	h.sock.close()
+}

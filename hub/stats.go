@@ -1,0 +1,51 @@
+package hub
+
+import "sync/atomic"
+
+// Stats is a snapshot of the hub's gauges and counters, named after the
+// metrics of DESIGN.md ("Metrics"). Counters only grow.
+type Stats struct {
+	Workers         int64 // listenhub_workers: connected workers now
+	Channels        int64 // listenhub_channels: channels LISTENed now
+	PostgresHealthy bool  // listenhub_postgres_healthy
+
+	WakesReceived      uint64 // listenhub_wakes_received_total: NOTIFYs read from Postgres
+	FramesSent         uint64 // listenhub_frames_sent_total: frames fully written to workers
+	DurableCoalesced   uint64 // listenhub_durable_coalesced_total
+	DurableDropped     uint64 // listenhub_durable_dropped_total
+	Evictions          uint64 // listenhub_evictions_total
+	ProtocolErrors     uint64 // listenhub_protocol_errors_total
+	PostgresReconnects uint64 // listenhub_postgres_reconnects_total
+	Accepts            uint64 // listenhub_accepts_total: connections accepted (and allowed)
+}
+
+// counters are written by the loop goroutine only and read by Stats from any
+// goroutine: atomics, so that the loop never takes a lock for a reader.
+type counters struct {
+	workers, channels  atomic.Int64
+	healthy            atomic.Bool
+	wakesReceived      atomic.Uint64
+	framesSent         atomic.Uint64
+	durableCoalesced   atomic.Uint64
+	durableDropped     atomic.Uint64
+	evictions          atomic.Uint64
+	protocolErrors     atomic.Uint64
+	postgresReconnects atomic.Uint64
+	accepts            atomic.Uint64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Workers:            c.workers.Load(),
+		Channels:           c.channels.Load(),
+		PostgresHealthy:    c.healthy.Load(),
+		WakesReceived:      c.wakesReceived.Load(),
+		FramesSent:         c.framesSent.Load(),
+		DurableCoalesced:   c.durableCoalesced.Load(),
+		DurableDropped:     c.durableDropped.Load(),
+		Evictions:          c.evictions.Load(),
+		ProtocolErrors:     c.protocolErrors.Load(),
+		PostgresReconnects: c.postgresReconnects.Load(),
+		Accepts:            c.accepts.Load(),
+	}
+}

@@ -1,0 +1,475 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/ring"
+	"github.com/listenhub/listenhub/loop"
+)
+
+// closeReason says why the hub closed a worker connection.
+type closeReason uint8
+
+const (
+	reasonPeerClosed  closeReason = iota + 1 // EOF from the worker
+	reasonReadError                          // read(2) failed
+	reasonWriteError                         // write(2) failed (EPIPE, ECONNRESET, ...)
+	reasonProtocol                           // malformed frame (rule 9)
+	reasonEvicted                            // backlog over the hard limit (rule 3)
+	reasonNotAllowed                         // peer uid not in AllowUIDs
+	reasonHubStopping                        // Stop
+	reasonRegister                           // the loop refused the fd
+)
+
+func (r closeReason) String() string {
+	switch r {
+	case reasonPeerClosed:
+		return "peer closed"
+	case reasonReadError:
+		return "read error"
+	case reasonWriteError:
+		return "write error"
+	case reasonProtocol:
+		return "protocol error"
+	case reasonEvicted:
+		return "evicted"
+	case reasonNotAllowed:
+		return "uid not allowed"
+	case reasonHubStopping:
+		return "hub stopping"
+	case reasonRegister:
+		return "register failed"
+	}
+	return fmt.Sprintf("closeReason(%d)", uint8(r))
+}
+
+// worker is one connected worker process. Loop goroutine only.
+type worker struct {
+	id       uint64
+	fd       int
+	tok      loop.Token
+	pid, uid int32
+
+	dec frame.Decoder
+	// out holds the frames produced and not yet taken by the kernel, in
+	// production order; its Max is HardQueueBytes. Empty, it holds no
+	// storage.
+	out ring.Buffer
+	// armed is true while EPOLLOUT is in the interest set, which is
+	// exactly while out is non-empty after a write the kernel cut short.
+	armed bool
+	// dirty is true while the worker is in Hub.dirty, to be flushed at
+	// the end of this iteration.
+	dirty  bool
+	closed bool
+
+	// subs are this worker's subscriptions, by subscription name.
+	subs map[string]*channel
+
+	// durable maps a subscription name to the ring offset where this
+	// worker's latest durable wake for it starts. While out.Written() is
+	// not past that offset the wake is wholly unsent, and a new durable
+	// wake for the same name merges into it (rule 4).
+	durable map[string]uint64
+	// durableEnds are the ring end offsets of the durable wakes not fully
+	// written, oldest first from durableHead: their number is what
+	// DurableQueueLimit caps.
+	durableEnds []uint64
+	durableHead int
+
+	// statusAt is the ring offset of the latest status frame (hasStatus
+	// once one was queued), so a periodic re-send can skip a worker whose
+	// last status is still unsent.
+	statusAt  uint64
+	hasStatus bool
+
+	unknownLogged bool // an unknown frame type was logged once at warn
+
+	writes uint64 // write(2)/writev(2) calls made, for tests of the write path
+}
+
+func (w *worker) logAttrs() []any {
+	return []any{"worker", w.id, "pid", w.pid, "fd", w.fd}
+}
+
+// pendingDurable returns the number of durable wakes not fully written.
+func (w *worker) pendingDurable() int {
+	written := w.out.Written()
+	for w.durableHead < len(w.durableEnds) && w.durableEnds[w.durableHead] <= written {
+		w.durableHead++
+	}
+	if w.durableHead == len(w.durableEnds) {
+		// Drained: reuse the storage, or give back a large one.
+		if cap(w.durableEnds) > 64 {
+			w.durableEnds = nil
+		} else {
+			w.durableEnds = w.durableEnds[:0]
+		}
+		w.durableHead = 0
+	} else if w.durableHead > len(w.durableEnds)/2 && w.durableHead > 16 {
+		n := copy(w.durableEnds, w.durableEnds[w.durableHead:])
+		w.durableEnds = w.durableEnds[:n]
+		w.durableHead = 0
+	}
+	return len(w.durableEnds) - w.durableHead
+}
+
+// onAcceptable accepts up to AcceptBatch connections. Level-triggered: more
+// waiting connections bring the handler back next iteration, after the
+// other fds had their turn.
+func (h *Hub) onAcceptable(ev loop.Events) {
+	if h.stopping || h.acceptPaused {
+		return
+	}
+	for i := 0; i < h.cfg.AcceptBatch; i++ {
+		fd, _, err := unix.Accept4(h.sock.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		switch err {
+		case nil:
+			h.admit(fd)
+		case unix.EAGAIN:
+			return
+		case unix.EINTR, unix.ECONNABORTED:
+			// The peer gave up before we got to it; next one.
+		case unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM:
+			// Level-triggered readiness would bring us straight back:
+			// stop listening for a moment instead of spinning.
+			h.pauseAccept(err)
+			return
+		default:
+			h.log.Error("accept failed", "reason", os.NewSyscallError("accept4", err))
+			h.pauseAccept(err)
+			return
+		}
+	}
+}
+
+func (h *Hub) pauseAccept(err error) {
+	h.log.Warn("accept paused", "reason", os.NewSyscallError("accept4", err), "pause", acceptPause,
+		"workers", len(h.workers))
+	h.acceptPaused = true
+	if err := h.loop.Modify(h.sock.tok, 0); err != nil {
+		h.log.Error("pause accept", "reason", err)
+	}
+	h.acceptTimer = h.loop.AfterFunc(acceptPause, func() {
+		h.acceptTimer = nil
+		if h.stopping {
+			return
+		}
+		h.acceptPaused = false
+		if err := h.loop.Modify(h.sock.tok, loop.Readable); err != nil {
+			h.log.Error("resume accept", "reason", err)
+		}
+	})
+}
+
+// admit takes an accepted connection: checks the peer, registers it, and
+// queues the current status (rule 6: sent on connect).
+func (h *Hub) admit(fd int) {
+	h.stats.accepts.Add(1)
+	h.nextID++
+	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1}
+	w.out.Max = h.cfg.HardQueueBytes
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		h.log.Warn("worker refused: no peer credentials", "worker", w.id, "fd", fd,
+			"reason", os.NewSyscallError("getsockopt SO_PEERCRED", err))
+		unix.Close(fd)
+		return
+	}
+	w.pid, w.uid = cred.Pid, int32(cred.Uid)
+	if _, ok := h.allow[cred.Uid]; !ok {
+		h.log.Warn("worker refused: uid not allowed", "worker", w.id, "pid", cred.Pid, "uid", cred.Uid,
+			"reason", reasonNotAllowed)
+		unix.Close(fd)
+		return
+	}
+	w.tok, err = h.loop.Register(fd, loop.Readable, func(ev loop.Events) { h.onWorkerEvent(w, ev) })
+	if err != nil {
+		h.log.Error("worker refused", "worker", w.id, "pid", w.pid, "reason", err)
+		unix.Close(fd)
+		return
+	}
+	h.workers[w.id] = w
+	h.stats.workers.Add(1)
+	h.log.Info("worker connected", "worker", w.id, "pid", w.pid, "uid", w.uid, "fd", fd)
+	h.sendStatus(w)
+}
+
+func (h *Hub) onWorkerEvent(w *worker, ev loop.Events) {
+	if w.closed {
+		return
+	}
+	if ev&loop.Readable != 0 {
+		h.read(w)
+		if w.closed {
+			return
+		}
+	}
+	if ev&loop.Writable != 0 && w.armed {
+		h.write(w)
+	}
+}
+
+// read takes one read's worth of input (level-triggered: more brings the
+// handler back) and handles every whole frame in it.
+func (h *Hub) read(w *worker) {
+	n, err := unix.Read(w.fd, h.rbuf)
+	switch {
+	case err == unix.EAGAIN || err == unix.EINTR:
+		return
+	case err != nil:
+		h.closeWorker(w, reasonReadError, os.NewSyscallError("read", err))
+		return
+	case n == 0:
+		h.closeWorker(w, reasonPeerClosed, nil)
+		return
+	}
+	w.dec.Feed(h.rbuf[:n])
+	for !w.closed {
+		m, ok, err := w.dec.Next()
+		if err != nil {
+			h.stats.protocolErrors.Add(1)
+			h.log.Warn("worker sent a malformed frame; closing it", append(w.logAttrs(), "reason", err)...)
+			h.closeWorker(w, reasonProtocol, err)
+			return
+		}
+		if !ok {
+			return
+		}
+		h.handle(w, &m)
+	}
+}
+
+func (h *Hub) handle(w *worker, m *frame.Message) {
+	switch m.T {
+	case "sub":
+		h.subscribe(w, m.Q)
+	case "unsub":
+		h.unsubscribe(w, m.Q)
+	default:
+		// Unknown (or hub-to-worker) types are skipped: a newer client
+		// may speak an extension this hub does not know.
+		level := slog.LevelDebug
+		if !w.unknownLogged {
+			w.unknownLogged = true
+			level = slog.LevelWarn
+		}
+		h.log.Log(context.Background(), level, "worker sent an unknown frame type; skipped", append(w.logAttrs(), "type", m.T)...)
+	}
+}
+
+// touch puts w on the list flushed at the end of this iteration.
+func (h *Hub) touch(w *worker) {
+	if !w.dirty {
+		w.dirty = true
+		h.dirty = append(h.dirty, w)
+	}
+}
+
+// enqueue queues a frame that must not be dropped (ephemeral wake, ack,
+// nack, status). Past either hard limit the worker is evicted: a wedged
+// worker degrades itself, never its siblings, and never the Postgres reader.
+func (h *Hub) enqueue(w *worker, b []byte) {
+	if w.closed {
+		return
+	}
+	if !h.fits(w, len(b)) {
+		h.evict(w, h.overLimit(w))
+		return
+	}
+	if err := w.out.Append(b); err != nil {
+		h.evict(w, "bytes")
+		return
+	}
+	h.touch(w)
+}
+
+// fits reports whether a frame of n bytes can be queued under both hard
+// limits. The limits bound what the kernel refused, not what one iteration
+// produced: one read of the Postgres socket can carry thousands of
+// NOTIFYs, so before saying no, fits writes out what is pending (unless the
+// socket is known to be full) and looks again. In the common case nothing
+// is near a limit and the single end-of-iteration write stays single.
+func (h *Hub) fits(w *worker, n int) bool {
+	if w.out.Frames() < h.cfg.HardQueueLimit && w.out.Len()+n <= h.cfg.HardQueueBytes {
+		return true
+	}
+	if w.armed {
+		return false
+	}
+	h.write(w)
+	if w.closed {
+		return false
+	}
+	return w.out.Frames() < h.cfg.HardQueueLimit && w.out.Len()+n <= h.cfg.HardQueueBytes
+}
+
+func (h *Hub) overLimit(w *worker) string {
+	if w.out.Frames() >= h.cfg.HardQueueLimit {
+		return "frames"
+	}
+	return "bytes"
+}
+
+// enqueueDurable queues a durable wake for subscription q, coalescing it
+// into a pending unsent one for the same q, and dropping it (counted) past
+// DurableQueueLimit or either hard limit. It never evicts.
+func (h *Hub) enqueueDurable(w *worker, q string, b []byte) {
+	if w.closed {
+		return
+	}
+	if start, ok := w.durable[q]; ok && w.out.Written() <= start && start < w.out.Appended() {
+		h.stats.durableCoalesced.Add(1)
+		return
+	}
+	if w.pendingDurable() >= h.cfg.DurableQueueLimit && !w.armed {
+		h.write(w) // as in fits: the limit is on what the kernel refused
+		if w.closed {
+			return
+		}
+	}
+	if w.pendingDurable() >= h.cfg.DurableQueueLimit || !h.fits(w, len(b)) {
+		if !w.closed {
+			h.stats.durableDropped.Add(1)
+		}
+		return
+	}
+	start := w.out.Appended()
+	if err := w.out.Append(b); err != nil {
+		h.stats.durableDropped.Add(1)
+		return
+	}
+	if w.durable == nil {
+		w.durable = make(map[string]uint64)
+	}
+	w.durable[q] = start
+	w.durableEnds = append(w.durableEnds, w.out.Appended())
+	h.touch(w)
+}
+
+func (h *Hub) sendStatus(w *worker) {
+	if w.closed {
+		return
+	}
+	at := w.out.Appended()
+	h.scratch = frame.AppendStatus(h.scratch[:0], h.healthy)
+	h.enqueue(w, h.scratch)
+	if !w.closed {
+		w.statusAt, w.hasStatus = at, true
+	}
+}
+
+func (h *Hub) evict(w *worker, limit string) {
+	h.stats.evictions.Add(1)
+	h.log.Warn("worker evicted: outbound backlog over the hard limit", append(w.logAttrs(),
+		"limit", limit, "frames", w.out.Frames(), "bytes", w.out.Len(),
+		"hard_queue_limit", h.cfg.HardQueueLimit, "hard_queue_bytes", h.cfg.HardQueueBytes)...)
+	h.closeWorker(w, reasonEvicted, nil)
+}
+
+// flush runs at the end of every loop iteration: each worker touched in it
+// gets one write carrying everything it has pending. Workers waiting for
+// EPOLLOUT are skipped: their socket was full a moment ago, and the
+// Writable event flushes them.
+func (h *Hub) flush() {
+	for i, w := range h.dirty {
+		h.dirty[i] = nil
+		w.dirty = false
+		if !w.closed && !w.armed {
+			h.write(w)
+		}
+	}
+	h.dirty = h.dirty[:0]
+}
+
+// write makes one write (or writev, when the ring wraps) of everything
+// pending, keeps what the kernel refused, and arms EPOLLOUT for exactly
+// that remainder.
+func (h *Hub) write(w *worker) {
+	a, b := w.out.Peek()
+	if len(a) == 0 {
+		h.disarm(w)
+		return
+	}
+	var n int
+	var err error
+	for {
+		w.writes++
+		if len(b) == 0 {
+			n, err = unix.Write(w.fd, a)
+		} else {
+			h.iov[0], h.iov[1] = a, b
+			n, err = unix.Writev(w.fd, h.iov)
+			h.iov[0], h.iov[1] = nil, nil
+		}
+		if err != unix.EINTR {
+			break
+		}
+	}
+	switch {
+	case err == unix.EAGAIN:
+		n = 0
+	case err != nil:
+		h.closeWorker(w, reasonWriteError, os.NewSyscallError("write", err))
+		return
+	}
+	if n > 0 {
+		frames := w.out.Frames()
+		w.out.Discard(n)
+		h.stats.framesSent.Add(uint64(frames - w.out.Frames()))
+	}
+	if w.out.Len() == 0 {
+		w.pendingDurable() // releases the bookkeeping of a drained worker
+		h.disarm(w)
+		return
+	}
+	if !w.armed {
+		if err := h.loop.Modify(w.tok, loop.Readable|loop.Writable); err != nil {
+			h.closeWorker(w, reasonWriteError, err)
+			return
+		}
+		w.armed = true
+	}
+}
+
+func (h *Hub) disarm(w *worker) {
+	if !w.armed {
+		return
+	}
+	w.armed = false
+	if err := h.loop.Modify(w.tok, loop.Readable); err != nil {
+		h.closeWorker(w, reasonWriteError, err)
+	}
+}
+
+// closeWorker closes the connection (the worker sees EOF), takes the worker
+// out of every channel (UNLISTENing those it was the last subscriber of)
+// and frees its buffer.
+func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
+	if w.closed {
+		return
+	}
+	w.closed = true
+	for _, ch := range w.subs {
+		h.dropSub(w, ch)
+	}
+	if !h.closed {
+		_ = h.loop.Unregister(w.tok)
+	}
+	unix.Close(w.fd)
+	w.out.Reset()
+	w.durable, w.durableEnds, w.subs = nil, nil, nil
+	delete(h.workers, w.id)
+	h.stats.workers.Add(-1)
+	attrs := append(w.logAttrs(), "reason", reason)
+	if err != nil {
+		attrs = append(attrs, "error", err)
+	}
+	h.log.Info("worker disconnected", attrs...)
+}

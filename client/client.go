@@ -1,0 +1,512 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+)
+
+// Defaults for the zero fields of Options.
+const (
+	// DefaultAckTimeout bounds the wait for an ack. The hub acks once
+	// Postgres has confirmed the LISTEN, a round trip of a millisecond or
+	// so; a hub whose Postgres is down nacks after its own command timeout.
+	// Two seconds without either means a wedged hub.
+	DefaultAckTimeout = 2 * time.Second
+	// DefaultWriteTimeout bounds one write of queued frames. Frames to the
+	// hub are tiny, so a write that cannot finish within it means the hub
+	// has stopped reading.
+	DefaultWriteTimeout = 2 * time.Second
+)
+
+// readBufferSize is the size of one read from the hub socket. The hub writes
+// many frames per write(2) (its end-of-iteration flush); one read takes a
+// whole burst of ordinary wakes.
+const readBufferSize = 64 << 10
+
+// Wake is one NOTIFY as the hub (or a local listener) delivered it.
+type Wake struct {
+	// Q is the subscription name (the channel without the hub's prefix and
+	// suffix).
+	Q string
+	// Payload is the NOTIFY payload; empty for a durable wake.
+	Payload string
+	// Durable is true for a wake without payload ("something changed,
+	// re-read"): such wakes may be coalesced and may be synthesized after a
+	// gap (a hub reconnect to Postgres, a failover), so a durable reader
+	// re-reads its source of truth on every one. A false Durable means the
+	// payload may be the only copy of the message.
+	Durable bool
+}
+
+// Options configure a hub client. The zero value is valid.
+type Options struct {
+	// AckTimeout bounds Subscribe's wait for the hub's answer. Default
+	// DefaultAckTimeout. A timeout kills the client.
+	AckTimeout time.Duration
+	// WriteTimeout bounds each write to the hub socket. Default
+	// DefaultWriteTimeout. A stalled write kills the client.
+	WriteTimeout time.Duration
+
+	// OnWake is called for every wake, in the order the hub sent them.
+	// OnStatus is called for every status frame with the hub's Postgres
+	// health. Both are called from the client's single reader goroutine,
+	// one call at a time, wakes and statuses interleaved in wire order.
+	//
+	// A handler must not block for long: while it runs the client reads
+	// nothing, so acks wait (a Subscribe may hit its ack timeout, which
+	// kills the client) and the hub's outbound queue for this process
+	// grows until the hub evicts it (DESIGN.md rule 3), which also kills
+	// the client. Hand slow work to another goroutine; Mux does that with
+	// a bounded buffer per subscriber. A handler may call Subscribe only
+	// from another goroutine (Subscribe waits for an ack that this same
+	// goroutine would have to read); it may call Unsubscribe, Healthy,
+	// Err and Close.
+	//
+	// Wake values are copies; the handler may keep them.
+	OnWake   func(Wake)
+	OnStatus func(healthy bool)
+
+	// Logger receives debug logs (stray acks, unknown frame types) and the
+	// reason of the client's death. Nil discards them.
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.AckTimeout <= 0 {
+		o.AckTimeout = DefaultAckTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Client is a connection to a listenhub hub: one per process, shared by all
+// its subscribers (put a Mux in front of it for many in-process
+// subscribers). All methods are safe for concurrent use.
+//
+// A client is alive until its first failure and then dead for good: it
+// never reconnects (that is Failover's job, one level up). Done is closed
+// and Err says why at the moment it dies: Close (ErrClosed), a transport
+// failure (*ConnError: EOF, which is also what an eviction by the hub looks
+// like; a malformed frame; a stalled write), an ack timeout
+// (*AckTimeoutError), or a nack that is not about the name (*NackError).
+//
+// A client runs two goroutines: the reader, which also runs the handlers,
+// and a writer, which owns the write side of the socket so that Subscribe
+// and Unsubscribe never block on a stalled write.
+type Client struct {
+	path string
+	opts Options
+	conn net.Conn
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	subs map[string]*subState // q → state; absent means not subscribed
+	err  error                // set once, under mu, when the client dies
+	out  []byte               // frames queued for the writer, in decision order
+	done chan struct{}        // closed when err is set
+
+	kick    chan struct{} // cap 1: out is non-empty
+	healthy atomic.Bool   // last status frame; false until the first
+
+	// Close's guarantee that no handler call starts after it returns:
+	// the reader holds dispatch around every handler call and checks
+	// closing inside it; inHandler lets Close (possibly called from a
+	// handler) avoid waiting for the handler that is running.
+	dispatch  sync.Mutex
+	inHandler atomic.Bool
+	closing   atomic.Bool
+
+	exited chan struct{} // closed when both goroutines have returned
+}
+
+// subState is the client's view of one subscription name. At most one sub
+// frame is unanswered per name, so an ack or nack always answers the one
+// pending call: the hub answers every sub exactly once and keeps the order
+// of its frames to a worker.
+type subState struct {
+	active    bool  // acked and not unsubscribed
+	call      *call // the unanswered sub, nil if none
+	wantUnsub bool  // Unsubscribe (or abandonment) while call was pending: send unsub on its ack
+}
+
+// call is one unanswered sub frame; every concurrent Subscribe of the name
+// waits on it.
+type call struct {
+	done     chan struct{} // closed when answered or the client died
+	err      error         // valid once done is closed
+	waiters  int           // Subscribe calls still waiting (under Client.mu)
+	resolved bool          // under Client.mu
+	timer    *time.Timer   // ack timeout
+}
+
+// Dial connects to the hub socket at path. ctx bounds the connect only; the
+// client lives until Close or its first failure. Errors are *ConnError with
+// Op "dial" (ENOENT for a missing socket, ECONNREFUSED for a stale one).
+func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, &ConnError{Op: "dial", Path: path, Err: err}
+	}
+	return newClient(conn, path, opts), nil
+}
+
+func newClient(conn net.Conn, path string, opts Options) *Client {
+	opts = opts.withDefaults()
+	c := &Client{
+		path:   path,
+		opts:   opts,
+		conn:   conn,
+		log:    opts.Logger.With("socket", path),
+		subs:   make(map[string]*subState),
+		done:   make(chan struct{}),
+		kick:   make(chan struct{}, 1),
+		exited: make(chan struct{}),
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.readLoop() }()
+	go func() { defer wg.Done(); c.writeLoop() }()
+	go func() { wg.Wait(); close(c.exited) }()
+	return c
+}
+
+// Subscribe subscribes to q and returns once the hub has acked it: from
+// then on every NOTIFY committed on q's channel reaches OnWake. Wakes for q
+// may arrive before Subscribe returns (over-delivery is harmless).
+//
+// Subscriptions are a set, not a count: Subscribe of a name that is already
+// acked returns nil at once without a round trip; concurrent Subscribes of
+// one name share one sub frame and all return its answer; one Unsubscribe
+// undoes any number of Subscribes (use a Mux to count subscribers).
+//
+// Errors: a refusal of the name (errors.Is(err, ErrInvalidName)) leaves the
+// client alive. Any other nack, the ack timeout, EOF or a write failure
+// kills the client and is returned. After the client died (Close included),
+// Subscribe returns Err at once. If ctx ends first, Subscribe returns
+// ctx.Err() without killing the client and the subscription is abandoned:
+// once the ack arrives the client unsubscribes, unless another Subscribe of
+// the name is waiting by then.
+func (c *Client) Subscribe(ctx context.Context, q string) error {
+	if err := checkName(q); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	s := c.subs[q]
+	if s == nil {
+		s = &subState{}
+		c.subs[q] = s
+	}
+	if s.active && s.call == nil {
+		c.mu.Unlock()
+		return nil
+	}
+	cl := s.call
+	if cl == nil {
+		cl = &call{done: make(chan struct{})}
+		s.call = cl
+		c.queueLocked(frame.AppendSub(nil, q))
+		cl.timer = time.AfterFunc(c.opts.AckTimeout, func() { c.ackTimeout(cl, q) })
+	}
+	s.wantUnsub = false
+	cl.waiters++
+	c.mu.Unlock()
+
+	select {
+	case <-cl.done:
+		return cl.err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cl.resolved {
+		return cl.err
+	}
+	cl.waiters--
+	if cl.waiters == 0 {
+		s.wantUnsub = true
+	}
+	return ctx.Err()
+}
+
+// Unsubscribe drops q from the set and tells the hub (no answer is
+// expected). It never blocks. Unsubscribe of a name whose Subscribe is still
+// waiting takes effect when the ack arrives: the waiting Subscribes return
+// nil, and the client then unsubscribes. Unsubscribe of an unknown name, or
+// on a dead client, does nothing.
+func (c *Client) Unsubscribe(q string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return
+	}
+	s := c.subs[q]
+	switch {
+	case s == nil:
+	case s.call != nil:
+		s.wantUnsub = true
+	default:
+		delete(c.subs, q)
+		c.queueLocked(frame.AppendUnsub(nil, q))
+	}
+}
+
+// Healthy reports whether the client is alive and the hub's last status
+// said its Postgres connection is healthy. It is false until the hub's
+// first status frame (sent on connect).
+func (c *Client) Healthy() bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+		return c.healthy.Load()
+	}
+}
+
+// Done is closed when the client dies (Close included).
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Err is nil while the client is alive and the reason once it is dead.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close kills the client with ErrClosed and closes the socket; the hub
+// drops its subscriptions. Waiting Subscribes return ErrClosed. After Close
+// returns, no handler call starts; a handler that is running (the one
+// calling Close, say) is not waited for. Close is idempotent and always
+// returns nil.
+func (c *Client) Close() error {
+	c.closing.Store(true)
+	c.fail(ErrClosed)
+	if !c.inHandler.Load() {
+		// A reader that took dispatch before closing was set will see it
+		// and skip the handler; wait for it to let go.
+		c.dispatch.Lock()
+		c.dispatch.Unlock() //nolint:staticcheck // an empty critical section is the point
+	}
+	return nil
+}
+
+// wait blocks until both goroutines have returned (tests).
+func (c *Client) wait() { <-c.exited }
+
+// fail kills the client with err, once: first error wins.
+func (c *Client) fail(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	close(c.done)
+	for _, s := range c.subs {
+		if cl := s.call; cl != nil {
+			c.resolveLocked(cl, err)
+		}
+	}
+	c.subs = nil
+	c.out = nil
+	c.mu.Unlock()
+	c.healthy.Store(false)
+	c.conn.Close()
+	if err == ErrClosed {
+		c.log.Debug("listenhub client closed")
+	} else {
+		c.log.Warn("listenhub client dead", "reason", err)
+	}
+}
+
+// resolveLocked answers cl with err (nil for an ack). Under c.mu.
+func (c *Client) resolveLocked(cl *call, err error) {
+	if cl.resolved {
+		return
+	}
+	cl.resolved = true
+	cl.err = err
+	cl.timer.Stop()
+	close(cl.done)
+}
+
+func (c *Client) ackTimeout(cl *call, q string) {
+	c.mu.Lock()
+	pending := !cl.resolved && c.err == nil
+	c.mu.Unlock()
+	if pending {
+		c.fail(&AckTimeoutError{Q: q, Timeout: c.opts.AckTimeout})
+	}
+}
+
+// queueLocked appends a frame for the writer. Under c.mu, so that frames
+// leave in the order the decisions were taken.
+func (c *Client) queueLocked(b []byte) {
+	c.out = append(c.out, b...)
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Client) writeLoop() {
+	var buf []byte
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-c.kick:
+		}
+		c.mu.Lock()
+		buf, c.out = c.out, buf[:0]
+		c.mu.Unlock()
+		if len(buf) == 0 {
+			continue
+		}
+		if err := c.conn.SetWriteDeadline(time.Now().Add(c.opts.WriteTimeout)); err != nil {
+			c.fail(&ConnError{Op: "write", Path: c.path, Err: err})
+			return
+		}
+		if _, err := c.conn.Write(buf); err != nil {
+			c.fail(&ConnError{Op: "write", Path: c.path, Err: err})
+			return
+		}
+	}
+}
+
+func (c *Client) readLoop() {
+	var dec frame.Decoder
+	buf := make([]byte, readBufferSize)
+	for {
+		n, err := c.conn.Read(buf)
+		if n > 0 {
+			dec.Feed(buf[:n])
+			for {
+				m, ok, derr := dec.Next()
+				if derr != nil {
+					c.fail(&ConnError{Op: "read", Path: c.path, Err: derr})
+					return
+				}
+				if !ok {
+					break
+				}
+				if !c.handle(m) {
+					return
+				}
+			}
+		}
+		if err != nil {
+			if c.closing.Load() {
+				return
+			}
+			if errors.Is(err, net.ErrClosed) {
+				// Closed by fail on another goroutine: its error stands.
+				return
+			}
+			if err == io.EOF && dec.Buffered() > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			c.fail(&ConnError{Op: "read", Path: c.path, Err: err})
+			return
+		}
+	}
+}
+
+// handle processes one frame; false means the client is dead.
+func (c *Client) handle(m frame.Message) bool {
+	switch m.T {
+	case "ack":
+		c.mu.Lock()
+		s := c.subs[m.Q]
+		if s == nil || s.call == nil {
+			c.mu.Unlock()
+			c.log.Debug("listenhub client: ack without a pending sub", "q", m.Q)
+			return true
+		}
+		c.resolveLocked(s.call, nil)
+		s.call = nil
+		if s.wantUnsub {
+			delete(c.subs, m.Q)
+			c.queueLocked(frame.AppendUnsub(nil, m.Q))
+		} else {
+			s.active = true
+		}
+		c.mu.Unlock()
+	case "nack":
+		err := &NackError{Q: m.Q, Reason: m.Error, InvalidName: invalidNameReason(m.Error)}
+		c.mu.Lock()
+		s := c.subs[m.Q]
+		if s == nil || s.call == nil {
+			c.mu.Unlock()
+			c.log.Debug("listenhub client: nack without a pending sub", "q", m.Q, "reason", m.Error)
+			return true
+		}
+		c.resolveLocked(s.call, err)
+		s.call = nil
+		if !s.active {
+			delete(c.subs, m.Q)
+		}
+		c.mu.Unlock()
+		if !err.InvalidName {
+			c.fail(err)
+			return false
+		}
+	case "wake":
+		w := Wake{Q: m.Q, Payload: m.P, Durable: !m.HasP || m.P == ""}
+		if h := c.opts.OnWake; h != nil {
+			return c.call(func() { h(w) })
+		}
+	case "status":
+		c.healthy.Store(m.Healthy)
+		if h := c.opts.OnStatus; h != nil {
+			return c.call(func() { h(m.Healthy) })
+		}
+	default:
+		c.log.Debug("listenhub client: skipping unknown frame type", "t", m.T)
+	}
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// call runs a handler under dispatch unless Close has begun; false means the
+// client is closing.
+func (c *Client) call(f func()) bool {
+	c.dispatch.Lock()
+	defer c.dispatch.Unlock()
+	if c.closing.Load() {
+		return false
+	}
+	c.inHandler.Store(true)
+	defer c.inHandler.Store(false)
+	f()
+	return true
+}

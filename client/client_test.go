@@ -1,0 +1,645 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+func TestClientSubscribeWaitsForAck(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+
+	done := result(func() error { return c.Subscribe(context.Background(), "jobs") })
+	fc.expect(t, "sub", "jobs")
+	pending(t, done)
+	fc.ack("jobs")
+	if err := await(t, done); err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	if c.Err() != nil {
+		t.Fatalf("Err after ack: %v", c.Err())
+	}
+}
+
+func TestClientWakesAndStatusInOrder(t *testing.T) {
+	h := newFakeHub(t, true)
+	rec := &recorder{}
+	c := dialFake(t, h, rec, Options{})
+	fc := h.accept()
+	if err := c.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, waitLong, "first status", c.Healthy)
+
+	// One write carrying many frames, as the hub's end-of-iteration flush
+	// does, then single frames.
+	var burst []byte
+	var want []string
+	want = append(want, "status true")
+	for i := range 100 {
+		p := fmt.Sprintf("p%d", i)
+		burst = frame.AppendWake(burst, "a", []byte(p), true)
+		want = append(want, "wake a "+p)
+		if i%10 == 0 {
+			burst = frame.AppendWake(burst, "a", nil, false)
+			want = append(want, "durable a")
+		}
+	}
+	burst = frame.AppendStatus(burst, false)
+	want = append(want, "status false")
+	fc.send(burst)
+	fc.wake("a", `{"id":1, "quote":"\"", "nl":"`+"\n"+`"}`)
+	want = append(want, "wake a "+`{"id":1, "quote":"\"", "nl":"`+"\n"+`"}`)
+	fc.status(true)
+	want = append(want, "status true")
+
+	testutil.WaitFor(t, waitLong, "all frames delivered", func() bool { return rec.len() >= len(want) })
+	if got := rec.snapshot(); !slices.Equal(got, want) {
+		t.Fatalf("events:\n got %q\nwant %q", got, want)
+	}
+	if !c.Healthy() {
+		t.Fatal("Healthy false after status true")
+	}
+}
+
+func TestClientWakeFramesSplitAcrossReads(t *testing.T) {
+	h := newFakeHub(t, true)
+	rec := &recorder{}
+	c := dialFake(t, h, rec, Options{})
+	fc := h.accept()
+	if err := c.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	b := frame.AppendWake(nil, "a", []byte(strings.Repeat("x", 8000)), true)
+	for i := 0; i < len(b); i += 7 {
+		fc.send(b[i:min(i+7, len(b))])
+	}
+	testutil.WaitFor(t, waitLong, "wake delivered", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.wakes) == 1
+	})
+	if w := rec.wakes[0]; w.Durable || len(w.Payload) != 8000 {
+		t.Fatalf("wake %+v", w)
+	}
+}
+
+func TestClientDurableFlag(t *testing.T) {
+	h := newFakeHub(t, true)
+	rec := &recorder{}
+	c := dialFake(t, h, rec, Options{})
+	fc := h.accept()
+	if err := c.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	fc.send(rawFrame(`{"t":"wake","q":"a"}`))          // p absent
+	fc.send(rawFrame(`{"t":"wake","q":"a","p":null}`)) // p null
+	fc.send(rawFrame(`{"t":"wake","q":"a","p":""}`))   // empty payload: nothing to lose
+	fc.wake("a", "x")
+	testutil.WaitFor(t, waitLong, "4 wakes", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.wakes) == 4
+	})
+	got := []bool{}
+	for _, w := range rec.wakes {
+		got = append(got, w.Durable)
+	}
+	if !slices.Equal(got, []bool{true, true, true, false}) {
+		t.Fatalf("durable flags %v", got)
+	}
+}
+
+func TestClientSubscribeSameNameSequential(t *testing.T) {
+	h := newFakeHub(t, true)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	ctx := context.Background()
+	if err := c.Subscribe(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	fc.expect(t, "sub", "a")
+	// Already acked: no second frame, no wait.
+	if err := c.Subscribe(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Subscribe(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	fc.expect(t, "sub", "b") // not a second "a"
+}
+
+func TestClientSubscribeSameNameConcurrent(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	var calls []<-chan error
+	for range 10 {
+		calls = append(calls, result(func() error { return c.Subscribe(context.Background(), "a") }))
+	}
+	fc.expect(t, "sub", "a")
+	// Let the other nine reach their wait, then check that none of them
+	// sent a frame of its own.
+	testutil.WaitFor(t, waitLong, "all waiting", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		s := c.subs["a"]
+		return s != nil && s.call != nil && s.call.waiters == 10
+	})
+	fc.ack("a")
+	for _, ch := range calls {
+		if err := await(t, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := result(func() error { return c.Subscribe(context.Background(), "z") })
+	fc.expect(t, "sub", "z") // the next frame: no second "sub a" was sent
+	fc.ack("z")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClientNackInvalidNameKeepsClient(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	done := result(func() error { return c.Subscribe(context.Background(), "bad") })
+	fc.expect(t, "sub", "bad")
+	fc.nack("bad", "invalid channel: 70 bytes, longer than 63")
+	err := await(t, done)
+	var nack *NackError
+	if !errors.As(err, &nack) || !nack.InvalidName || !errors.Is(err, ErrInvalidName) {
+		t.Fatalf("err = %#v, want an invalid-name *NackError", err)
+	}
+	if nack.Q != "bad" || !strings.Contains(nack.Reason, "63") {
+		t.Fatalf("nack %+v", nack)
+	}
+	if c.Err() != nil || isDone(c.Done()) {
+		t.Fatalf("client died on an invalid-name nack: %v", c.Err())
+	}
+	// Still usable, and the refused name can be retried (to be refused
+	// again) rather than remembered as subscribed.
+	done = result(func() error { return c.Subscribe(context.Background(), "bad") })
+	fc.expect(t, "sub", "bad")
+	fc.ack("bad")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClientInvalidNameLocally(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	for _, q := range []string{strings.Repeat("x", 64), "a\x00b"} {
+		if err := c.Subscribe(context.Background(), q); !errors.Is(err, ErrInvalidName) {
+			t.Fatalf("Subscribe(%q) = %v, want ErrInvalidName", q, err)
+		}
+	}
+	if c.Err() != nil {
+		t.Fatal(c.Err())
+	}
+}
+
+func TestClientNackOtherKillsClient(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	done := result(func() error { return c.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	fc.nack("a", "LISTEN failed: connection to Postgres is down")
+	err := await(t, done)
+	var nack *NackError
+	if !errors.As(err, &nack) || nack.InvalidName || errors.Is(err, ErrInvalidName) {
+		t.Fatalf("err = %v, want a non-name *NackError", err)
+	}
+	if !isDone(c.Done()) || !errors.As(c.Err(), &nack) {
+		t.Fatalf("client alive after a LISTEN-failed nack: Err=%v", c.Err())
+	}
+	fc.waitEOF(t)
+}
+
+func TestClientAckTimeoutKillsClient(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{AckTimeout: 100 * time.Millisecond})
+	fc := h.accept()
+	start := time.Now()
+	err := c.Subscribe(context.Background(), "a")
+	var ate *AckTimeoutError
+	if !errors.As(err, &ate) || !errors.Is(err, ErrAckTimeout) || ate.Q != "a" {
+		t.Fatalf("err = %v, want *AckTimeoutError", err)
+	}
+	if d := time.Since(start); d < 100*time.Millisecond || d > waitLong {
+		t.Fatalf("returned after %v", d)
+	}
+	if !errors.Is(c.Err(), ErrAckTimeout) {
+		t.Fatalf("Err = %v", c.Err())
+	}
+	fc.waitEOF(t)
+	// A late ack changes nothing.
+	fc.ack("a")
+	if !errors.Is(c.Subscribe(context.Background(), "a"), ErrAckTimeout) {
+		t.Fatal("Subscribe after death did not return the death")
+	}
+}
+
+func TestClientEOFDuringSubscribe(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	done := result(func() error { return c.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	fc.c.Close()
+	err := await(t, done)
+	var ce *ConnError
+	if !errors.As(err, &ce) || ce.Op != "read" || !errors.Is(err, io.EOF) {
+		t.Fatalf("err = %v, want a read *ConnError wrapping EOF", err)
+	}
+	if !errors.Is(c.Err(), io.EOF) {
+		t.Fatalf("Err = %v", c.Err())
+	}
+}
+
+func TestClientEOFIdle(t *testing.T) {
+	h := newFakeHub(t, true)
+	rec := &recorder{}
+	c := dialFake(t, h, rec, Options{})
+	fc := h.accept()
+	testutil.WaitFor(t, waitLong, "status", c.Healthy)
+	fc.c.Close()
+	select {
+	case <-c.Done():
+	case <-time.After(waitLong):
+		t.Fatal("Done not closed on EOF")
+	}
+	if !errors.Is(c.Err(), io.EOF) || c.Healthy() {
+		t.Fatalf("Err = %v, Healthy = %v", c.Err(), c.Healthy())
+	}
+	c.wait()
+}
+
+func TestClientTruncatedFrameIsUnexpectedEOF(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	fc.send(frame.AppendStatus(nil, true)[:6])
+	fc.c.Close()
+	<-c.Done()
+	if !errors.Is(c.Err(), io.ErrUnexpectedEOF) {
+		t.Fatalf("Err = %v", c.Err())
+	}
+}
+
+func TestClientMalformedFrameKillsClient(t *testing.T) {
+	for name, b := range map[string][]byte{
+		"bad json":  []byte("\x00\x00\x00\x05{\"t\":"),
+		"not obj":   []byte("\x00\x00\x00\x02[]"),
+		"too large": {0x7f, 0, 0, 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newFakeHub(t, false)
+			c := dialFake(t, h, nil, Options{})
+			fc := h.accept()
+			fc.send(b)
+			select {
+			case <-c.Done():
+			case <-time.After(waitLong):
+				t.Fatal("client survived a malformed frame")
+			}
+			var fe *frame.Error
+			if !errors.As(c.Err(), &fe) {
+				t.Fatalf("Err = %v, want a *frame.Error", c.Err())
+			}
+			fc.waitEOF(t)
+		})
+	}
+}
+
+func TestClientUnknownFrameSkipped(t *testing.T) {
+	h := newFakeHub(t, true)
+	rec := &recorder{}
+	c := dialFake(t, h, rec, Options{})
+	fc := h.accept()
+	body := `{"t":"hello","q":"a","extra":[1,{"x":2}]}`
+	fc.send(append([]byte{0, 0, 0, byte(len(body))}, body...))
+	body = `{"extra":true,"q":"a","p":"x","t":"wake"}` // unknown field, any order
+	fc.send(append([]byte{0, 0, 0, byte(len(body))}, body...))
+	testutil.WaitFor(t, waitLong, "wake after unknown frame", func() bool { return rec.has("wake a x") })
+	if c.Err() != nil {
+		t.Fatal(c.Err())
+	}
+}
+
+// A write the hub never reads must not hang Subscribe: the write deadline
+// kills the client. net.Pipe has no buffer, so its first write stalls.
+func TestClientStalledWriteKillsClient(t *testing.T) {
+	ours, theirs := net.Pipe()
+	defer theirs.Close()
+	c := newClient(ours, "pipe", Options{AckTimeout: time.Minute, WriteTimeout: 100 * time.Millisecond})
+	defer c.Close()
+	err := await(t, result(func() error { return c.Subscribe(context.Background(), "a") }))
+	var ce *ConnError
+	if !errors.As(err, &ce) || ce.Op != "write" || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("err = %v, want a write *ConnError past its deadline", err)
+	}
+	if c.Err() != err {
+		t.Fatalf("Err = %v", c.Err())
+	}
+}
+
+func TestClientSubscribeAfterClose(t *testing.T) {
+	h := newFakeHub(t, true)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Subscribe(context.Background(), "a"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Subscribe after Close = %v", err)
+	}
+	c.Unsubscribe("a") // no-op, no panic
+	if !errors.Is(c.Err(), ErrClosed) || c.Healthy() || !isDone(c.Done()) {
+		t.Fatalf("Err=%v Healthy=%v", c.Err(), c.Healthy())
+	}
+	c.Close() // idempotent
+	fc.waitEOF(t)
+}
+
+func TestClientCloseDuringSubscribe(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{AckTimeout: time.Minute})
+	fc := h.accept()
+	a := result(func() error { return c.Subscribe(context.Background(), "a") })
+	b := result(func() error { return c.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	c.Close()
+	for _, ch := range []<-chan error{a, b} {
+		if err := await(t, ch); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Subscribe = %v, want ErrClosed", err)
+		}
+	}
+}
+
+func TestClientSubscribeContextCancelAbandons(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{AckTimeout: time.Minute})
+	fc := h.accept()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := result(func() error { return c.Subscribe(ctx, "a") })
+	fc.expect(t, "sub", "a")
+	cancel()
+	if err := await(t, done); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Subscribe = %v", err)
+	}
+	if c.Err() != nil {
+		t.Fatalf("ctx cancel killed the client: %v", c.Err())
+	}
+	// The ack still comes; the abandoned subscription is dropped.
+	fc.ack("a")
+	fc.expect(t, "unsub", "a")
+
+	// A cancelled wait that another Subscribe of the name outlives keeps
+	// the subscription.
+	ctx, cancel = context.WithCancel(context.Background())
+	first := result(func() error { return c.Subscribe(ctx, "b") })
+	fc.expect(t, "sub", "b")
+	second := result(func() error { return c.Subscribe(context.Background(), "b") })
+	testutil.WaitFor(t, waitLong, "second waiter", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.subs["b"].call.waiters == 2
+	})
+	cancel()
+	if err := await(t, first); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	fc.ack("b")
+	if err := await(t, second); err != nil {
+		t.Fatal(err)
+	}
+	third := result(func() error { return c.Subscribe(context.Background(), "c") })
+	fc.expect(t, "sub", "c") // no "unsub b" before it
+	fc.ack("c")
+	if err := await(t, third); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClientUnsubscribe(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	ctx := context.Background()
+
+	done := result(func() error { return c.Subscribe(ctx, "a") })
+	fc.expect(t, "sub", "a")
+	fc.ack("a")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+	c.Unsubscribe("a")
+	fc.expect(t, "unsub", "a")
+	c.Unsubscribe("a") // unknown now: nothing sent
+	c.Unsubscribe("never")
+
+	// Unsubscribe while the sub is pending: Subscribe returns on the ack,
+	// then the unsub goes out.
+	done = result(func() error { return c.Subscribe(ctx, "b") })
+	fc.expect(t, "sub", "b")
+	testutil.WaitFor(t, waitLong, "b pending", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.subs["b"] != nil && c.subs["b"].call != nil
+	})
+	c.Unsubscribe("b")
+	fc.ack("b")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+	fc.expect(t, "unsub", "b")
+
+	// Unsubscribe then Subscribe: the frames keep that order.
+	done = result(func() error { return c.Subscribe(ctx, "b") })
+	fc.expect(t, "sub", "b")
+	fc.ack("b")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+	c.Unsubscribe("b")
+	done = result(func() error { return c.Subscribe(ctx, "b") })
+	fc.expect(t, "unsub", "b")
+	fc.expect(t, "sub", "b")
+	fc.ack("b")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClientStrayAckIgnored(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	fc.ack("nobody")
+	fc.nack("nobody", "LISTEN failed")
+	done := result(func() error { return c.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	fc.ack("a")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClientCloseFromHandler(t *testing.T) {
+	h := newFakeHub(t, true)
+	var c *Client
+	var mu sync.Mutex
+	calls := 0
+	ready := make(chan struct{})
+	c = dialFake(t, h, nil, Options{OnWake: func(w Wake) {
+		<-ready
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		c.Close() // must not deadlock
+	}})
+	close(ready)
+	fc := h.accept()
+	if err := c.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	fc.wake("a", "1")
+	fc.wake("a", "2")
+	fc.wake("a", "3")
+	<-c.Done()
+	c.wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 1 {
+		t.Fatalf("%d handler calls after Close, want 1", calls)
+	}
+}
+
+// After Close returns, no handler call starts, even with frames queued.
+func TestClientNoHandlerAfterClose(t *testing.T) {
+	h := newFakeHub(t, true)
+	var mu sync.Mutex
+	closed := false
+	late, calls := 0, 0
+	c := dialFake(t, h, nil, Options{OnWake: func(w Wake) {
+		mu.Lock()
+		calls++
+		if closed {
+			late++
+		}
+		mu.Unlock()
+	}})
+	fc := h.accept()
+	if err := c.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	var burst []byte
+	for range 2000 {
+		burst = frame.AppendWake(burst, "a", []byte("x"), true)
+	}
+	go fc.send(burst)
+	testutil.WaitFor(t, waitLong, "wakes flowing", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return calls > 0
+	})
+	c.Close()
+	mu.Lock()
+	closed = true
+	mu.Unlock()
+	c.wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if late != 0 {
+		t.Fatalf("%d handler calls started after Close returned", late)
+	}
+}
+
+func TestDialMissingSocket(t *testing.T) {
+	path := filepath.Join(shortDir(t), "absent.sock")
+	_, err := Dial(context.Background(), path, Options{})
+	var ce *ConnError
+	if !errors.As(err, &ce) || ce.Op != "dial" || !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("err = %v, want a dial *ConnError with ENOENT", err)
+	}
+}
+
+func TestDialStaleSocket(t *testing.T) {
+	path := filepath.Join(shortDir(t), "stale.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	_, err = Dial(context.Background(), path, Options{})
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("err = %v, want ECONNREFUSED", err)
+	}
+}
+
+func TestDialContextDone(t *testing.T) {
+	h := newFakeHub(t, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Dial(ctx, h.path, Options{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestClientGoroutinesExit(t *testing.T) {
+	testutil.CheckFDs(t, waitLong)
+	h := newFakeHub(t, true)
+	for range 20 {
+		c, err := Dial(context.Background(), h.path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Subscribe(context.Background(), "a"); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		c.wait()
+	}
+}
+
+func TestInvalidNameReason(t *testing.T) {
+	for reason, want := range map[string]bool{
+		"listener: invalid channel: 70 bytes, longer than 63": true,
+		"listener: invalid channel: contains NUL":             true,
+		"invalid channel name":                                true,
+		"channel name too long":                               true,
+		"LISTEN failed: ERROR: out of shared memory":          false,
+		"listener: no connection within the command timeout":  false,
+		"": false,
+	} {
+		if got := invalidNameReason(reason); got != want {
+			t.Errorf("invalidNameReason(%q) = %v, want %v", reason, got, want)
+		}
+	}
+}
+
+// rawFrame prefixes body with its length header.
+func rawFrame(body string) []byte {
+	n := len(body)
+	return append([]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, body...)
+}

@@ -1,0 +1,119 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ErrClosed is the error of a Listener or Subscription that was closed by
+// its owner. Subscribe after Close returns it.
+var ErrClosed = errors.New("listenhub client: closed")
+
+// ErrInvalidName matches (errors.Is) a refusal of the subscription name
+// itself: longer than 63 bytes once mapped to a Postgres channel, or holding
+// a NUL. Such a refusal is final for that name and harmless for the
+// transport: a hub client stays alive after it, and a Failover does not fail
+// over because of it.
+var ErrInvalidName = errors.New("invalid subscription name")
+
+// ErrAckTimeout matches (errors.Is) an *AckTimeoutError.
+var ErrAckTimeout = errors.New("ack timeout")
+
+// ErrSlowSubscriber matches (errors.Is) the error of a Mux Subscription that
+// was closed because its buffer of ephemeral wakes overflowed.
+var ErrSlowSubscriber = errors.New("slow subscriber")
+
+// NackError is the hub's refusal of a subscription: its nack frame.
+type NackError struct {
+	Q      string // the subscription name that was refused
+	Reason string // the hub's "error" field, verbatim
+	// InvalidName is true when the refusal is about the name (see
+	// ErrInvalidName); any other nack (LISTEN failed, Postgres down) kills
+	// the client.
+	InvalidName bool
+}
+
+func (e *NackError) Error() string {
+	return fmt.Sprintf("listenhub client: hub refused %q: %s", e.Q, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidName) true for a name refusal.
+func (e *NackError) Is(target error) bool { return target == ErrInvalidName && e.InvalidName }
+
+// AckTimeoutError says that the hub did not answer a sub within the ack
+// timeout. The client is dead after it: a hub that does not answer is wedged
+// or is an old hub that silently drops what it refuses.
+type AckTimeoutError struct {
+	Q       string
+	Timeout time.Duration
+}
+
+func (e *AckTimeoutError) Error() string {
+	return fmt.Sprintf("listenhub client: no ack for %q within %v", e.Q, e.Timeout)
+}
+
+// Is makes errors.Is(err, ErrAckTimeout) true.
+func (e *AckTimeoutError) Is(target error) bool { return target == ErrAckTimeout }
+
+// ConnError is a transport failure of the hub connection: the dial, a read
+// (EOF when the hub closed the socket, which is also what eviction looks
+// like; or a malformed frame), or a write (including a write that stalled
+// past the write timeout).
+type ConnError struct {
+	Op   string // "dial", "read" or "write"
+	Path string // the hub socket
+	Err  error
+}
+
+func (e *ConnError) Error() string {
+	return fmt.Sprintf("listenhub client: %s %s: %v", e.Op, e.Path, e.Err)
+}
+
+func (e *ConnError) Unwrap() error { return e.Err }
+
+// SlowSubscriberError is the error of a Mux Subscription whose ephemeral
+// wakes overflowed its buffer: at least one payload was lost for it, so it
+// is closed rather than left to continue with a silent gap.
+type SlowSubscriberError struct {
+	Q      string
+	Buffer int
+}
+
+func (e *SlowSubscriberError) Error() string {
+	return fmt.Sprintf("listenhub client: subscriber of %q too slow: more than %d ephemeral wakes pending", e.Q, e.Buffer)
+}
+
+// Is makes errors.Is(err, ErrSlowSubscriber) true.
+func (e *SlowSubscriberError) Is(target error) bool { return target == ErrSlowSubscriber }
+
+// maxNameBytes is NAMEDATALEN-1: Postgres truncates longer identifiers.
+const maxNameBytes = 63
+
+// checkName rejects the names that are invalid whatever the hub's channel
+// prefix and suffix are, without a round trip. The hub checks the mapped
+// channel again.
+func checkName(q string) error {
+	if len(q) > maxNameBytes {
+		return fmt.Errorf("listenhub client: %q: %w: %d bytes, the limit is %d", q, ErrInvalidName, len(q), maxNameBytes)
+	}
+	if strings.IndexByte(q, 0) >= 0 {
+		return fmt.Errorf("listenhub client: %q: %w: contains NUL", q, ErrInvalidName)
+	}
+	return nil
+}
+
+// invalidNameReason tells a name refusal from any other nack by the hub's
+// reason text. The wire protocol (v1) has no nack code, so the reason words
+// are the contract: listenhub's hub says "invalid channel …", "… too long"
+// or "… NUL …"; a failed LISTEN says something else.
+func invalidNameReason(reason string) bool {
+	r := strings.ToLower(reason)
+	for _, w := range []string{"invalid", "too long", "nul", "namedatalen"} {
+		if strings.Contains(r, w) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,291 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+)
+
+// waitLong bounds every wait of a test on something that should happen
+// promptly; hitting it is a failure, never part of the expected path.
+const waitLong = 10 * time.Second
+
+// fakeHub is a scripted hub: a real Unix socket that speaks frames and
+// does what the test tells it, so that the client's side of the protocol
+// can be tested without Postgres.
+type fakeHub struct {
+	t    testing.TB
+	path string
+	ln   *net.UnixListener
+
+	// auto, when set before a connection is accepted, acks every sub at
+	// once and sends status healthy on connect, like a well-behaved hub.
+	auto bool
+
+	conns chan *fakeConn
+	mu    sync.Mutex
+	all   []*fakeConn
+}
+
+// shortDir returns a fresh directory whose path is short enough for a Unix
+// socket (108 bytes), removed at the end of the test.
+func shortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "lhc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func newFakeHub(t testing.TB, auto bool) *fakeHub {
+	t.Helper()
+	path := filepath.Join(shortDir(t), "hub.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &fakeHub{t: t, path: path, ln: ln, auto: auto, conns: make(chan *fakeConn, 64)}
+	go h.acceptLoop()
+	t.Cleanup(h.close)
+	return h
+}
+
+func (h *fakeHub) acceptLoop() {
+	for {
+		c, err := h.ln.Accept()
+		if err != nil {
+			return
+		}
+		fc := &fakeConn{c: c, msgs: make(chan frame.Message, 4096), eof: make(chan struct{}), auto: h.auto}
+		h.mu.Lock()
+		h.all = append(h.all, fc)
+		h.mu.Unlock()
+		if fc.auto {
+			fc.send(frame.AppendStatus(nil, true))
+		}
+		go fc.readLoop()
+		select {
+		case h.conns <- fc:
+		default: // a test that does not accept() them all
+		}
+	}
+}
+
+// accept returns the next connection the hub accepted.
+func (h *fakeHub) accept() *fakeConn {
+	h.t.Helper()
+	select {
+	case fc := <-h.conns:
+		return fc
+	case <-time.After(waitLong):
+		h.t.Fatal("fake hub: no connection")
+		return nil
+	}
+}
+
+func (h *fakeHub) close() {
+	h.ln.Close()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, fc := range h.all {
+		fc.c.Close()
+	}
+}
+
+// fakeConn is one client connection of a fakeHub.
+type fakeConn struct {
+	c    net.Conn
+	msgs chan frame.Message // frames from the client, in order
+	eof  chan struct{}      // closed when the client's side is closed
+	auto bool
+	wmu  sync.Mutex
+}
+
+func (fc *fakeConn) readLoop() {
+	defer close(fc.eof)
+	var dec frame.Decoder
+	buf := make([]byte, 4096)
+	for {
+		n, err := fc.c.Read(buf)
+		dec.Feed(buf[:n])
+		for {
+			m, ok, derr := dec.Next()
+			if derr != nil || !ok {
+				break
+			}
+			if fc.auto && m.T == frame.TypeSub {
+				fc.send(frame.AppendAck(nil, m.Q))
+			}
+			select {
+			case fc.msgs <- m:
+			default: // a test that does not look at them
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// send writes raw bytes (one or more frames) to the client.
+func (fc *fakeConn) send(b []byte) {
+	fc.wmu.Lock()
+	defer fc.wmu.Unlock()
+	fc.c.SetWriteDeadline(time.Now().Add(waitLong))
+	fc.c.Write(b) // errors show up as the test's expectations failing
+}
+
+func (fc *fakeConn) ack(q string)     { fc.send(frame.AppendAck(nil, q)) }
+func (fc *fakeConn) status(ok bool)   { fc.send(frame.AppendStatus(nil, ok)) }
+func (fc *fakeConn) wake(q, p string) { fc.send(frame.AppendWake(nil, q, []byte(p), true)) }
+func (fc *fakeConn) durable(q string) { fc.send(frame.AppendWake(nil, q, nil, false)) }
+func (fc *fakeConn) nack(q, reason string) {
+	fc.send(frame.AppendNack(nil, q, reason))
+}
+
+// next returns the next frame the client sent.
+func (fc *fakeConn) next(t testing.TB) frame.Message {
+	t.Helper()
+	select {
+	case m := <-fc.msgs:
+		return m
+	case <-time.After(waitLong):
+		t.Fatal("fake hub: no frame from the client")
+		return frame.Message{}
+	}
+}
+
+// expect fails unless the next frame from the client is (typ, q).
+func (fc *fakeConn) expect(t testing.TB, typ, q string) {
+	t.Helper()
+	m := fc.next(t)
+	if m.T != typ || m.Q != q {
+		t.Fatalf("fake hub: got %s %q from the client, want %s %q", m.T, m.Q, typ, q)
+	}
+}
+
+// waitEOF waits for the client to close its side.
+func (fc *fakeConn) waitEOF(t testing.TB) {
+	t.Helper()
+	select {
+	case <-fc.eof:
+	case <-time.After(waitLong):
+		t.Fatal("fake hub: client did not close the connection")
+	}
+}
+
+// recorder collects what handlers receive.
+type recorder struct {
+	mu     sync.Mutex
+	events []string // "wake q p", "durable q", "status true"
+	wakes  []Wake
+}
+
+func (r *recorder) onWake(w Wake) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wakes = append(r.wakes, w)
+	if w.Durable {
+		r.events = append(r.events, "durable "+w.Q)
+	} else {
+		r.events = append(r.events, "wake "+w.Q+" "+w.Payload)
+	}
+}
+
+func (r *recorder) onStatus(ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ok {
+		r.events = append(r.events, "status true")
+	} else {
+		r.events = append(r.events, "status false")
+	}
+}
+
+func (r *recorder) snapshot() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.events...)
+}
+
+func (r *recorder) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.events)
+}
+
+func (r *recorder) has(ev string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.events {
+		if e == ev {
+			return true
+		}
+	}
+	return false
+}
+
+// result runs f in a goroutine and returns a channel with its error.
+func result(f func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	return ch
+}
+
+// await returns the error f produced, failing the test if it takes longer
+// than waitLong (a hang is the bug these tests are most about).
+func await(t testing.TB, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(waitLong):
+		t.Fatal("call did not return")
+		return nil
+	}
+}
+
+// pending fails if ch already has a result: the call should still wait.
+func pending(t testing.TB, ch <-chan error) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		t.Fatalf("call returned early: %v", err)
+	default:
+	}
+}
+
+// dialFake dials h with the recorder's handlers; closed at test end.
+func dialFake(t testing.TB, h *fakeHub, rec *recorder, opts Options) *Client {
+	t.Helper()
+	if rec != nil {
+		opts.OnWake = rec.onWake
+		opts.OnStatus = rec.onStatus
+	}
+	c, err := Dial(context.Background(), h.path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); c.wait() })
+	return c
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+var errTest = errors.New("test error")

@@ -1,0 +1,20 @@
+package client
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/listener"
+)
+
+// openPlain connects the listener.Plain under l. Its callbacks run on its
+// own goroutine; Local serializes them with its dispatch lock.
+func openPlain(ctx context.Context, cc *pgconn.Config, l *Local) (plain, error) {
+	return listener.NewPlain(ctx, listener.PlainConfig{
+		ConnConfig:     cc,
+		OnNotification: l.onNotification,
+		OnHealth:       l.onHealth,
+		Logger:         l.opts.Logger,
+	})
+}

@@ -127,8 +127,9 @@ type Conn struct {
 
 	// dialer replaces dial for reconnects in tests (a fake server).
 	dialer func(ctx context.Context) (transport, error)
-	// batches counts the command queries sent, for tests.
-	batches int
+	// batches and probes count the command queries and health probes
+	// sent, for tests.
+	batches, probes int
 }
 
 // Open connects and authenticates now, in the calling goroutine (which must
@@ -515,6 +516,7 @@ func (c *Conn) healthTick() {
 		// The empty query: EmptyQueryResponse + ReadyForQuery, no
 		// transaction, no parse. With a query already in flight its
 		// answer is the probe.
+		c.probes++
 		c.send(&query{kind: queryProbe}, emptyQuery)
 	}
 }

@@ -1,0 +1,619 @@
+package listener
+
+// Tests against a scripted fake server on a socketpair: the batching, error
+// and health paths, byte by byte, without Postgres.
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/internal/testutil"
+	"github.com/listenhub/listenhub/loop"
+)
+
+const fakeTimeout = 10 * time.Second
+
+// fakeServer is the server end of one connection.
+type fakeServer struct {
+	t    *testing.T
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+// readMsg reads one frontend message: its type and body.
+func (s *fakeServer) readMsg() (byte, []byte) {
+	s.t.Helper()
+	s.conn.SetReadDeadline(time.Now().Add(fakeTimeout))
+	var hdr [5]byte
+	if _, err := io.ReadFull(s.r, hdr[:]); err != nil {
+		s.t.Fatalf("fake server: read: %v", err)
+	}
+	body := make([]byte, binary.BigEndian.Uint32(hdr[1:])-4)
+	if _, err := io.ReadFull(s.r, body); err != nil {
+		s.t.Fatalf("fake server: read body: %v", err)
+	}
+	return hdr[0], body
+}
+
+// readQuery reads a Query message and returns its SQL.
+func (s *fakeServer) readQuery() string {
+	s.t.Helper()
+	typ, body := s.readMsg()
+	if typ != 'Q' {
+		s.t.Fatalf("fake server: got message %q, want Query", typ)
+	}
+	return strings.TrimSuffix(string(body), "\x00")
+}
+
+func (s *fakeServer) send(msgs ...[]byte) {
+	s.t.Helper()
+	var b []byte
+	for _, m := range msgs {
+		b = append(b, m...)
+	}
+	if _, err := s.conn.Write(b); err != nil {
+		s.t.Fatalf("fake server: write: %v", err)
+	}
+}
+
+// answer answers a batch whose every statement succeeds.
+func (s *fakeServer) answer(sql string) {
+	s.t.Helper()
+	var msgs [][]byte
+	for _, st := range strings.Split(sql, ";") {
+		msgs = append(msgs, ccMsg(strings.Fields(st)[0]))
+	}
+	s.send(append(msgs, rfqMsg())...)
+}
+
+type note struct{ ch, payload string }
+
+// harness runs a loop with a Conn whose every (re)connect is a new
+// socketpair; the server ends arrive on servers.
+type harness struct {
+	t       *testing.T
+	l       *loop.Loop
+	c       *Conn
+	servers chan *fakeServer
+	dialErr func() error // when set and non-nil, reconnects fail with it
+
+	mu     sync.Mutex
+	notes  []note
+	health []bool
+	conns  []net.Conn // server ends, closed at cleanup
+	closed bool       // cleanup ran: dials fail
+}
+
+// testLogger discards the listener's logs unless -v.
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.Default()
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func newHarness(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	testutil.CheckFDs(t, 5*time.Second)
+	h := &harness{t: t, servers: make(chan *fakeServer, 4)}
+	l, err := loop.New(loop.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.l = l
+	go l.Run()
+	t.Cleanup(func() {
+		l.Stop()
+		<-l.Done()
+		h.mu.Lock()
+		h.closed = true
+		conns := h.conns
+		h.mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger()
+	}
+	cfg.OnNotification = func(ch, p []byte) {
+		h.mu.Lock()
+		h.notes = append(h.notes, note{string(ch), string(p)})
+		h.mu.Unlock()
+	}
+	cfg.OnHealth = func(ok bool) {
+		h.mu.Lock()
+		h.health = append(h.health, ok)
+		h.mu.Unlock()
+	}
+	h.c = newConn(l, cfg)
+	h.c.dialer = h.dial
+	tr, err := h.dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.begin(tr); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *harness) dial(context.Context) (transport, error) {
+	if h.dialErr != nil {
+		if err := h.dialErr(); err != nil {
+			return nil, err
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, errors.New("test over")
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fds[1]), "fake-server")
+	conn, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		unix.Close(fds[0])
+		return nil, err
+	}
+	h.conns = append(h.conns, conn)
+	select {
+	case h.servers <- &fakeServer{t: h.t, conn: conn, r: bufio.NewReader(conn)}:
+	default: // nobody is going to read it: the test is past caring
+	}
+	return &fdTransport{fd: fds[0], pid: 42}, nil
+}
+
+func (h *harness) server() *fakeServer {
+	h.t.Helper()
+	select {
+	case s := <-h.servers:
+		return s
+	case <-time.After(fakeTimeout):
+		h.t.Fatal("no connection from the listener")
+		return nil
+	}
+}
+
+// on runs f on the loop and waits for it.
+func (h *harness) on(f func()) {
+	h.t.Helper()
+	done := make(chan struct{})
+	if err := h.l.Post(func() { f(); close(done) }); err != nil {
+		h.t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(fakeTimeout):
+		h.t.Fatal("loop did not run the post")
+	}
+}
+
+// results collects done callbacks by name.
+type results struct {
+	mu  sync.Mutex
+	got map[string]error
+	seq []string
+}
+
+func newResults() *results { return &results{got: map[string]error{}} }
+
+func (r *results) done(name string) func(error) {
+	return func(err error) {
+		r.mu.Lock()
+		r.got[name] = err
+		r.seq = append(r.seq, name)
+		r.mu.Unlock()
+	}
+}
+
+func (r *results) has(name string) (error, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err, ok := r.got[name]
+	return err, ok
+}
+
+func (r *results) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seq)
+}
+
+func (h *harness) notesLen() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.notes)
+}
+
+func (h *harness) healthSeq() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return fmt.Sprint(h.health)
+}
+
+// barrier sends a notification and waits for it: everything the server sent
+// before has been processed by the loop.
+func (h *harness) barrier(s *fakeServer) {
+	h.t.Helper()
+	n := h.notesLen()
+	s.send(notificationMsg(1, "barrier", ""))
+	testutil.WaitFor(h.t, fakeTimeout, "barrier notification", func() bool { return h.notesLen() > n })
+}
+
+func TestFakeBatchOneQuery(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	r := newResults()
+	h.on(func() {
+		h.c.Listen("a", r.done("a"))
+		h.c.Listen(`we"ird;ch`, r.done("weird"))
+		h.c.Unlisten("b", r.done("b"))
+	})
+	sql := s.readQuery()
+	if want := `LISTEN "a";LISTEN "we""ird;ch";UNLISTEN "b"`; sql != want {
+		t.Fatalf("query %q, want %q", sql, want)
+	}
+	// CommandCompletes alone do not complete anything: the ack is the
+	// ReadyForQuery.
+	s.send(ccMsg("LISTEN"), ccMsg("LISTEN"), ccMsg("UNLISTEN"))
+	h.barrier(s)
+	if n := r.count(); n != 0 {
+		t.Fatalf("%d commands done before ReadyForQuery", n)
+	}
+	s.send(rfqMsg())
+	testutil.WaitFor(t, fakeTimeout, "3 done", func() bool { return r.count() == 3 })
+	for _, n := range []string{"a", "weird", "b"} {
+		if err, _ := r.has(n); err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+	if fmt.Sprint(r.seq) != "[a weird b]" {
+		t.Errorf("order %v", r.seq)
+	}
+	var set int
+	h.on(func() { set = len(h.c.set) })
+	if set != 2 {
+		t.Errorf("set has %d channels, want 2", set)
+	}
+}
+
+// TestFakeBatchError: statement 2 of 3 fails. Postgres rolled back the first
+// (one implicit transaction) and skipped the third: only the second fails,
+// the others are sent again, and the connection carries on.
+func TestFakeBatchError(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	r := newResults()
+	h.on(func() {
+		h.c.Listen("a", r.done("a"))
+		h.c.Listen("b", r.done("b"))
+		h.c.Listen("c", r.done("c"))
+	})
+	if sql := s.readQuery(); sql != `LISTEN "a";LISTEN "b";LISTEN "c"` {
+		t.Fatalf("query %q", sql)
+	}
+	// Commands issued while the batch is in flight wait for it.
+	h.on(func() { h.c.Listen("d", r.done("d")) })
+	s.send(ccMsg("LISTEN"), errorMsg("ERROR", "55000", "cannot listen to b"), rfqMsg())
+	testutil.WaitFor(t, fakeTimeout, "b failed", func() bool { _, ok := r.has("b"); return ok })
+	var pgErr *pgconn.PgError
+	if err, _ := r.has("b"); !errors.As(err, &pgErr) || pgErr.Code != "55000" {
+		t.Fatalf("b: %v", err)
+	}
+	sql := s.readQuery()
+	if sql != `LISTEN "a";LISTEN "c";LISTEN "d"` {
+		t.Fatalf("retry query %q", sql)
+	}
+	if r.count() != 1 {
+		t.Fatalf("%d done before the retry was answered", r.count())
+	}
+	s.answer(sql)
+	testutil.WaitFor(t, fakeTimeout, "all done", func() bool { return r.count() == 4 })
+	for _, n := range []string{"a", "c", "d"} {
+		if err, _ := r.has(n); err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+	var set []string
+	h.on(func() {
+		for ch := range h.c.set {
+			set = append(set, ch)
+		}
+	})
+	if len(set) != 3 {
+		t.Errorf("set %v", set)
+	}
+}
+
+// TestFakeBatchErrorBeforeAnyComplete: an error before the first
+// CommandComplete may be the whole query's (syntax, encoding); the first
+// command is retried alone to find out.
+func TestFakeBatchErrorBeforeAnyComplete(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	r := newResults()
+	h.on(func() {
+		h.c.Listen("a", r.done("a"))
+		h.c.Listen("b", r.done("b"))
+		h.c.Listen("c", r.done("c"))
+	})
+	s.readQuery()
+	s.send(errorMsg("ERROR", "42601", "syntax error"), rfqMsg())
+	if sql := s.readQuery(); sql != `LISTEN "a"` {
+		t.Fatalf("isolated query %q", sql)
+	}
+	s.answer(`LISTEN "a"`)
+	sql := s.readQuery()
+	if sql != `LISTEN "b";LISTEN "c"` {
+		t.Fatalf("rest %q", sql)
+	}
+	s.send(errorMsg("ERROR", "42601", "syntax error"), rfqMsg())
+	if sql := s.readQuery(); sql != `LISTEN "b"` {
+		t.Fatalf("isolated query %q", sql)
+	}
+	s.send(errorMsg("ERROR", "42601", "b is bad"), rfqMsg())
+	if sql := s.readQuery(); sql != `LISTEN "c"` {
+		t.Fatalf("last %q", sql)
+	}
+	s.answer(`LISTEN "c"`)
+	testutil.WaitFor(t, fakeTimeout, "all done", func() bool { return r.count() == 3 })
+	if err, _ := r.has("a"); err != nil {
+		t.Errorf("a: %v", err)
+	}
+	if err, _ := r.has("b"); err == nil || !strings.Contains(err.Error(), "b is bad") {
+		t.Errorf("b: %v", err)
+	}
+	if err, _ := r.has("c"); err != nil {
+		t.Errorf("c: %v", err)
+	}
+}
+
+// TestFakeCommitError: an error after every statement completed comes from
+// the commit: all of them failed.
+func TestFakeCommitError(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	r := newResults()
+	h.on(func() {
+		h.c.Listen("a", r.done("a"))
+		h.c.Listen("b", r.done("b"))
+	})
+	s.readQuery()
+	s.send(ccMsg("LISTEN"), ccMsg("LISTEN"), errorMsg("ERROR", "53200", "out of memory"), rfqMsg())
+	testutil.WaitFor(t, fakeTimeout, "both done", func() bool { return r.count() == 2 })
+	for _, n := range []string{"a", "b"} {
+		if err, _ := r.has(n); err == nil {
+			t.Errorf("%s succeeded", n)
+		}
+	}
+}
+
+func TestFakeInvalidChannel(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	r := newResults()
+	h.on(func() {
+		h.c.Listen(strings.Repeat("x", 64), r.done("long"))
+		h.c.Listen("nul\x00", r.done("nul"))
+		h.c.Listen("", r.done("empty"))
+		h.c.Listen("ok", r.done("ok"))
+	})
+	if sql := s.readQuery(); sql != `LISTEN "ok"` {
+		t.Fatalf("query %q", sql)
+	}
+	testutil.WaitFor(t, fakeTimeout, "refusals", func() bool { return r.count() == 3 })
+	for _, n := range []string{"long", "nul", "empty"} {
+		if err, _ := r.has(n); !errors.Is(err, ErrInvalidChannel) {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+}
+
+// TestFakeStream feeds notifications (a 7,999-byte one among them), notices
+// and parameter statuses in chunks of every size from 1 byte up, and all at
+// once.
+func TestFakeStream(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	var stream []byte
+	var want []note
+	big := strings.Repeat("é", 3999) + "x" // 7,999 bytes
+	for i := 0; i < 300; i++ {
+		p := fmt.Sprintf("payload-%d", i)
+		switch i % 50 {
+		case 7:
+			p = big
+		case 8:
+			p = ""
+		case 9:
+			stream = append(stream, noticeMsg("hello")...)
+		case 10:
+			stream = append(stream, paramStatusMsg("application_name", "x")...)
+		}
+		ch := fmt.Sprintf("ch%d", i%7)
+		stream = append(stream, notificationMsg(uint32(i), ch, p)...)
+		want = append(want, note{ch, p})
+	}
+	for _, chunk := range []int{1, 2, 3, 5, 7, 64, 1000, 4096, len(stream)} {
+		h.mu.Lock()
+		h.notes = nil
+		h.mu.Unlock()
+		for off := 0; off < len(stream); off += chunk {
+			s.send(stream[off:min(off+chunk, len(stream))])
+		}
+		testutil.WaitFor(t, fakeTimeout, "all notifications", func() bool { return h.notesLen() >= len(want) })
+		h.mu.Lock()
+		got := h.notes
+		h.mu.Unlock()
+		if len(got) != len(want) {
+			t.Fatalf("chunk %d: %d notifications, want %d", chunk, len(got), len(want))
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("chunk %d: notification %d = %.40q, want %.40q", chunk, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+// TestFakeHealthProbe: an idle connection is probed with an empty query; an
+// answered probe keeps it; an unanswered one kills it, and the reconnect
+// re-LISTENs the set in one query before reporting healthy.
+func TestFakeHealthProbe(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: 50 * time.Millisecond, HealthCheckTimeout: 200 * time.Millisecond,
+		ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond})
+	s := h.server()
+	r := newResults()
+	h.on(func() {
+		h.c.Listen("a", r.done("a"))
+		h.c.Listen("b", r.done("b"))
+	})
+	s.answer(s.readQuery())
+	testutil.WaitFor(t, fakeTimeout, "listens", func() bool { return r.count() == 2 })
+	for i := 0; i < 3; i++ {
+		if sql := s.readQuery(); sql != "" {
+			t.Fatalf("probe %q", sql)
+		}
+		s.send(emptyQueryMsg(), rfqMsg())
+	}
+	start := time.Now()
+	if sql := s.readQuery(); sql != "" { // not answered
+		t.Fatalf("probe %q", sql)
+	}
+	// Meanwhile a command waits for the new connection.
+	h.on(func() { h.c.Listen("c", r.done("c")) })
+	s2 := h.server()
+	if d := time.Since(start); d < 150*time.Millisecond {
+		t.Errorf("declared dead after %v, before the 200ms deadline", d)
+	}
+	if got := h.healthSeq(); got != "[true false]" {
+		t.Errorf("health %s", got)
+	}
+	sql := s2.readQuery()
+	if sql != `LISTEN "a";LISTEN "b";LISTEN "c"` && sql != `LISTEN "b";LISTEN "a";LISTEN "c"` {
+		t.Fatalf("resync %q", sql)
+	}
+	s2.answer(sql)
+	testutil.WaitFor(t, fakeTimeout, "healthy again", func() bool { return h.healthSeq() == "[true false true]" })
+	testutil.WaitFor(t, fakeTimeout, "c done", func() bool { return r.count() == 3 })
+	// Busy connections are never probed: traffic counts as an answer.
+	var before, after int
+	h.on(func() { before = h.c.probes })
+	for i := 0; i < 10; i++ {
+		s2.send(notificationMsg(1, "a", "x"))
+		time.Sleep(20 * time.Millisecond) // pacing the fake server's traffic, not waiting for a result
+	}
+	h.on(func() { after = h.c.probes })
+	if after != before {
+		t.Errorf("%d probes sent on a busy connection", after-before)
+	}
+}
+
+// TestFakeEOF: the server hanging up (after FATAL) is a loss; commands in
+// flight are sent again on the new connection, and commands issued while down
+// fail after CommandTimeout when no connection comes.
+func TestFakeEOF(t *testing.T) {
+	var mu sync.Mutex
+	refuse := false
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour, CommandTimeout: 100 * time.Millisecond,
+		ReconnectMin: time.Millisecond, ReconnectMax: 20 * time.Millisecond})
+	h.dialErr = func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse {
+			return errors.New("connection refused")
+		}
+		return nil
+	}
+	s := h.server()
+	r := newResults()
+	h.on(func() { h.c.Listen("a", r.done("a")) })
+	s.readQuery()
+	s.send(errorMsg("FATAL", "57P01", "terminating connection due to administrator command"))
+	s.conn.Close()
+	s2 := h.server()
+	if sql := s2.readQuery(); sql != `LISTEN "a"` {
+		t.Fatalf("resent %q", sql)
+	}
+	s2.answer(`LISTEN "a"`)
+	testutil.WaitFor(t, fakeTimeout, "a done", func() bool { return r.count() == 1 })
+	if err, _ := r.has("a"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, fakeTimeout, "healthy", func() bool { return h.healthSeq() == "[true false true]" })
+
+	mu.Lock()
+	refuse = true
+	mu.Unlock()
+	s2.conn.Close()
+	testutil.WaitFor(t, fakeTimeout, "unhealthy", func() bool { return h.healthSeq() == "[true false true false]" })
+	h.on(func() { h.c.Listen("b", r.done("b")) })
+	testutil.WaitFor(t, fakeTimeout, "b timed out", func() bool { _, ok := r.has("b"); return ok })
+	if err, _ := r.has("b"); !errors.Is(err, ErrCommandTimeout) || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("b: %v", err)
+	}
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	s3 := h.server()
+	if sql := s3.readQuery(); sql != `LISTEN "a"` {
+		t.Fatalf("resync %q (b must not be sent)", sql)
+	}
+	s3.answer(`LISTEN "a"`)
+	testutil.WaitFor(t, fakeTimeout, "healthy", func() bool { return h.healthSeq() == "[true false true false true]" })
+}
+
+func TestFakeClose(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	r := newResults()
+	h.on(func() { h.c.Listen("a", r.done("a")) })
+	s.answer(s.readQuery())
+	testutil.WaitFor(t, fakeTimeout, "a", func() bool { return r.count() == 1 })
+	closed := make(chan struct{})
+	h.on(func() {
+		h.c.Listen("late", r.done("late")) // pending: fails with ErrClosed
+		h.c.Close(func() { close(closed) })
+		h.c.Listen("after", r.done("after"))
+	})
+	if sql := s.readQuery(); sql != "UNLISTEN *" {
+		t.Fatalf("close query %q", sql)
+	}
+	if typ, _ := s.readMsg(); typ != 'X' {
+		t.Fatalf("message %q, want Terminate", typ)
+	}
+	s.send(ccMsg("UNLISTEN"), rfqMsg())
+	select {
+	case <-closed:
+	case <-time.After(fakeTimeout):
+		t.Fatal("Close did not finish")
+	}
+	for _, n := range []string{"late", "after"} {
+		if err, _ := r.has(n); !errors.Is(err, ErrClosed) {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+	s.conn.SetReadDeadline(time.Now().Add(fakeTimeout))
+	if _, err := s.r.ReadByte(); err != io.EOF {
+		t.Errorf("after close: %v, want EOF", err)
+	}
+}

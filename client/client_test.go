@@ -624,12 +624,15 @@ func TestClientGoroutinesExit(t *testing.T) {
 
 func TestInvalidNameReason(t *testing.T) {
 	for reason, want := range map[string]bool{
-		"listener: invalid channel: 70 bytes, longer than 63": true,
-		"listener: invalid channel: contains NUL":             true,
-		"invalid channel name":                                true,
-		"channel name too long":                               true,
-		"LISTEN failed: ERROR: out of shared memory":          false,
-		"listener: no connection within the command timeout":  false,
+		"listener: invalid channel: 70 bytes, longer than 63":       true,
+		"listener: invalid channel: contains NUL":                   true,
+		"invalid channel: empty name":                               true,
+		"invalid channel: 70 bytes, Postgres allows at most 63":     true,
+		"LISTEN failed: listener: invalid channel: not valid UTF-8": true,
+		"LISTEN failed: null value":                                 false,
+		"channel name too long":                                     true,
+		"LISTEN failed: ERROR: out of shared memory":                false,
+		"listener: no connection within the command timeout":        false,
 		"": false,
 	} {
 		if got := invalidNameReason(reason); got != want {

@@ -106,14 +106,15 @@ func checkName(q string) error {
 
 // invalidNameReason tells a name refusal from any other nack by the hub's
 // reason text. The wire protocol (v1) has no nack code, so the reason words
-// are the contract: listenhub's hub says "invalid channel …", "… too long"
-// or "… NUL …"; a failed LISTEN says something else.
+// are the contract: listenhub's hub says "invalid channel: …" for a name
+// (empty, too long once prefixed and suffixed, NUL) and "LISTEN failed: …"
+// when Postgres did not LISTEN; a failed LISTEN whose cause is still the
+// name (the listener's own "invalid channel" check) counts as a name
+// refusal too.
 func invalidNameReason(reason string) bool {
 	r := strings.ToLower(reason)
-	for _, w := range []string{"invalid", "too long", "nul", "namedatalen"} {
-		if strings.Contains(r, w) {
-			return true
-		}
-	}
-	return false
+	return strings.HasPrefix(r, "invalid") ||
+		strings.Contains(r, "invalid channel") ||
+		strings.Contains(r, "too long") ||
+		strings.Contains(r, "contains nul")
 }

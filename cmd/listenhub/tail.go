@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+)
+
+// tailWriteTimeout bounds sending the sub frames: a hub that does not read
+// a few hundred bytes in that time is wedged, and tail says so.
+const tailWriteTimeout = 5 * time.Second
+
+const tailUsage = `usage: listenhub tail --socket PATH Q [Q...]
+
+Connects to the hub, subscribes to each Q and prints every frame the hub
+sends (ack, nack, wake, status, and any unknown type) as one compact JSON
+line on stdout, exactly as received. Exits 0 on SIGINT/SIGTERM and 1 when
+the hub closes the connection.
+
+flags:
+`
+
+// runTail is `listenhub tail`: a debugging tool that speaks the wire
+// protocol directly rather than through client.Client, so that it shows
+// what the hub really sends (unknown frame types and fields included) and
+// never gives up on a slow ack. Exit codes: 0 when ctx ends (a signal), 1
+// when the hub closes the connection or cannot be reached or sends a
+// malformed frame, 2 for a usage error.
+func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", os.Getenv("LISTENHUB_SOCKET"), "hub socket `path` (env LISTENHUB_SOCKET)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, tailUsage)
+		fs.PrintDefaults()
+	}
+	// Flags may come after the names too: `tail jobs --socket /run/x`.
+	var qs []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			return 2
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if args[0] == "--" {
+			qs = append(qs, args[1:]...)
+			break
+		}
+		qs = append(qs, args[0])
+		args = args[1:]
+	}
+	if *socket == "" {
+		fmt.Fprintln(stderr, "listenhub tail: --socket is required (or LISTENHUB_SOCKET)")
+		fs.Usage()
+		return 2
+	}
+	if len(qs) == 0 {
+		fmt.Fprintln(stderr, "listenhub tail: give at least one subscription name")
+		fs.Usage()
+		return 2
+	}
+
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", *socket)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0
+		}
+		fmt.Fprintf(stderr, "listenhub tail: cannot connect to the hub: %v\n", err)
+		return 1
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+
+	var subs []byte
+	for _, q := range qs {
+		subs = frame.AppendSub(subs, q)
+	}
+	conn.SetWriteDeadline(time.Now().Add(tailWriteTimeout))
+	if _, err := conn.Write(subs); err != nil {
+		if ctx.Err() != nil {
+			return 0
+		}
+		fmt.Fprintf(stderr, "listenhub tail: sending subscriptions to %s: %v\n", *socket, err)
+		return 1
+	}
+
+	r := bufio.NewReaderSize(conn, 64<<10)
+	w := bufio.NewWriter(stdout)
+	var hdr [4]byte
+	var body, line []byte
+	var compact bytes.Buffer
+	for {
+		if err := readFrame(r, hdr[:], &body); err != nil {
+			w.Flush()
+			switch {
+			case ctx.Err() != nil:
+				return 0
+			case errors.Is(err, io.EOF):
+				fmt.Fprintf(stderr, "listenhub tail: the hub closed the connection (EOF on %s)\n", *socket)
+			default:
+				fmt.Fprintf(stderr, "listenhub tail: reading from %s: %v\n", *socket, err)
+			}
+			return 1
+		}
+		if _, err := frame.Decode(body); err != nil {
+			w.Flush()
+			fmt.Fprintf(stderr, "listenhub tail: malformed frame from the hub: %v: %q\n", err, truncate(body, 200))
+			return 1
+		}
+		compact.Reset()
+		if err := json.Compact(&compact, body); err != nil {
+			// Decode accepted it, so this does not happen; print as is.
+			compact.Reset()
+			compact.Write(body)
+		}
+		line = append(append(line[:0], compact.Bytes()...), '\n')
+		if _, err := w.Write(line); err != nil {
+			return 1 // stdout is gone (a closed pipe): nothing to say it on
+		}
+		if r.Buffered() == 0 {
+			// Nothing more in hand: show what we have now.
+			if err := w.Flush(); err != nil {
+				return 1
+			}
+		}
+	}
+}
+
+// readFrame reads one frame's body into *body; the length is checked
+// against frame.MaxLen before anything is allocated for it.
+func readFrame(r *bufio.Reader, hdr []byte, body *[]byte) error {
+	if _, err := io.ReadFull(r, hdr); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return fmt.Errorf("truncated frame header: %w", err)
+		}
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr)
+	if n > frame.MaxLen {
+		return fmt.Errorf("frame length %d above the %d limit", n, frame.MaxLen)
+	}
+	if cap(*body) < int(n) {
+		*body = make([]byte, n)
+	}
+	*body = (*body)[:n]
+	if _, err := io.ReadFull(r, *body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("truncated frame body (%d bytes announced): %w", n, err)
+	}
+	return nil
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	return strings.ToValidUTF8(string(b[:n]), "") + "…"
+}

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+const tailWait = 10 * time.Second
+
+// lockedBuffer is a bytes.Buffer safe for the tail goroutine to write while
+// the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// tailSocket returns a socket path short enough for AF_UNIX.
+func tailSocket(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "lht")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "hub.sock")
+}
+
+// scriptedHub accepts one connection and returns it with the frames the
+// peer sends, decoded.
+func scriptedHub(t *testing.T, path string) (accept func() (net.Conn, <-chan frame.Message)) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return func() (net.Conn, <-chan frame.Message) {
+		t.Helper()
+		ln.(*net.UnixListener).SetDeadline(time.Now().Add(tailWait))
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		msgs := make(chan frame.Message, 100)
+		go func() {
+			var dec frame.Decoder
+			buf := make([]byte, 4096)
+			for {
+				n, err := c.Read(buf)
+				dec.Feed(buf[:n])
+				for {
+					m, ok, err := dec.Next()
+					if err != nil || !ok {
+						break
+					}
+					msgs <- m
+				}
+				if err != nil {
+					close(msgs)
+					return
+				}
+			}
+		}()
+		return c, msgs
+	}
+}
+
+func body(s string) []byte {
+	n := len(s)
+	return append([]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, s...)
+}
+
+func TestTailPrintsEveryFrame(t *testing.T) {
+	path := tailSocket(t)
+	accept := scriptedHub(t, path)
+	var stdout, stderr lockedBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- runTail(context.Background(), []string{"--socket", path, "jobs", "bad\x00"}, &stdout, &stderr)
+	}()
+
+	c, msgs := accept()
+	for _, want := range []string{"jobs", "bad\x00"} {
+		select {
+		case m := <-msgs:
+			if m.T != "sub" || m.Q != want {
+				t.Fatalf("got %s %q, want sub %q", m.T, m.Q, want)
+			}
+		case <-time.After(tailWait):
+			t.Fatal("no sub from tail")
+		}
+	}
+	var out []byte
+	out = frame.AppendStatus(out, true)
+	out = frame.AppendAck(out, "jobs")
+	out = frame.AppendNack(out, "bad\x00", "invalid channel: contains NUL")
+	out = frame.AppendWake(out, "jobs", []byte(`{"id":7}`), true)
+	out = frame.AppendWake(out, "jobs", nil, false)
+	out = append(out, body(`{ "t" : "hello", "q":"jobs", "n": [1, 2] }`)...) // unknown type, spaced
+	c.Write(out)
+
+	want := `{"t":"status","healthy":true}
+{"t":"ack","q":"jobs"}
+{"t":"nack","q":"bad\u0000","error":"invalid channel: contains NUL"}
+{"t":"wake","q":"jobs","p":"{\"id\":7}"}
+{"t":"wake","q":"jobs","p":null}
+{"t":"hello","q":"jobs","n":[1,2]}
+`
+	testutil.WaitFor(t, tailWait, "six lines", func() bool { return stdout.String() == want })
+
+	c.Close() // EOF
+	select {
+	case n := <-code:
+		if n != 1 {
+			t.Fatalf("exit %d on EOF, want 1", n)
+		}
+	case <-time.After(tailWait):
+		t.Fatal("tail did not exit on EOF")
+	}
+	if !strings.Contains(stderr.String(), "closed the connection") {
+		t.Fatalf("stderr %q", stderr.String())
+	}
+	if stdout.String() != want {
+		t.Fatalf("stdout:\n%s\nwant:\n%s", stdout.String(), want)
+	}
+}
+
+func TestTailFlagAfterNames(t *testing.T) {
+	path := tailSocket(t)
+	accept := scriptedHub(t, path)
+	var stdout, stderr lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	code := make(chan int, 1)
+	go func() { code <- runTail(ctx, []string{"a", "--socket", path, "b"}, &stdout, &stderr) }()
+	_, msgs := accept()
+	for _, want := range []string{"a", "b"} {
+		if m := <-msgs; m.Q != want {
+			t.Fatalf("sub %q, want %q", m.Q, want)
+		}
+	}
+	cancel() // SIGINT, as main maps it
+	select {
+	case n := <-code:
+		if n != 0 {
+			t.Fatalf("exit %d after ctx end, want 0 (stderr %q)", n, stderr.String())
+		}
+	case <-time.After(tailWait):
+		t.Fatal("tail did not exit when ctx ended")
+	}
+}
+
+func TestTailMalformedFrame(t *testing.T) {
+	path := tailSocket(t)
+	accept := scriptedHub(t, path)
+	var stdout, stderr lockedBuffer
+	code := make(chan int, 1)
+	go func() { code <- runTail(context.Background(), []string{"--socket", path, "a"}, &stdout, &stderr) }()
+	c, _ := accept()
+	c.Write(body(`{"t":"wake"}`)) // wake without q
+	if n := <-code; n != 1 {
+		t.Fatalf("exit %d", n)
+	}
+	if !strings.Contains(stderr.String(), "malformed") {
+		t.Fatalf("stderr %q", stderr.String())
+	}
+}
+
+func TestTailTooLargeFrame(t *testing.T) {
+	path := tailSocket(t)
+	accept := scriptedHub(t, path)
+	var stdout, stderr lockedBuffer
+	code := make(chan int, 1)
+	go func() { code <- runTail(context.Background(), []string{"--socket", path, "a"}, &stdout, &stderr) }()
+	c, _ := accept()
+	c.Write([]byte{0xff, 0xff, 0xff, 0xff})
+	if n := <-code; n != 1 {
+		t.Fatalf("exit %d", n)
+	}
+	if !strings.Contains(stderr.String(), "limit") {
+		t.Fatalf("stderr %q", stderr.String())
+	}
+}
+
+func TestTailUsageAndDialErrors(t *testing.T) {
+	t.Setenv("LISTENHUB_SOCKET", "")
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"jobs"}, 2, "--socket is required"},
+		{[]string{"--socket", "/x"}, 2, "at least one"},
+		{[]string{"--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"--socket", filepath.Join(t.TempDir(), "absent.sock"), "jobs"}, 1, "cannot connect"},
+	} {
+		var stdout, stderr lockedBuffer
+		if n := runTail(context.Background(), tc.args, &stdout, &stderr); n != tc.code {
+			t.Errorf("%q: exit %d, want %d", tc.args, n, tc.code)
+		}
+		if !strings.Contains(stderr.String(), tc.msg) {
+			t.Errorf("%q: stderr %q, want %q", tc.args, stderr.String(), tc.msg)
+		}
+		if stdout.String() != "" {
+			t.Errorf("%q: stdout %q", tc.args, stdout.String())
+		}
+	}
+}
+
+func TestTailSocketFromEnv(t *testing.T) {
+	path := tailSocket(t)
+	accept := scriptedHub(t, path)
+	t.Setenv("LISTENHUB_SOCKET", path)
+	var stdout, stderr lockedBuffer
+	code := make(chan int, 1)
+	go func() { code <- runTail(context.Background(), []string{"a"}, &stdout, &stderr) }()
+	c, msgs := accept()
+	if m := <-msgs; m.T != "sub" || m.Q != "a" {
+		t.Fatalf("%+v", m)
+	}
+	c.Close()
+	if n := <-code; n != 1 {
+		t.Fatalf("exit %d", n)
+	}
+}

@@ -1,0 +1,307 @@
+package frame
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// streamResult is everything a Decoder made of a stream.
+type streamResult struct {
+	msgs     []Message
+	err      string
+	buffered int
+}
+
+// decodeStream feeds stream to a fresh Decoder in chunks of the sizes next
+// returns, calling Next after every Feed as the hub does.
+func decodeStream(stream []byte, next func() int) streamResult {
+	var d Decoder
+	var res streamResult
+	for len(stream) > 0 && res.err == "" {
+		n := min(max(next(), 1), len(stream))
+		d.Feed(stream[:n])
+		stream = stream[n:]
+		for {
+			m, ok, err := d.Next()
+			if err != nil {
+				res.err = err.Error()
+				break
+			}
+			if !ok {
+				break
+			}
+			res.msgs = append(res.msgs, m)
+		}
+	}
+	res.buffered = d.Buffered()
+	return res
+}
+
+func sameResult(a, b streamResult) bool {
+	if a.err != b.err || a.buffered != b.buffered || len(a.msgs) != len(b.msgs) {
+		return false
+	}
+	for i := range a.msgs {
+		if a.msgs[i] != b.msgs[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func randStream(r *rand.Rand, n int) (stream []byte, msgs []Message) {
+	for range n {
+		m := normalize(randMessage(r))
+		stream = Append(stream, m)
+		msgs = append(msgs, m)
+	}
+	return stream, msgs
+}
+
+func TestDecoderOneByteAtATime(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	stream, msgs := randStream(r, 2000)
+	res := decodeStream(stream, func() int { return 1 })
+	want := streamResult{msgs: msgs}
+	if !sameResult(res, want) {
+		t.Fatalf("byte-at-a-time: %d messages, err %q, %d buffered; want %d messages", len(res.msgs), res.err, res.buffered, len(msgs))
+	}
+	for _, chunk := range []int{2, 3, 4, 5, 7, 64, 4096, len(stream)} {
+		if res := decodeStream(stream, func() int { return chunk }); !sameResult(res, want) {
+			t.Fatalf("chunks of %d: %d messages, err %q", chunk, len(res.msgs), res.err)
+		}
+	}
+	if res := decodeStream(stream, func() int { return r.IntN(300) }); !sameResult(res, want) {
+		t.Fatalf("random chunks: %d messages, err %q", len(res.msgs), res.err)
+	}
+}
+
+func TestDecoderPartial(t *testing.T) {
+	var d Decoder
+	frame := AppendWake(nil, "chat", []byte("hello"), true)
+	for i, c := range frame {
+		if _, ok, err := d.Next(); ok || err != nil {
+			t.Fatalf("after %d bytes: ok %v err %v", i, ok, err)
+		}
+		if d.Buffered() != i {
+			t.Fatalf("Buffered() = %d after %d bytes", d.Buffered(), i)
+		}
+		d.Feed([]byte{c})
+	}
+	m, ok, err := d.Next()
+	if !ok || err != nil || m != (Message{T: "wake", Q: "chat", P: "hello", HasP: true}) {
+		t.Fatalf("Next = %#v, %v, %v", m, ok, err)
+	}
+	if d.Buffered() != 0 {
+		t.Fatalf("Buffered() = %d after the whole frame", d.Buffered())
+	}
+	if _, ok, err := d.Next(); ok || err != nil {
+		t.Fatalf("Next on empty: ok %v err %v", ok, err)
+	}
+}
+
+// Feed copies: the caller's read buffer is reused at once.
+func TestDecoderFeedCopies(t *testing.T) {
+	var d Decoder
+	buf := AppendSub(nil, "chat")
+	d.Feed(buf[:10])
+	for i := range buf {
+		buf[i] = 0xff
+	}
+	buf = AppendSub(buf[:0], "chat")
+	d.Feed(buf[10:])
+	m, ok, err := d.Next()
+	if !ok || err != nil || m != (Message{T: "sub", Q: "chat"}) {
+		t.Fatalf("Next = %#v, %v, %v", m, ok, err)
+	}
+}
+
+func header(n uint32) []byte { return binary.BigEndian.AppendUint32(nil, n) }
+
+// A length above MaxLen is an error as soon as the header is in, without
+// waiting for (or making room for) the body.
+func TestDecoderTooLarge(t *testing.T) {
+	for _, n := range []uint32{MaxLen + 1, 1 << 30, 0xffffffff} {
+		var d Decoder
+		d.Feed(header(n)[:3])
+		if _, ok, err := d.Next(); ok || err != nil {
+			t.Fatalf("3 header bytes: ok %v err %v", ok, err)
+		}
+		d.Feed(header(n)[3:])
+		d.Feed([]byte(`{"t":`))
+		_, ok, err := d.Next()
+		if ok || !errors.Is(err, ErrTooLarge) || errors.Is(err, ErrMalformed) {
+			t.Fatalf("length %d: ok %v err %v, want ErrTooLarge", n, ok, err)
+		}
+		var fe *Error
+		if !errors.As(err, &fe) || fe.Length != n {
+			t.Fatalf("length %d: error %#v does not carry the length", n, err)
+		}
+		if want := "above MaxLen 4194304"; !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %q does not say %q", err, want)
+		}
+		if cap(d.buf) > 64 {
+			t.Fatalf("length %d: buffer grew to %d bytes", n, cap(d.buf))
+		}
+		// Sticky, and later input is dropped, not buffered.
+		d.Feed(make([]byte, 1<<20))
+		if _, _, err2 := d.Next(); err2 != err {
+			t.Fatalf("error not sticky: %v then %v", err, err2)
+		}
+		if d.Buffered() != 0 || cap(d.buf) != 0 {
+			t.Fatalf("Feed after the error buffered %d bytes (cap %d)", d.Buffered(), cap(d.buf))
+		}
+	}
+}
+
+// Rejecting a huge length allocates only the error: neither the body nor a
+// buffer of its size.
+func TestDecoderTooLargeDoesNotAllocate(t *testing.T) {
+	hdr := header(0xffffffff)
+	backing := make([]byte, 4)
+	allocs := testing.AllocsPerRun(100, func() {
+		d := Decoder{buf: append(backing[:0], hdr...)}
+		if _, _, err := d.Next(); err == nil {
+			t.Fatal("no error")
+		}
+	})
+	if allocs > 1 {
+		t.Fatalf("%v allocs per rejected header, want at most 1 (the error)", allocs)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 100 {
+		var d Decoder
+		d.Feed(hdr)
+		if _, _, err := d.Next(); !errors.Is(err, ErrTooLarge) {
+			t.Fatal(err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 100*1024 {
+		t.Fatalf("100 rejected headers allocated %d bytes", got)
+	}
+}
+
+// A body of exactly MaxLen is accepted.
+func TestDecoderMaxLen(t *testing.T) {
+	prefix, suffix := `{"t":"wake","q":"big","p":"`, `"}`
+	p := strings.Repeat("x", MaxLen-len(prefix)-len(suffix))
+	frame := AppendWake(nil, "big", []byte(p), true)
+	if len(frame) != 4+MaxLen {
+		t.Fatalf("test frame is %d bytes", len(frame))
+	}
+	var d Decoder
+	for chunk := frame; len(chunk) > 0; {
+		n := min(len(chunk), 65536)
+		d.Feed(chunk[:n])
+		chunk = chunk[n:]
+		m, ok, err := d.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != (len(chunk) == 0) {
+			t.Fatalf("ok %v with %d bytes to go", ok, len(chunk))
+		}
+		if ok && (m.Q != "big" || m.P != p) {
+			t.Fatalf("wrong message: q %q, %d payload bytes", m.Q, len(m.P))
+		}
+	}
+	// The 4 MiB buffer is not kept once drained.
+	if cap(d.buf) > keepCap {
+		t.Fatalf("decoder still holds %d bytes after the frame", cap(d.buf))
+	}
+	// One byte more is refused.
+	var d2 Decoder
+	d2.Feed(header(MaxLen + 1))
+	if _, _, err := d2.Next(); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("MaxLen+1: %v", err)
+	}
+}
+
+// A bad body stops the stream: the frames before it are delivered, then the
+// error, for good.
+func TestDecoderMalformedIsSticky(t *testing.T) {
+	stream := AppendSub(nil, "a")
+	stream = append(stream, header(8)...)
+	stream = append(stream, `{"t":42}`...)
+	stream = AppendSub(stream, "b")
+	for _, chunk := range []int{1, len(stream)} {
+		res := decodeStream(stream, func() int { return chunk })
+		if len(res.msgs) != 1 || res.msgs[0] != (Message{T: "sub", Q: "a"}) {
+			t.Fatalf("chunks of %d: messages %#v", chunk, res.msgs)
+		}
+		if !strings.Contains(res.err, `"t" is a number`) {
+			t.Fatalf("chunks of %d: error %q", chunk, res.err)
+		}
+	}
+	var d Decoder
+	d.Feed(header(0))
+	_, _, err := d.Next()
+	if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "empty body") {
+		t.Fatalf("zero-length frame: %v", err)
+	}
+	if _, _, err2 := d.Next(); err2 != err {
+		t.Fatalf("not sticky: %v then %v", err, err2)
+	}
+}
+
+// Unknown types come out as messages, for the caller to log and skip; the
+// stream goes on.
+func TestDecoderUnknownType(t *testing.T) {
+	body := `{"t":"hello","q":"x","version":2,"caps":["a","b"]}`
+	stream := append(header(uint32(len(body))), body...)
+	stream = AppendAck(stream, "x")
+	res := decodeStream(stream, func() int { return 5 })
+	want := []Message{{T: "hello", Q: "x"}, {T: "ack", Q: "x"}}
+	if !sameResult(res, streamResult{msgs: want}) {
+		t.Fatalf("got %#v, err %q", res.msgs, res.err)
+	}
+}
+
+// A drained decoder keeps a small buffer for reuse, but not a big one.
+func TestDecoderReleasesBigBuffers(t *testing.T) {
+	var d Decoder
+	small := AppendSub(nil, "chat")
+	d.Feed(small)
+	if _, ok, _ := d.Next(); !ok {
+		t.Fatal("no message")
+	}
+	if c := cap(d.buf); c == 0 || c > keepCap {
+		t.Fatalf("small buffer: cap %d", c)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		d.Feed(small)
+		if m, ok, err := d.Next(); !ok || err != nil || m.Q != "chat" {
+			t.Fatal(m, ok, err)
+		}
+	})
+	if allocs != 1 { // the message's string
+		t.Fatalf("steady state: %v allocs per frame, want 1", allocs)
+	}
+	big := AppendWake(nil, "chat", bytes.Repeat([]byte("x"), 3*keepCap), true)
+	d.Feed(big)
+	if _, ok, _ := d.Next(); !ok {
+		t.Fatal("no message")
+	}
+	if c := cap(d.buf); c > keepCap {
+		t.Fatalf("big buffer kept: cap %d", c)
+	}
+}
+
+// Feeding many frames and a partial one in one chunk, then the rest, keeps
+// the partial frame intact across compaction.
+func TestDecoderCompaction(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	stream, msgs := randStream(r, 500)
+	for range 200 {
+		if res := decodeStream(stream, func() int { return 1 + r.IntN(2*keepCap) }); !sameResult(res, streamResult{msgs: msgs}) {
+			t.Fatalf("%d messages, err %q", len(res.msgs), res.err)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+// Package frame is the listenhub wire codec: each frame is a 4-byte
+// big-endian body length followed by that many bytes of UTF-8 JSON holding
+// one object, whose "t" field names the message type (DESIGN.md, "Wire
+// protocol (v1)").
+//
+// The codec is byte-compatible with the pgbus streams hub (Ruby), so a pgbus
+// worker can talk to listenhub unchanged. It does no I/O: the hub reads a
+// socket into its own buffer and hands the bytes to a Decoder, and writes the
+// bytes the Append functions produce.
+//
+// The hub decodes and encodes on its single loop thread for every worker, so
+// both directions are written for that setting: encoders append to the
+// caller's buffer and allocate nothing, and decoding a message allocates one
+// string backing for the strings it returns. The JSON is scanned by hand,
+// without reflection and without encoding/json, for that reason; the tests
+// check the output against encoding/json byte for byte.
+package frame
+
+import (
+	"errors"
+	"strconv"
+)
+
+// MaxLen is the largest body a frame may carry: 4 MiB, as in the pgbus hub.
+// Postgres caps a NOTIFY payload at 8000 bytes, so a legitimate frame is far
+// below it even fully escaped; a larger length is a broken or hostile peer,
+// and the reader severs the connection without allocating the body.
+const MaxLen = 4 << 20
+
+// Message types the protocol defines. Decode returns these very strings as
+// Message.T, so decoding a known type allocates nothing for T.
+const (
+	TypeSub    = "sub"
+	TypeUnsub  = "unsub"
+	TypeAck    = "ack"
+	TypeNack   = "nack"
+	TypeWake   = "wake"
+	TypeStatus = "status"
+)
+
+// Message is one decoded frame. Only the fields of its type are set; a field
+// another type carries is ignored on input like any unknown field, so that
+// decoding and re-encoding a message gives the same message back.
+//
+//	sub, unsub, ack   T, Q
+//	nack              T, Q, Error
+//	wake              T, Q, P, HasP
+//	status            T, Healthy
+//	anything else     T, and Q when "q" is a string (for the log line)
+type Message struct {
+	// T is the message type. For the six known types it is one of the
+	// Type* constants; any other string is an unknown type, which readers
+	// log and skip (newer peers may send types this version does not know).
+	T string
+	// Q is the subscription name.
+	Q string
+	// P is the NOTIFY payload, when HasP.
+	P string
+	// HasP is true when "p" is a JSON string (an ephemeral wake, whose
+	// payload may be the only copy of the message) and false when it is
+	// null or absent (a durable wake: "something changed, re-read"). An
+	// empty payload string is still HasP.
+	HasP bool
+	// Healthy is the hub's view of its Postgres connection (status).
+	Healthy bool
+	// Error is why a subscription was refused (nack).
+	Error string
+}
+
+var (
+	// ErrTooLarge matches (errors.Is) the error for a frame header whose
+	// length is above MaxLen. It is reported as soon as the 4 header bytes
+	// are in, before anything is allocated for the body.
+	ErrTooLarge = errors.New("frame: body length above MaxLen")
+	// ErrMalformed matches (errors.Is) the error for a body that is not a
+	// valid message: empty, bad JSON, not an object, "t" missing or not a
+	// string, "q" missing or not a string where the type needs it, or a
+	// known field of the wrong JSON type.
+	ErrMalformed = errors.New("frame: malformed message")
+)
+
+// Error is the error Decode and Decoder.Next return for a rejected frame.
+// It says why, so that the hub can log the reason when it severs the
+// connection (DESIGN.md rule 9).
+type Error struct {
+	// Err is ErrTooLarge or ErrMalformed; Unwrap returns it.
+	Err error
+	// Reason says what is wrong, e.g. `missing "q"` or `control character
+	// in string`. Empty for ErrTooLarge.
+	Reason string
+	// Offset is the byte offset in the body at which the problem was
+	// found, or -1 when it concerns the message as a whole (a missing
+	// field, a field of the wrong type) or the header (ErrTooLarge).
+	Offset int
+	// Length is the body length the header announced (ErrTooLarge only).
+	Length uint32
+}
+
+func (e *Error) Error() string {
+	if e.Err == ErrTooLarge {
+		return "frame: body length " + strconv.FormatUint(uint64(e.Length), 10) +
+			" above MaxLen " + strconv.Itoa(MaxLen)
+	}
+	s := e.Err.Error() + ": " + e.Reason
+	if e.Offset >= 0 {
+		s += " at offset " + strconv.Itoa(e.Offset)
+	}
+	return s
+}
+
+// Unwrap returns ErrTooLarge or ErrMalformed.
+func (e *Error) Unwrap() error { return e.Err }
+
+func malformed(offset int, reason string) *Error {
+	return &Error{Err: ErrMalformed, Reason: reason, Offset: offset}
+}

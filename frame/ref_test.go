@@ -1,0 +1,187 @@
+package frame
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"strings"
+)
+
+// This file holds the oracles the tests compare the hand-written codec with:
+// encoding/json, used the way a reflection-based implementation of the
+// protocol would use it, and generators of awkward strings.
+
+// refJSONString is s as an encoding/json Encoder with HTML escaping off
+// writes it.
+func refJSONString(s string) string {
+	var b bytes.Buffer
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false)
+	if err := e.Encode(s); err != nil {
+		panic(err)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// refBody is m's body as encoding/json writes it (HTML escaping off), with
+// struct fields in the protocol's key order.
+func refBody(m Message) []byte {
+	var v any
+	switch m.T {
+	case TypeSub, TypeUnsub, TypeAck:
+		v = struct {
+			T string `json:"t"`
+			Q string `json:"q"`
+		}{m.T, m.Q}
+	case TypeNack:
+		v = struct {
+			T     string `json:"t"`
+			Q     string `json:"q"`
+			Error string `json:"error"`
+		}{m.T, m.Q, m.Error}
+	case TypeWake:
+		var p *string
+		if m.HasP {
+			p = &m.P
+		}
+		v = struct {
+			T string  `json:"t"`
+			Q string  `json:"q"`
+			P *string `json:"p"`
+		}{m.T, m.Q, p}
+	case TypeStatus:
+		v = struct {
+			T       string `json:"t"`
+			Healthy bool   `json:"healthy"`
+		}{m.T, m.Healthy}
+	default:
+		v = struct {
+			T string `json:"t"`
+			Q string `json:"q,omitempty"`
+		}{m.T, m.Q}
+	}
+	var b bytes.Buffer
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false)
+	if err := e.Encode(v); err != nil {
+		panic(err)
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// refDecode decodes body with encoding/json and applies the protocol's
+// rules to the result; ok is false where Decode must return an error.
+func refDecode(body []byte) (m Message, ok bool) {
+	if !json.Valid(body) {
+		return Message{}, false
+	}
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.UseNumber() // 1e999 is valid JSON, but no float64
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return Message{}, false
+	}
+	obj, isObj := v.(map[string]any)
+	if !isObj {
+		return Message{}, false
+	}
+	t, isStr := obj["t"].(string)
+	if !isStr {
+		return Message{}, false
+	}
+	m.T = t
+	switch t {
+	case TypeSub, TypeUnsub, TypeAck, TypeNack, TypeWake:
+		q, isStr := obj["q"].(string)
+		if !isStr {
+			return Message{}, false
+		}
+		m.Q = q
+		switch t {
+		case TypeNack:
+			switch e := obj["error"].(type) {
+			case string:
+				m.Error = e
+			case nil:
+			default:
+				return Message{}, false
+			}
+		case TypeWake:
+			switch p := obj["p"].(type) {
+			case string:
+				m.P, m.HasP = p, true
+			case nil:
+			default:
+				return Message{}, false
+			}
+		}
+	case TypeStatus:
+		h, isBool := obj["healthy"].(bool)
+		if !isBool {
+			return Message{}, false
+		}
+		m.Healthy = h
+	default:
+		m.Q, _ = obj["q"].(string)
+	}
+	return m, true
+}
+
+// valid is s with every byte that is not part of valid UTF-8 replaced by
+// U+FFFD, one per byte, which is what a JSON round trip makes of it.
+func valid(s string) string { return string([]rune(s)) }
+
+// normalize is what the wire keeps of m: the fields of its type, with valid
+// UTF-8.
+func normalize(m Message) Message {
+	switch m.T {
+	case TypeSub, TypeUnsub, TypeAck:
+		return Message{T: m.T, Q: valid(m.Q)}
+	case TypeNack:
+		return Message{T: m.T, Q: valid(m.Q), Error: valid(m.Error)}
+	case TypeWake:
+		if !m.HasP {
+			return Message{T: m.T, Q: valid(m.Q)}
+		}
+		return Message{T: m.T, Q: valid(m.Q), P: valid(m.P), HasP: true}
+	case TypeStatus:
+		return Message{T: m.T, Healthy: m.Healthy}
+	}
+	return Message{T: valid(m.T), Q: valid(m.Q)}
+}
+
+// pieces are the building blocks of awkward strings: everything the
+// escaper treats specially, and the UTF-8 that is not UTF-8.
+var pieces = []string{
+	"a", "Z", "0", " ", "chat", "pgmq.q_orders.INSERT",
+	`"`, `\`, "/", "\b", "\f", "\n", "\r", "\t", "\x00", "\x01", "\x1f", "\x7f",
+	"<", ">", "&", "<script>", "\u2028", "\u2029", "\u2027", "\u202a",
+	"é", "ß", "€", "😀", "\U0010FFFF", "\uFFFD", "\uFEFF",
+	"\x80", "\xff", "\xc3", "\xe2\x82", "\xf0\x9f\x98", "\xed\xa0\x80", "\xed\xbf\xbf",
+	"\xc0\xaf", "\xf4\x90\x80\x80", `\u0041`, `\ud83d`, "null",
+}
+
+func randString(r *rand.Rand, maxPieces int) string {
+	var b strings.Builder
+	for n := r.IntN(maxPieces + 1); n > 0; n-- {
+		if r.IntN(4) == 0 {
+			b.WriteByte(byte(r.IntN(256)))
+			continue
+		}
+		b.WriteString(pieces[r.IntN(len(pieces))])
+	}
+	return b.String()
+}
+
+var types = []string{TypeSub, TypeUnsub, TypeAck, TypeNack, TypeWake, TypeStatus, "hello", "", "Wake", "wake\x00", "\xff"}
+
+func randMessage(r *rand.Rand) Message {
+	return Message{
+		T:       types[r.IntN(len(types))],
+		Q:       randString(r, 6),
+		P:       randString(r, 20),
+		HasP:    r.IntN(2) == 0,
+		Healthy: r.IntN(2) == 0,
+		Error:   randString(r, 6),
+	}
+}

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/listener"
+)
+
+// connectTimeout bounds the first connection to Postgres when the
+// connection string sets no connect_timeout: an unreachable address must
+// end in one clear line, not a two-minute TCP timeout.
+const connectTimeout = 15 * time.Second
+
+// stopTimeout bounds the graceful stop; past it descriptors are closed
+// anyway.
+const stopTimeout = 10 * time.Second
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("serve")
+	var (
+		databaseURL   = fs.String("database-url", "", "PostgreSQL URL or key=value DSN (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
+		socket        = fs.String("socket", "", "Unix socket path workers connect to (required)")
+		prefix        = fs.String("channel-prefix", "", "Postgres channel = prefix + Q + suffix (pgbus: pgmq.q_)")
+		suffix        = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
+		appName       = fs.String("application-name", hub.DefaultApplicationName, "application_name of the hub's backend, counted by census")
+		durableLimit  = fs.Int("durable-queue-limit", hub.DefaultDurableQueueLimit, "pending durable wakes per worker before new ones are dropped")
+		hardLimit     = fs.Int("hard-queue-limit", hub.DefaultHardQueueLimit, "pending frames per worker before it is evicted")
+		hardBytes     = fs.Int("hard-queue-bytes", hub.DefaultHardQueueBytes, "pending bytes per worker before it is evicted")
+		statusIvl     = fs.Duration("status-interval", hub.DefaultStatusInterval, "status is re-sent to every worker every 5 intervals")
+		hcInterval    = fs.Duration("health-check-interval", hub.DefaultHealthCheckInterval, "probe an idle Postgres connection this often")
+		hcTimeout     = fs.Duration("health-check-timeout", hub.DefaultHealthCheckTimeout, "a probe unanswered this long means the connection is dead")
+		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics and /healthz on this address, e.g. 127.0.0.1:9187 (off when empty)")
+		logFormat     = fs.String("log-format", "text", "log format: text or json")
+		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
+		allowUIDs     uidList
+		synopsis      = "serve --database-url URL --socket PATH [flags]"
+		databaseGiven bool
+	)
+	fs.Var(&allowUIDs, "allow-uid", "uids allowed to connect, comma-separated or repeated (default: the hub's own uid and root)")
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, fs, synopsis)
+		}
+		return flagError(stderr, "serve", err)
+	}
+	databaseGiven = isSet(fs, "database-url")
+	if !databaseGiven && os.Getenv("DATABASE_URL") != "" {
+		*databaseURL = os.Getenv("DATABASE_URL")
+	}
+	bad := func(err error) int { return flagError(stderr, "serve", err) }
+	if *socket == "" {
+		return bad(errors.New("--socket is required"))
+	}
+	for _, err := range []error{
+		positiveInt("durable-queue-limit", *durableLimit),
+		positiveInt("hard-queue-limit", *hardLimit),
+		positiveInt("hard-queue-bytes", *hardBytes),
+		positiveDuration("status-interval", *statusIvl),
+		positiveDuration("health-check-interval", *hcInterval),
+		positiveDuration("health-check-timeout", *hcTimeout),
+	} {
+		if err != nil {
+			return bad(err)
+		}
+	}
+	log, err := newLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return bad(err)
+	}
+	cc, err := listener.ParseConfig(*databaseURL, *appName)
+	if err != nil {
+		return bad(fmt.Errorf("--database-url: %v", oneLine(err)))
+	}
+	if isSet(fs, "application-name") {
+		cc.RuntimeParams["application_name"] = *appName // explicit wins over the URL
+	}
+	app := cc.RuntimeParams["application_name"]
+
+	h, err := hub.New(hub.Config{
+		SocketPath:          *socket,
+		ConnConfig:          cc,
+		ChannelPrefix:       *prefix,
+		ChannelSuffix:       *suffix,
+		ApplicationName:     app,
+		DurableQueueLimit:   *durableLimit,
+		HardQueueLimit:      *hardLimit,
+		HardQueueBytes:      *hardBytes,
+		StatusInterval:      *statusIvl,
+		HealthCheckInterval: *hcInterval,
+		HealthCheckTimeout:  *hcTimeout,
+		AllowUIDs:           allowUIDs,
+		Logger:              log,
+	})
+	if err != nil {
+		return bad(err)
+	}
+
+	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stopSignals()
+
+	// The metrics address is bound before the hub starts, so that a port
+	// in use is a startup error like the others.
+	var srv *http.Server
+	if *metricsAddr != "" {
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			fmt.Fprintf(stderr, "listenhub serve: --metrics-addr: %v\n", err)
+			return 1
+		}
+		srv = &http.Server{Handler: metricsHandler(h), ReadHeaderTimeout: 5 * time.Second}
+		log.Info("metrics listening", "addr", ln.Addr().String())
+		go srv.Serve(ln)
+		defer srv.Close()
+	}
+
+	startCtx := ctx
+	if cc.ConnectTimeout == 0 {
+		var cancel context.CancelFunc
+		startCtx, cancel = context.WithTimeout(ctx, connectTimeout)
+		defer cancel()
+	}
+	if err := h.Start(startCtx); err != nil {
+		fmt.Fprintf(stderr, "listenhub serve: %s\n", oneLine(err))
+		return 1
+	}
+	log.Info("listenhub serving", "version", versionString(), "socket", *socket, "host", cc.Host,
+		"port", cc.Port, "database", cc.Database, "user", cc.User, "application_name", app,
+		"channel_prefix", *prefix, "channel_suffix", *suffix)
+
+	select {
+	case <-ctx.Done():
+		log.Info("signal received; stopping")
+	case <-h.Done():
+		fmt.Fprintf(stderr, "listenhub serve: hub stopped unexpectedly: %v\n", h.Wait())
+		return 1
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	if srv != nil {
+		srv.Shutdown(sctx)
+	}
+	if err := h.Stop(sctx); err != nil {
+		fmt.Fprintf(stderr, "listenhub serve: stop: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// oneLine flattens a multi-line error (pgconn joins one line per host it
+// tried) into the single line a failed start prints.
+func oneLine(err error) string {
+	s := strings.ReplaceAll(err.Error(), ":\n", ": ")
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}

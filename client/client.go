@@ -466,16 +466,18 @@ func (c *Client) handle(m frame.Message) bool {
 			c.log.Debug("listenhub client: nack without a pending sub", "q", m.Q, "reason", m.Error)
 			return true
 		}
+		if !err.InvalidName {
+			// Dead before the waiters wake: they see Done closed.
+			c.mu.Unlock()
+			c.fail(err)
+			return false
+		}
 		c.resolveLocked(s.call, err)
 		s.call = nil
 		if !s.active {
 			delete(c.subs, m.Q)
 		}
 		c.mu.Unlock()
-		if !err.InvalidName {
-			c.fail(err)
-			return false
-		}
 	case "wake":
 		w := Wake{Q: m.Q, Payload: m.P, Durable: !m.HasP || m.P == ""}
 		if h := c.opts.OnWake; h != nil {

@@ -136,7 +136,9 @@ func (m *Mux) Subscribe(ctx context.Context, q string) (*Subscription, error) {
 	ch.subs[s] = struct{}{}
 	m.mu.Unlock()
 
-	m.reconcile(ch, true)
+	// The Listener's Subscribe runs on its own goroutine (mayWait false),
+	// so that this caller can leave when its ctx ends.
+	m.reconcile(ch, false)
 	for {
 		m.mu.RLock()
 		_, member := ch.subs[s]

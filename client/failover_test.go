@@ -1,0 +1,422 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// fakeLocal stands in for the Postgres listener in failover tests.
+type fakeLocal struct {
+	opts LocalOptions
+
+	mu      sync.Mutex
+	subs    []string // Subscribe calls, in order
+	unsubs  []string
+	failSub error // returned by Subscribe when set
+	err     error
+	done    chan struct{}
+}
+
+// fakeLocals builds fakeLocals for a Failover and remembers them.
+type fakeLocals struct {
+	mu      sync.Mutex
+	built   []*fakeLocal
+	failNew error // NewLocal fails with it when set
+	failSub error // the built fakeLocal's Subscribe fails with it
+}
+
+func (fl *fakeLocals) newLocal(ctx context.Context, opts LocalOptions) (Listener, error) {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.failNew != nil {
+		return nil, fl.failNew
+	}
+	l := &fakeLocal{opts: opts, done: make(chan struct{}), failSub: fl.failSub}
+	fl.built = append(fl.built, l)
+	return l, nil
+}
+
+func (fl *fakeLocals) count() int {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return len(fl.built)
+}
+
+func (fl *fakeLocals) get(t testing.TB) *fakeLocal {
+	t.Helper()
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if len(fl.built) != 1 {
+		t.Fatalf("%d local listeners built, want 1", len(fl.built))
+	}
+	return fl.built[0]
+}
+
+func (l *fakeLocal) Subscribe(ctx context.Context, q string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	if l.failSub != nil {
+		return l.failSub
+	}
+	l.subs = append(l.subs, q)
+	return nil
+}
+
+func (l *fakeLocal) Unsubscribe(q string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.unsubs = append(l.unsubs, q)
+}
+
+func (l *fakeLocal) Healthy() bool { return l.Err() == nil }
+
+func (l *fakeLocal) Close() error {
+	l.die(ErrClosed)
+	return nil
+}
+
+func (l *fakeLocal) die(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.err = err
+		close(l.done)
+	}
+}
+
+func (l *fakeLocal) Done() <-chan struct{} { return l.done }
+
+func (l *fakeLocal) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *fakeLocal) subscribed() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := slices.Clone(l.subs)
+	sort.Strings(s)
+	return s
+}
+
+// notify delivers a NOTIFY as the local listener would.
+func (l *fakeLocal) notify(q, payload string) {
+	l.opts.OnWake(Wake{Q: q, Payload: payload, Durable: payload == ""})
+}
+
+func newTestFailover(t *testing.T, path string, fl *fakeLocals, rec *recorder, opts FailoverOptions) (*Failover, error) {
+	t.Helper()
+	opts.SocketPath = path
+	opts.newLocal = fl.newLocal
+	if rec != nil {
+		opts.OnWake = rec.onWake
+		opts.OnStatus = rec.onStatus
+	}
+	f, err := NewFailover(context.Background(), opts)
+	if err == nil {
+		t.Cleanup(func() { f.Close() })
+	}
+	return f, err
+}
+
+func TestFailoverHubAbsentAtStart(t *testing.T) {
+	fl := &fakeLocals{}
+	f, err := newTestFailover(t, filepath.Join(shortDir(t), "absent.sock"), fl, nil, FailoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Mode() != ModeLocal || !errors.Is(f.Reason(), syscall.ENOENT) {
+		t.Fatalf("Mode %v, Reason %v", f.Mode(), f.Reason())
+	}
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fl.get(t).subscribed(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("local subs %v", got)
+	}
+	if !f.Healthy() {
+		t.Fatal("not healthy in local mode")
+	}
+}
+
+func TestFailoverNeitherReachableAtStart(t *testing.T) {
+	fl := &fakeLocals{failNew: errTest}
+	_, err := newTestFailover(t, filepath.Join(shortDir(t), "absent.sock"), fl, nil, FailoverOptions{})
+	var fe *FailoverError
+	if !errors.As(err, &fe) || !errors.Is(err, errTest) || !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("err = %v, want a *FailoverError with both causes", err)
+	}
+}
+
+func TestFailoverOnEOF(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	rec := &recorder{}
+	var reasons []error
+	var mu sync.Mutex
+	f, err := newTestFailover(t, h.path, fl, rec, FailoverOptions{OnFailover: func(err error) {
+		mu.Lock()
+		reasons = append(reasons, err)
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	for _, q := range []string{"a", "b", "c"} {
+		if err := f.Subscribe(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Unsubscribe("c")
+	if f.Mode() != ModeHub || f.Reason() != nil {
+		t.Fatalf("Mode %v Reason %v", f.Mode(), f.Reason())
+	}
+	fc.wake("a", "via hub")
+	testutil.WaitFor(t, waitLong, "hub wake", func() bool { return rec.has("wake a via hub") })
+
+	fc.c.Close() // the hub is gone (or evicted us: the same EOF)
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return f.Mode() == ModeLocal })
+	if !errors.Is(f.Reason(), io.EOF) {
+		t.Fatalf("Reason %v", f.Reason())
+	}
+	local := fl.get(t)
+	if got := local.subscribed(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("local subs %v, want the recorded set [a b]", got)
+	}
+	testutil.WaitFor(t, waitLong, "durable wakes after the swap", func() bool {
+		return rec.has("durable a") && rec.has("durable b")
+	})
+	if rec.has("durable c") {
+		t.Fatal("durable wake for an unsubscribed name")
+	}
+	local.notify("a", "via local")
+	if !rec.has("wake a via local") {
+		t.Fatal("local wake not delivered")
+	}
+	// Subscribe and Unsubscribe go to the local listener now.
+	if err := f.Subscribe(context.Background(), "d"); err != nil {
+		t.Fatal(err)
+	}
+	f.Unsubscribe("a")
+	if got := local.subscribed(); !slices.Equal(got, []string{"a", "b", "d"}) {
+		t.Fatalf("local subs %v", got)
+	}
+	if !slices.Equal(local.unsubs, []string{"a"}) {
+		t.Fatalf("local unsubs %v", local.unsubs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reasons) != 1 || !errors.Is(reasons[0], io.EOF) {
+		t.Fatalf("OnFailover calls %v", reasons)
+	}
+	if fl.count() != 1 {
+		t.Fatal("more than one local listener")
+	}
+}
+
+func TestFailoverOnAckTimeout(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	rec := &recorder{}
+	f, err := newTestFailover(t, h.path, fl, rec, FailoverOptions{AckTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	done := result(func() error { return f.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	fc.ack("a")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+	// A hub that stops answering: Subscribe still succeeds, locally.
+	if err := await(t, result(func() error { return f.Subscribe(context.Background(), "b") })); err != nil {
+		t.Fatalf("Subscribe across the failover: %v", err)
+	}
+	if f.Mode() != ModeLocal || !errors.Is(f.Reason(), ErrAckTimeout) {
+		t.Fatalf("Mode %v Reason %v", f.Mode(), f.Reason())
+	}
+	if got := fl.get(t).subscribed(); !slices.Contains(got, "a") || !slices.Contains(got, "b") {
+		t.Fatalf("local subs %v", got)
+	}
+	testutil.WaitFor(t, waitLong, "durable wakes", func() bool { return rec.has("durable a") && rec.has("durable b") })
+}
+
+func TestFailoverOnNack(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+
+	// An invalid name: refused, no failover.
+	done := result(func() error { return f.Subscribe(context.Background(), "bad") })
+	fc.expect(t, "sub", "bad")
+	fc.nack("bad", "invalid channel: 70 bytes, Postgres allows at most 63")
+	if err := await(t, done); !errors.Is(err, ErrInvalidName) {
+		t.Fatal(err)
+	}
+	if f.Mode() != ModeHub || fl.count() != 0 {
+		t.Fatal("failed over on an invalid-name nack")
+	}
+
+	// LISTEN failed at the hub: fail over, subscribe locally.
+	done = result(func() error { return f.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	fc.nack("a", "LISTEN failed: listener: no connection within the command timeout")
+	if err := await(t, done); err != nil {
+		t.Fatalf("Subscribe = %v, want success on the local listener", err)
+	}
+	var nack *NackError
+	if f.Mode() != ModeLocal || !errors.As(f.Reason(), &nack) {
+		t.Fatalf("Mode %v Reason %v", f.Mode(), f.Reason())
+	}
+	if got := slices.Compact(fl.get(t).subscribed()); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("local subs %v (the refused name must not be recorded)", got)
+	}
+}
+
+func TestFailoverLocalFailsToo(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{failNew: errTest}
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{AckTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.accept()
+	err = await(t, result(func() error { return f.Subscribe(context.Background(), "a") }))
+	var fe *FailoverError
+	if !errors.As(err, &fe) || !errors.Is(err, errTest) || !errors.Is(err, ErrAckTimeout) {
+		t.Fatalf("Subscribe = %v, want a *FailoverError (ack timeout, then local failure)", err)
+	}
+	if !isDone(f.Done()) || f.Err() != err || f.Healthy() {
+		t.Fatalf("Done %v Err %v", isDone(f.Done()), f.Err())
+	}
+	if err := f.Subscribe(context.Background(), "b"); err != f.Err() {
+		t.Fatalf("Subscribe after death = %v", err)
+	}
+}
+
+func TestFailoverLocalSubscribeFails(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{failSub: errTest}
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	fc.c.Close()
+	select {
+	case <-f.Done():
+	case <-time.After(waitLong):
+		t.Fatal("Failover alive with a local listener that cannot subscribe")
+	}
+	if !errors.Is(f.Err(), errTest) || !errors.Is(f.Err(), io.EOF) {
+		t.Fatalf("Err = %v", f.Err())
+	}
+	if !isDone(fl.get(t).Done()) {
+		t.Fatal("the failed local listener was not closed")
+	}
+}
+
+func TestFailoverLocalDiesLater(t *testing.T) {
+	fl := &fakeLocals{}
+	f, err := newTestFailover(t, filepath.Join(shortDir(t), "absent.sock"), fl, nil, FailoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl.get(t).die(errTest)
+	select {
+	case <-f.Done():
+	case <-time.After(waitLong):
+		t.Fatal("Failover alive after its local listener died")
+	}
+	if !errors.Is(f.Err(), errTest) {
+		t.Fatal(f.Err())
+	}
+}
+
+func TestFailoverCloseIsNotAFailure(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	fc.waitEOF(t)
+	if fl.count() != 0 {
+		t.Fatal("Close built a local listener")
+	}
+	if !errors.Is(f.Err(), ErrClosed) || !errors.Is(f.Subscribe(context.Background(), "a"), ErrClosed) {
+		t.Fatal(f.Err())
+	}
+	f.Close()
+}
+
+func TestFailoverCloseInLocalMode(t *testing.T) {
+	fl := &fakeLocals{}
+	f, err := newTestFailover(t, filepath.Join(shortDir(t), "absent.sock"), fl, nil, FailoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if !isDone(fl.get(t).Done()) || !errors.Is(f.Err(), ErrClosed) {
+		t.Fatal("local listener not closed")
+	}
+}
+
+// Subscribes racing the failover all end up on the local listener.
+func TestFailoverConcurrentSubscribes(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{AckTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.accept()
+	names := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	var calls []<-chan error
+	for _, q := range names {
+		calls = append(calls, result(func() error { return f.Subscribe(context.Background(), q) }))
+	}
+	for _, ch := range calls {
+		if err := await(t, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := slices.Compact(fl.get(t).subscribed())
+	if !slices.Equal(got, names) {
+		t.Fatalf("local subs %v", got)
+	}
+}
+
+func TestModeString(t *testing.T) {
+	if ModeHub.String() != "hub" || ModeLocal.String() != "local" || Mode(7).String() != "Mode(7)" {
+		t.Fatal(ModeHub.String(), ModeLocal.String(), Mode(7).String())
+	}
+}

@@ -49,6 +49,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runTail(ctx, args[1:], stdout, stderr)
 	case "census":
 		return runCensus(ctx, args[1:], stdout, stderr)
+	case "demo":
+		return runDemo(ctx, args[1:], stdout, stderr)
+	case "demo-worker": // hidden: a worker process of the demo (demo.go)
+		return runDemoWorker(ctx, args[1:], stdout, stderr)
 	case "version", "-version", "--version":
 		fmt.Fprintln(stdout, "listenhub", versionString())
 		return 0

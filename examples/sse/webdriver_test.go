@@ -260,6 +260,7 @@ func (b *browser) cmd(method, path string, in, out any) {
 type tab struct {
 	b      *browser
 	handle string
+	url    string // last opened, for failure messages
 }
 
 // firstTab returns the tab the session started with.
@@ -293,6 +294,7 @@ func (tb *tab) focus() {
 func (tb *tab) open(url string) {
 	tb.b.t.Helper()
 	tb.focus()
+	tb.url = url
 	tb.b.cmd(http.MethodPost, "/url", map[string]any{"url": url}, nil)
 }
 
@@ -327,7 +329,19 @@ func (tb *tab) waitTexts(timeout time.Duration, selector string, want []string) 
 	tb.waitFor(timeout, func() bool {
 		got = tb.texts(selector)
 		return reflect.DeepEqual(got, want)
-	}, func() string { return fmt.Sprintf("%s: got %q, want %q", selector, got, want) })
+	}, func() string { return fmt.Sprintf("%s: got %s, want %s", selector, abbrev(got), abbrev(want)) })
+}
+
+// abbrev quotes texts for a failure message, shortening long ones.
+func abbrev(texts []string) string {
+	q := make([]string, len(texts))
+	for i, s := range texts {
+		if len(s) > 40 {
+			s = fmt.Sprintf("%s…(%d bytes)", s[:40], len(s))
+		}
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	return "[" + strings.Join(q, " ") + "]"
 }
 
 // waitFor polls cond (which may run scripts in the tab) until it is true,
@@ -339,9 +353,20 @@ func (tb *tab) waitFor(timeout time.Duration, cond func() bool, describe func() 
 	interval := 5 * time.Millisecond
 	for !cond() {
 		if time.Now().After(deadline) {
-			tb.b.t.Fatalf("timed out after %v in tab %s: %s", timeout, tb.handle, describe())
+			tb.b.t.Fatalf("timed out after %v in the tab of %s: %s", timeout, tb.url, describe())
 		}
 		time.Sleep(interval)
 		interval = min(2*interval, 100*time.Millisecond)
 	}
+}
+
+// close closes the tab. The session switches to no tab at all; the next
+// command on another tab focuses it again.
+func (tb *tab) close() {
+	tb.b.t.Helper()
+	tb.focus()
+	tb.b.cmd(http.MethodDelete, "/window", nil, nil)
+	tb.b.mu.Lock()
+	tb.b.current = ""
+	tb.b.mu.Unlock()
 }

@@ -1,0 +1,643 @@
+package main
+
+// listenhub demo: the whole picture on one machine in one command. A
+// throwaway PostgreSQL (or --database-url), a hub, N worker processes that
+// subscribe through it, and a notifier; one line a second with the number
+// that matters (Postgres backends: 1 instead of N) and the ones that say it
+// costs nothing (wakes/s, latency, evictions).
+//
+// The workers are real processes: this binary re-executed as the hidden
+// `listenhub demo-worker`, each with a client.Failover, exactly what an
+// application embeds. They report to the demo over their stdout, one line
+// per 100 ms:
+//
+//	ready hub           subscribed (acked); "hub" or "local"
+//	mode local          failed over to its own LISTEN connection
+//	l 412034 398201     receive latencies in nanoseconds since the last line
+//
+// The notifier's payload is "SEQ UNIXNANO": each worker computes the latency
+// from the timestamp (same host, same clock).
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/listenhub/listenhub/client"
+	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/pgtest"
+)
+
+const (
+	// demoReadyTimeout bounds the start of the cluster, the hub and the
+	// workers' subscriptions.
+	demoReadyTimeout = 2 * time.Minute
+	// demoStopTimeout bounds each step of the teardown; past it the
+	// workers are killed.
+	demoStopTimeout = 10 * time.Second
+	// demoTick is the notifier's pace: rate/100 NOTIFYs every 10 ms, in
+	// one statement each, so that the rate is smooth at any --rate.
+	demoTick = 10 * time.Millisecond
+	// demoMaxBatch caps the NOTIFYs of one statement, so that a notifier
+	// that fell behind catches up in steps.
+	demoMaxBatch = 1000
+	// workerReportInterval is how often a worker sends its latencies.
+	workerReportInterval = 100 * time.Millisecond
+)
+
+// demoConfig is the command line of `listenhub demo`.
+type demoConfig struct {
+	databaseURL string
+	workers     int
+	rate        int
+	duration    time.Duration
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("demo")
+	var cfg demoConfig
+	fs.StringVar(&cfg.databaseURL, "database-url", "", "use this PostgreSQL server (default: start a throwaway cluster, removed on exit)")
+	fs.IntVar(&cfg.workers, "workers", 8, "worker processes subscribing through the hub")
+	fs.IntVar(&cfg.rate, "rate", 200, "NOTIFYs per second")
+	fs.DurationVar(&cfg.duration, "duration", 0, "stop after this long (default: run until Ctrl-C)")
+	const synopsis = "demo [--workers N] [--rate N] [--duration D] [--database-url URL]"
+	// The demo reads no environment variables: with DATABASE_URL set in
+	// a shell, a demo must still not write to that database unasked.
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "usage: listenhub %s\n\nflags:\n", synopsis)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+		}
+		return flagError(stderr, "demo", err)
+	}
+	if fs.NArg() > 0 {
+		return flagError(stderr, "demo", fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	}
+	if err := positiveInt("workers", cfg.workers); err != nil {
+		return flagError(stderr, "demo", err)
+	}
+	if err := positiveInt("rate", cfg.rate); err != nil {
+		return flagError(stderr, "demo", err)
+	}
+	if cfg.duration < 0 {
+		return flagError(stderr, "demo", fmt.Errorf("--duration must not be negative (got %v)", cfg.duration))
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	d := &demo{cfg: cfg, out: stdout, errw: stderr}
+	err := d.run(ctx)
+	if cerr := d.cleanup(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "listenhub demo: %s\n", oneLine(err))
+		return 1
+	}
+	return 0
+}
+
+// demo is one run of `listenhub demo`. Everything it starts is recorded as
+// it starts, so that cleanup removes exactly that, whatever step failed.
+type demo struct {
+	cfg  demoConfig
+	out  io.Writer
+	errw io.Writer
+
+	dir      string // temp dir holding the hub socket
+	cluster  *pgtest.Cluster
+	hub      *hub.Hub
+	census   *pgx.Conn
+	workers  []*demoWorker
+	notifier *demoNotifier
+
+	hubApp, localApp string // application_names counted by the census
+	channel          string
+
+	lastNotified int64 // the notifier's count at the last report
+
+	mu        sync.Mutex
+	latencies []int64 // this second's, from all workers
+}
+
+func (d *demo) run(ctx context.Context) error {
+	// Names carry our pid, so that two demos on one server (or a demo on
+	// a server in use) count and hear only their own.
+	pid := os.Getpid()
+	d.hubApp = fmt.Sprintf("listenhub-demo-%d", pid)
+	d.localApp = d.hubApp + "-local"
+	d.channel = fmt.Sprintf("listenhub_demo_%d", pid)
+
+	readyCtx, cancel := context.WithTimeout(ctx, demoReadyTimeout)
+	defer cancel()
+
+	url := d.cfg.databaseURL
+	if url == "" {
+		c, err := pgtest.Start(readyCtx, pgtest.Options{})
+		if err != nil {
+			return fmt.Errorf("start a throwaway PostgreSQL: %w (or pass --database-url)", err)
+		}
+		d.cluster = c
+		url = c.URL()
+		if c.External() {
+			fmt.Fprintf(d.out, "listenhub demo: using %s from %s\n", redactURL(url), pgtest.EnvURL)
+		} else {
+			fmt.Fprintf(d.out, "listenhub demo: started a throwaway PostgreSQL on 127.0.0.1:%d in %s (removed on exit)\n", c.Port(), c.Dir())
+		}
+	} else {
+		fmt.Fprintf(d.out, "listenhub demo: using %s\n", redactURL(url))
+	}
+
+	dir, err := os.MkdirTemp("", "listenhub-demo-")
+	if err != nil {
+		return err
+	}
+	d.dir = dir
+	sock := filepath.Join(dir, "hub.sock")
+	h, err := hub.New(hub.Config{
+		SocketPath:      sock,
+		DatabaseURL:     url,
+		ApplicationName: d.hubApp,
+		Logger:          slog.New(slog.NewTextHandler(d.errw, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return err
+	}
+	if err := h.Start(readyCtx); err != nil {
+		return err
+	}
+	d.hub = h
+
+	if d.census, err = connectAs(readyCtx, url, "listenhub-demo-census"); err != nil {
+		return fmt.Errorf("census connection: %w", err)
+	}
+
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find this binary to start the workers: %w", err)
+	}
+	ready := make(chan string, d.cfg.workers)
+	exited := make(chan *demoWorker, d.cfg.workers)
+	for i := range d.cfg.workers {
+		w, err := startDemoWorker(exe, i, []string{
+			"--socket", sock,
+			"--database-url", url,
+			"--channel", d.channel,
+			"--application-name", d.localApp,
+		}, d.errw, ready, exited, d.addLatencies)
+		if err != nil {
+			return err
+		}
+		d.workers = append(d.workers, w)
+	}
+	for range d.cfg.workers {
+		select {
+		case <-ready:
+		case w := <-exited:
+			return fmt.Errorf("worker %d exited before subscribing: %v", w.id, w.err)
+		case <-readyCtx.Done():
+			if ctx.Err() != nil {
+				return nil // Ctrl-C during start-up
+			}
+			return fmt.Errorf("workers not subscribed within %v", demoReadyTimeout)
+		}
+	}
+
+	if d.notifier, err = startNotifier(readyCtx, url, d.channel, d.cfg.rate); err != nil {
+		return fmt.Errorf("notifier: %w", err)
+	}
+	fmt.Fprintf(d.out, "listenhub demo: hub on %s; %d worker processes subscribed to %q; notifying %d/s. Ctrl-C to stop.\n",
+		sock, d.cfg.workers, d.channel, d.cfg.rate)
+
+	// --duration counts from here: start-up (initdb, mostly) takes a
+	// few seconds that nobody asked to watch.
+	if d.cfg.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.cfg.duration)
+		defer cancel()
+	}
+	start := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-d.notifier.failed:
+			return fmt.Errorf("notifier: %w", err)
+		case w := <-exited:
+			fmt.Fprintf(d.out, "listenhub demo: worker %d (pid %d) exited: %v\n", w.id, w.cmd.Process.Pid, w.err)
+		case now := <-tick.C:
+			if err := d.report(ctx, now.Sub(start)); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+}
+
+// report prints one line: the census against what the workers would cost
+// without the hub, and the last second's wakes and latencies.
+func (d *demo) report(ctx context.Context, elapsed time.Duration) error {
+	d.mu.Lock()
+	lat := d.latencies
+	d.latencies = nil
+	d.mu.Unlock()
+	slices.Sort(lat)
+
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var hubBackends, localBackends int
+	err := d.census.QueryRow(qctx, `SELECT
+			count(*) FILTER (WHERE application_name = $1)::int,
+			count(*) FILTER (WHERE application_name = $2)::int
+		FROM pg_stat_activity WHERE backend_type = 'client backend'`,
+		d.hubApp, d.localApp).Scan(&hubBackends, &localBackends)
+	if err != nil {
+		return fmt.Errorf("census: %w", err)
+	}
+	modes := map[string]int{}
+	for _, w := range d.workers {
+		modes[w.mode()]++
+	}
+	workers := fmt.Sprintf("%d hub/%d local", modes["hub"], modes["local"])
+	if n := modes["exited"]; n > 0 {
+		workers += fmt.Sprintf("/%d exited", n)
+	}
+	notified := d.notifier.sent.Load()
+	fmt.Fprintf(d.out, "%5ds  backends %d (%d with direct LISTEN)  notify/s %d  wakes/s %d  p50 %s  p99 %s  evictions %d  workers %s\n",
+		int(elapsed.Round(time.Second).Seconds()),
+		hubBackends+localBackends, d.cfg.workers,
+		notified-d.lastNotified, len(lat), percentile(lat, 50), percentile(lat, 99),
+		d.hub.Stats().Evictions, workers)
+	d.lastNotified = notified
+	return nil
+}
+
+// percentile formats the p-th percentile of sorted latencies (ns).
+func percentile(sorted []int64, p int) string {
+	if len(sorted) == 0 {
+		return "-"
+	}
+	i := (len(sorted)*p + 99) / 100 // nearest rank
+	d := time.Duration(sorted[max(i-1, 0)])
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%dµs", d.Microseconds())
+	case d < time.Second:
+		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func (d *demo) addLatencies(ns []int64) {
+	d.mu.Lock()
+	d.latencies = append(d.latencies, ns...)
+	d.mu.Unlock()
+}
+
+// cleanup stops everything run started, newest first: notifier, workers,
+// hub, connections, cluster, temp dir. It reports the first error and
+// carries on with the rest.
+func (d *demo) cleanup() error {
+	var errs []error
+	if d.notifier != nil {
+		errs = append(errs, d.notifier.stop())
+	}
+	werrs := make([]error, len(d.workers))
+	var wg sync.WaitGroup
+	for i, w := range d.workers {
+		wg.Go(func() { werrs[i] = w.stop() })
+	}
+	wg.Wait()
+	errs = append(errs, werrs...)
+	if d.hub != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), demoStopTimeout)
+		errs = append(errs, d.hub.Stop(ctx))
+		cancel()
+	}
+	if d.census != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), demoStopTimeout)
+		d.census.Close(ctx)
+		cancel()
+	}
+	if d.cluster != nil {
+		errs = append(errs, d.cluster.Close())
+	}
+	if d.dir != "" {
+		errs = append(errs, os.RemoveAll(d.dir))
+	}
+	err := errors.Join(errs...)
+	if d.hub != nil || d.cluster != nil {
+		what := "workers and hub stopped"
+		if d.cluster != nil && !d.cluster.External() {
+			what += ", throwaway cluster removed"
+		}
+		if err == nil {
+			fmt.Fprintf(d.out, "listenhub demo: %s\n", what)
+		}
+	}
+	return err
+}
+
+// connectAs opens a pgx connection tagged with applicationName.
+func connectAs(ctx context.Context, url, applicationName string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = applicationName
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+// redactURL drops the password from a URL for printing.
+func redactURL(u string) string {
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		return "the given server"
+	}
+	return fmt.Sprintf("postgres://%s@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
+}
+
+// demoWorker is one worker process as the demo sees it.
+type demoWorker struct {
+	id    int
+	cmd   *exec.Cmd
+	stdin io.WriteCloser // closing it tells the worker to exit
+	done  chan struct{}  // closed when the process has exited and its output is read
+	err   error          // Wait's, valid after done
+
+	mu       sync.Mutex
+	curMode  string
+	stopping bool // stop was called: its exit is expected
+}
+
+func (w *demoWorker) mode() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.curMode
+}
+
+func startDemoWorker(exe string, id int, args []string, stderr io.Writer, ready chan<- string, exited chan<- *demoWorker, lat func([]int64)) (*demoWorker, error) {
+	cmd := exec.Command(exe, append([]string{"demo-worker"}, args...)...)
+	// Its own process group: a Ctrl-C in the terminal reaches the demo
+	// only, which then stops the workers in order. Pdeathsig and the
+	// stdin pipe make a worker exit if the demo dies without cleanup.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start worker %d: %w", id, err)
+	}
+	w := &demoWorker{id: id, cmd: cmd, stdin: stdin, done: make(chan struct{}), curMode: "starting"}
+	go func() {
+		defer close(w.done)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		for sc.Scan() {
+			kind, rest, _ := strings.Cut(sc.Text(), " ")
+			switch kind {
+			case "ready":
+				w.mu.Lock()
+				w.curMode = rest
+				w.mu.Unlock()
+				ready <- rest
+			case "mode":
+				w.mu.Lock()
+				w.curMode = rest
+				w.mu.Unlock()
+			case "l":
+				fields := strings.Fields(rest)
+				ns := make([]int64, 0, len(fields))
+				for _, f := range fields {
+					if v, err := strconv.ParseInt(f, 10, 64); err == nil {
+						ns = append(ns, v)
+					}
+				}
+				lat(ns)
+			}
+		}
+		w.err = cmd.Wait()
+		w.mu.Lock()
+		stopping := w.stopping
+		w.curMode = "exited"
+		w.mu.Unlock()
+		if !stopping {
+			exited <- w
+		}
+	}()
+	return w, nil
+}
+
+// stop asks the worker to exit (stdin EOF, then SIGTERM) and kills it if it
+// does not within demoStopTimeout.
+func (w *demoWorker) stop() error {
+	w.mu.Lock()
+	w.stopping = true
+	w.mu.Unlock()
+	w.stdin.Close()
+	select {
+	case <-w.done:
+		return nil // a worker that exits on EOF exits 0; its status is not ours to judge here
+	case <-time.After(demoStopTimeout / 2):
+	}
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-w.done:
+		return nil
+	case <-time.After(demoStopTimeout / 2):
+	}
+	w.cmd.Process.Kill()
+	<-w.done
+	return fmt.Errorf("worker %d (pid %d) did not exit; killed", w.id, w.cmd.Process.Pid)
+}
+
+// demoNotifier sends rate NOTIFYs per second on its own connection.
+type demoNotifier struct {
+	sent   atomic.Int64 // NOTIFYs committed
+	cancel context.CancelFunc
+	done   chan struct{}
+	failed chan error // one error, if the notifier stopped on its own
+}
+
+func startNotifier(ctx context.Context, url, channel string, rate int) (*demoNotifier, error) {
+	conn, err := connectAs(ctx, url, "listenhub-demo-notifier")
+	if err != nil {
+		return nil, err
+	}
+	nctx, cancel := context.WithCancel(context.Background())
+	n := &demoNotifier{cancel: cancel, done: make(chan struct{}), failed: make(chan error, 1)}
+	go func() {
+		defer close(n.done)
+		defer func() {
+			cctx, c := context.WithTimeout(context.Background(), demoStopTimeout)
+			conn.Close(cctx)
+			c()
+		}()
+		start := time.Now()
+		var sent int64
+		tick := time.NewTicker(demoTick)
+		defer tick.Stop()
+		for {
+			select {
+			case <-nctx.Done():
+				return
+			case <-tick.C:
+			}
+			owed := int64(time.Since(start).Seconds()*float64(rate)) - sent
+			if owed <= 0 {
+				continue
+			}
+			owed = min(owed, demoMaxBatch)
+			// Distinct payloads: Postgres folds identical NOTIFYs of one
+			// transaction into one.
+			_, err := conn.Exec(nctx, `SELECT pg_notify($1, ($2::bigint + g)::text || ' ' || $3::text)
+				FROM generate_series(0, $4::int - 1) AS g`,
+				channel, sent, strconv.FormatInt(time.Now().UnixNano(), 10), owed)
+			if err != nil {
+				if nctx.Err() == nil {
+					n.failed <- err
+				}
+				return
+			}
+			sent += owed
+			n.sent.Store(sent)
+		}
+	}()
+	return n, nil
+}
+
+func (n *demoNotifier) stop() error {
+	n.cancel()
+	<-n.done
+	return nil
+}
+
+// runDemoWorker is the hidden `listenhub demo-worker`: one worker process
+// of the demo. It subscribes through a client.Failover (hub first, its own
+// LISTEN if the hub fails) and reports to the demo on stdout. It exits when
+// its stdin closes (the demo is done, or dead) or on SIGTERM; it ignores
+// SIGINT, so that a Ctrl-C reaches the demo, which stops the workers in
+// order.
+func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	signal.Ignore(os.Interrupt)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
+	defer stop()
+
+	fs := newFlagSet("demo-worker")
+	socket := fs.String("socket", "", "hub socket")
+	databaseURL := fs.String("database-url", "", "Postgres for the fallback listener")
+	channel := fs.String("channel", "", "subscription name")
+	appName := fs.String("application-name", client.DefaultLocalApplicationName, "application_name of the fallback listener")
+	if err := fs.Parse(args); err != nil {
+		return flagError(stderr, "demo-worker", err)
+	}
+	if *socket == "" || *channel == "" {
+		return flagError(stderr, "demo-worker", errors.New("--socket and --channel are required"))
+	}
+
+	var (
+		mu  sync.Mutex
+		out = bufio.NewWriter(stdout)
+		lat []int64
+	)
+	emit := func(line string) {
+		mu.Lock()
+		defer mu.Unlock()
+		out.WriteString(line)
+		out.WriteByte('\n')
+		out.Flush()
+	}
+	onWake := func(w client.Wake) {
+		now := time.Now().UnixNano()
+		_, ts, ok := strings.Cut(w.Payload, " ")
+		if !ok {
+			return // a durable wake after a failover: nothing to time
+		}
+		sent, err := strconv.ParseInt(ts, 10, 64)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		lat = append(lat, now-sent)
+		mu.Unlock()
+	}
+	f, err := client.NewFailover(ctx, client.FailoverOptions{
+		SocketPath:      *socket,
+		DatabaseURL:     *databaseURL,
+		ApplicationName: *appName,
+		OnWake:          onWake,
+		OnFailover:      func(error) { emit("mode local") },
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "listenhub demo-worker: %s\n", oneLine(err))
+		return 1
+	}
+	defer f.Close()
+	if err := f.Subscribe(ctx, *channel); err != nil {
+		fmt.Fprintf(stderr, "listenhub demo-worker: subscribe %q: %s\n", *channel, oneLine(err))
+		return 1
+	}
+	emit("ready " + f.Mode().String())
+
+	eof := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		close(eof)
+	}()
+	tick := time.NewTicker(workerReportInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+		case <-eof:
+			return 0
+		case <-ctx.Done():
+			return 0
+		case <-f.Done():
+			fmt.Fprintf(stderr, "listenhub demo-worker: %s\n", oneLine(f.Err()))
+			return 1
+		}
+		mu.Lock()
+		if len(lat) > 0 {
+			var b strings.Builder
+			b.WriteString("l")
+			for _, v := range lat {
+				b.WriteByte(' ')
+				b.WriteString(strconv.FormatInt(v, 10))
+			}
+			lat = lat[:0]
+			b.WriteByte('\n')
+			out.WriteString(b.String())
+			out.Flush()
+		}
+		mu.Unlock()
+	}
+}

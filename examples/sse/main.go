@@ -1,0 +1,286 @@
+// Command sse is a small web server that streams listenhub wakes to browsers
+// as Server-Sent Events: the shape of a real deployment, where every process
+// of a preforking web server holds many browser streams and all of them
+// share one hub connection.
+//
+// Each process embeds one client.Failover (the hub while it is there, its
+// own Postgres LISTEN after the hub fails) and one client.Mux in front of
+// it, so that a thousand browsers watching the same channel cost the
+// process one subscription and the host one Postgres backend.
+//
+//	go run ./examples/sse --socket /run/listenhub/listenhub.sock \
+//	    --database-url postgres://app@db/app --addr 127.0.0.1:8080
+//
+// then open http://127.0.0.1:8080/?q=chat and run, in psql,
+// NOTIFY chat, 'hello'.
+package main
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/listenhub/listenhub/client"
+)
+
+//go:embed index.html
+var indexHTML []byte
+
+const (
+	// heartbeatInterval is how often an idle stream gets an SSE comment,
+	// so that proxies with an idle timeout (commonly 60 s) keep it open
+	// and a vanished browser is noticed by a failing write.
+	heartbeatInterval = 15 * time.Second
+	// writeTimeout bounds one event write. A browser that stops reading
+	// fails it, which ends its stream instead of pinning the handler.
+	writeTimeout = 10 * time.Second
+	// retryMillis is the reconnect delay the page's EventSource uses after
+	// the stream ends (server restart, slow subscriber).
+	retryMillis = 2000
+)
+
+// config is the command line.
+type config struct {
+	Socket        string
+	DatabaseURL   string
+	Addr          string
+	ChannelPrefix string
+	ChannelSuffix string
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// run is main without the process: it serves until ctx ends and returns the
+// exit code. It prints one line to stdout once it is serving.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sse", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg config
+	fs.StringVar(&cfg.Socket, "socket", envOr("LISTENHUB_SOCKET", "/run/listenhub/listenhub.sock"),
+		"the hub's Unix socket (env LISTENHUB_SOCKET)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", "",
+		"Postgres for the fallback LISTEN when the hub is unreachable; empty: LISTENHUB_DATABASE_URL, DATABASE_URL, then PG* variables")
+	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:8080", "HTTP listen address")
+	fs.StringVar(&cfg.ChannelPrefix, "channel-prefix", os.Getenv("LISTENHUB_CHANNEL_PREFIX"),
+		"the hub's --channel-prefix, used by the fallback listener (env LISTENHUB_CHANNEL_PREFIX)")
+	fs.StringVar(&cfg.ChannelSuffix, "channel-suffix", os.Getenv("LISTENHUB_CHANNEL_SUFFIX"),
+		"the hub's --channel-suffix, used by the fallback listener (env LISTENHUB_CHANNEL_SUFFIX)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sse: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	a, err := newApp(ctx, cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "sse: %v\n", err)
+		return 1
+	}
+	defer a.Close()
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sse: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "sse: serving http://%s/?q=chat (wakes via %s)\n", ln.Addr(), a.l.Mode())
+	if err := a.serve(ctx, ln); err != nil {
+		fmt.Fprintf(stderr, "sse: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// app is the server: one Failover listener and one Mux for the process.
+type app struct {
+	l   *client.Failover
+	mux *client.Mux
+	log *slog.Logger
+}
+
+func newApp(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
+	mux := client.NewMux(client.MuxOptions{Logger: log})
+	l, err := client.NewFailover(ctx, client.FailoverOptions{
+		SocketPath:      cfg.Socket,
+		DatabaseURL:     cfg.DatabaseURL,
+		ApplicationName: "listenhub-sse-local",
+		ChannelPrefix:   cfg.ChannelPrefix,
+		ChannelSuffix:   cfg.ChannelSuffix,
+		OnWake:          mux.HandleWake,
+		OnFailover: func(reason error) {
+			log.Warn("hub lost, listening on our own Postgres connection", "reason", reason)
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	mux.Bind(l)
+	return &app{l: l, mux: mux, log: log}, nil
+}
+
+// Close ends every stream and the listener.
+func (a *app) Close() error {
+	a.mux.Close()
+	return a.l.Close()
+}
+
+func (a *app) handler() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.Write(indexHTML)
+	})
+	m.HandleFunc("GET /events", a.events)
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if !a.l.Healthy() {
+			http.Error(w, "unhealthy ("+a.l.Mode().String()+")", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, "ok (%s)\n", a.l.Mode())
+	})
+	return m
+}
+
+// serve serves on ln until ctx ends, then ends the streams (the browsers
+// reconnect to whichever process is up) and shuts the server down.
+func (a *app) serve(ctx context.Context, ln net.Listener) error {
+	streams, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := &http.Server{
+		Handler:           a.handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		// Every request context ends with streams, so that Shutdown does
+		// not wait for SSE handlers, which never finish on their own.
+		BaseContext: func(net.Listener) context.Context { return streams },
+		ErrorLog:    slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	cancel()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// event is the data of one SSE "wake" event.
+type event struct {
+	Q       string `json:"q"`
+	P       string `json:"p,omitempty"`
+	Durable bool   `json:"durable"`
+}
+
+// events streams the wakes of ?q= as Server-Sent Events:
+//
+//	event: ready   data: {"q":"chat","mode":"hub"}   once subscribed (acked)
+//	event: wake    data: {"q":"chat","p":"hello","durable":false}
+//	: heartbeat                                       every 15 s when idle
+//
+// The data is JSON, one line, so a payload with newlines survives the SSE
+// line format. "ready" is sent only after the subscription is acked: a
+// NOTIFY committed after the page saw it is guaranteed to reach the page.
+func (a *app) events(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query().Get("q")
+	if q == "" {
+		http.Error(w, "missing ?q=channel", http.StatusBadRequest)
+		return
+	}
+	ctx := r.Context()
+	sub, err := a.mux.Subscribe(ctx, q)
+	if err != nil {
+		code := http.StatusServiceUnavailable
+		if errors.Is(err, client.ErrInvalidName) {
+			code = http.StatusBadRequest
+		}
+		if ctx.Err() == nil {
+			a.log.Warn("subscribe failed", "q", q, "reason", err)
+		}
+		http.Error(w, err.Error(), code)
+		return
+	}
+	defer sub.Close()
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	send := func(format string, args ...any) bool {
+		rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if _, err := fmt.Fprintf(w, format, args...); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	ready, _ := json.Marshal(map[string]string{"q": q, "mode": a.l.Mode().String()})
+	if !send("retry: %d\nevent: ready\ndata: %s\n\n", retryMillis, ready) {
+		return
+	}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, heartbeatInterval)
+		wake, err := sub.Next(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			data, _ := json.Marshal(event{Q: wake.Q, P: wake.Payload, Durable: wake.Durable})
+			if !send("event: wake\ndata: %s\n\n", data) {
+				return
+			}
+		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			if !send(": heartbeat\n\n") {
+				return
+			}
+		case ctx.Err() != nil:
+			return // the browser left, or the server is shutting down
+		default:
+			// The subscription was closed under us (this browser fell
+			// behind, or the listener died): end the stream and let the
+			// page reconnect, telling it that it may have missed some.
+			a.log.Warn("stream closed", "q", q, "reason", err)
+			msg, _ := json.Marshal(err.Error())
+			send("event: gone\ndata: %s\n\n", msg)
+			return
+		}
+	}
+}

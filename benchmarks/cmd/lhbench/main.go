@@ -1,0 +1,76 @@
+// Command lhbench is listenhub's macro benchmark harness.
+//
+//	cd benchmarks && go run ./cmd/lhbench [--quick] [--json out.json]
+//
+// It starts a throwaway PostgreSQL, builds ../cmd/listenhub, starts each
+// system under test (the hub, the goroutine-per-connection baseline, the
+// gnet baseline, and direct per-worker LISTEN) and runs every scenario
+// against all of them in the same run: census, paced latency, saturation,
+// churn, idle memory and a wedged worker. It prints tables and, with
+// --json, writes every figure to a file. See docs/performance.md.
+//
+// The same binary is re-executed for its helper processes:
+//
+//	lhbench worker  --mode socket|direct ...   a subscriber (see worker.go)
+//	lhbench churn   --socket PATH ...          connect/subscribe/close cycles
+//	lhbench gohub   --database-url URL --socket PATH   the goroutine-per-connection baseline
+//	lhbench gnethub --database-url URL --socket PATH   the gnet v2 baseline
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/listenhub/listenhub/benchmarks/gnethub"
+	"github.com/listenhub/listenhub/benchmarks/gohub"
+)
+
+func main() {
+	args := os.Args[1:]
+	sub := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub, args = args[0], args[1:]
+	}
+	var err error
+	switch sub {
+	case "run":
+		err = runMain(args)
+	case "worker":
+		err = workerMain(args)
+	case "churn":
+		err = churnMain(args)
+	case "gohub", "gnethub":
+		err = serverMain(sub, args)
+	default:
+		fmt.Fprintf(os.Stderr, "lhbench: unknown command %q (run, worker, churn, gohub, gnethub)\n", sub)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lhbench "+sub+":", err)
+		os.Exit(1)
+	}
+}
+
+// serverMain runs a baseline hub until SIGTERM or SIGINT.
+func serverMain(which string, args []string) error {
+	fs := flag.NewFlagSet(which, flag.ExitOnError)
+	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "database URL")
+	socket := fs.String("socket", "", "Unix socket path")
+	fs.Parse(args)
+	if *socket == "" {
+		return fmt.Errorf("--socket is required")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if which == "gohub" {
+		return gohub.Run(ctx, gohub.Config{SocketPath: *socket, DatabaseURL: *url, Logger: log})
+	}
+	return gnethub.Run(ctx, gnethub.Config{SocketPath: *socket, DatabaseURL: *url, Logger: log})
+}

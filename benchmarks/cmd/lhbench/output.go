@@ -1,0 +1,354 @@
+package main
+
+// Tables and the target verdicts.
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// Target is one target of issue 6 with its verdict.
+type Target struct {
+	Name   string `json:"name"`
+	Met    string `json:"met"` // "met", "NOT MET", "not measured"
+	Figure string `json:"figure"`
+}
+
+func mb(b int64) string { return fmt.Sprintf("%.1f", float64(b)/1e6) }
+
+func us(v float64) string {
+	switch {
+	case v == 0:
+		return "-"
+	case v >= 10000:
+		return fmt.Sprintf("%.1fms", v/1000)
+	case v >= 1000:
+		return fmt.Sprintf("%.2fms", v/1000)
+	}
+	return fmt.Sprintf("%.0fµs", v)
+}
+
+func si(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e4:
+		return fmt.Sprintf("%.0fk", v/1e3)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func errCol(e string) string {
+	if e == "" {
+		return ""
+	}
+	if len(e) > 70 {
+		e = e[:70] + "…"
+	}
+	return "ERROR: " + e
+}
+
+func printAll(w io.Writer, r *Results) {
+	fmt.Fprintf(w, "\nlhbench %s — %s\n", map[bool]string{true: "--quick", false: "full"}[r.Params.Quick], r.Machine)
+	fmt.Fprintf(w, "elapsed %s, load at end %s\n", r.Elapsed, r.Machine.LoadEnd)
+	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
+	flush := func() { tw.Flush(); fmt.Fprintln(w) }
+
+	if len(r.Census) > 0 {
+		fmt.Fprintln(w, "\n## Census: Postgres backends used for N subscribed workers")
+		fmt.Fprintln(tw, "system\tN\tlayout\tbackends\t")
+		for _, c := range r.Census {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", c.System, c.N, c.Layout, c.Backends, errCol(c.Err))
+		}
+		flush()
+	}
+	if len(r.Paced) > 0 {
+		fmt.Fprintln(w, "## Paced latency: one NOTIFY every 10 ms, NOTIFY→receipt in the worker")
+		fmt.Fprintln(tw, "system\tN\tlayout\tsamples\tp50\tp95\tp99\tmax\tlost\tevicted\t")
+		for _, p := range r.Paced {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", p.System, p.N, p.Layout, p.Lat.Count,
+				us(p.Lat.P50), us(p.Lat.P95), us(p.Lat.P99), us(p.Lat.Max), p.Lost, p.Evicted, errCol(p.Err))
+		}
+		flush()
+	}
+	if len(r.Saturation) > 0 {
+		fmt.Fprintf(w, "## Saturation: back-to-back notifier for %v; then the highest paced rate with 0 evictions, 0 loss, p99 < 10 ms\n", r.Params.FloodDur)
+		fmt.Fprintln(tw, "system\tN\tlayout\tNOTIFY/s\tdeliveries/s\tlost(live)\tlost(evicted)\tevicted\tp50\tp99\tsustained/s\tsust. deliveries/s\tsust. p99\t")
+		for _, s := range r.Saturation {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.System, s.N, s.Layout,
+				si(s.NotifyPerSec), si(s.DeliveriesPerS), s.LostLive, s.LostEvicted, s.Evicted, us(s.Lat.P50), us(s.Lat.P99),
+				si(s.SustainedRate), si(s.SustainedDeliv), us(s.SustainedLat.P99), errCol(s.Err))
+		}
+		flush()
+	}
+	if len(r.Churn) > 0 {
+		fmt.Fprintln(w, "## Churn: connect/subscribe/close cycles while a steady worker gets a NOTIFY every 10 ms")
+		fmt.Fprintln(tw, "system\tcycles\tprocs\tcycles/s\terrors\tfds before\tafter\tRSS MB before\tafter\tsteady p99 idle\tduring\tratio\t")
+		for _, c := range r.Churn {
+			ratio := 0.0
+			if c.Idle.P99 > 0 {
+				ratio = c.During.P99 / c.Idle.P99
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%.2f×\t%s\n", c.System, c.Cycles, c.Procs, si(c.CyclesPerS), c.Errors,
+				c.FDBefore, c.FDAfter, mb(c.RSSBefore), mb(c.RSSAfter), us(c.Idle.P99), us(c.During.P99), ratio, errCol(c.Err))
+		}
+		flush()
+	}
+	if len(r.Idle) > 0 {
+		fmt.Fprintln(w, "## Idle memory: server RSS with N idle subscribed workers (one process holds the N sockets)")
+		fmt.Fprintln(tw, "system\tN\tRSS MB base\twith N\tbytes/worker\tfds\t")
+		for _, i := range r.Idle {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.0f\t%d\t%s\n", i.System, i.N, mb(i.RSSBase), mb(i.RSSIdle), i.PerWorker, i.FDs, errCol(i.Err))
+		}
+		flush()
+	}
+	if len(r.Wedged) > 0 {
+		fmt.Fprintf(w, "## Wedged worker: 1 of %d worker processes SIGSTOPped, %.0f ephemeral NOTIFY/s of %d B\n", r.Params.WedgedN, r.Params.WedgedRate, r.Params.WedgedPad+30)
+		fmt.Fprintln(tw, "system\tsiblings p50 without\tp99 without\tp50 with\tp99 with\tratio\tsiblings lost\twedged evicted\t")
+		for _, x := range r.Wedged {
+			ratio := 0.0
+			if x.Without.P99 > 0 {
+				ratio = x.With.P99 / x.Without.P99
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f×\t%d\t%v\t%s\n", x.System, us(x.Without.P50), us(x.Without.P99), us(x.With.P50), us(x.With.P99),
+				ratio, x.SiblingsLost, x.WedgedEvicted, errCol(x.Err))
+		}
+		flush()
+	}
+	if len(r.Targets) > 0 {
+		fmt.Fprintln(w, "## Targets (issue 6)")
+		tw2 := tabwriter.NewWriter(w, 2, 0, 2, ' ', 0)
+		for _, t := range r.Targets {
+			fmt.Fprintf(tw2, "%s\t%s\t%s\n", t.Met, t.Name, t.Figure)
+		}
+		tw2.Flush()
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+}
+
+// ---- verdicts
+
+type finder struct{ r *Results }
+
+func (f finder) paced(sys string, n int, oneProc bool) *LatencyRow {
+	for i := range f.r.Paced {
+		p := &f.r.Paced[i]
+		if p.System == sys && p.N == n && (p.Layout.Procs == 1 && n > 1) == oneProc && p.Err == "" && p.Lat.Count > 0 {
+			return p
+		}
+	}
+	return nil
+}
+
+func (f finder) sat(sys string, n int, oneProc bool) *SatRow {
+	for i := range f.r.Saturation {
+		s := &f.r.Saturation[i]
+		if s.System == sys && s.N == n && (s.Layout.Procs == 1 && n > 1) == oneProc && s.Err == "" {
+			return s
+		}
+	}
+	return nil
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT MET"
+}
+
+func evaluate(r *Results, _ func(string) *system) []Target {
+	f := finder{r}
+	var ts []Target
+	add := func(name string, measured bool, ok bool, figure string) {
+		t := Target{Name: name, Figure: figure, Met: verdict(ok)}
+		if !measured {
+			t.Met = "not measured"
+		}
+		ts = append(ts, t)
+	}
+
+	// census
+	{
+		var parts []string
+		ok, any := true, false
+		for _, c := range r.Census {
+			if c.System != "hub" {
+				continue
+			}
+			if c.Err != "" {
+				parts = append(parts, fmt.Sprintf("N=%d error", c.N))
+				ok = false
+				continue
+			}
+			any = true
+			parts = append(parts, fmt.Sprintf("N=%d: %d", c.N, c.Backends))
+			ok = ok && c.Backends == 1
+		}
+		for _, c := range r.Census {
+			if c.System == "direct" && c.Err == "" {
+				parts = append(parts, fmt.Sprintf("(direct N=%d: %d)", c.N, c.Backends))
+			}
+		}
+		add("census: hub uses 1 backend for any N", any, ok, strings.Join(parts, ", "))
+	}
+	// paced N=256
+	if h, d := f.paced("hub", 256, false), f.paced("direct", 256, false); h != nil && d != nil {
+		add("paced N=256 procs: hub p99 ≤ 1/3 of direct's", true, h.Lat.P99*3 <= d.Lat.P99,
+			fmt.Sprintf("hub p99 %s, direct p99 %s (%.2f× direct)", us(h.Lat.P99), us(d.Lat.P99), h.Lat.P99/d.Lat.P99))
+	} else {
+		add("paced N=256 procs: hub p99 ≤ 1/3 of direct's", false, false, "")
+	}
+	if h := f.paced("hub", 256, true); h != nil {
+		add("paced N=256 in one process: hub p99 ≤ 1 ms", true, h.Lat.P99 <= 1000, fmt.Sprintf("hub p99 %s (p50 %s)", us(h.Lat.P99), us(h.Lat.P50)))
+	} else {
+		add("paced N=256 in one process: hub p99 ≤ 1 ms", false, false, "")
+	}
+	if h, d := f.paced("hub", 1, false), f.paced("direct", 1, false); h != nil && d != nil {
+		add("paced N=1: hub p50 ≤ direct p50 + 50 µs", true, h.Lat.P50 <= d.Lat.P50+50,
+			fmt.Sprintf("hub p50 %s, direct p50 %s (+%.0fµs)", us(h.Lat.P50), us(d.Lat.P50), h.Lat.P50-d.Lat.P50))
+	} else {
+		add("paced N=1: hub p50 ≤ direct p50 + 50 µs", false, false, "")
+	}
+	// vs gohub
+	for _, one := range []bool{false, true} {
+		lbl := "procs"
+		if one {
+			lbl = "one process"
+		}
+		hs, gs := f.sat("hub", 256, one), f.sat("gohub", 256, one)
+		hp, gp := f.paced("hub", 256, one), f.paced("gohub", 256, one)
+		if hs != nil && gs != nil && hp != nil && gp != nil && gs.DeliveriesPerS > 0 {
+			ratio := hs.DeliveriesPerS / gs.DeliveriesPerS
+			add(fmt.Sprintf("vs gohub at N=256 (%s): ≥ 1.5× deliveries/s and lower p99", lbl), true, ratio >= 1.5 && hp.Lat.P99 < gp.Lat.P99,
+				fmt.Sprintf("flood deliveries/s hub %s vs gohub %s (%.2f×); sustained %s vs %s; paced p99 %s vs %s",
+					si(hs.DeliveriesPerS), si(gs.DeliveriesPerS), ratio, si(hs.SustainedDeliv), si(gs.SustainedDeliv), us(hp.Lat.P99), us(gp.Lat.P99)))
+		} else {
+			add(fmt.Sprintf("vs gohub at N=256 (%s): ≥ 1.5× deliveries/s and lower p99", lbl), false, false, "")
+		}
+	}
+	// saturation
+	for _, one := range []bool{false, true} {
+		lbl := "procs"
+		if one {
+			lbl = "one process"
+		}
+		h, d := f.sat("hub", 256, one), f.sat("direct", 256, one)
+		name := fmt.Sprintf("saturation N=256 (%s): ≥ 10,000 NOTIFY/s, ≥ 35× direct, no ephemeral loss", lbl)
+		if h != nil && d != nil && d.NotifyPerSec > 0 {
+			ratio := h.NotifyPerSec / d.NotifyPerSec
+			lost := h.LostLive + h.LostEvicted
+			add(name, true, h.NotifyPerSec >= 10000 && ratio >= 35 && lost == 0,
+				fmt.Sprintf("hub %s NOTIFY/s vs direct %s (%.0f×); lost %d on live conns, %d on %d evicted",
+					si(h.NotifyPerSec), si(d.NotifyPerSec), ratio, h.LostLive, h.LostEvicted, h.Evicted))
+		} else {
+			add(name, false, false, "")
+		}
+	}
+	if h := f.sat("hub", 64, false); h != nil && h.SustainedTested {
+		add("sustained deliveries with 0 evictions ≥ 1,000,000/s at N=64", true, h.SustainedDeliv >= 1e6,
+			fmt.Sprintf("%s deliveries/s (%s NOTIFY/s × 64, p99 %s; limit: %s)", si(h.SustainedDeliv), si(h.SustainedRate), us(h.SustainedLat.P99), h.SustainedLimit))
+	} else {
+		add("sustained deliveries with 0 evictions ≥ 1,000,000/s at N=64", false, false, "")
+	}
+	// idle
+	{
+		var parts []string
+		ok, any := true, false
+		for _, i := range r.Idle {
+			if i.System != "hub" || i.Err != "" {
+				continue
+			}
+			any = true
+			g := 0.0
+			for _, j := range r.Idle {
+				if j.System == "gohub" && j.N == i.N && j.Err == "" {
+					g = j.PerWorker
+				}
+			}
+			part := fmt.Sprintf("N=%d: %.0f B", i.N, i.PerWorker)
+			if g > 0 {
+				part += fmt.Sprintf(" vs gohub %.0f B (1/%.1f)", g, g/max(i.PerWorker, 1))
+				ok = ok && i.PerWorker*8 <= g
+			}
+			ok = ok && i.PerWorker <= 512
+			parts = append(parts, part)
+		}
+		add("idle memory ≤ 512 B/worker and ≤ 1/8 of gohub", any, ok, strings.Join(parts, "; "))
+	}
+	// churn
+	for _, c := range r.Churn {
+		if c.System != "hub" || c.Err != "" {
+			continue
+		}
+		add("churn: fd count back to start", true, c.FDAfter == c.FDBefore, fmt.Sprintf("%d → %d after %d cycles", c.FDBefore, c.FDAfter, c.Cycles))
+		add("churn: RSS growth < 5 MB", true, c.RSSAfter-c.RSSBefore < 5e6, fmt.Sprintf("%s → %s MB (%+.2f MB)", mb(c.RSSBefore), mb(c.RSSAfter), float64(c.RSSAfter-c.RSSBefore)/1e6))
+		add("churn: steady p99 during churn ≤ 1.5× idle", true, c.During.P99 <= 1.5*c.Idle.P99,
+			fmt.Sprintf("idle %s, during %s (%.2f×)", us(c.Idle.P99), us(c.During.P99), c.During.P99/max(c.Idle.P99, 1)))
+	}
+	// gohub loses on every row
+	{
+		var wins []string
+		cmp := 0
+		for _, h := range r.Paced {
+			if h.System != "hub" || h.Err != "" {
+				continue
+			}
+			if g := f.paced("gohub", h.N, h.Layout.Procs == 1 && h.N > 1); g != nil {
+				cmp++
+				if g.Lat.P99 < h.Lat.P99 {
+					wins = append(wins, fmt.Sprintf("paced N=%d %s p99 %s < hub %s", h.N, h.Layout, us(g.Lat.P99), us(h.Lat.P99)))
+				}
+			}
+		}
+		for _, h := range r.Saturation {
+			if h.System != "hub" || h.Err != "" {
+				continue
+			}
+			if g := f.sat("gohub", h.N, h.Layout.Procs == 1); g != nil {
+				cmp++
+				if g.DeliveriesPerS > h.DeliveriesPerS {
+					wins = append(wins, fmt.Sprintf("flood N=%d %s %s deliveries/s > hub %s", h.N, h.Layout, si(g.DeliveriesPerS), si(h.DeliveriesPerS)))
+				}
+				if g.SustainedDeliv > h.SustainedDeliv {
+					wins = append(wins, fmt.Sprintf("sustained N=%d %s %s/s > hub %s", h.N, h.Layout, si(g.SustainedDeliv), si(h.SustainedDeliv)))
+				}
+			}
+		}
+		for _, h := range r.Churn {
+			for _, g := range r.Churn {
+				if h.System == "hub" && g.System == "gohub" && h.Err == "" && g.Err == "" {
+					cmp++
+					if g.During.P99 < h.During.P99 {
+						wins = append(wins, fmt.Sprintf("churn steady p99 %s < hub %s", us(g.During.P99), us(h.During.P99)))
+					}
+					if g.CyclesPerS > h.CyclesPerS {
+						wins = append(wins, fmt.Sprintf("churn %s cycles/s > hub %s", si(g.CyclesPerS), si(h.CyclesPerS)))
+					}
+				}
+			}
+		}
+		for _, h := range r.Wedged {
+			for _, g := range r.Wedged {
+				if h.System == "hub" && g.System == "gohub" && h.Err == "" && g.Err == "" {
+					cmp++
+					if g.With.P99 < h.With.P99 {
+						wins = append(wins, fmt.Sprintf("wedged siblings p99 %s < hub %s", us(g.With.P99), us(h.With.P99)))
+					}
+				}
+			}
+		}
+		fig := "gohub wins none of the compared rows"
+		if len(wins) > 0 {
+			fig = "gohub wins: " + strings.Join(wins, "; ")
+		}
+		add("the goroutine-per-connection hub loses on every row", cmp > 0, len(wins) == 0, fig)
+	}
+	return ts
+}

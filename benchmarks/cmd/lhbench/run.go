@@ -1,0 +1,296 @@
+package main
+
+// The harness: flags, setup, the scenario list, output.
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
+)
+
+// params are the sizes and durations of one suite; --quick shrinks them.
+type params struct {
+	Quick          bool          `json:"quick"`
+	PacedN         []int         `json:"paced_n"`
+	CensusN        []int         `json:"census_n"`
+	PacedDur       time.Duration `json:"paced_dur_ns"`
+	SatN           []int         `json:"saturation_n"`
+	FloodDur       time.Duration `json:"flood_dur_ns"`
+	SearchDur      time.Duration `json:"search_step_dur_ns"`
+	SearchSteps    int           `json:"search_steps"`
+	ChurnCycles    int           `json:"churn_cycles"`
+	ChurnProcs     int           `json:"churn_procs"`
+	ChurnIdleDur   time.Duration `json:"churn_idle_dur_ns"`
+	IdleN          []int         `json:"idle_n"`
+	WedgedDur      time.Duration `json:"wedged_dur_ns"`
+	WedgedRate     float64       `json:"wedged_rate"`
+	WedgedPad      int           `json:"wedged_payload_pad"`
+	WedgedN        int           `json:"wedged_n"`
+	OneProcN       int           `json:"one_proc_n"`
+	BigCensusProcs int           `json:"big_census_procs"`
+}
+
+func fullParams() params {
+	return params{
+		PacedN: []int{1, 8, 64, 256}, CensusN: []int{1000}, PacedDur: 5 * time.Second,
+		SatN: []int{64, 256}, FloodDur: 3 * time.Second, SearchDur: 1500 * time.Millisecond, SearchSteps: 6,
+		ChurnCycles: 100000, ChurnProcs: 4, ChurnIdleDur: 4 * time.Second,
+		IdleN:     []int{1000, 10000},
+		WedgedDur: 4 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
+		OneProcN: 256, BigCensusProcs: 8,
+	}
+}
+
+func quickParams() params {
+	return params{
+		Quick:  true,
+		PacedN: []int{1, 256}, CensusN: nil, PacedDur: 2 * time.Second,
+		SatN: []int{256}, FloodDur: 2 * time.Second, SearchDur: 800 * time.Millisecond, SearchSteps: 3,
+		ChurnCycles: 10000, ChurnProcs: 4, ChurnIdleDur: 2 * time.Second,
+		IdleN:     []int{1000},
+		WedgedDur: 3 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
+		OneProcN: 256, BigCensusProcs: 8,
+	}
+}
+
+type bench struct {
+	ctx     context.Context
+	p       params
+	dir     string // temp dir for sockets and logs
+	dbURL   string
+	db      *pgx.Conn // the harness's helper connection
+	nt      *notifier
+	systems []*system
+	res     *Results
+	run     atomic.Int64
+	logf    func(string, ...any)
+}
+
+func (b *bench) nextRun() int64 { return b.run.Add(1) }
+
+func (b *bench) sys(name string) *system {
+	for _, s := range b.systems {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+func runMain(args []string) error {
+	fs := flag.NewFlagSet("lhbench", flag.ExitOnError)
+	quick := fs.Bool("quick", false, "the short suite (under 2 minutes)")
+	jsonOut := fs.String("json", "", "write all results to this file")
+	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged")
+	systems := fs.String("systems", "direct,hub,gohub,gnet", "comma-separated systems")
+	hubBin := fs.String("hub-bin", "", "use this listenhub binary instead of building ../cmd/listenhub")
+	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
+	keep := fs.Bool("keep", false, "keep the temp dir (server logs)")
+	fs.Parse(args)
+
+	p := fullParams()
+	if *quick {
+		p = quickParams()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	raiseNofile()
+
+	dir, err := os.MkdirTemp("", "lhbench-")
+	if err != nil {
+		return err
+	}
+	if !*keep {
+		defer os.RemoveAll(dir)
+	} else {
+		defer fmt.Printf("logs kept in %s\n", dir)
+	}
+	start := time.Now()
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+	b := &bench{ctx: ctx, p: p, dir: dir, logf: logf}
+	b.res = &Results{Params: p, Started: start.UTC().Format(time.RFC3339)}
+
+	pgVersion := ""
+	if *dbURL == "" {
+		cl, err := pgcluster.Start(ctx, pgcluster.Options{MaxConnections: 1100, Logf: logf})
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		b.dbURL = cl.URL()
+		pgVersion = cl.Version()
+	} else {
+		b.dbURL = *dbURL
+	}
+	cfg, err := pgx.ParseConfig(b.dbURL)
+	if err != nil {
+		return err
+	}
+	cfg.RuntimeParams["application_name"] = "lhbench-harness"
+	if b.db, err = pgx.ConnectConfig(ctx, cfg); err != nil {
+		return err
+	}
+	defer b.db.Close(context.Background())
+	var serverVersion string
+	b.db.QueryRow(ctx, "show server_version").Scan(&serverVersion)
+	var maxConn int
+	b.db.QueryRow(ctx, "select setting::int from pg_settings where name='max_connections'").Scan(&maxConn)
+	if pgVersion == "" {
+		pgVersion = "PostgreSQL " + serverVersion
+	}
+	b.res.Machine = machineInfo(pgVersion, maxConn)
+	if b.nt, err = newNotifier(ctx, b.dbURL, 1); err != nil {
+		return err
+	}
+	defer b.nt.close()
+
+	self, _ := os.Executable()
+	for _, name := range strings.Split(*systems, ",") {
+		s := &system{name: name, dbURL: b.dbURL}
+		switch name {
+		case "direct":
+			s.direct, s.appName = true, directAppName
+		case "hub":
+			bin := *hubBin
+			if bin == "" {
+				logf("building ../cmd/listenhub")
+				if bin, err = buildHub(ctx, dir); err != nil {
+					logf("hub: not available, its rows are skipped: %v", err)
+					b.res.Notes = append(b.res.Notes, "hub not measured: "+err.Error())
+					continue
+				}
+			}
+			s.argv, s.appName = []string{bin, "serve"}, "listenhub"
+		case "gohub":
+			s.argv, s.appName = []string{self, "gohub"}, "lhbench-gohub"
+		case "gnet":
+			s.argv, s.appName = []string{self, "gnethub"}, "lhbench-gnet"
+		default:
+			return fmt.Errorf("unknown system %q", name)
+		}
+		b.systems = append(b.systems, s)
+	}
+	for _, s := range b.systems {
+		b.res.Systems = append(b.res.Systems, s.name)
+	}
+	logf("machine: %s", b.res.Machine)
+
+	scenarios := []struct {
+		name string
+		run  func() error
+	}{
+		{"census", b.census}, // census rows for N ≤ 256 come from the paced fleets
+		{"paced", b.paced},
+		{"saturation", b.saturation},
+		{"churn", b.churn},
+		{"idle", b.idle},
+		{"wedged", b.wedged},
+	}
+	want := map[string]bool{}
+	for _, s := range strings.Split(*only, ",") {
+		if s != "" {
+			want[s] = true
+		}
+	}
+	if want["census"] {
+		want["paced"] = true // the small-N census is taken on the paced fleets
+	}
+	for _, sc := range scenarios {
+		if len(want) > 0 && !want[sc.name] {
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		logf("== %s", sc.name)
+		if err := sc.run(); err != nil {
+			logf("%s: %v", sc.name, err)
+			b.res.Notes = append(b.res.Notes, sc.name+": "+err.Error())
+		}
+		b.res.Durations = append(b.res.Durations, scenarioTime{sc.name, time.Since(t0).Round(100 * time.Millisecond).String()})
+	}
+	b.res.Machine.LoadEnd = loadavg()
+	b.res.Elapsed = time.Since(start).Round(time.Second).String()
+	b.res.Targets = evaluate(b.res, b.sys)
+	printAll(os.Stdout, b.res)
+	if *jsonOut != "" {
+		out, _ := json.MarshalIndent(b.res, "", "  ")
+		if err := os.WriteFile(*jsonOut, append(out, '\n'), 0o644); err != nil {
+			return err
+		}
+		logf("wrote %s", *jsonOut)
+	}
+	return ctx.Err()
+}
+
+// raiseNofile lifts RLIMIT_NOFILE to its hard limit; children inherit it
+// (10,000 idle workers need 10,000 fds in the worker and in the hub).
+func raiseNofile() {
+	var r syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r) == nil && r.Cur < r.Max {
+		r.Cur = r.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &r)
+	}
+}
+
+// Machine describes where the figures were measured.
+type Machine struct {
+	CPUs           int    `json:"nproc"`
+	CPUModel       string `json:"cpu_model"`
+	Kernel         string `json:"kernel"`
+	Postgres       string `json:"postgres"`
+	MaxConnections int    `json:"max_connections"`
+	Go             string `json:"go"`
+	LoadStart      string `json:"load_start"`
+	LoadEnd        string `json:"load_end"`
+	NofileLimit    uint64 `json:"nofile_limit"`
+}
+
+func (m Machine) String() string {
+	return fmt.Sprintf("%d × %s, Linux %s, %s (max_connections %d), %s, load %s",
+		m.CPUs, m.CPUModel, m.Kernel, m.Postgres, m.MaxConnections, m.Go, m.LoadStart)
+}
+
+func machineInfo(pg string, maxConn int) Machine {
+	m := Machine{CPUs: runtime.NumCPU(), Postgres: pg, MaxConnections: maxConn, Go: runtime.Version(), LoadStart: loadavg()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				m.CPUModel = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		m.Kernel = strings.TrimSpace(string(out))
+	}
+	var r syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r) == nil {
+		m.NofileLimit = r.Cur
+	}
+	return m
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return ""
+}

@@ -1,0 +1,624 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/listenhub/listenhub/benchmarks/internal/hist"
+)
+
+// Results is everything one run measured; it is the --json output.
+type Results struct {
+	Started    string         `json:"started"`
+	Elapsed    string         `json:"elapsed"`
+	Machine    Machine        `json:"machine"`
+	Params     params         `json:"params"`
+	Systems    []string       `json:"systems"`
+	Census     []CensusRow    `json:"census"`
+	Paced      []LatencyRow   `json:"paced"`
+	Saturation []SatRow       `json:"saturation"`
+	Churn      []ChurnRow     `json:"churn"`
+	Idle       []IdleRow      `json:"idle"`
+	Wedged     []WedgedRow    `json:"wedged"`
+	Targets    []Target       `json:"targets"`
+	Notes      []string       `json:"notes,omitempty"`
+	Durations  []scenarioTime `json:"durations"`
+}
+
+type scenarioTime struct {
+	Scenario string `json:"scenario"`
+	Took     string `json:"took"`
+}
+
+type CensusRow struct {
+	System   string `json:"system"`
+	N        int    `json:"n"`
+	Layout   layout `json:"layout"`
+	Backends int    `json:"backends"`
+	Err      string `json:"error,omitempty"`
+}
+
+type LatencyRow struct {
+	System  string       `json:"system"`
+	N       int          `json:"n"`
+	Layout  layout       `json:"layout"`
+	Rate    float64      `json:"rate_per_s"`
+	Sent    int          `json:"sent"`
+	Recv    uint64       `json:"recv"`
+	Lost    uint64       `json:"lost_live"`
+	Evicted int          `json:"evicted"`
+	Lat     hist.Summary `json:"latency"`
+	Err     string       `json:"error,omitempty"`
+}
+
+type SatRow struct {
+	System          string       `json:"system"`
+	N               int          `json:"n"`
+	Layout          layout       `json:"layout"`
+	NotifyPerSec    float64      `json:"notify_per_s"`
+	DeliveriesPerS  float64      `json:"deliveries_per_s"`
+	Sent            int          `json:"sent"`
+	Recv            uint64       `json:"recv"`
+	LostLive        uint64       `json:"lost_live"`
+	LostEvicted     uint64       `json:"lost_evicted"`
+	Evicted         int          `json:"evicted"`
+	Lat             hist.Summary `json:"latency"`
+	SustainedRate   float64      `json:"sustained_rate_per_s"`
+	SustainedDeliv  float64      `json:"sustained_deliveries_per_s"`
+	SustainedLat    hist.Summary `json:"sustained_latency"`
+	SustainedLimit  string       `json:"sustained_limited_by"`
+	SearchSteps     []SearchStep `json:"search_steps"`
+	Err             string       `json:"error,omitempty"`
+	NotifyErrors    int          `json:"notify_errors"`
+	SustainedTested bool         `json:"sustained_tested"`
+}
+
+type SearchStep struct {
+	Rate     float64 `json:"rate"`
+	Achieved float64 `json:"achieved"`
+	P99      float64 `json:"p99_us"`
+	Evicted  int     `json:"evicted"`
+	Lost     uint64  `json:"lost"`
+	Pass     bool    `json:"pass"`
+	Why      string  `json:"why,omitempty"`
+}
+
+type ChurnRow struct {
+	System     string       `json:"system"`
+	Cycles     int          `json:"cycles"`
+	Procs      int          `json:"procs"`
+	Seconds    float64      `json:"seconds"`
+	CyclesPerS float64      `json:"cycles_per_s"`
+	Errors     int          `json:"errors"`
+	FirstError string       `json:"first_error,omitempty"`
+	FDBefore   int          `json:"fd_before"`
+	FDAfter    int          `json:"fd_after"`
+	RSSBefore  int64        `json:"rss_before"`
+	RSSAfter   int64        `json:"rss_after"`
+	Idle       hist.Summary `json:"steady_idle"`
+	During     hist.Summary `json:"steady_during"`
+	SteadyLost uint64       `json:"steady_lost"`
+	Err        string       `json:"error,omitempty"`
+}
+
+type IdleRow struct {
+	System    string  `json:"system"`
+	N         int     `json:"n"`
+	RSSBase   int64   `json:"rss_base"`
+	RSSIdle   int64   `json:"rss_idle"`
+	PerWorker float64 `json:"bytes_per_worker"`
+	FDs       int     `json:"fds"`
+	Err       string  `json:"error,omitempty"`
+}
+
+type WedgedRow struct {
+	System        string       `json:"system"`
+	N             int          `json:"n"`
+	Rate          float64      `json:"rate_per_s"`
+	PayloadBytes  int          `json:"payload_bytes"`
+	Without       hist.Summary `json:"siblings_without"`
+	With          hist.Summary `json:"siblings_with"`
+	SiblingsLost  uint64       `json:"siblings_lost"`
+	SiblingsEvict int          `json:"siblings_evicted"`
+	WedgedEvicted bool         `json:"wedged_evicted"`
+	WedgedRecv    uint64       `json:"wedged_recv"`
+	Err           string       `json:"error,omitempty"`
+}
+
+// ---- helpers
+
+// withServer starts sys, runs f, stops sys.
+func (b *bench) withServer(sys *system, f func() error) error {
+	if err := sys.start(b.dir); err != nil {
+		return err
+	}
+	defer sys.stop()
+	return f()
+}
+
+// otherBackends counts client backends that are not the harness's own.
+func (b *bench) otherBackends() (int, error) {
+	var n int
+	err := b.db.QueryRow(b.ctx, `select count(*) from pg_stat_activity
+		where backend_type = 'client backend' and pid <> pg_backend_pid()
+		and coalesce(application_name, '') not in ('lhbench-harness', 'lhbench-notifier')`).Scan(&n)
+	return n, err
+}
+
+// waitBackends waits until at most n foreign backends are left (the last
+// system's backends exit asynchronously after their clients close).
+func (b *bench) waitBackends(n int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := b.otherBackends(); err != nil || c <= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// pacedRun runs one paced measurement on f and merges the reports.
+func (b *bench) pacedRun(f *fleet, channel string, rate float64, dur time.Duration, pad int) (sendResult, []report, error) {
+	id := b.nextRun()
+	if err := f.begin(id); err != nil {
+		return sendResult{}, nil, err
+	}
+	conns := int(math.Ceil(rate / 2500))
+	sr, err := b.nt.paced(b.ctx, channel, id, rate, dur, min(max(conns, 1), 6), pad)
+	if err != nil {
+		return sr, nil, err
+	}
+	reps, err := f.reports(sr.Sent, 5*time.Second)
+	return sr, reps, err
+}
+
+func latencyRow(sys *system, n int, l layout, rate float64, sr sendResult, m merged) LatencyRow {
+	return LatencyRow{System: sys.name, N: n, Layout: l, Rate: rate, Sent: sr.Sent, Recv: m.Recv, Lost: m.LostLive, Evicted: m.EOF, Lat: m.h.Summarize()}
+}
+
+// ---- census and paced latency
+
+func (b *bench) census() error {
+	for _, n := range b.p.CensusN {
+		l := layout{Procs: b.p.BigCensusProcs, ConnsPerProc: n / b.p.BigCensusProcs}
+		for _, sys := range b.systems {
+			row := CensusRow{System: sys.name, N: l.total(), Layout: l}
+			b.waitBackends(0)
+			err := b.withServer(sys, func() error {
+				f, err := startFleet(sys, "census", l, 120*time.Second)
+				if err != nil {
+					return err
+				}
+				defer f.stop()
+				row.Backends, err = b.otherBackends()
+				return err
+			})
+			if err != nil {
+				row.Err = err.Error()
+			}
+			b.logf("census %s N=%d (%s): %d backends %s", sys.name, row.N, l, row.Backends, row.Err)
+			b.res.Census = append(b.res.Census, row)
+		}
+	}
+	return nil
+}
+
+func (b *bench) paced() error {
+	type job struct {
+		n int
+		l layout
+	}
+	var jobs []job
+	for _, n := range b.p.PacedN {
+		jobs = append(jobs, job{n, layout{Procs: n, ConnsPerProc: 1}})
+	}
+	if b.p.OneProcN > 0 {
+		jobs = append(jobs, job{b.p.OneProcN, layout{Procs: 1, ConnsPerProc: b.p.OneProcN}})
+	}
+	for _, j := range jobs {
+		for _, sys := range b.systems {
+			b.waitBackends(0)
+			row := LatencyRow{System: sys.name, N: j.n, Layout: j.l, Rate: 100}
+			crow := CensusRow{System: sys.name, N: j.n, Layout: j.l}
+			err := b.withServer(sys, func() error {
+				f, err := startFleet(sys, "paced", j.l, 60*time.Second)
+				if err != nil {
+					return err
+				}
+				defer f.stop()
+				if crow.Backends, err = b.otherBackends(); err != nil {
+					return err
+				}
+				sr, reps, err := b.pacedRun(f, "paced", 100, b.p.PacedDur, 0)
+				if err != nil {
+					return err
+				}
+				row = latencyRow(sys, j.n, j.l, 100, sr, merge(reps))
+				return nil
+			})
+			if err != nil {
+				row.Err, crow.Err = err.Error(), err.Error()
+			}
+			b.logf("paced %s N=%d (%s): p50 %.0fµs p99 %.0fµs max %.0fµs lost %d evicted %d; %d backends %s",
+				sys.name, j.n, j.l, row.Lat.P50, row.Lat.P99, row.Lat.Max, row.Lost, row.Evicted, crow.Backends, row.Err)
+			b.res.Paced = append(b.res.Paced, row)
+			if j.l.ConnsPerProc == 1 {
+				b.res.Census = append(b.res.Census, crow)
+			}
+		}
+	}
+	return nil
+}
+
+// ---- saturation
+
+func (b *bench) saturation() error {
+	var layouts []layout
+	for _, n := range b.p.SatN {
+		layouts = append(layouts, layout{Procs: n, ConnsPerProc: 1})
+	}
+	if b.p.OneProcN > 0 {
+		layouts = append(layouts, layout{Procs: 1, ConnsPerProc: b.p.OneProcN})
+	}
+	for _, l := range layouts {
+		for _, sys := range b.systems {
+			b.waitBackends(0)
+			row := SatRow{System: sys.name, N: l.total(), Layout: l}
+			if err := b.saturate(sys, l, &row); err != nil {
+				row.Err = err.Error()
+			}
+			b.logf("saturation %s N=%d (%s): %.0f NOTIFY/s, %.0f deliveries/s, lost %d+%d, evicted %d, p99 %.0fµs; sustained %.0f/s (%.0f deliveries/s, p99 %.0fµs) %s",
+				sys.name, row.N, l, row.NotifyPerSec, row.DeliveriesPerS, row.LostLive, row.LostEvicted, row.Evicted, row.Lat.P99,
+				row.SustainedRate, row.SustainedDeliv, row.SustainedLat.P99, row.Err)
+			b.res.Saturation = append(b.res.Saturation, row)
+		}
+	}
+	return nil
+}
+
+func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
+	if err := sys.start(b.dir); err != nil {
+		return err
+	}
+	defer sys.stop()
+	f, err := startFleet(sys, "sat", l, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	defer func() { f.stop() }()
+	id := b.nextRun()
+	if err := f.begin(id); err != nil {
+		return err
+	}
+	sr, err := b.nt.flood(b.ctx, "sat", id, b.p.FloodDur)
+	if err != nil {
+		return err
+	}
+	reps, err := f.reports(sr.Sent, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	m := merge(reps)
+	row.Sent, row.Recv, row.LostLive, row.LostEvicted, row.Evicted = sr.Sent, m.Recv, m.LostLive, m.LostEvicted, m.EOF
+	row.NotifyErrors = sr.Errors
+	row.NotifyPerSec = sr.rate()
+	if m.Last > sr.Start {
+		row.DeliveriesPerS = float64(m.Recv) / (float64(m.Last-sr.Start) / 1e9)
+	}
+	row.Lat = m.h.Summarize()
+
+	// The highest paced rate with zero evictions, no loss and p99 under
+	// 10 ms: a bisection in log space below the flood rate.
+	restart := func() error {
+		f.stop()
+		sys.stop()
+		b.waitBackends(0)
+		if err := sys.start(b.dir); err != nil {
+			return err
+		}
+		f, err = startFleet(sys, "sat", l, 60*time.Second)
+		return err
+	}
+	if m.EOF > 0 {
+		if err := restart(); err != nil {
+			return err
+		}
+	}
+	hi := row.NotifyPerSec * 1.05
+	lo := 0.0
+	var best *SearchStep
+	var bestLat hist.Summary
+	rate := hi
+	for step := 0; step < b.p.SearchSteps; step++ {
+		sr, reps, err := b.pacedRun(f, "sat", rate, b.p.SearchDur, 0)
+		if err != nil {
+			return err
+		}
+		m := merge(reps)
+		s := SearchStep{Rate: math.Round(rate), Achieved: math.Round(sr.rate()), P99: m.h.Summarize().P99, Evicted: m.EOF, Lost: m.LostLive}
+		switch {
+		case m.EOF > 0:
+			s.Why = "evictions"
+		case m.LostLive > 0:
+			s.Why = "loss"
+		case s.P99 >= 10000:
+			s.Why = "p99 ≥ 10 ms"
+		case sr.rate() < 0.95*rate:
+			s.Why = "notifier below target rate"
+		default:
+			s.Pass = true
+		}
+		row.SearchSteps = append(row.SearchSteps, s)
+		if s.Pass {
+			lo = rate
+			if best == nil || rate > best.Rate {
+				best, bestLat = &s, m.h.Summarize()
+			}
+		} else {
+			hi = rate
+			if m.EOF > 0 {
+				if err := restart(); err != nil {
+					return err
+				}
+			}
+		}
+		if s.Pass && step == 0 {
+			break // the flood rate itself is sustained
+		}
+		if lo == 0 {
+			rate = hi / 4
+		} else {
+			rate = math.Sqrt(lo * hi)
+		}
+	}
+	row.SustainedTested = true
+	if best != nil {
+		row.SustainedRate = best.Achieved
+		row.SustainedDeliv = best.Achieved * float64(l.total())
+		row.SustainedLat = bestLat
+		if len(row.SearchSteps) > 0 && !row.SearchSteps[0].Pass {
+			row.SustainedLimit = row.SearchSteps[0].Why + " above"
+		} else {
+			row.SustainedLimit = "notifier (flood rate sustained)"
+		}
+	} else {
+		row.SustainedLimit = "no tested rate passed"
+	}
+	return nil
+}
+
+// ---- churn
+
+func (b *bench) churn() error {
+	for _, sys := range b.systems {
+		if sys.direct {
+			continue // 100,000 backend forks are not a churn test of a hub
+		}
+		b.waitBackends(0)
+		row := ChurnRow{System: sys.name, Cycles: b.p.ChurnCycles, Procs: b.p.ChurnProcs}
+		if err := b.churnOne(sys, &row); err != nil {
+			row.Err = err.Error()
+		}
+		b.logf("churn %s: %d cycles in %.1fs (%d errors %s), fds %d→%d, RSS %.1f→%.1f MB, steady p99 idle %.0fµs during %.0fµs %s",
+			sys.name, row.Cycles, row.Seconds, row.Errors, row.FirstError, row.FDBefore, row.FDAfter,
+			float64(row.RSSBefore)/1e6, float64(row.RSSAfter)/1e6, row.Idle.P99, row.During.P99, row.Err)
+		b.res.Churn = append(b.res.Churn, row)
+	}
+	return nil
+}
+
+func (b *bench) churnOne(sys *system, row *ChurnRow) error {
+	return b.withServer(sys, func() error {
+		f, err := startFleet(sys, "churn", layout{Procs: 1, ConnsPerProc: 1}, 30*time.Second)
+		if err != nil {
+			return err
+		}
+		defer f.stop()
+		_, reps, err := b.pacedRun(f, "churn", 100, b.p.ChurnIdleDur, 0)
+		if err != nil {
+			return err
+		}
+		m := merge(reps)
+		row.Idle = m.h.Summarize()
+		pid := sys.serverPID()
+		row.RSSBefore, row.FDBefore, err = procMem(pid)
+		if err != nil {
+			return err
+		}
+
+		// Paced wakes to the steady worker (and to every churner that is
+		// subscribed at that moment) for as long as the churners run.
+		id := b.nextRun()
+		if err := f.begin(id); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithCancel(b.ctx)
+		defer cancel()
+		var done atomic.Bool
+		var sr sendResult
+		var srErr error
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sr, srErr = b.nt.pacedUntil(ctx, "churn", id, 100, &done)
+		}()
+		per := row.Cycles / row.Procs
+		var procs []*proc
+		for i := range row.Procs {
+			p, err := startProc(nil, "churn", "--socket", sys.socket, "--cycles", strconv.Itoa(per), "--channel", "churn", "--offset", strconv.Itoa(i*3))
+			if err != nil {
+				done.Store(true)
+				return err
+			}
+			procs = append(procs, p)
+		}
+		for _, p := range procs {
+			line, err := p.recv(10 * time.Minute)
+			if err != nil {
+				done.Store(true)
+				return err
+			}
+			var r struct {
+				Cycles     int     `json:"cycles"`
+				Errors     int     `json:"errors"`
+				FirstError string  `json:"first_error"`
+				Seconds    float64 `json:"seconds"`
+			}
+			if err := jsonUnmarshal(line, &r); err != nil {
+				done.Store(true)
+				return err
+			}
+			row.Errors += r.Errors
+			if row.FirstError == "" {
+				row.FirstError = r.FirstError
+			}
+			row.Seconds = max(row.Seconds, r.Seconds)
+			p.stop()
+		}
+		row.Cycles = per * row.Procs
+		row.CyclesPerS = float64(row.Cycles) / row.Seconds
+		done.Store(true)
+		wg.Wait()
+		if srErr != nil {
+			return srErr
+		}
+		reps, err = f.reports(sr.Sent, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		m = merge(reps)
+		row.During = m.h.Summarize()
+		row.SteadyLost = m.LostLive + m.LostEvicted
+
+		// The hub closes churned sockets asynchronously: wait (bounded)
+		// for the fd count to come back, then let RSS settle.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			_, fds, err := procMem(pid)
+			if err != nil {
+				return err
+			}
+			row.FDAfter = fds
+			if fds <= row.FDBefore || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(time.Second)
+		row.RSSAfter, row.FDAfter, err = procMem(pid)
+		return err
+	})
+}
+
+// ---- idle memory
+
+func (b *bench) idle() error {
+	for _, n := range b.p.IdleN {
+		for _, sys := range b.systems {
+			if sys.direct {
+				continue
+			}
+			row := IdleRow{System: sys.name, N: n}
+			err := b.withServer(sys, func() error {
+				time.Sleep(300 * time.Millisecond)
+				pid := sys.serverPID()
+				var err error
+				if row.RSSBase, _, err = procMem(pid); err != nil {
+					return err
+				}
+				f, err := startFleet(sys, "idle", layout{Procs: 1, ConnsPerProc: n}, 120*time.Second)
+				if err != nil {
+					return err
+				}
+				defer f.stop()
+				// Let the hub settle (status frames out, GC caught up).
+				time.Sleep(1500 * time.Millisecond)
+				row.RSSIdle, row.FDs, err = procMem(pid)
+				return err
+			})
+			if err != nil {
+				row.Err = err.Error()
+			} else {
+				row.PerWorker = float64(row.RSSIdle-row.RSSBase) / float64(n)
+			}
+			b.logf("idle %s N=%d: RSS %.1f → %.1f MB, %.0f B/worker, %d fds %s", sys.name, n,
+				float64(row.RSSBase)/1e6, float64(row.RSSIdle)/1e6, row.PerWorker, row.FDs, row.Err)
+			b.res.Idle = append(b.res.Idle, row)
+		}
+	}
+	return nil
+}
+
+// ---- wedged worker
+
+func (b *bench) wedged() error {
+	for _, sys := range b.systems {
+		if sys.direct {
+			continue
+		}
+		row := WedgedRow{System: sys.name, N: b.p.WedgedN, Rate: b.p.WedgedRate, PayloadBytes: b.p.WedgedPad + 30}
+		if err := b.wedgedOne(sys, &row); err != nil {
+			row.Err = err.Error()
+		}
+		b.logf("wedged %s: siblings p99 %.0fµs without, %.0fµs with; wedged evicted %v (recv %d); siblings lost %d evicted %d %s",
+			sys.name, row.Without.P99, row.With.P99, row.WedgedEvicted, row.WedgedRecv, row.SiblingsLost, row.SiblingsEvict, row.Err)
+		b.res.Wedged = append(b.res.Wedged, row)
+	}
+	return nil
+}
+
+func (b *bench) wedgedOne(sys *system, row *WedgedRow) error {
+	return b.withServer(sys, func() error {
+		f, err := startFleet(sys, "wedged", layout{Procs: row.N, ConnsPerProc: 1}, 60*time.Second)
+		if err != nil {
+			return err
+		}
+		defer f.stop()
+		_, reps, err := b.pacedRun(f, "wedged", row.Rate, b.p.WedgedDur, b.p.WedgedPad)
+		if err != nil {
+			return err
+		}
+		without := merge(reps[1:])
+		row.Without = without.h.Summarize()
+
+		id := b.nextRun()
+		if err := f.begin(id); err != nil {
+			return err
+		}
+		victim := f.procs[0].cmd.Process
+		if err := victim.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		sr, err := b.nt.paced(b.ctx, "wedged", id, row.Rate, b.p.WedgedDur, 1, b.p.WedgedPad)
+		victim.Signal(syscall.SIGCONT)
+		if err != nil {
+			return err
+		}
+		reps, err = f.reports(sr.Sent, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		sib := merge(reps[1:])
+		row.With = sib.h.Summarize()
+		row.SiblingsLost = sib.LostLive + sib.LostEvicted
+		row.SiblingsEvict = sib.EOF
+		row.WedgedEvicted = reps[0].EOF == 1
+		row.WedgedRecv = reps[0].Recv
+		return nil
+	})
+}
+
+func jsonUnmarshal(b []byte, v any) error {
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("bad line %.100q: %w", b, err)
+	}
+	return nil
+}

@@ -1,0 +1,384 @@
+package main
+
+// The worker process: `lhbench worker --mode socket|direct ...`.
+//
+// It opens --conns subscriptions (Unix-socket connections to a hub speaking
+// the wire protocol, or its own pgx LISTEN connections), prints
+// {"ready":K} once every one is acknowledged, then takes line commands on
+// stdin and answers each with one JSON line on stdout:
+//
+//	run ID           reset the counters; from now on count payloads of run ID → {"ok":true}
+//	report S MS      wait up to MS ms until every live conn has S wakes of the run, then → {"report":…}
+//	quit             exit
+//
+// Benchmark payloads are "RUN:SEQ:SENDNS[:padding]"; SENDNS is the
+// notifier's wall clock just before its NOTIFY, so receipt − SENDNS is the
+// end-to-end latency (one machine, one clock).
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/listenhub/listenhub/benchmarks/internal/hist"
+	"github.com/listenhub/listenhub/benchmarks/internal/wire"
+)
+
+// report is a worker's answer to `report`.
+type report struct {
+	Conns       int         `json:"conns"`
+	Live        int         `json:"live"`
+	EOF         int         `json:"eof"` // conns closed by the server (evicted) or lost
+	Recv        uint64      `json:"recv"`
+	LostLive    uint64      `json:"lost_live"`    // wakes of the run missing on conns still open
+	LostEvicted uint64      `json:"lost_evicted"` // missing on conns the server closed
+	Stale       uint64      `json:"stale"`        // payloads of other runs
+	Durable     uint64      `json:"durable"`      // wakes with p null
+	First       int64       `json:"first"`        // first and last receipt of the run (unix ns)
+	Last        int64       `json:"last"`
+	MinRecv     uint64      `json:"min_recv"`
+	Hist        hist.Sparse `json:"hist"`
+	Error       string      `json:"error,omitempty"`
+}
+
+type connStats struct {
+	mu      sync.Mutex
+	recv    uint64
+	stale   uint64
+	durable uint64
+	first   int64
+	last    int64
+	eof     bool
+	h       hist.H
+}
+
+var currentRun atomic.Int64
+
+func parsePayload(p []byte) (run, send int64, ok bool) {
+	// RUN:SEQ:SENDNS[:pad]
+	i := 0
+	field := func() (int64, bool) {
+		var v int64
+		start := i
+		for i < len(p) && p[i] >= '0' && p[i] <= '9' {
+			v = v*10 + int64(p[i]-'0')
+			i++
+		}
+		if i == start {
+			return 0, false
+		}
+		if i < len(p) {
+			if p[i] != ':' {
+				return 0, false
+			}
+			i++
+		}
+		return v, true
+	}
+	var ok1, ok2, ok3 bool
+	run, ok1 = field()
+	_, ok2 = field()
+	send, ok3 = field()
+	return run, send, ok1 && ok2 && ok3
+}
+
+func (s *connStats) wake(p []byte, hasP bool, now int64) {
+	s.mu.Lock()
+	if !hasP {
+		s.durable++
+		s.mu.Unlock()
+		return
+	}
+	run, send, ok := parsePayload(p)
+	if !ok || run != currentRun.Load() {
+		s.stale++
+		s.mu.Unlock()
+		return
+	}
+	s.recv++
+	if s.first == 0 {
+		s.first = now
+	}
+	s.last = now
+	s.h.Record(now - send)
+	s.mu.Unlock()
+}
+
+func (s *connStats) markEOF() {
+	s.mu.Lock()
+	s.eof = true
+	s.mu.Unlock()
+}
+
+func (s *connStats) reset() {
+	s.mu.Lock()
+	s.recv, s.stale, s.durable, s.first, s.last = 0, 0, 0, 0, 0
+	s.h.Reset()
+	s.mu.Unlock()
+}
+
+func workerMain(args []string) error {
+	fs := flag.NewFlagSet("worker", flag.ExitOnError)
+	mode := fs.String("mode", "socket", "socket (a hub on --socket) or direct (own pgx LISTEN)")
+	socket := fs.String("socket", "", "hub socket path")
+	dbURL := fs.String("database-url", "", "database URL for direct mode")
+	channel := fs.String("channel", "bench", "subscription name")
+	nconns := fs.Int("conns", 1, "subscriptions held by this process")
+	parallel := fs.Int("parallel", 32, "connections opened at once")
+	fs.Parse(args)
+
+	out := json.NewEncoder(os.Stdout)
+	var outMu sync.Mutex
+	emit := func(v any) {
+		outMu.Lock()
+		out.Encode(v)
+		outMu.Unlock()
+	}
+	stats := make([]*connStats, *nconns)
+	for i := range stats {
+		stats[i] = &connStats{}
+	}
+	ctx := context.Background()
+	var closers []func()
+	var closersMu sync.Mutex
+	sem := make(chan struct{}, *parallel)
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for i := range *nconns {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			var closer func()
+			var err error
+			if *mode == "direct" {
+				closer, err = openDirect(ctx, *dbURL, *channel, stats[i])
+			} else {
+				closer, err = openSocket(*socket, *channel, stats[i])
+			}
+			if err != nil {
+				firstErr.CompareAndSwap(nil, fmt.Errorf("conn %d: %w", i, err))
+				return
+			}
+			closersMu.Lock()
+			closers = append(closers, closer)
+			closersMu.Unlock()
+		}()
+		if firstErr.Load() != nil {
+			break
+		}
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		emit(map[string]string{"error": err.Error()})
+		return err
+	}
+	emit(map[string]int{"ready": *nconns})
+
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		switch f[0] {
+		case "run":
+			id, _ := strconv.ParseInt(f[1], 10, 64)
+			currentRun.Store(id)
+			for _, s := range stats {
+				s.reset()
+			}
+			emit(map[string]bool{"ok": true})
+		case "report":
+			want, _ := strconv.ParseUint(f[1], 10, 64)
+			ms, _ := strconv.Atoi(f[2])
+			emit(map[string]report{"report": collect(stats, want, time.Duration(ms)*time.Millisecond)})
+		case "quit":
+			for _, c := range closers {
+				c()
+			}
+			return nil
+		}
+	}
+	return nil // stdin closed: the harness is gone
+}
+
+// collect waits until every live conn has want wakes of the run (or the
+// wait runs out), then sums the conns' stats.
+func collect(stats []*connStats, want uint64, wait time.Duration) report {
+	deadline := time.Now().Add(wait)
+	for {
+		done := true
+		for _, s := range stats {
+			s.mu.Lock()
+			if !s.eof && s.recv < want {
+				done = false
+			}
+			s.mu.Unlock()
+			if !done {
+				break
+			}
+		}
+		if done || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r := report{Conns: len(stats), MinRecv: ^uint64(0)}
+	var h hist.H
+	for _, s := range stats {
+		s.mu.Lock()
+		if s.eof {
+			r.EOF++
+			if want > s.recv {
+				r.LostEvicted += want - s.recv
+			}
+		} else {
+			r.Live++
+			if want > s.recv {
+				r.LostLive += want - s.recv
+			}
+		}
+		r.Recv += s.recv
+		r.Stale += s.stale
+		r.Durable += s.durable
+		r.MinRecv = min(r.MinRecv, s.recv)
+		if s.first != 0 && (r.First == 0 || s.first < r.First) {
+			r.First = s.first
+		}
+		r.Last = max(r.Last, s.last)
+		h.Merge(&s.h)
+		s.mu.Unlock()
+	}
+	r.Hist = h.Sparse()
+	return r
+}
+
+// dialUnix connects, retrying while the hub's accept backlog is full
+// (a non-blocking AF_UNIX connect fails with EAGAIN then) or the socket
+// is not there yet.
+func dialUnix(path string, timeout time.Duration) (*net.UnixConn, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) || !(errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)) {
+			return nil, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// openSocket connects to the hub, subscribes and waits for the ack, then
+// reads frames in a goroutine until EOF.
+func openSocket(path, channel string, s *connStats) (func(), error) {
+	c, err := dialUnix(path, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Write(wire.AppendSub(nil, channel)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	r := wire.NewReader(c, 64<<10)
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for {
+		body, err := r.Next()
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("waiting for ack: %w", err)
+		}
+		if _, _, ok := wire.FastWake(body); ok {
+			continue // over-delivery before the ack is allowed
+		}
+		m, err := wire.Decode(body)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		if m.T == "nack" {
+			c.Close()
+			return nil, fmt.Errorf("nack: %s", m.Error)
+		}
+		if m.T == "ack" {
+			break
+		}
+	}
+	c.SetReadDeadline(time.Time{})
+	go func() {
+		for {
+			body, err := r.Next()
+			if err != nil {
+				s.markEOF()
+				return
+			}
+			now := time.Now().UnixNano()
+			p, hasP, ok := wire.FastWake(body)
+			if !ok {
+				m, err := wire.Decode(body)
+				if err != nil {
+					s.markEOF()
+					c.Close()
+					return
+				}
+				if m.T != "wake" {
+					continue
+				}
+				p, hasP = []byte(m.P), m.HasP
+			}
+			s.wake(p, hasP, now)
+		}
+	}()
+	return func() { c.Close() }, nil
+}
+
+const directAppName = "lhbench-direct"
+
+// openDirect is today's deployment: the worker's own LISTEN connection.
+func openDirect(ctx context.Context, url, channel string, s *connStats) (func(), error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = directAppName
+	var conn *pgx.Conn
+	for attempt := 0; ; attempt++ {
+		conn, err = pgx.ConnectConfig(ctx, cfg)
+		if err == nil {
+			break
+		}
+		if attempt > 50 { // postgres forks backends one at a time; a storm may be refused briefly
+			return nil, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		conn.Close(ctx)
+		return nil, err
+	}
+	go func() {
+		for {
+			n, err := conn.WaitForNotification(context.Background())
+			if err != nil {
+				s.markEOF()
+				return
+			}
+			s.wake([]byte(n.Payload), n.Payload != "", time.Now().UnixNano())
+		}
+	}()
+	return func() { conn.Close(context.Background()) }, nil
+}

@@ -245,7 +245,7 @@ func (e *env) workerState(id uint64, f func(w *worker)) {
 
 // tw is a test worker speaking raw frames.
 type tw struct {
-	t   *testing.T
+	t   testing.TB
 	c   *net.UnixConn
 	dec frame.Decoder
 	buf []byte
@@ -259,7 +259,7 @@ func (e *env) dial() *tw {
 	return w
 }
 
-func dialRaw(t *testing.T, path string) *tw {
+func dialRaw(t testing.TB, path string) *tw {
 	t.Helper()
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {

@@ -1,0 +1,463 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+type atomicInt = atomic.Int64
+
+// The integration tests share one throwaway cluster, started by the first
+// test that needs it; the unit tests above run without Postgres.
+var (
+	dbOnce sync.Once
+	db     *pgtest.Cluster
+	dbErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if db != nil {
+		if err := db.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: close:", err)
+		}
+	}
+	os.Exit(code)
+}
+
+func needDB(t testing.TB) *pgtest.Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test (-short)")
+	}
+	dbOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		db, dbErr = pgtest.Start(ctx, pgtest.Options{})
+	})
+	if dbErr != nil {
+		t.Fatal(dbErr)
+	}
+	return db
+}
+
+// pgEnv is a real hub on the shared cluster. Every test gets its own
+// application_name, so that backend counts and terminations are its own.
+type pgEnv struct {
+	t    testing.TB
+	h    *Hub
+	db   *pgtest.Cluster
+	app  string
+	path string
+	logs *logBuf
+}
+
+var appSafe = regexp.MustCompile(`[^a-zA-Z0-9]+`)
+
+func newPGEnv(t testing.TB, mutate func(*Config)) *pgEnv {
+	t.Helper()
+	c := needDB(t)
+	app := "lh-" + appSafe.ReplaceAllString(t.Name(), "-")
+	if len(app) > 60 {
+		app = app[:60]
+	}
+	logs := &logBuf{}
+	cfg := Config{
+		SocketPath:      filepath.Join(t.TempDir(), "hub.sock"),
+		DatabaseURL:     c.URL(),
+		ApplicationName: app,
+		Logger:          slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := h.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("hub log:\n%s", logs.String())
+		}
+	})
+	return &pgEnv{t: t, h: h, db: c, app: app, path: cfg.SocketPath, logs: logs}
+}
+
+func (e *pgEnv) dial() *tw {
+	e.t.Helper()
+	w := dialRaw(e.t, e.path)
+	w.expect(statusTrue)
+	return w
+}
+
+func (e *pgEnv) exec(sql string, args ...any) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.db.Exec(ctx, sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (e *pgEnv) backends() int {
+	e.t.Helper()
+	pids, err := e.db.BackendPIDs(context.Background(), e.app)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return len(pids)
+}
+
+// connect opens a plain connection for a notifier.
+func connect(t testing.TB, url string) *pgconn.PgConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// 64 workers, overlapping subscriptions: exactly one backend, and every
+// NOTIFY reaches every subscriber.
+func TestPG64WorkersOneBackend(t *testing.T) {
+	e := newPGEnv(t, nil)
+	ws := make([]*tw, 64)
+	for i := range ws {
+		ws[i] = e.dial()
+		for _, q := range []string{"all", fmt.Sprint("g", i%8)} {
+			ws[i].sub(q)
+			ws[i].expect(ack(q))
+		}
+	}
+	if n := e.backends(); n != 1 {
+		t.Fatalf("%d backends with application_name %s, want 1", n, e.app)
+	}
+	if s := e.h.Stats(); s.Workers != 64 || s.Channels != 9 {
+		t.Fatalf("stats %+v, want 64 workers, 9 channels", s)
+	}
+	e.exec("SELECT pg_notify('all', 'hello'), pg_notify('g3', '')")
+	for i, w := range ws {
+		w.expect(wake("all", ptr("hello")))
+		if i%8 == 3 {
+			w.expect(wake("g3", nil))
+		}
+	}
+}
+
+// The ack contract under a concurrent notifier: every NOTIFY started after a
+// worker received its ack reaches that worker. Workers subscribe at
+// staggered times (first subscriber: LISTEN; later ones: in flight or
+// listening); every fifth unsubscribes and subscribes again right after
+// its ack, which exercises the UNLISTEN-in-flight path when it was alone.
+func TestPGAckContract(t *testing.T) {
+	e := newPGEnv(t, nil)
+	const channels, workers = 4, 40
+	notifier := connect(t, e.db.URL())
+
+	type result struct {
+		ackAt time.Time
+		got   map[int]bool
+	}
+	var (
+		mu      sync.Mutex
+		started = map[int]time.Time{} // seq -> when its NOTIFY was sent
+		stop    = make(chan struct{})
+		ndone   = make(chan int)
+	)
+	go func() { // the notifier: seq i on channel i%channels
+		i := 0
+		defer func() { ndone <- i }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			mu.Lock()
+			started[i] = time.Now()
+			mu.Unlock()
+			sql := fmt.Sprintf("NOTIFY c%d, '%d'", i%channels, i)
+			if err := notifier.Exec(context.Background(), sql).Close(); err != nil {
+				t.Error(err)
+				return
+			}
+			i++
+		}
+	}()
+
+	results := make([]result, workers)
+	var wg sync.WaitGroup
+	for k := range workers {
+		time.Sleep(20 * time.Millisecond) // stagger the subscriptions
+		w := e.dial()
+		q := fmt.Sprint("c", k%channels)
+		resub := k%5 == 0
+		w.sub(q)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := result{got: map[int]bool{}}
+			for {
+				m, err := w.read(30 * time.Second)
+				if err != nil {
+					t.Errorf("worker %d: %v", k, err)
+					return
+				}
+				switch {
+				case m.T == "ack" && resub:
+					resub = false
+					w.unsub(q)
+					w.sub(q)
+				case m.T == "ack":
+					r.ackAt = time.Now()
+				case m.T == "wake" && m.P == "end":
+					results[k] = r
+					return
+				case m.T == "wake":
+					n, _ := strconv.Atoi(m.P)
+					r.got[n] = true
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // let the last subscribers see some traffic
+	close(stop)
+	sent := <-ndone
+	for c := range channels {
+		e.exec(fmt.Sprintf("NOTIFY c%d, 'end'", c))
+	}
+	wg.Wait()
+	checked := 0
+	for k, r := range results {
+		if r.ackAt.IsZero() {
+			t.Fatalf("worker %d never acked", k)
+		}
+		for i := k % channels; i < sent; i += channels {
+			if started[i].After(r.ackAt) {
+				checked++
+				if !r.got[i] {
+					t.Errorf("worker %d: NOTIFY %d started %v after its ack was lost", k, i, started[i].Sub(r.ackAt))
+				}
+			}
+		}
+	}
+	t.Logf("%d NOTIFYs sent; %d (worker, NOTIFY-after-ack) pairs checked", sent, checked)
+	if checked < workers {
+		t.Fatalf("only %d pairs checked: the notifier was too slow to test anything", checked)
+	}
+}
+
+// A worker that never reads, with 20,000 durable NOTIFYs (each its own
+// transaction): it is not evicted, its sibling is served, and what the hub
+// holds for it stays bounded (coalesced into one pending frame).
+func TestPGWedgedWorkerDurable(t *testing.T) {
+	e := newPGEnv(t, nil)
+	wedged, sib := e.dial(), e.dial()
+	for _, w := range []*tw{wedged, sib} {
+		w.sub("d")
+		w.expect(ack("d"))
+	}
+	e.exec(`DO $$ BEGIN FOR i IN 1..20000 LOOP PERFORM pg_notify('d', ''); COMMIT; END LOOP; END $$`)
+	e.exec(`SELECT pg_notify('d', 'last')`)
+	for {
+		m, err := sib.read(timeout)
+		if err != nil {
+			t.Fatalf("sibling: %v", err)
+		}
+		if m.P == "last" {
+			break
+		}
+	}
+	testutil.WaitFor(t, timeout, "all 20,001 NOTIFYs received", func() bool {
+		return e.h.Stats().WakesReceived == 20001
+	})
+	s := e.h.Stats()
+	if s.Evictions != 0 || s.Workers != 2 {
+		t.Fatalf("stats %+v: the durable-only worker must not be evicted", s)
+	}
+	var held, frames, pending int
+	done := make(chan struct{})
+	e.h.loop.Post(func() {
+		for _, w := range e.h.workers {
+			if w.out.Len() > held {
+				held, frames, pending = w.out.Len(), w.out.Frames(), w.pendingDurable()
+			}
+		}
+		close(done)
+	})
+	<-done
+	t.Logf("wedged worker: %d bytes, %d frames held; coalesced %d, dropped %d", held, frames, s.DurableCoalesced, s.DurableDropped)
+	if pending > 1 || frames > 2 || held > 1024 {
+		t.Fatalf("hub holds %d bytes, %d frames (%d durable) for a wedged worker on one channel; want at most one durable wake and the last ephemeral", held, frames, pending)
+	}
+	if s.DurableCoalesced == 0 {
+		t.Fatal("nothing coalesced")
+	}
+}
+
+// A worker that never reads, with 5,000 ephemeral payloads: it is evicted
+// (its socket closed, so its client falls back), and its sibling gets all
+// 5,000, in order.
+//
+// The NOTIFYs go out in transactions of 100, and the notifier stays at most
+// 500 ahead of what the sibling has read: the sibling is a healthy worker
+// that keeps up, if a little behind, which is what the hard limit protects.
+// (A worker that falls behind by more than the kernel buffer plus
+// HardQueueLimit frames is evicted too, by design: on a loaded machine with
+// the race detector a test reader can be that slow.)
+func TestPGWedgedWorkerEphemeral(t *testing.T) {
+	e := newPGEnv(t, nil)
+	wedged, sib := e.dial(), e.dial()
+	for _, w := range []*tw{wedged, sib} {
+		w.sub("e")
+		w.expect(ack("e"))
+	}
+	const total, batch, window = 5000, 100, 500
+	var read atomicInt
+	got := make(chan error, 1)
+	go func() {
+		for i := 1; i <= total; i++ {
+			m, err := sib.read(timeout)
+			if err != nil {
+				got <- fmt.Errorf("sibling at %d: %v", i, err)
+				return
+			}
+			if !strings.HasPrefix(m.P, fmt.Sprintf("%d:", i)) {
+				got <- fmt.Errorf("sibling wake %d: %.12q, out of order", i, m.P)
+				return
+			}
+			read.Store(int64(i))
+		}
+		got <- nil
+	}()
+	for first := 1; first <= total; first += batch {
+		testutil.WaitFor(t, timeout, "sibling within the window", func() bool {
+			return int64(first-1-window) <= read.Load()
+		})
+		e.exec(fmt.Sprintf(`SELECT pg_notify('e', i || ':' || repeat('x', 200)) FROM generate_series(%d, %d) i`,
+			first, first+batch-1))
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	wedged.eof()
+	if s := e.h.Stats(); s.Evictions != 1 || s.Workers != 1 {
+		t.Fatalf("stats %+v, want 1 eviction and the sibling left", s)
+	}
+}
+
+// Every malformed input of rule 9 severs that connection only; a sibling on
+// the same channel keeps getting real NOTIFYs.
+func TestPGBadInput(t *testing.T) {
+	e := newPGEnv(t, nil)
+	sib := e.dial()
+	sib.sub("m")
+	sib.expect(ack("m"))
+	inputs := [][]byte{
+		{0xff, 0xff, 0xff, 0xff},
+		rawFrame(`{"t":"sub","q":`),
+		rawFrame(`"sub"`),
+		rawFrame(`{"q":"m"}`),
+		rawFrame(`{"t":"sub"}`),
+		rawFrame(`{"t":"unsub","q":["m"]}`),
+	}
+	for i, in := range inputs {
+		bad := e.dial()
+		bad.sub("m")
+		bad.expect(ack("m"))
+		bad.send(in)
+		bad.eof()
+		e.exec(fmt.Sprintf("NOTIFY m, '%d'", i))
+		sib.expect(wake("m", ptr(fmt.Sprint(i))))
+	}
+	if s := e.h.Stats(); s.ProtocolErrors != uint64(len(inputs)) || s.Channels != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// The backend is terminated: workers see healthy:false, then healthy:true
+// and one durable wake per subscribed channel; NOTIFYs flow again.
+func TestPGBackendTerminated(t *testing.T) {
+	e := newPGEnv(t, nil)
+	w := e.dial()
+	for _, q := range []string{"r1", "r2"} {
+		w.sub(q)
+		w.expect(ack(q))
+	}
+	n, err := e.db.Terminate(context.Background(), e.app)
+	if err != nil || n != 1 {
+		t.Fatalf("terminated %d backends: %v", n, err)
+	}
+	w.expect(statusFalse, statusTrue)
+	got := []string{w.next(), w.next()}
+	if !(got[0] == wake("r1", nil) && got[1] == wake("r2", nil) || got[0] == wake("r2", nil) && got[1] == wake("r1", nil)) {
+		t.Fatalf("resync wakes %v", got)
+	}
+	e.exec("NOTIFY r2, 'after'")
+	w.expect(wake("r2", ptr("after")))
+	if s := e.h.Stats(); s.PostgresReconnects != 1 || !s.PostgresHealthy {
+		t.Fatalf("stats %+v", s)
+	}
+	if n := e.backends(); n != 1 {
+		t.Fatalf("%d backends after the reconnect", n)
+	}
+}
+
+// Connect, subscribe, close, 10,000 times: the process's descriptor count is
+// back where it started, and so are the hub's tables.
+func TestPGChurnFDs(t *testing.T) {
+	e := newPGEnv(t, nil)
+	warm := e.dial()
+	warm.sub("warm")
+	warm.expect(ack("warm"))
+	warm.c.Close()
+	testutil.WaitFor(t, timeout, "warm-up worker gone", func() bool { return e.h.Stats().Workers == 0 })
+	before := testutil.FDCount()
+	n := 10000
+	if testing.Short() {
+		n = 1000
+	}
+	for i := range n {
+		w := e.dial()
+		q := fmt.Sprint("churn", i%3)
+		w.sub(q)
+		w.expect(ack(q))
+		w.c.Close()
+	}
+	testutil.WaitFor(t, timeout, "every worker and channel gone", func() bool {
+		s := e.h.Stats()
+		return s.Workers == 0 && s.Channels == 0
+	})
+	testutil.WaitFor(t, timeout, "fd count back to the start", func() bool { return testutil.FDCount() <= before })
+	t.Logf("fds: %d before %d cycles, %d after", before, n, testutil.FDCount())
+	if s := e.h.Stats(); s.Accepts != uint64(n+1) {
+		t.Fatalf("accepts = %d, want %d", s.Accepts, n+1)
+	}
+}

@@ -142,9 +142,6 @@ func Open(ctx context.Context, l *loop.Loop, cfg Config) (*Conn, error) {
 	if cfg.ConnConfig == nil {
 		return nil, errors.New("listener: Config.ConnConfig is nil (use ParseConfig)")
 	}
-	if l.InLoop() {
-		return nil, errors.New("listener: Open blocks; call it off the loop goroutine")
-	}
 	c := newConn(l, cfg)
 	tr, err := dial(ctx, c.cfg.ConnConfig)
 	if err != nil {

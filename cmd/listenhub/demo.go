@@ -76,7 +76,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.databaseURL, "database-url", "", "use this PostgreSQL server (default: start a throwaway cluster, removed on exit)")
 	fs.IntVar(&cfg.workers, "workers", 8, "worker processes subscribing through the hub")
 	fs.IntVar(&cfg.rate, "rate", 200, "NOTIFYs per second")
-	fs.DurationVar(&cfg.duration, "duration", 0, "stop after this long (default: run until Ctrl-C)")
+	fs.DurationVar(&cfg.duration, "duration", 0, "stop after this long, counted from the first report (default: run until Ctrl-C)")
 	const synopsis = "demo [--workers N] [--rate N] [--duration D] [--database-url URL]"
 	// The demo reads no environment variables: with DATABASE_URL set in
 	// a shell, a demo must still not write to that database unasked.
@@ -227,13 +227,10 @@ func (d *demo) run(ctx context.Context) error {
 	fmt.Fprintf(d.out, "listenhub demo: hub on %s; %d worker processes subscribed to %q; notifying %d/s. Ctrl-C to stop.\n",
 		sock, d.cfg.workers, d.channel, d.cfg.rate)
 
-	// --duration counts from here: start-up (initdb, mostly) takes a
-	// few seconds that nobody asked to watch.
-	if d.cfg.duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d.cfg.duration)
-		defer cancel()
-	}
+	// --duration counts from here, in report lines: start-up (initdb,
+	// mostly) takes a few seconds that nobody asked to watch, and a run
+	// of 3s prints 3 lines.
+	reports := 0
 	start := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -251,6 +248,10 @@ func (d *demo) run(ctx context.Context) error {
 					return nil
 				}
 				return err
+			}
+			reports++
+			if d.cfg.duration > 0 && time.Duration(reports)*time.Second >= d.cfg.duration {
+				return nil
 			}
 		}
 	}
@@ -594,7 +595,10 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		DatabaseURL:     *databaseURL,
 		ApplicationName: *appName,
 		OnWake:          onWake,
-		OnFailover:      func(error) { emit("mode local") },
+		OnFailover: func(reason error) {
+			fmt.Fprintf(stderr, "listenhub demo-worker %d: hub failed (%s); listening on its own connection\n", os.Getpid(), oneLine(reason))
+			emit("mode local")
+		},
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "listenhub demo-worker: %s\n", oneLine(err))

@@ -1,0 +1,338 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/internal/pgtest"
+)
+
+// demoWorkerEnv makes this test binary act as `listenhub demo-worker` when
+// the in-process demo re-executes it (os.Executable is the test binary).
+// It is checked in init, before the testing package parses the worker's
+// arguments as test flags.
+const demoWorkerEnv = "LISTENHUB_DEMO_TEST_WORKER"
+
+func init() {
+	if os.Getenv(demoWorkerEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "demo-worker" {
+		os.Exit(runDemoWorker(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
+	}
+}
+
+var (
+	demoStartedRE = regexp.MustCompile(`^listenhub demo: started a throwaway PostgreSQL on 127\.0\.0\.1:(\d+) in (\S+) \(removed on exit\)$`)
+	demoUsingRE   = regexp.MustCompile(`^listenhub demo: using (\S+)$`)
+	demoHubRE     = regexp.MustCompile(`^listenhub demo: hub on (\S+); (\d+) worker processes subscribed to "(listenhub_demo_\d+)"; notifying (\d+)/s\. Ctrl-C to stop\.$`)
+	demoLineRE    = regexp.MustCompile(`^ +(\d+)s  backends (\d+) \((\d+) with direct LISTEN\)  notify/s (\d+)  wakes/s (\d+)  p50 (\S+)  p99 (\S+)  evictions (\d+)  workers (\d+) hub/(\d+) local$`)
+	demoStopRE    = regexp.MustCompile(`^listenhub demo: workers and hub stopped(, throwaway cluster removed)?$`)
+)
+
+// demoOutput is the parsed stdout of a demo run.
+type demoOutput struct {
+	port        int    // throwaway cluster's port (0 with --database-url)
+	clusterDir  string // throwaway cluster's directory
+	using       string // the --database-url line's server
+	socket      string
+	channel     string
+	workers     int
+	lines       [][]string // submatches of demoLineRE
+	stopped     bool
+	removedNote bool
+}
+
+// parseDemo checks that every line of out is one the demo is documented to
+// print, in order.
+func parseDemo(t *testing.T, out string) demoOutput {
+	t.Helper()
+	var d demoOutput
+	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		switch {
+		case demoStartedRE.MatchString(line):
+			m := demoStartedRE.FindStringSubmatch(line)
+			d.port, _ = strconv.Atoi(m[1])
+			d.clusterDir = m[2]
+		case demoUsingRE.MatchString(line):
+			d.using = demoUsingRE.FindStringSubmatch(line)[1]
+		case demoHubRE.MatchString(line):
+			m := demoHubRE.FindStringSubmatch(line)
+			d.socket, d.channel = m[1], m[3]
+			d.workers, _ = strconv.Atoi(m[2])
+		case demoLineRE.MatchString(line):
+			if d.socket == "" || d.stopped {
+				t.Fatalf("report line outside the run: %q\n%s", line, out)
+			}
+			d.lines = append(d.lines, demoLineRE.FindStringSubmatch(line))
+		case demoStopRE.MatchString(line):
+			d.stopped = true
+			d.removedNote = demoStopRE.FindStringSubmatch(line)[1] != ""
+		default:
+			t.Fatalf("unexpected demo output line %q\nwhole output:\n%s", line, out)
+		}
+	}
+	if d.socket == "" || !d.stopped {
+		t.Fatalf("demo output lacks the hub or the stop line:\n%s", out)
+	}
+	return d
+}
+
+// checkReports checks the per-second lines: one backend where the workers
+// alone would hold one each, every worker on the hub, no evictions, and
+// wakes adding up to workers × NOTIFYs.
+func checkReports(t *testing.T, d demoOutput, workers int, out string) {
+	t.Helper()
+	if len(d.lines) < 2 {
+		t.Fatalf("%d report lines, want at least 2:\n%s", len(d.lines), out)
+	}
+	var notifies, wakes int
+	for i, m := range d.lines {
+		n := func(k int) int { v, _ := strconv.Atoi(m[k]); return v }
+		if n(1) != i+1 {
+			t.Errorf("line %d says %ss", i+1, m[1])
+		}
+		if n(2) != 1 || n(3) != workers {
+			t.Errorf("line %d: backends %s (%s with direct LISTEN), want 1 (%d)", i+1, m[2], m[3], workers)
+		}
+		if n(8) != 0 || n(9) != workers || n(10) != 0 {
+			t.Errorf("line %d: evictions %s, workers %s hub/%s local; want 0, %d/0", i+1, m[8], m[9], m[10], workers)
+		}
+		if (n(5) == 0) != (m[6] == "-") || m[6] == "-" != (m[7] == "-") {
+			t.Errorf("line %d: %s wakes but p50 %s, p99 %s", i+1, m[5], m[6], m[7])
+		}
+		notifies += n(4)
+		wakes += n(5)
+	}
+	// Each NOTIFY reaches every worker. The last reports may still be
+	// in a worker's pipe when the run ends, and a loaded machine (this one
+	// is shared) can stall a worker for a second, hence the slack below.
+	if want := notifies * workers; wakes == 0 || wakes < want/2 || wakes > want {
+		t.Errorf("%d wakes for %d NOTIFYs to %d workers, want about %d\n%s", wakes, notifies, workers, want, out)
+	}
+}
+
+// checkNoWorkers fails if a process still carries the demo's channel name
+// on its command line (a worker that outlived the demo).
+func checkNoWorkers(t *testing.T, channel string) {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if bytes.Contains(b, []byte(channel)) && bytes.Contains(b, []byte("demo-worker")) {
+			t.Errorf("worker %s still running: %q", filepath.Dir(p), bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+		}
+	}
+}
+
+// checkGone checks that the demo's socket directory and throwaway cluster
+// are gone.
+func checkGone(t *testing.T, d demoOutput) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Dir(d.socket)); !os.IsNotExist(err) {
+		t.Errorf("socket directory %s still exists (%v)", filepath.Dir(d.socket), err)
+	}
+	if d.clusterDir != "" {
+		if _, err := os.Stat(d.clusterDir); !os.IsNotExist(err) {
+			t.Errorf("cluster directory %s still exists (%v)", d.clusterDir, err)
+		}
+		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", d.port), time.Second); err == nil {
+			c.Close()
+			t.Errorf("the throwaway server still accepts connections on port %d", d.port)
+		}
+	}
+	checkNoWorkers(t, d.channel)
+}
+
+// TestDemo runs the demo as a user would (no database URL): it starts its
+// own cluster, reports once a second, and removes everything at the end.
+func TestDemo(t *testing.T) {
+	if os.Getenv(pgtest.EnvURL) != "" {
+		t.Skip("the throwaway-cluster path needs " + pgtest.EnvURL + " unset")
+	}
+	t.Setenv(demoWorkerEnv, "1")
+	var out, errw syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const workers = 3
+	code := runDemo(ctx, []string{"--workers", strconv.Itoa(workers), "--rate", "100", "--duration", "3s"}, &out, &errw)
+	t.Logf("demo output:\n%s", out.String())
+	if code != 0 {
+		t.Fatalf("demo exited %d; stderr:\n%s", code, errw.String())
+	}
+	if errw.String() != "" {
+		t.Errorf("demo wrote to stderr:\n%s", errw.String())
+	}
+	d := parseDemo(t, out.String())
+	if len(d.lines) != 3 {
+		t.Errorf("--duration 3s printed %d report lines, want 3", len(d.lines))
+	}
+	if d.port == 0 || d.clusterDir == "" || !d.removedNote || d.workers != workers {
+		t.Errorf("want a throwaway cluster, %d workers and its removal announced; got %+v", workers, d)
+	}
+	checkReports(t, d, workers, out.String())
+	checkGone(t, d)
+}
+
+// TestDemoDatabaseURL runs the demo against a server it does not own: it
+// must use it, and leave it running with none of the demo's backends.
+func TestDemoDatabaseURL(t *testing.T) {
+	t.Setenv(demoWorkerEnv, "1")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := pgtest.Start(ctx, pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	var out, errw syncBuffer
+	const workers = 2
+	code := runDemo(ctx, []string{"--database-url", c.URL(), "--workers", strconv.Itoa(workers), "--duration", "2s"}, &out, &errw)
+	t.Logf("demo output:\n%s", out.String())
+	if code != 0 {
+		t.Fatalf("demo exited %d; stderr:\n%s", code, errw.String())
+	}
+	if errw.String() != "" {
+		t.Errorf("demo wrote to stderr:\n%s", errw.String())
+	}
+	d := parseDemo(t, out.String())
+	if d.using == "" || d.clusterDir != "" || d.removedNote {
+		t.Errorf("want the given server used and not removed; got %+v", d)
+	}
+	if strings.Contains(out.String(), "password") {
+		t.Errorf("output mentions a password:\n%s", out.String())
+	}
+	checkReports(t, d, workers, out.String())
+	checkGone(t, d)
+
+	// The server is still up, and the demo left no backend on it.
+	pid := strings.TrimPrefix(d.channel, "listenhub_demo_")
+	n, err := c.QueryInt(ctx, `SELECT count(*)::int FROM pg_stat_activity WHERE application_name LIKE $1`, "listenhub-demo-"+pid+"%")
+	if err != nil {
+		t.Fatalf("server gone after the demo: %v", err)
+	}
+	if n != 0 {
+		t.Errorf("%d demo backends left on the server", n)
+	}
+}
+
+func TestDemoBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--workers", "0"},
+		{"--rate", "-1"},
+		{"--duration", "-1s"},
+		{"--nope"},
+		{"extra"},
+	} {
+		var out, errw bytes.Buffer
+		if code := runDemo(context.Background(), args, &out, &errw); code != 2 {
+			t.Errorf("demo %q exited %d, want 2", args, code)
+		}
+		if lines := strings.Count(errw.String(), "\n"); lines != 1 || !strings.HasPrefix(errw.String(), "listenhub demo: ") {
+			t.Errorf("demo %q: want one line on stderr, got %q", args, errw.String())
+		}
+		if out.Len() != 0 {
+			t.Errorf("demo %q wrote to stdout: %q", args, out.String())
+		}
+	}
+}
+
+// TestDemoBinaryCtrlC builds the real binary and runs `listenhub demo` as
+// the README says, through main's dispatch and the real demo-worker
+// re-exec, then stops it with SIGINT as a Ctrl-C would.
+func TestDemoBinaryCtrlC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	if os.Getenv(pgtest.EnvURL) != "" {
+		t.Skip("the throwaway-cluster path needs " + pgtest.EnvURL + " unset")
+	}
+	bin := filepath.Join(t.TempDir(), "listenhub")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	cmd := exec.Command(bin, "demo", "--workers", "2")
+	var errw syncBuffer
+	cmd.Stderr = &errw
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	reports := make(chan struct{}, 100)
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			out.Write(append(sc.Bytes(), '\n'))
+			if demoLineRE.Match(sc.Bytes()) {
+				reports <- struct{}{}
+			}
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() { <-copied; exited <- cmd.Wait() }()
+	for range 2 {
+		select {
+		case <-reports:
+		case err := <-exited:
+			t.Fatalf("demo exited early (%v):\n%s\nstderr:\n%s", err, out.String(), errw.String())
+		case <-time.After(2 * time.Minute):
+			cmd.Process.Kill()
+			t.Fatalf("no report lines within 2 minutes:\n%s\nstderr:\n%s", out.String(), errw.String())
+		}
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("demo after SIGINT: %v\nstderr:\n%s", err, errw.String())
+		}
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("demo did not exit within a minute of SIGINT")
+	}
+	t.Logf("demo output:\n%s", out.String())
+	d := parseDemo(t, out.String())
+	if !d.removedNote {
+		t.Errorf("no removal line after SIGINT:\n%s", out.String())
+	}
+	checkGone(t, d)
+}
+
+// syncBuffer is a bytes.Buffer safe for the demo's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -12,7 +12,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/listenhub/listenhub/frame"
@@ -76,6 +78,9 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+
+	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stopSignals()
 
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", *socket)

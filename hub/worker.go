@@ -49,6 +49,10 @@ func (r closeReason) String() string {
 	return fmt.Sprintf("closeReason(%d)", uint8(r))
 }
 
+// LogValue makes slog print the reason by name in every handler (the JSON
+// handler does not use String).
+func (r closeReason) LogValue() slog.Value { return slog.StringValue(r.String()) }
+
 // worker is one connected worker process. Loop goroutine only.
 type worker struct {
 	id       uint64

@@ -1,0 +1,788 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+const timeout = 15 * time.Second
+
+// One throwaway cluster and one built binary for the package, made by the
+// first test that needs them.
+var (
+	dbOnce  sync.Once
+	db      *pgtest.Cluster
+	dbErr   error
+	binOnce sync.Once
+	binPath string
+	binErr  error
+	binDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if db != nil {
+		if err := db.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: close:", err)
+		}
+	}
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func needDB(t testing.TB) *pgtest.Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test (-short)")
+	}
+	dbOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		db, dbErr = pgtest.Start(ctx, pgtest.Options{})
+	})
+	if dbErr != nil {
+		t.Fatal(dbErr)
+	}
+	return db
+}
+
+// hubBinary builds the real listenhub binary once (go build into a temporary
+// directory).
+func hubBinary(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "listenhub-bin-")
+		if binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "listenhub")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// syncBuf is a goroutine-safe output buffer.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// proc is a running `listenhub serve`.
+type proc struct {
+	t      testing.TB
+	cmd    *exec.Cmd
+	socket string
+	app    string
+	stderr *syncBuf
+	done   chan struct{}
+	err    error // Wait's result, set before done closes
+}
+
+var appSafe = regexp.MustCompile(`[^a-zA-Z0-9]+`)
+
+func testApp(t testing.TB) string {
+	app := "lhc-" + appSafe.ReplaceAllString(t.Name(), "-")
+	if len(app) > 60 {
+		app = app[:60]
+	}
+	return app
+}
+
+// serve starts the binary with the given extra flags; socket, database and
+// a per-test application_name are filled in unless given.
+func serve(t testing.TB, socket string, env []string, args ...string) *proc {
+	t.Helper()
+	c := needDB(t)
+	p := &proc{t: t, socket: socket, app: testApp(t), stderr: &syncBuf{}, done: make(chan struct{})}
+	full := []string{"serve", "--log-format", "json", "--log-level", "debug"}
+	if socket != "" {
+		full = append(full, "--socket", socket)
+	}
+	if !hasFlag(args, "--database-url") && !hasEnv(env, "DATABASE_URL") {
+		full = append(full, "--database-url", c.URL())
+	}
+	if !hasFlag(args, "--application-name") && !hasEnv(env, "LISTENHUB_APPLICATION_NAME") {
+		full = append(full, "--application-name", p.app)
+	}
+	full = append(full, args...)
+	p.cmd = exec.Command(hubBinary(t), full...)
+	p.cmd.Env = append(cleanEnv(), env...)
+	p.cmd.Stderr = p.stderr
+	p.cmd.Stdout = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("listenhub output:\n%s", p.stderr.String())
+		}
+	})
+	return p
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+func hasEnv(env []string, name string) bool {
+	for _, e := range env {
+		if strings.HasPrefix(e, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// cleanEnv is the test's environment without the variables serve reads, so
+// that a developer's shell cannot change what a test means.
+func cleanEnv() []string {
+	var out []string
+	for _, e := range os.Environ() {
+		if strings.HasPrefix(e, "LISTENHUB_") || strings.HasPrefix(e, "DATABASE_URL=") || strings.HasPrefix(e, "PG") {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// ready waits until the hub answers on its socket.
+func (p *proc) ready() {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case <-p.done:
+			p.t.Fatalf("listenhub exited early (%v):\n%s", p.err, p.stderr.String())
+		default:
+		}
+		if c, err := net.Dial("unix", p.socket); err == nil {
+			w := &worker{t: p.t, c: c.(*net.UnixConn), buf: make([]byte, 64<<10)}
+			m, err := w.read(timeout)
+			c.Close()
+			if err == nil && m.T == "status" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("listenhub not ready after %v:\n%s", timeout, p.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// exit waits for the process to end and returns its exit code.
+func (p *proc) exit() int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("listenhub did not exit:\n%s", p.stderr.String())
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	if p.err != nil {
+		p.t.Fatal(p.err)
+	}
+	return 0
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// fds counts the hub process's open descriptors.
+func (p *proc) fds() int {
+	p.t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.pid()))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// rssKiB reads VmRSS of the hub process.
+func (p *proc) rssKiB() int {
+	p.t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid()))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	p.t.Fatal("no VmRSS")
+	return 0
+}
+
+// metricsAddr finds the address the hub logged for --metrics-addr.
+func (p *proc) metricsAddr() string {
+	p.t.Helper()
+	var addr string
+	testutil.WaitFor(p.t, timeout, "metrics address in the log", func() bool {
+		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
+		for sc.Scan() {
+			var l struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "metrics listening" {
+				addr = l.Addr
+				return true
+			}
+		}
+		return false
+	})
+	return addr
+}
+
+// census runs `listenhub census` for this hub's application_name.
+func census(t testing.TB, app string) int {
+	t.Helper()
+	out, err := exec.Command(hubBinary(t), "census", "--database-url", needDB(t).URL(), "--application-name", app).Output()
+	if err != nil {
+		t.Fatalf("census: %v", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatalf("census printed %q", out)
+	}
+	return n
+}
+
+// worker is a test worker speaking raw frames.
+type worker struct {
+	t   testing.TB
+	c   *net.UnixConn
+	dec frame.Decoder
+	buf []byte
+}
+
+func dialWorker(t testing.TB, path string) *worker {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	w := &worker{t: t, c: c, buf: make([]byte, 4096)}
+	w.expect("status")
+	return w
+}
+
+func (w *worker) read(d time.Duration) (frame.Message, error) {
+	for {
+		m, ok, err := w.dec.Next()
+		if err != nil || ok {
+			return m, err
+		}
+		w.c.SetReadDeadline(time.Now().Add(d))
+		n, err := w.c.Read(w.buf)
+		if n > 0 {
+			w.dec.Feed(w.buf[:n])
+			continue
+		}
+		if err != nil {
+			return m, err
+		}
+	}
+}
+
+// expect reads the next frame and checks its type. Status frames (the
+// hub re-sends them every 5 intervals) are skipped unless typ is "status".
+func (w *worker) expect(typ string) frame.Message {
+	w.t.Helper()
+	for {
+		m, err := w.read(timeout)
+		if err != nil {
+			w.t.Fatalf("worker: %v", err)
+		}
+		if m.T == "status" && typ != "status" {
+			continue
+		}
+		if m.T != typ {
+			w.t.Fatalf("worker got %+v, want %s", m, typ)
+		}
+		return m
+	}
+}
+
+// status waits for a status frame saying healthy, skipping others.
+func (w *worker) status(healthy bool) {
+	w.t.Helper()
+	for {
+		if m := w.expect("status"); m.Healthy == healthy {
+			return
+		}
+	}
+}
+
+func (w *worker) sub(q string) {
+	w.t.Helper()
+	if _, err := w.c.Write(frame.AppendSub(nil, q)); err != nil {
+		w.t.Fatal(err)
+	}
+	if m := w.expect("ack"); m.Q != q {
+		w.t.Fatalf("ack for %q, want %q", m.Q, q)
+	}
+}
+
+// eofWithin waits for the hub to close the connection and returns how long
+// that took.
+func (w *worker) eofWithin(d time.Duration) time.Duration {
+	w.t.Helper()
+	start := time.Now()
+	for {
+		_, err := w.read(d)
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.t.Fatalf("no EOF within %v", d)
+		}
+		return time.Since(start)
+	}
+}
+
+func notify(t testing.TB, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := needDB(t).Exec(ctx, sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sockPath(t testing.TB) string { return filepath.Join(t.TempDir(), "hub.sock") }
+
+func runCmd(args []string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = run(context.Background(), args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestVersionAndUsage(t *testing.T) {
+	code, out, _ := runCmd([]string{"version"})
+	if code != 0 || !strings.HasPrefix(out, "listenhub ") {
+		t.Fatalf("version: %d %q", code, out)
+	}
+	if code, _, errOut := runCmd(nil); code != 2 || !strings.Contains(errOut, "usage:") {
+		t.Fatalf("no command: %d %q", code, errOut)
+	}
+	if code, _, errOut := runCmd([]string{"frobnicate"}); code != 2 || strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("unknown command: %d %q", code, errOut)
+	}
+	if code, out, _ := runCmd([]string{"serve", "-h"}); code != 0 || !strings.Contains(out, "-hard-queue-limit") {
+		t.Fatalf("serve -h: %d %q", code, out)
+	}
+}
+
+// A bad flag, a bad environment value or a missing required flag prints one
+// line and exits non-zero.
+func TestServeBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--bogus"}, nil, "flag provided but not defined: -bogus"},
+		{[]string{"--database-url", "postgres://x/y"}, nil, "--socket is required"},
+		{[]string{"--socket", "/tmp/x", "--durable-queue-limit", "many"}, nil, `invalid value "many"`},
+		{[]string{"--socket", "/tmp/x", "--hard-queue-limit", "0"}, nil, "--hard-queue-limit must be at least 1"},
+		{[]string{"--socket", "/tmp/x", "--status-interval", "-1s"}, nil, "--status-interval must be positive"},
+		{[]string{"--socket", "/tmp/x", "--log-format", "xml"}, nil, `--log-format "xml": want text or json`},
+		{[]string{"--socket", "/tmp/x", "--log-level", "loud"}, nil, `--log-level "loud"`},
+		{[]string{"--socket", "/tmp/x", "--allow-uid", "root"}, nil, `not a uid: "root"`},
+		{[]string{"--socket", "/tmp/x", "extra"}, nil, `unexpected argument "extra"`},
+		{[]string{"--socket", "/tmp/x"}, map[string]string{"LISTENHUB_HEALTH_CHECK_TIMEOUT": "soon"}, `invalid value "soon" for LISTENHUB_HEALTH_CHECK_TIMEOUT`},
+		{[]string{"--socket", "/tmp/x", "--database-url", "postgres://%zz"}, nil, "--database-url"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			code, _, errOut := runCmd(append([]string{"serve"}, c.args...))
+			if code != 2 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, c.want) {
+				t.Fatalf("exit %d, stderr %q; want 2 and one line with %q", code, errOut, c.want)
+			}
+		})
+	}
+}
+
+// An unreachable database: one line, non-zero, no socket left, no password.
+func TestServeUnreachableDatabase(t *testing.T) {
+	path := sockPath(t)
+	code, _, errOut := runCmd([]string{"serve", "--socket", path,
+		"--database-url", "postgres://u:sekrit@127.0.0.1:1/db?connect_timeout=5"})
+	if code != 1 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "connect to postgres") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if strings.Contains(errOut, "sekrit") {
+		t.Fatalf("password in the error: %q", errOut)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+}
+
+// SIGTERM: workers see EOF, the backend goes away (UNLISTEN, Terminate),
+// the socket file is removed, exit 0. SIGINT does the same.
+func TestServeSignals(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			path := sockPath(t)
+			p := serve(t, path, nil)
+			p.ready()
+			w := dialWorker(t, path)
+			w.sub("term")
+			if n := census(t, p.app); n != 1 {
+				t.Fatalf("census %d, want 1", n)
+			}
+			start := time.Now()
+			p.cmd.Process.Signal(sig)
+			eof := w.eofWithin(timeout)
+			if code := p.exit(); code != 0 {
+				t.Fatalf("exit %d after %v, want 0:\n%s", code, sig, p.stderr.String())
+			}
+			t.Logf("%v: worker EOF after %v, exit 0 after %v", sig, eof, time.Since(start))
+			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("socket file still there: %v", err)
+			}
+			testutil.WaitFor(t, timeout, "backend gone", func() bool { return census(t, p.app) == 0 })
+		})
+	}
+}
+
+// SIGKILL: the kernel closes every socket, so workers see EOF at once and
+// can fall back; the stale socket file is replaced by the next hub.
+func TestServeKilled(t *testing.T) {
+	path := sockPath(t)
+	p := serve(t, path, nil)
+	p.ready()
+	ws := make([]*worker, 8)
+	for i := range ws {
+		ws[i] = dialWorker(t, path)
+		ws[i].sub("kill")
+	}
+	p.cmd.Process.Kill()
+	var worst time.Duration
+	for _, w := range ws {
+		worst = max(worst, w.eofWithin(2*time.Second))
+	}
+	t.Logf("slowest worker saw EOF %v after SIGKILL", worst)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("a killed hub leaves its socket file: %v", err)
+	}
+	testutil.WaitFor(t, timeout, "backend gone", func() bool { return census(t, p.app) == 0 })
+	p2 := serve(t, path, nil) // stale: replaced
+	p2.ready()
+	w := dialWorker(t, path)
+	w.sub("kill")
+}
+
+// The socket is mode 0600; a second hub on a live path exits non-zero with a
+// clear line and leaves the first untouched.
+func TestServeSocketModeAndLivePath(t *testing.T) {
+	path := sockPath(t)
+	p := serve(t, path, nil)
+	p.ready()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v, want a socket with 0600", fi.Mode())
+	}
+	w := dialWorker(t, path)
+	w.sub("live")
+	second := serve(t, path, nil)
+	if code := second.exit(); code == 0 {
+		t.Fatal("second hub on a live socket exited 0")
+	}
+	want := fmt.Sprintf("socket %s is in use by a running hub", path)
+	if out := second.stderr.String(); !strings.Contains(out, want) || strings.Count(out, "\n") != 1 {
+		t.Fatalf("second hub said %q, want one line with %q", out, want)
+	}
+	// The first hub still serves its worker and new ones.
+	notify(t, "NOTIFY live, 'still here'")
+	if m := w.expect("wake"); m.P != "still here" {
+		t.Fatalf("wake %+v", m)
+	}
+	dialWorker(t, path).sub("live")
+	if n := census(t, p.app); n != 1 {
+		t.Fatalf("census %d, want 1 (the second hub must not connect)", n)
+	}
+	// A regular file at the path is not a socket: refused, not removed.
+	file := filepath.Join(t.TempDir(), "not-a-socket")
+	os.WriteFile(file, []byte("x"), 0o644)
+	third := serve(t, file, nil)
+	if code := third.exit(); code == 0 || !strings.Contains(third.stderr.String(), "not a socket") {
+		t.Fatalf("exit %d: %s", code, third.stderr.String())
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Fatal("the file was removed")
+	}
+}
+
+// Configuration through the environment only: LISTENHUB_* variables and
+// DATABASE_URL as the fallback for the database.
+func TestServeEnvironment(t *testing.T) {
+	path := sockPath(t)
+	app := testApp(t)
+	p := serve(t, "", []string{
+		"LISTENHUB_SOCKET=" + path,
+		"DATABASE_URL=" + needDB(t).URL(),
+		"LISTENHUB_APPLICATION_NAME=" + app,
+		"LISTENHUB_CHANNEL_PREFIX=pre_",
+	})
+	p.socket = path
+	p.ready()
+	w := dialWorker(t, path)
+	w.sub("q")
+	if n := census(t, app); n != 1 {
+		t.Fatalf("census for %s = %d", app, n)
+	}
+	notify(t, `NOTIFY pre_q, 'x'`)
+	if m := w.expect("wake"); m.Q != "q" || m.P != "x" {
+		t.Fatalf("wake %+v", m)
+	}
+}
+
+// /metrics carries every metric of DESIGN.md with HELP and TYPE; /healthz
+// follows the Postgres connection.
+func TestServeMetricsAndHealthz(t *testing.T) {
+	c := needDB(t)
+	path := sockPath(t)
+	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--health-check-interval", "100ms",
+		"--health-check-timeout", "500ms")
+	p.ready()
+	addr := p.metricsAddr()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	w := dialWorker(t, path)
+	w.sub("m")
+	notify(t, "NOTIFY m")
+	w.expect("wake")
+	code, body := get("/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	for _, m := range []struct{ name, typ, value string }{
+		{"listenhub_workers", "gauge", "1"},
+		{"listenhub_channels", "gauge", "1"},
+		{"listenhub_postgres_healthy", "gauge", "1"},
+		{"listenhub_wakes_received_total", "counter", "1"},
+		{"listenhub_frames_sent_total", "counter", ""},
+		{"listenhub_durable_coalesced_total", "counter", "0"},
+		{"listenhub_durable_dropped_total", "counter", "0"},
+		{"listenhub_evictions_total", "counter", "0"},
+		{"listenhub_protocol_errors_total", "counter", "0"},
+		{"listenhub_postgres_reconnects_total", "counter", "0"},
+		{"listenhub_accepts_total", "counter", ""},
+	} {
+		if !strings.Contains(body, "# HELP "+m.name+" ") || !strings.Contains(body, "# TYPE "+m.name+" "+m.typ+"\n") {
+			t.Errorf("%s: no HELP/TYPE %s in\n%s", m.name, m.typ, body)
+		}
+		if m.value != "" && !strings.Contains(body, "\n"+m.name+" "+m.value+"\n") {
+			t.Errorf("%s: want value %s in\n%s", m.name, m.value, body)
+		}
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("/healthz %d while healthy", code)
+	}
+	if c.External() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, timeout, "/healthz 503 while Postgres is down", func() bool {
+		code, _ := get("/healthz")
+		return code == 503
+	})
+	w.status(false)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "/healthz 200 after Postgres is back", func() bool {
+		code, _ := get("/healthz")
+		return code == 200
+	})
+	w.status(true)
+	if m := w.expect("wake"); m.Q != "m" || m.HasP {
+		t.Fatalf("resync wake %+v", m)
+	}
+	_, body = get("/metrics")
+	if !strings.Contains(body, "\nlistenhub_postgres_reconnects_total 1\n") {
+		t.Fatalf("reconnect not counted:\n%s", body)
+	}
+}
+
+// 64 workers on the real binary: census says 1.
+func TestServe64WorkersOneBackend(t *testing.T) {
+	path := sockPath(t)
+	p := serve(t, path, nil)
+	p.ready()
+	ws := make([]*worker, 64)
+	for i := range ws {
+		ws[i] = dialWorker(t, path)
+		ws[i].sub("shared")
+		ws[i].sub(fmt.Sprint("own", i))
+	}
+	if n := census(t, p.app); n != 1 {
+		t.Fatalf("census %d with 64 workers, want 1", n)
+	}
+	notify(t, "NOTIFY shared, 'all'")
+	for _, w := range ws {
+		if m := w.expect("wake"); m.P != "all" {
+			t.Fatalf("wake %+v", m)
+		}
+	}
+}
+
+// 10,000 connect/subscribe/close cycles: the hub's descriptor count comes
+// back to where it started.
+func TestServeChurnFDs(t *testing.T) {
+	path := sockPath(t)
+	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0")
+	p.ready()
+	addr := p.metricsAddr()
+	workers := func() string {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		m := regexp.MustCompile(`(?m)^listenhub_workers (\d+)$`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("no listenhub_workers in\n%s", b)
+		}
+		return string(m[1])
+	}
+	w := dialWorker(t, path) // warm-up: one worker, one channel
+	w.sub("churn")
+	w.c.Close()
+	testutil.WaitFor(t, timeout, "no worker connected", func() bool { return workers() == "0" })
+	before := p.fds()
+	n := 10000
+	if testing.Short() {
+		n = 1000
+	}
+	start := time.Now()
+	for i := range n {
+		w := dialWorker(t, path)
+		w.sub(fmt.Sprint("churn", i%4))
+		w.c.Close()
+	}
+	elapsed := time.Since(start)
+	testutil.WaitFor(t, timeout, "no worker connected", func() bool { return workers() == "0" })
+	var after int
+	testutil.WaitFor(t, timeout, "hub fds back to the start", func() bool { after = p.fds(); return after <= before })
+	t.Logf("hub fds: %d before %d connect/subscribe/close cycles, %d after (%v, %.0f cycles/s)",
+		before, n, after, elapsed, float64(n)/elapsed.Seconds())
+}
+
+// Memory: 1,000 idle workers, then a never-reading worker under 20,000
+// durable NOTIFYs. Logs the RSS figures; fails only on gross growth.
+func TestServeMemory(t *testing.T) {
+	path := sockPath(t)
+	p := serve(t, path, nil)
+	p.ready()
+	base := p.rssKiB()
+	ws := make([]*worker, 1000)
+	for i := range ws {
+		ws[i] = dialWorker(t, path)
+	}
+	idle := p.rssKiB()
+	t.Logf("hub RSS: %d KiB at start, %d KiB with 1,000 idle workers (%.1f KiB per worker)",
+		base, idle, float64(idle-base)/1000)
+	if idle-base > 64<<10 {
+		t.Fatalf("1,000 idle workers cost %d KiB", idle-base)
+	}
+	for _, w := range ws {
+		w.c.Close()
+	}
+	wedged := dialWorker(t, path)
+	wedged.sub("d")
+	sib := dialWorker(t, path)
+	sib.sub("d")
+	notify(t, `DO $$ BEGIN FOR i IN 1..20000 LOOP PERFORM pg_notify('d', ''); COMMIT; END LOOP; END $$`)
+	notify(t, `SELECT pg_notify('d', 'end')`)
+	for {
+		m := sib.expect("wake")
+		if m.P == "end" {
+			break
+		}
+	}
+	after := p.rssKiB()
+	t.Logf("hub RSS: %d KiB after 20,000 durable NOTIFYs to a never-reading worker", after)
+	if after-idle > 64<<10 {
+		t.Fatalf("wedged durable worker grew the hub by %d KiB", after-idle)
+	}
+	// The wedged worker was not evicted: it can still read what it was sent.
+	if m := wedged.expect("wake"); m.Q != "d" {
+		t.Fatalf("wedged worker: %+v", m)
+	}
+}

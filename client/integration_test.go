@@ -54,15 +54,23 @@ func needDB(t testing.TB) *pgtest.Cluster {
 	if testing.Short() {
 		t.Skip("integration test (-short)")
 	}
+	c, err := SharedTestDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// SharedTestDatabase starts the throwaway cluster once per test binary (or
+// connects to LISTENHUB_TEST_DATABASE_URL). Exported, in a test file, for
+// the examples of package client_test.
+func SharedTestDatabase() (*pgtest.Cluster, error) {
 	dbOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		db, dbErr = pgtest.Start(ctx, pgtest.Options{})
 	})
-	if dbErr != nil {
-		t.Fatal(dbErr)
-	}
-	return db
+	return db, dbErr
 }
 
 // listenhubBinary builds cmd/listenhub once per test binary.

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -241,5 +246,89 @@ func TestTailSocketFromEnv(t *testing.T) {
 	c.Close()
 	if n := <-code; n != 1 {
 		t.Fatalf("exit %d", n)
+	}
+}
+
+// End to end: `listenhub serve` and `listenhub tail` as real processes on a
+// real Postgres.
+func TestTailRealHub(t *testing.T) {
+	c := needDB(t)
+	socket := tailSocket(t)
+	hubProc := serve(t, socket, nil, "--channel-prefix", "tailtest.")
+	hubProc.ready()
+
+	long := strings.Repeat("x", 60) // 69 bytes once prefixed: refused
+	cmd := exec.Command(hubBinary(t), "tail", "--socket", socket, "jobs", long)
+	cmd.Env = cleanEnv()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	// nextLine skips the periodic status re-sends after the first.
+	seenStatus := false
+	nextLine := func() string {
+		t.Helper()
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("tail's stdout ended; stderr %q", stderr.String())
+				}
+				if strings.HasPrefix(l, `{"t":"status"`) {
+					if seenStatus {
+						continue
+					}
+					seenStatus = true
+				}
+				return l
+			case <-time.After(tailWait):
+				t.Fatalf("no line from tail; stderr %q", stderr.String())
+			}
+		}
+	}
+	got := []string{nextLine(), nextLine(), nextLine()}
+	slices.Sort(got) // the ack waits for Postgres, the nack does not
+	want := []string{
+		`{"t":"ack","q":"jobs"}`,
+		`{"t":"nack","q":"` + long + `","error":"invalid channel: 69 bytes, Postgres allows at most 63"}`,
+		`{"t":"status","healthy":true}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("first lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	ctx := context.Background()
+	if err := c.Notify(ctx, "tailtest.jobs", `{"id":1}`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Notify(ctx, "tailtest.jobs", ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`{"t":"wake","q":"jobs","p":"{\"id\":1}"}`, `{"t":"wake","q":"jobs","p":null}`} {
+		if l := nextLine(); l != want {
+			t.Fatalf("line %s, want %s", l, want)
+		}
+	}
+	hubProc.cmd.Process.Signal(syscall.SIGTERM) // the hub stops: tail sees EOF
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("tail exit: %v, want status 1", err)
+	}
+	if !strings.Contains(stderr.String(), "the hub closed the connection") {
+		t.Fatalf("stderr %q", stderr.String())
 	}
 }

@@ -125,6 +125,8 @@ type Conn struct {
 
 	qbuf []byte // scratch for building queries; reused
 
+	kicked bool // a post is queued that ensures another iteration (see enqueue)
+
 	// dialer replaces dial for reconnects in tests (a fake server).
 	dialer func(ctx context.Context) (transport, error)
 	// batches and probes count the command queries and health probes
@@ -210,6 +212,16 @@ func (c *Conn) enqueue(listen bool, channel string, done func(error)) {
 	c.pending = append(c.pending, cmd)
 	if c.state == stateDown {
 		c.startExpiry(cmd)
+	}
+	if !c.kicked {
+		// flush runs at the end of this iteration, unless we are
+		// called from an AfterIteration hook that runs after it: then
+		// the loop could sleep in epoll_wait with the batch unsent.
+		// A post guarantees another iteration comes promptly.
+		c.kicked = true
+		if c.l.Post(func() { c.kicked = false }) != nil {
+			c.kicked = false
+		}
 	}
 }
 
@@ -758,14 +770,17 @@ func (c *Conn) Close(done func()) {
 	c.closeTimer = c.l.AfterFunc(c.cfg.HealthCheckTimeout, c.finishClose)
 }
 
-// failWaiting ends every command not yet answered with err.
+// failWaiting ends every command not yet answered with err. The queries in
+// flight stay in inflight, emptied, so that their ReadyForQuery is still
+// matched to them and not to the close query queued behind.
 func (c *Conn) failWaiting(err error) {
 	var cmds []*command
 	for _, q := range c.inflight {
 		cmds = append(cmds, q.cmds...)
+		q.cmds, q.kind = nil, queryProbe
 	}
 	cmds = append(cmds, c.pending...)
-	c.inflight, c.pending, c.cmdInflight = nil, nil, 0
+	c.pending, c.cmdInflight = nil, 0
 	for _, cmd := range cmds {
 		cmd.waiting = false
 		stopExpiry(cmd)

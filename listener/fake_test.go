@@ -617,3 +617,62 @@ func TestFakeClose(t *testing.T) {
 		t.Errorf("after close: %v, want EOF", err)
 	}
 }
+
+// TestFakeListenFromLateHook: a Listen issued by an AfterIteration hook that
+// runs after the Conn's own flush still goes out promptly (the loop must not
+// sleep with the batch unsent).
+func TestFakeListenFromLateHook(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	r := newResults()
+	trigger := false
+	h.on(func() {
+		h.l.AfterIteration(func() {
+			if trigger {
+				trigger = false
+				h.c.Listen("late", r.done("late"))
+			}
+		})
+	})
+	h.on(func() { trigger = true })
+	if sql := s.readQuery(); sql != `LISTEN "late"` {
+		t.Fatalf("query %q", sql)
+	}
+	s.answer(`LISTEN "late"`)
+	testutil.WaitFor(t, fakeTimeout, "late done", func() bool { return r.count() == 1 })
+}
+
+// TestFakeCloseWithBatchInFlight: Close while a batch is unanswered fails the
+// batch with ErrClosed, and the batch's ReadyForQuery is not mistaken for the
+// close query's.
+func TestFakeCloseWithBatchInFlight(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour, HealthCheckTimeout: time.Hour})
+	s := h.server()
+	r := newResults()
+	h.on(func() { h.c.Listen("a", r.done("a")) })
+	s.readQuery()
+	closed := make(chan struct{})
+	h.on(func() { h.c.Close(func() { close(closed) }) })
+	if err, _ := r.has("a"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a: %v", err)
+	}
+	if sql := s.readQuery(); sql != "UNLISTEN *" {
+		t.Fatalf("%q", sql)
+	}
+	s.send(ccMsg("LISTEN"), rfqMsg())
+	var state connState
+	testutil.WaitFor(t, fakeTimeout, "the batch's ReadyForQuery processed", func() bool {
+		var n int
+		h.on(func() { state, n = h.c.state, len(h.c.inflight) })
+		return n == 1 || state == stateClosed
+	})
+	if state != stateClosing {
+		t.Fatalf("state %v after the batch's ReadyForQuery, want closing", state)
+	}
+	s.send(ccMsg("UNLISTEN"), rfqMsg())
+	select {
+	case <-closed:
+	case <-time.After(fakeTimeout):
+		t.Fatal("Close did not finish")
+	}
+}

@@ -676,3 +676,46 @@ func TestFakeCloseWithBatchInFlight(t *testing.T) {
 		t.Fatal("Close did not finish")
 	}
 }
+
+// TestFakeBigBatch: a batch bigger than the socket buffer is written in part,
+// the rest buffered and sent as the socket drains (Writable armed only
+// meanwhile); a batch over maxBatchBytes is split in two queries.
+func TestFakeBigBatch(t *testing.T) {
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
+	s := h.server()
+	r := newResults()
+	const n = 5000
+	name := func(i int) string { return fmt.Sprintf("%s_%05d", strings.Repeat("c", 50), i) }
+	h.on(func() {
+		for i := 0; i < n; i++ {
+			h.c.Listen(name(i), r.done(name(i)))
+		}
+	})
+	var buffered int
+	h.on(func() { buffered = len(h.c.tr.(*fdTransport).out) })
+	if buffered == 0 {
+		t.Log("the whole batch fit in the socket buffer; buffering path not exercised")
+	}
+	got := 0
+	for got < n {
+		sql := s.readQuery()
+		if len(sql) > maxBatchBytes+200 {
+			t.Fatalf("batch of %d bytes", len(sql))
+		}
+		stmts := strings.Split(sql, ";")
+		for j, st := range stmts {
+			if want := `LISTEN "` + name(got+j) + `"`; st != want {
+				t.Fatalf("statement %d: %q, want %q", got+j, st, want)
+			}
+		}
+		got += len(stmts)
+		s.answer(sql)
+	}
+	testutil.WaitFor(t, fakeTimeout, "all done", func() bool { return r.count() == n })
+	var out int
+	h.on(func() { out = len(h.c.tr.(*fdTransport).out) })
+	if out != 0 {
+		t.Errorf("%d bytes still buffered", out)
+	}
+	t.Logf("%d bytes were buffered after the first write; %d batches", buffered, h.c.batches)
+}

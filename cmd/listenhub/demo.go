@@ -224,8 +224,12 @@ func (d *demo) run(ctx context.Context) error {
 	if d.notifier, err = startNotifier(readyCtx, url, d.channel, d.cfg.rate); err != nil {
 		return fmt.Errorf("notifier: %w", err)
 	}
-	fmt.Fprintf(d.out, "listenhub demo: hub on %s; %d worker processes subscribed to %q; notifying %d/s. Ctrl-C to stop.\n",
-		sock, d.cfg.workers, d.channel, d.cfg.rate)
+	plural := "es"
+	if d.cfg.workers == 1 {
+		plural = ""
+	}
+	fmt.Fprintf(d.out, "listenhub demo: hub on %s; %d worker process%s subscribed to %q; notifying %d/s. Ctrl-C to stop.\n",
+		sock, d.cfg.workers, plural, d.channel, d.cfg.rate)
 
 	// --duration counts from here, in report lines: start-up (initdb,
 	// mostly) takes a few seconds that nobody asked to watch, and a run

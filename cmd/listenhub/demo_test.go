@@ -35,7 +35,7 @@ func init() {
 var (
 	demoStartedRE = regexp.MustCompile(`^listenhub demo: started a throwaway PostgreSQL on 127\.0\.0\.1:(\d+) in (\S+) \(removed on exit\)$`)
 	demoUsingRE   = regexp.MustCompile(`^listenhub demo: using (\S+)$`)
-	demoHubRE     = regexp.MustCompile(`^listenhub demo: hub on (\S+); (\d+) worker processes subscribed to "(listenhub_demo_\d+)"; notifying (\d+)/s\. Ctrl-C to stop\.$`)
+	demoHubRE     = regexp.MustCompile(`^listenhub demo: hub on (\S+); (\d+) worker process(?:es)? subscribed to "(listenhub_demo_\d+)"; notifying (\d+)/s\. Ctrl-C to stop\.$`)
 	demoLineRE    = regexp.MustCompile(`^ +(\d+)s  backends (\d+) \((\d+) with direct LISTEN\)  notify/s (\d+)  wakes/s (\d+)  p50 (\S+)  p99 (\S+)  evictions (\d+)  workers (\d+) hub/(\d+) local$`)
 	demoStopRE    = regexp.MustCompile(`^listenhub demo: workers and hub stopped(, throwaway cluster removed)?$`)
 )

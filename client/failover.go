@@ -255,7 +255,10 @@ func (f *Failover) Subscribe(ctx context.Context, q string) error {
 				// Failover itself: no failover.
 				return f.errOr(err)
 			}
-			f.failover(hub.Err())
+			// On its own goroutine, so that this caller can leave
+			// when its ctx ends; a concurrent one (the watcher's)
+			// makes this one a no-op.
+			go f.failover(hub.Err())
 		default:
 			return err // ctx ended; the hub client is fine
 		}

@@ -420,3 +420,67 @@ func TestModeString(t *testing.T) {
 		t.Fatal(ModeHub.String(), ModeLocal.String(), Mode(7).String())
 	}
 }
+
+func TestFailoverCloseDuringSubscribe(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{AckTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	done := result(func() error { return f.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	f.Close()
+	if err := await(t, done); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Subscribe = %v, want ErrClosed", err)
+	}
+	if fl.count() != 0 {
+		t.Fatal("Close during Subscribe failed over")
+	}
+}
+
+// A Subscribe whose ctx ends while the failover is building the local
+// listener returns at once; the failover carries on.
+func TestFailoverSubscribeContextDuringSwap(t *testing.T) {
+	h := newFakeHub(t, true)
+	gate := make(chan struct{})
+	fl := &fakeLocals{}
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.opts.newLocal = func(ctx context.Context, o LocalOptions) (Listener, error) {
+		<-gate
+		return fl.newLocal(ctx, o)
+	}
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "swap in progress", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.swapping
+	})
+	if f.Healthy() {
+		t.Fatal("healthy while swapping")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := f.Subscribe(ctx, "b"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Subscribe = %v", err)
+	}
+	f.Unsubscribe("a") // dropped while swapping: unsubscribed after the swap
+	close(gate)
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return f.Mode() == ModeLocal })
+	l := fl.get(t)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// "b" was recorded before its ctx ended (a recorded name is harmless
+	// over-subscription); "a" was dropped during the swap.
+	if subs := slices.Clone(l.subs); slices.Contains(subs, "a") && !slices.Contains(l.unsubs, "a") {
+		t.Fatalf("local subs %v unsubs %v", subs, l.unsubs)
+	}
+}

@@ -398,3 +398,13 @@ func TestMuxChurn(t *testing.T) {
 		t.Fatalf("last frame for a: %q", last)
 	}
 }
+
+func TestMuxCloseDuringSubscribe(t *testing.T) {
+	m, _, fc := muxOverFake(t, false, MuxOptions{})
+	done := result(func() error { _, err := m.Subscribe(context.Background(), "a"); return err })
+	fc.expect(t, "sub", "a")
+	m.Close()
+	if err := await(t, done); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Subscribe = %v, want ErrClosed", err)
+	}
+}

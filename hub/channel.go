@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/listener"
 )
 
 // chanState is where a channel of the union stands with Postgres.
@@ -52,6 +54,11 @@ type channel struct {
 	// waiters are subs still owed an answer, in arrival order; a worker
 	// that sent sub twice is here twice and gets two answers.
 	waiters []*worker
+	// unlistenFailed: the UNLISTEN failed (the connection was down past
+	// the command timeout) and nobody subscribed since. The state stays
+	// stateUnlistenInFlight with no command in flight; the UNLISTEN is
+	// retried when the connection is back, or a new sub LISTENs afresh.
+	unlistenFailed bool
 }
 
 // channelName maps a subscription name to its Postgres channel, or says why
@@ -69,6 +76,9 @@ func (h *Hub) channelName(q string) (string, error) {
 	}
 	if strings.IndexByte(pg, 0) >= 0 {
 		return "", errors.New("invalid channel: contains NUL")
+	}
+	if !utf8.ValidString(pg) {
+		return "", errors.New("invalid channel: not valid UTF-8")
 	}
 	return pg, nil
 }
@@ -92,6 +102,12 @@ func (h *Hub) subscribe(w *worker, q string) {
 		return
 	}
 	h.addSub(w, ch)
+	if ch.unlistenFailed {
+		ch.unlistenFailed = false
+		ch.waiters = append(ch.waiters, w)
+		h.listen(ch) // a fresh LISTEN makes the state certain again
+		return
+	}
 	if ch.state == stateListening && h.healthy {
 		h.sendAck(w, q)
 		return
@@ -206,6 +222,12 @@ func (h *Hub) unlistenDone(ch *channel, err error) {
 	}
 	if err != nil {
 		h.log.Warn("UNLISTEN failed", "q", ch.q, "channel", ch.pg, "reason", err)
+		if len(ch.subs) == 0 && !errors.Is(err, listener.ErrInvalidChannel) {
+			// The listener may still LISTEN to it (and re-LISTEN on
+			// reconnect): retry once the connection is back.
+			ch.unlistenFailed = true
+			return
+		}
 	}
 	if len(ch.subs) > 0 {
 		h.listen(ch) // subscribers arrived while the UNLISTEN was in flight

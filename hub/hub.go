@@ -362,8 +362,12 @@ func (h *Hub) onHealth(healthy bool) {
 	// now that the union is LISTENed again, then every subscriber gets
 	// one durable wake per channel so that durable readers re-read.
 	for _, ch := range h.channels {
-		if ch.state == stateListening {
+		switch {
+		case ch.state == stateListening:
 			h.ackWaiters(ch)
+		case ch.unlistenFailed && len(ch.subs) == 0:
+			ch.unlistenFailed = false
+			h.unlisten(ch)
 		}
 	}
 	for _, ch := range h.channels {

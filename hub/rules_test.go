@@ -177,6 +177,41 @@ func TestListenFailureNacks(t *testing.T) {
 	w1.expect(ack("a"))
 }
 
+// A failed UNLISTEN (connection down past the command timeout) is retried
+// when the connection is back; a sub meanwhile LISTENs afresh.
+func TestUnlistenFailureRetried(t *testing.T) {
+	e := newEnv(t, nil)
+	w := e.dial()
+	for _, q := range []string{"a", "b"} {
+		w.sub(q)
+		e.complete("LISTEN", q, nil)
+		w.expect(ack(q))
+		w.unsub(q)
+		e.complete("UNLISTEN", q, errors.New("no connection"))
+	}
+	e.do(func() {
+		if len(e.h.channels) != 2 || !e.h.channels["a"].unlistenFailed {
+			t.Errorf("channels %v: want a and b kept for a retry", e.h.channels)
+		}
+	})
+	w.sub("b")
+	e.complete("LISTEN", "b", nil)
+	w.expect(ack("b"))
+	e.health(false)
+	w.expect(statusFalse)
+	e.health(true)
+	w.expect(statusTrue, wake("b", nil))
+	if got := e.pending(); !slices.Equal(got, []string{"UNLISTEN a"}) {
+		t.Fatalf("pending = %v, want the UNLISTEN of a retried", got)
+	}
+	e.complete("UNLISTEN", "a", nil)
+	e.do(func() {
+		if _, ok := e.h.channels["a"]; ok || len(e.h.channels) != 1 {
+			t.Errorf("channels %v, want only b", e.h.channels)
+		}
+	})
+}
+
 // Channel mapping and validation: prefix+Q+suffix, at most 63 bytes, no NUL.
 func TestChannelMapping(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.ChannelPrefix, c.ChannelSuffix = "pgmq.q_", ".INSERT" })

@@ -121,8 +121,9 @@ func (p *proc) stop() {
 
 // fleet is a set of worker processes holding conns subscriptions in total.
 type fleet struct {
-	procs []*proc
-	conns int
+	procs     []*proc
+	conns     int
+	startTime time.Duration
 }
 
 // layout describes how many processes hold how many conns.
@@ -144,6 +145,8 @@ func (l layout) String() string {
 // of them to be subscribed.
 func startFleet(sys *system, channel string, l layout, readyTimeout time.Duration) (*fleet, error) {
 	f := &fleet{conns: l.total()}
+	t0 := time.Now()
+	defer func() { f.startTime = time.Since(t0) }()
 	args := []string{"worker", "--channel", channel, "--conns", strconv.Itoa(l.ConnsPerProc)}
 	if sys.direct {
 		args = append(args, "--mode", "direct", "--database-url", sys.dbURL, "--parallel", "8")

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -39,6 +40,7 @@ type params struct {
 	WedgedPad      int           `json:"wedged_payload_pad"`
 	WedgedN        int           `json:"wedged_n"`
 	OneProcN       int           `json:"one_proc_n"`
+	SatOneProc     bool          `json:"saturation_one_proc"`
 	BigCensusProcs int           `json:"big_census_procs"`
 }
 
@@ -49,7 +51,7 @@ func fullParams() params {
 		ChurnCycles: 100000, ChurnProcs: 4, ChurnIdleDur: 4 * time.Second,
 		IdleN:     []int{1000, 10000},
 		WedgedDur: 4 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
-		OneProcN: 256, BigCensusProcs: 8,
+		OneProcN: 256, SatOneProc: true, BigCensusProcs: 8,
 	}
 }
 
@@ -57,10 +59,10 @@ func quickParams() params {
 	return params{
 		Quick:  true,
 		PacedN: []int{1, 256}, CensusN: nil, PacedDur: 2 * time.Second,
-		SatN: []int{256}, FloodDur: 2 * time.Second, SearchDur: 800 * time.Millisecond, SearchSteps: 3,
+		SatN: []int{256}, FloodDur: 2 * time.Second, SearchDur: time.Second, SearchSteps: 3,
 		ChurnCycles: 10000, ChurnProcs: 4, ChurnIdleDur: 2 * time.Second,
 		IdleN:     []int{1000},
-		WedgedDur: 3 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
+		WedgedDur: 2500 * time.Millisecond, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, BigCensusProcs: 8,
 	}
 }
@@ -94,15 +96,33 @@ func runMain(args []string) error {
 	quick := fs.Bool("quick", false, "the short suite (under 2 minutes)")
 	jsonOut := fs.String("json", "", "write all results to this file")
 	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged")
-	systems := fs.String("systems", "direct,hub,gohub,gnet", "comma-separated systems")
+	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet)")
 	hubBin := fs.String("hub-bin", "", "use this listenhub binary instead of building ../cmd/listenhub")
 	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
 	keep := fs.Bool("keep", false, "keep the temp dir (server logs)")
+	nList := fs.String("n", "", "override the paced and saturation N list (e.g. 1,8), for development")
 	fs.Parse(args)
 
 	p := fullParams()
 	if *quick {
 		p = quickParams()
+	}
+	if *systems == "" {
+		*systems = "direct,hub,gohub,gnet"
+		if *quick {
+			*systems = "direct,hub,gohub"
+		}
+	}
+	if *nList != "" {
+		p.PacedN, p.SatN, p.CensusN, p.OneProcN = nil, nil, nil, 0
+		for _, s := range strings.Split(*nList, ",") {
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				return fmt.Errorf("--n: %w", err)
+			}
+			p.PacedN = append(p.PacedN, n)
+			p.SatN = append(p.SatN, n)
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -174,7 +194,7 @@ func runMain(args []string) error {
 					continue
 				}
 			}
-			s.argv, s.appName = []string{bin, "serve"}, "listenhub"
+			s.argv, s.appName = []string{bin, "serve", "--log-level", "warn"}, "listenhub"
 		case "gohub":
 			s.argv, s.appName = []string{self, "gohub"}, "lhbench-gohub"
 		case "gnet":

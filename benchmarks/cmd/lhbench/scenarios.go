@@ -232,6 +232,7 @@ func (b *bench) paced() error {
 				if err != nil {
 					return err
 				}
+				b.logf("  %s: %s subscribed in %v", sys.name, j.l, f.startTime.Round(time.Millisecond))
 				defer f.stop()
 				if crow.Backends, err = b.otherBackends(); err != nil {
 					return err
@@ -264,7 +265,7 @@ func (b *bench) saturation() error {
 	for _, n := range b.p.SatN {
 		layouts = append(layouts, layout{Procs: n, ConnsPerProc: 1})
 	}
-	if b.p.OneProcN > 0 {
+	if b.p.OneProcN > 0 && b.p.SatOneProc {
 		layouts = append(layouts, layout{Procs: 1, ConnsPerProc: b.p.OneProcN})
 	}
 	for _, l := range layouts {
@@ -315,7 +316,7 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 	row.Lat = m.h.Summarize()
 
 	// The highest paced rate with zero evictions, no loss and p99 under
-	// 10 ms: a bisection in log space below the flood rate.
+	// 10 ms.
 	restart := func() error {
 		f.stop()
 		sys.stop()
@@ -331,12 +332,14 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 			return err
 		}
 	}
-	hi := row.NotifyPerSec * 1.05
-	lo := 0.0
+	// Log-space bisection between flood/64 and the flood rate (a paced
+	// notifier cannot beat its own flood rate by much).
+	top := row.NotifyPerSec
+	lo, hi := top/64, top
 	var best *SearchStep
 	var bestLat hist.Summary
-	rate := hi
 	for step := 0; step < b.p.SearchSteps; step++ {
+		rate := math.Sqrt(lo * hi)
 		sr, reps, err := b.pacedRun(f, "sat", rate, b.p.SearchDur, 0)
 		if err != nil {
 			return err
@@ -356,6 +359,7 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 			s.Pass = true
 		}
 		row.SearchSteps = append(row.SearchSteps, s)
+		b.logf("  %s N=%d rate %.0f/s: achieved %.0f/s p99 %.0fµs evicted %d lost %d → %v %s", sys.name, l.total(), s.Rate, s.Achieved, s.P99, s.Evicted, s.Lost, s.Pass, s.Why)
 		if s.Pass {
 			lo = rate
 			if best == nil || rate > best.Rate {
@@ -363,19 +367,11 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 			}
 		} else {
 			hi = rate
-			if m.EOF > 0 {
+			if m.EOF > 0 && step < b.p.SearchSteps-1 {
 				if err := restart(); err != nil {
 					return err
 				}
 			}
-		}
-		if s.Pass && step == 0 {
-			break // the flood rate itself is sustained
-		}
-		if lo == 0 {
-			rate = hi / 4
-		} else {
-			rate = math.Sqrt(lo * hi)
 		}
 	}
 	row.SustainedTested = true
@@ -383,13 +379,16 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 		row.SustainedRate = best.Achieved
 		row.SustainedDeliv = best.Achieved * float64(l.total())
 		row.SustainedLat = bestLat
-		if len(row.SearchSteps) > 0 && !row.SearchSteps[0].Pass {
-			row.SustainedLimit = row.SearchSteps[0].Why + " above"
-		} else {
-			row.SustainedLimit = "notifier (flood rate sustained)"
+		row.SustainedLimit = "none below the flood rate (the notifier is the limit)"
+		lowest := math.Inf(1)
+		for _, st := range row.SearchSteps {
+			if !st.Pass && st.Rate > best.Rate && st.Rate < lowest {
+				lowest = st.Rate
+				row.SustainedLimit = fmt.Sprintf("%s at %.0f/s", st.Why, st.Rate)
+			}
 		}
 	} else {
-		row.SustainedLimit = "no tested rate passed"
+		row.SustainedLimit = fmt.Sprintf("no tested rate passed (lowest tried %.0f/s)", hiTried(row.SearchSteps))
 	}
 	return nil
 }
@@ -621,4 +620,12 @@ func jsonUnmarshal(b []byte, v any) error {
 		return fmt.Errorf("bad line %.100q: %w", b, err)
 	}
 	return nil
+}
+
+func hiTried(steps []SearchStep) float64 {
+	low := math.Inf(1)
+	for _, s := range steps {
+		low = min(low, s.Rate)
+	}
+	return low
 }

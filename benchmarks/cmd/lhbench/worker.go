@@ -66,32 +66,22 @@ type connStats struct {
 
 var currentRun atomic.Int64
 
+// parsePayload reads RUN and SENDNS out of "RUN:SEQ:SENDNS[:pad]".
 func parsePayload(p []byte) (run, send int64, ok bool) {
-	// RUN:SEQ:SENDNS[:pad]
+	var f [3]int64
 	i := 0
-	field := func() (int64, bool) {
-		var v int64
+	for k := range f {
 		start := i
 		for i < len(p) && p[i] >= '0' && p[i] <= '9' {
-			v = v*10 + int64(p[i]-'0')
+			f[k] = f[k]*10 + int64(p[i]-'0')
 			i++
 		}
-		if i == start {
-			return 0, false
+		if i == start || (i < len(p) && p[i] != ':') || (i == len(p) && k < 2) {
+			return 0, 0, false
 		}
-		if i < len(p) {
-			if p[i] != ':' {
-				return 0, false
-			}
-			i++
-		}
-		return v, true
+		i++
 	}
-	var ok1, ok2, ok3 bool
-	run, ok1 = field()
-	_, ok2 = field()
-	send, ok3 = field()
-	return run, send, ok1 && ok2 && ok3
+	return f[0], f[2], true
 }
 
 func (s *connStats) wake(p []byte, hasP bool, now int64) {

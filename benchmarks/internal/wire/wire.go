@@ -138,13 +138,20 @@ func NewReader(r io.Reader, size int) *Reader {
 	return &Reader{r: bufio.NewReaderSize(r, size)}
 }
 
+// Reset makes r read from a new stream, keeping its buffer.
+func (r *Reader) Reset(rd io.Reader) { r.r.Reset(rd) }
+
 // Next returns the next frame's body. It is valid until the next call.
 func (r *Reader) Next() ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r.r, hdr[:]); err != nil {
+	hdr, err := r.r.Peek(4)
+	if err != nil {
+		if err == io.EOF && len(hdr) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
 		return nil, err
 	}
-	n := binary.BigEndian.Uint32(hdr[:])
+	n := binary.BigEndian.Uint32(hdr)
+	r.r.Discard(4)
 	if n > MaxLen {
 		return nil, ErrTooLarge
 	}

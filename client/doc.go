@@ -1,0 +1,51 @@
+// Package client is the worker side of listenhub: what a process uses to
+// receive Postgres NOTIFYs through the host's hub, and without it.
+//
+// Three layers, each usable alone:
+//
+//   - Client (Dial) is one connection to the hub's Unix socket. Subscribe
+//     returns once the hub's LISTEN is confirmed (its ack); wakes and status
+//     frames arrive through handlers, in wire order, on the client's reader
+//     goroutine. It never reconnects: its first failure (EOF, an eviction,
+//     an ack timeout, a nack other than an invalid name, a stalled write)
+//     leaves it dead, with Done closed and Err saying why.
+//   - Failover (NewFailover) starts on a Client and, on its first failure,
+//     swaps to a Local listener (this process's own Postgres connection,
+//     listener.Plain), re-subscribing the names it recorded, once and
+//     one-way. A hub absent at start means local mode from the start.
+//     Local is also usable directly.
+//   - Mux fans one Listener's wakes out to many in-process subscribers (SSE
+//     streams, websockets), each with a bounded buffer, so that a process
+//     holds one subscription per name however many subscribers it has.
+//
+// Client, Local and Failover satisfy Listener, which is what a Mux is bound
+// to.
+//
+// # Handlers
+//
+// OnWake and OnStatus (in Options, LocalOptions and FailoverOptions) are the
+// delivery API, as pgconn.Config.OnNotification is pgx's: called one at a
+// time, in order, from the listener's own goroutine. A handler that blocks
+// stops that goroutine from reading: acks wait (Subscribe may time out and
+// kill the client) and the hub's backlog for this process grows until the
+// hub evicts it, which is a failover. Hand work off; Mux.HandleWake does, to
+// bounded per-subscriber buffers, and never blocks.
+//
+// # Durable and ephemeral wakes
+//
+// A wake without payload (Wake.Durable) means "something changed, re-read":
+// the hub coalesces them, Mux coalesces them per subscriber, and both the
+// hub (after its Postgres reconnects) and Failover (after it swaps) send one
+// per subscribed name to cover a gap in which NOTIFYs were lost. A wake with
+// a payload may be the only copy of the message: the hub never drops one
+// while the worker is connected, and a Mux subscriber that cannot keep up
+// with them is closed with a *SlowSubscriberError rather than silently
+// skipping some.
+//
+// # Errors
+//
+// errors.Is(err, ErrInvalidName) for a name no channel can carry (harmless
+// to the listener); *NackError, *AckTimeoutError (ErrAckTimeout) and
+// *ConnError for hub failures; *FailoverError when the local listener fails
+// too; ErrClosed after Close.
+package client

@@ -13,8 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/listenhub/listenhub/client"
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/listener"
 )
 
 // hexBlock is one ```hex fenced block of protocol.md: a label line starting
@@ -350,4 +354,34 @@ func slug(heading string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestProtocolFacts checks the values the prose quotes from the code: the
+// limits table, the nack reasons, the pgbus LISTEN statement.
+func TestProtocolFacts(t *testing.T) {
+	doc := readDoc(t)
+	for _, c := range []struct {
+		what string
+		got  any
+		want any
+		text string // must appear in protocol.md
+	}{
+		{"hub.DefaultHardQueueLimit", hub.DefaultHardQueueLimit, 1024, "`--hard-queue-limit` 1024 frames, and 8 MiB"},
+		{"hub.DefaultHardQueueBytes", hub.DefaultHardQueueBytes, 8 << 20, "`--hard-queue-limit` 1024 frames, and 8 MiB"},
+		{"hub.DefaultDurableQueueLimit", hub.DefaultDurableQueueLimit, 256, "`--durable-queue-limit` 256"},
+		{"hub.DefaultStatusInterval", hub.DefaultStatusInterval, time.Second, "5 s by default"},
+		{"listener.MaxChannelLen", listener.MaxChannelLen, 63, "63 bytes (Postgres NAMEDATALEN-1)"},
+		{"client.DefaultAckTimeout", client.DefaultAckTimeout, 2 * time.Second, "(the Go client: 2 s;"},
+		{"client.DefaultWriteTimeout", client.DefaultWriteTimeout, 2 * time.Second, "the Go client uses 2 s"},
+		{"pgbus LISTEN", "LISTEN " + listener.QuoteIdentifier("pgmq.q_"+"default"+".INSERT"), `LISTEN "pgmq.q_default.INSERT"`, "`LISTEN \"pgmq.q_default.INSERT\"`"},
+		{"LISTEN failure nack", "LISTEN failed: " + listener.ErrCommandTimeout.Error(), "LISTEN failed: listener: no connection within the command timeout",
+			`"error":"LISTEN failed: listener: no connection within the command timeout"`},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s is %v; protocol.md says %v", c.what, c.got, c.want)
+		}
+		if !strings.Contains(doc, c.text) {
+			t.Errorf("protocol.md no longer says %s (for %s)", c.text, c.what)
+		}
+	}
 }

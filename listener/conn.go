@@ -252,10 +252,10 @@ func (c *Conn) startExpiry(cmd *command) {
 }
 
 func stopExpiry(cmd *command) {
-	if t, ok := cmd.expire.(*loop.Timer); ok {
-		t.Stop()
+	if cmd.expire != nil {
+		cmd.expire.Stop()
+		cmd.expire = nil
 	}
-	cmd.expire = nil
 }
 
 func (c *Conn) removePending(cmd *command) {
@@ -300,6 +300,9 @@ func (c *Conn) flush() {
 	}
 	buf = finishQuery(buf, start)
 	c.qbuf = buf
+	if cap(buf) > 64<<10 {
+		c.qbuf = nil // a one-off big batch: don't keep its buffer
+	}
 	c.batches++
 	c.send(q, buf)
 }
@@ -498,15 +501,14 @@ func (c *Conn) dialed(gen uint64, tr transport, err error) {
 // probe or a query is in flight it gives the server HealthCheckTimeout to
 // send anything at all.
 func (c *Conn) healthTick() {
-	c.hc = nil
-	if c.state != stateUp {
+	if c.state != stateUp || c.hc == nil {
 		return
 	}
 	now := c.l.Now()
 	if !c.probeSince.IsZero() {
 		if !c.lastRx.After(c.probeSince) {
 			if wait := c.cfg.HealthCheckTimeout - now.Sub(c.probeSince); wait > 0 {
-				c.hc = c.l.AfterFunc(wait, c.healthTick)
+				c.hc.Reset(wait)
 				return
 			}
 			c.fail(fmt.Errorf("%w within %s", ErrHealthCheck, c.cfg.HealthCheckTimeout))
@@ -516,11 +518,11 @@ func (c *Conn) healthTick() {
 	}
 	idle := now.Sub(c.lastRx)
 	if idle < c.cfg.HealthCheckInterval {
-		c.hc = c.l.AfterFunc(c.cfg.HealthCheckInterval-idle, c.healthTick)
+		c.hc.Reset(c.cfg.HealthCheckInterval - idle)
 		return
 	}
 	c.probeSince = now
-	c.hc = c.l.AfterFunc(c.cfg.HealthCheckTimeout, c.healthTick)
+	c.hc.Reset(c.cfg.HealthCheckTimeout)
 	if len(c.inflight) == 0 {
 		// The empty query: EmptyQueryResponse + ReadyForQuery, no
 		// transaction, no parse. With a query already in flight its

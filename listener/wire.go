@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/listenhub/listenhub/loop"
 )
 
 // The loop-driven connection parses the backend framing itself (1-byte type,
@@ -105,7 +107,7 @@ type command struct {
 	done    func(error) // nil for the internal re-LISTENs of a resync
 	resync  bool        // part of the re-LISTEN of the whole set after a reconnect
 	waiting bool        // in the pending queue (not sent, not finished)
-	expire  any         // *loop.Timer (Conn) while waiting for a connection
+	expire  *loop.Timer // CommandTimeout, while waiting for a connection
 }
 
 // appendCommand appends one statement of a batch: `LISTEN "ch"`.

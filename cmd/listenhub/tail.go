@@ -48,8 +48,15 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, tailUsage)
 		fs.PrintDefaults()
 	}
-	// Flags may come after the names too: `tail jobs --socket /run/x`.
-	var qs []string
+	// Flags may come after the names too (`tail jobs --socket /run/x`);
+	// everything after "--" is a name, even one that starts with "-".
+	var qs, literal []string
+	for i, a := range args {
+		if a == "--" {
+			args, literal = args[:i], args[i+1:]
+			break
+		}
+	}
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -61,13 +68,10 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if len(args) == 0 {
 			break
 		}
-		if args[0] == "--" {
-			qs = append(qs, args[1:]...)
-			break
-		}
 		qs = append(qs, args[0])
 		args = args[1:]
 	}
+	qs = append(qs, literal...)
 	if *socket == "" {
 		fmt.Fprintln(stderr, "listenhub tail: --socket is required (or LISTENHUB_SOCKET)")
 		fs.Usage()

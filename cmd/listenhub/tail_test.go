@@ -157,9 +157,11 @@ func TestTailFlagAfterNames(t *testing.T) {
 	var stdout, stderr lockedBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	code := make(chan int, 1)
-	go func() { code <- runTail(ctx, []string{"a", "--socket", path, "b"}, &stdout, &stderr) }()
+	go func() {
+		code <- runTail(ctx, []string{"a", "--socket", path, "b", "--", "-c", "--d"}, &stdout, &stderr)
+	}()
 	_, msgs := accept()
-	for _, want := range []string{"a", "b"} {
+	for _, want := range []string{"a", "b", "-c", "--d"} {
 		if m := <-msgs; m.Q != want {
 			t.Fatalf("sub %q, want %q", m.Q, want)
 		}

@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -101,7 +102,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	a, err := newApp(ctx, cfg, log)
 	if err != nil {
-		fmt.Fprintf(stderr, "sse: %v\n", err)
+		// pgconn's connect errors span lines (one per address tried).
+		fmt.Fprintf(stderr, "sse: %s\n", strings.Join(strings.Fields(err.Error()), " "))
 		return 1
 	}
 	defer a.Close()

@@ -112,6 +112,7 @@ type Hub struct {
 	sock         listenSocket
 	acceptPaused bool
 	acceptTimer  *loop.Timer
+	pauseLogged  time.Time // when an accept pause was last logged at warn
 	allow        map[uint32]struct{}
 
 	workers  map[uint64]*worker
@@ -197,13 +198,13 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 		discardLoop(l)
 		return err
 	}
-	h.sock = sock
 	if sock.tok, err = l.Register(sock.fd, loop.Readable, h.onAcceptable); err != nil {
 		sock.close()
 		pg.Close(func() {})
 		discardLoop(l)
 		return fmt.Errorf("hub: %w", err)
 	}
+	h.sock = sock
 	h.rbuf = make([]byte, readSize)
 	// Open connected and authenticated: the hub starts healthy. The
 	// listener's first OnHealth(true), once its connection is installed

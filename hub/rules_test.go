@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
@@ -693,5 +695,25 @@ func TestAllowUIDs(t *testing.T) {
 	}
 	if s := e.h.Stats(); s.Workers != 0 || s.Accepts != 1 {
 		t.Fatalf("stats %+v", s)
+	}
+}
+
+// EMFILE and friends pause accepting for a moment instead of spinning on
+// the level-triggered readiness; accepting resumes on its own.
+func TestAcceptPause(t *testing.T) {
+	e := newEnv(t, nil)
+	e.do(func() {
+		if !e.h.sock.tok.Valid() {
+			t.Error("listening socket has no valid loop token")
+		}
+		e.h.pauseAccept(unix.EMFILE)
+	})
+	w := dialRaw(t, e.path) // waits in the backlog until the pause ends
+	w.expect(statusTrue)
+	if n := e.logs.count("level=ERROR"); n != 0 {
+		t.Fatalf("errors logged:\n%s", e.logs.String())
+	}
+	if n := e.logs.count(`msg="accept paused"`); n != 1 {
+		t.Fatalf("accept paused logged %d times", n)
 	}
 }

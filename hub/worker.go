@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -154,8 +155,15 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 }
 
 func (h *Hub) pauseAccept(err error) {
-	h.log.Warn("accept paused", "reason", os.NewSyscallError("accept4", err), "pause", acceptPause,
-		"workers", len(h.workers))
+	// Out of descriptors lasts; say so at warn once per 10s, not every
+	// pause.
+	level := slog.LevelDebug
+	if now := h.loop.Now(); now.Sub(h.pauseLogged) >= 10*time.Second {
+		h.pauseLogged = now
+		level = slog.LevelWarn
+	}
+	h.log.Log(context.Background(), level, "accept paused", "reason", os.NewSyscallError("accept4", err),
+		"pause", acceptPause, "workers", len(h.workers))
 	h.acceptPaused = true
 	if err := h.loop.Modify(h.sock.tok, 0); err != nil {
 		h.log.Error("pause accept", "reason", err)

@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/testutil"
@@ -785,4 +787,74 @@ func TestServeMemory(t *testing.T) {
 	if m := wedged.expect("wake"); m.Q != "d" {
 		t.Fatalf("wedged worker: %+v", m)
 	}
+}
+
+// cpuTicks is the hub process's user+system CPU time in clock ticks.
+func (p *proc) cpuTicks() int {
+	p.t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid()))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	u, _ := strconv.Atoi(f[11])
+	s, _ := strconv.Atoi(f[12])
+	return u + s
+}
+
+// Out of descriptors (EMFILE): the hub pauses accepting instead of spinning
+// on a readiness it cannot serve, keeps serving the workers it has, and
+// admits the waiting ones once descriptors free up.
+func TestServeEMFILE(t *testing.T) {
+	path := sockPath(t)
+	p := serve(t, path, nil)
+	p.ready()
+	base := p.fds()
+	var old unix.Rlimit
+	if err := unix.Prlimit(p.pid(), unix.RLIMIT_NOFILE, nil, &old); err != nil {
+		t.Skipf("prlimit: %v", err)
+	}
+	lim := unix.Rlimit{Cur: uint64(base + 3), Max: old.Max}
+	if err := unix.Prlimit(p.pid(), unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+		t.Skipf("prlimit: %v", err)
+	}
+	admitted := make([]*worker, 3)
+	for i := range admitted {
+		admitted[i] = dialWorker(t, path)
+	}
+	admitted[0].sub("emfile")
+	// These connect (the backlog takes them) but cannot be accepted.
+	waiting := make([]*net.UnixConn, 5)
+	for i := range waiting {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		waiting[i] = c
+	}
+	testutil.WaitFor(t, timeout, "accept paused in the log", func() bool {
+		return strings.Contains(p.stderr.String(), `"msg":"accept paused"`)
+	})
+	cpu0, t0 := p.cpuTicks(), time.Now()
+	time.Sleep(time.Second) // measure a second of EMFILE
+	used := float64(p.cpuTicks()-cpu0) / 100 / time.Since(t0).Seconds()
+	t.Logf("hub CPU while out of descriptors: %.0f%% of a core", used*100)
+	if used > 0.3 {
+		t.Fatalf("hub uses %.0f%% of a core while out of descriptors: spinning", used*100)
+	}
+	notify(t, "NOTIFY emfile, 'served'") // the admitted workers are served
+	if m := admitted[0].expect("wake"); m.P != "served" {
+		t.Fatalf("wake %+v", m)
+	}
+	for _, w := range admitted {
+		w.c.Close()
+	}
+	for i, c := range waiting { // now they get in
+		w := &worker{t: t, c: c, buf: make([]byte, 4096)}
+		if i < 3 {
+			w.expect("status")
+		}
+	}
+	unix.Prlimit(p.pid(), unix.RLIMIT_NOFILE, &old, nil)
 }

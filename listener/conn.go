@@ -362,6 +362,9 @@ func (c *Conn) install(tr transport) {
 
 // setHealthy reports a health change once.
 func (c *Conn) setHealthy(h bool) {
+	if h {
+		c.backoff = c.cfg.ReconnectMin // the next loss starts over
+	}
 	if c.healthy == h {
 		return
 	}
@@ -713,8 +716,7 @@ func (c *Conn) answered(q *query) {
 			c.resyncing--
 		}
 	}
-	if c.resyncing == 0 && c.state == stateUp {
-		c.backoff = c.cfg.ReconnectMin
+	if c.resyncing == 0 && c.state == stateUp && !c.healthy {
 		c.setHealthy(true)
 	}
 	for _, cmd := range done {

@@ -190,14 +190,10 @@ func TestDemo(t *testing.T) {
 // TestDemoDatabaseURL runs the demo against a server it does not own: it
 // must use it, and leave it running with none of the demo's backends.
 func TestDemoDatabaseURL(t *testing.T) {
+	c := needDB(t) // the package's shared cluster
 	t.Setenv(demoWorkerEnv, "1")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := pgtest.Start(ctx, pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 
 	var out, errw syncBuffer
 	const workers = 2
@@ -261,12 +257,7 @@ func TestDemoBinaryCtrlC(t *testing.T) {
 	if os.Getenv(pgtest.EnvURL) != "" {
 		t.Skip("the throwaway-cluster path needs " + pgtest.EnvURL + " unset")
 	}
-	bin := filepath.Join(t.TempDir(), "listenhub")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, b)
-	}
-	cmd := exec.Command(bin, "demo", "--workers", "2")
+	cmd := exec.Command(hubBinary(t), "demo", "--workers", "2")
 	var errw syncBuffer
 	cmd.Stderr = &errw
 	stdout, err := cmd.StdoutPipe()

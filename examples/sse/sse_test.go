@@ -157,7 +157,8 @@ func backends(t *testing.T, app string) int {
 
 func get(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url)
+	c := &http.Client{Timeout: timeout}
+	resp, err := c.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

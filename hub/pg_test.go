@@ -461,3 +461,31 @@ func TestPGChurnFDs(t *testing.T) {
 		t.Fatalf("accepts = %d, want %d", s.Accepts, n+1)
 	}
 }
+
+// A socket that cannot be bound after Postgres was reached: Start fails and
+// the backend it opened goes away.
+func TestPGBindFailureReleasesBackend(t *testing.T) {
+	c := needDB(t)
+	app := "lh-bindfail"
+	h, err := New(Config{
+		SocketPath:      filepath.Join(t.TempDir(), "missing-dir", "hub.sock"),
+		DatabaseURL:     c.URL(),
+		ApplicationName: app,
+		Logger:          slog.New(slog.NewTextHandler(&logBuf{}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "bind") {
+		t.Fatalf("Start: %v, want a bind error", err)
+	}
+	<-h.Done()
+	testutil.WaitFor(t, timeout, "no backend left", func() bool {
+		pids, err := c.BackendPIDs(context.Background(), app)
+		return err == nil && len(pids) == 0
+	})
+	if err := h.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop after a failed Start: %v", err)
+	}
+}

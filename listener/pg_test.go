@@ -693,21 +693,37 @@ func TestUnreachable(t *testing.T) {
 	}
 }
 
-// TestCommandTimeoutWhileDown: with CommandTimeout set, a LISTEN issued
-// while the server is down fails with ErrCommandTimeout instead of waiting.
+// TestCommandTimeoutWhileDown: a LISTEN issued while the server is down
+// fails with ErrCommandTimeout after Config.CommandTimeout (Conn), or when
+// its context ends (Plain), instead of waiting; once the server is back the
+// same LISTEN works.
 func TestCommandTimeoutWhileDown(t *testing.T) {
 	pgtesting.RequireLocal(t, db)
-	v := variants(t)[0]
-	r := newRecorder()
-	s := v.open(t, r, opts{commandTimeout: 300 * time.Millisecond})
-	base := r.reports()
-	pgtesting.Must(t, db.Stop(ctxT(t)))
-	t.Cleanup(func() { db.Start(context.Background()) })
-	base = r.waitHealth(t, base, pgTimeout, false)
-	if err := s.listen(t, "timeout"); !errors.Is(err, ErrCommandTimeout) {
-		t.Fatalf("LISTEN while down: %v, want ErrCommandTimeout", err)
+	for _, v := range variants(t) {
+		if v.name != "loop-tcp" && v.name != "plain-tcp" {
+			continue
+		}
+		t.Run(v.name, func(t *testing.T) {
+			r := newRecorder()
+			s := v.open(t, r, opts{commandTimeout: 300 * time.Millisecond})
+			base := r.reports()
+			pgtesting.Must(t, db.Stop(ctxT(t)))
+			t.Cleanup(func() { db.Start(context.Background()) })
+			base = r.waitHealth(t, base, pgTimeout, false)
+			if ps, ok := s.(*plainSubject); ok {
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				defer cancel()
+				if err := ps.p.Listen(ctx, "timeout"); !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("LISTEN while down: %v, want DeadlineExceeded", err)
+				}
+			} else if err := s.listen(t, "timeout"); !errors.Is(err, ErrCommandTimeout) {
+				t.Fatalf("LISTEN while down: %v, want ErrCommandTimeout", err)
+			}
+			pgtesting.Must(t, db.Start(ctxT(t)))
+			r.waitHealth(t, base, pgTimeout, true)
+			mustListen(t, s, "timeout")
+			notify(t, "timeout", "ok")
+			r.waitNote(t, "timeout", "ok")
+		})
 	}
-	pgtesting.Must(t, db.Start(ctxT(t)))
-	r.waitHealth(t, base, pgTimeout, true)
-	mustListen(t, s, "timeout")
 }

@@ -347,8 +347,10 @@ func (p *Plain) lost(conn *pgconn.PgConn, err error) *pgconn.PgConn {
 		return conn
 	}
 	p.log.Warn("listener: connection lost", "pid", conn.PID(), "reason", err)
-	conn.Close(context.Background())
 	p.setHealthy(false)
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.HealthCheckTimeout)
+	defer cancel()
+	conn.Close(ctx) // Terminate is best effort: the peer may be gone
 	return nil
 }
 

@@ -63,8 +63,10 @@ type FailoverOptions struct {
 
 	// OnWake and OnStatus receive the wakes and statuses of whichever
 	// listener is current, one call at a time and in order per source
-	// (see Options.OnWake for what a handler must not do). After a
-	// failover OnStatus is called with the local listener's health.
+	// (see Options.OnWake for what a handler must not do). OnStatus is
+	// called with false when the hub fails, and with the local listener's
+	// health once it is swapped in (or at start, in local mode from the
+	// start), then on each change of it.
 	OnWake   func(Wake)
 	OnStatus func(healthy bool)
 	// OnFailover, when set, is called once, after the swap to local mode,
@@ -193,6 +195,10 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		f.mode, f.reason, f.local = ModeLocal, err, local
 		close(f.swapped)
 		go f.watchLocal(local)
+		if h := opts.OnStatus; h != nil {
+			healthy := local.Healthy()
+			f.deliver(func() { h(healthy) })
+		}
 		return f, nil
 	}
 	f.hub = hub
@@ -521,6 +527,14 @@ func (f *Failover) onLocalWake(w Wake) {
 }
 
 func (f *Failover) onLocalStatus(healthy bool) {
+	f.mu.Lock()
+	current := f.mode == ModeLocal && f.err == nil
+	f.mu.Unlock()
+	if !current {
+		// Not swapped in yet: the swap reports the local health
+		// itself once it is the one that counts.
+		return
+	}
 	if h := f.opts.OnStatus; h != nil {
 		f.deliver(func() { h(healthy) })
 	}

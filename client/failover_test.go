@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -203,6 +204,16 @@ func TestFailoverOnEOF(t *testing.T) {
 	})
 	if rec.has("durable c") {
 		t.Fatal("durable wake for an unsubscribed name")
+	}
+	// Status: the hub's true, false at its failure, true once local.
+	var statuses []string
+	for _, ev := range rec.snapshot() {
+		if strings.HasPrefix(ev, "status") {
+			statuses = append(statuses, ev)
+		}
+	}
+	if !slices.Equal(statuses, []string{"status true", "status false", "status true"}) {
+		t.Fatalf("statuses %v", statuses)
 	}
 	local.notify("a", "via local")
 	if !rec.has("wake a via local") {

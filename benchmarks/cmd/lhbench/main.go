@@ -11,6 +11,7 @@
 //
 // The same binary is re-executed for its helper processes:
 //
+//	lhbench report  --json in.json [--md out.md]  re-print a run's tables and verdicts
 //	lhbench worker  --mode socket|direct ...   a subscriber (see worker.go)
 //	lhbench churn   --socket PATH ...          connect/subscribe/close cycles
 //	lhbench gohub   --database-url URL --socket PATH   the goroutine-per-connection baseline
@@ -19,6 +20,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -45,6 +47,8 @@ func main() {
 		err = workerMain(args)
 	case "churn":
 		err = churnMain(args)
+	case "report":
+		err = reportMain(args)
 	case "gohub", "gnethub":
 		err = serverMain(sub, args)
 	default:
@@ -55,6 +59,30 @@ func main() {
 		fmt.Fprintln(os.Stderr, "lhbench "+sub+":", err)
 		os.Exit(1)
 	}
+}
+
+// reportMain re-prints the tables of a --json file (verdicts recomputed).
+func reportMain(args []string) error {
+	fs := flag.NewFlagSet("report", flag.ExitOnError)
+	in := fs.String("json", "", "a file written by lhbench --json")
+	md := fs.String("md", "", "also write Markdown here")
+	fs.Parse(args)
+	b, err := os.ReadFile(*in)
+	if err != nil {
+		return err
+	}
+	var r Results
+	if err := json.Unmarshal(b, &r); err != nil {
+		return err
+	}
+	r.Targets = evaluate(&r, nil)
+	printAll(os.Stdout, &r)
+	if *md != "" {
+		var buf strings.Builder
+		writeMarkdown(&buf, &r)
+		return os.WriteFile(*md, []byte(buf.String()), 0o644)
+	}
+	return nil
 }
 
 // serverMain runs a baseline hub until SIGTERM or SIGINT.

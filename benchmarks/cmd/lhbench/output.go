@@ -42,6 +42,13 @@ func si(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
+func cpuCol(sec float64, sys string) string {
+	if sys == "direct" {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fs", sec)
+}
+
 func errCol(e string) string {
 	if e == "" {
 		return ""
@@ -52,83 +59,148 @@ func errCol(e string) string {
 	return "ERROR: " + e
 }
 
-func printAll(w io.Writer, r *Results) {
-	fmt.Fprintf(w, "\nlhbench %s — %s\n", map[bool]string{true: "--quick", false: "full"}[r.Params.Quick], r.Machine)
-	fmt.Fprintf(w, "elapsed %s, load at end %s\n", r.Elapsed, r.Machine.LoadEnd)
-	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
-	flush := func() { tw.Flush(); fmt.Fprintln(w) }
+type table struct {
+	title  string
+	header []string
+	rows   [][]string
+}
 
+func (t *table) add(cells ...any) {
+	row := make([]string, len(cells))
+	for i, c := range cells {
+		row[i] = fmt.Sprint(c)
+	}
+	t.rows = append(t.rows, row)
+}
+
+func tables(r *Results) []*table {
+	var ts []*table
 	if len(r.Census) > 0 {
-		fmt.Fprintln(w, "\n## Census: Postgres backends used for N subscribed workers")
-		fmt.Fprintln(tw, "system\tN\tlayout\tbackends\t")
+		t := &table{title: "Census: Postgres backends used for N subscribed workers",
+			header: []string{"system", "N", "layout", "backends", ""}}
 		for _, c := range r.Census {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", c.System, c.N, c.Layout, c.Backends, errCol(c.Err))
+			t.add(c.System, c.N, c.Layout, c.Backends, errCol(c.Err))
 		}
-		flush()
+		ts = append(ts, t)
 	}
 	if len(r.Paced) > 0 {
-		fmt.Fprintln(w, "## Paced latency: one NOTIFY every 10 ms, NOTIFY→receipt in the worker")
-		fmt.Fprintln(tw, "system\tN\tlayout\tsamples\tp50\tp95\tp99\tmax\tlost\tevicted\t")
+		t := &table{title: "Paced latency: one NOTIFY every 10 ms, NOTIFY→receipt in the worker",
+			header: []string{"system", "N", "layout", "samples", "p50", "p95", "p99", "max", "lost", "evicted", "hub CPU", ""}}
 		for _, p := range r.Paced {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", p.System, p.N, p.Layout, p.Lat.Count,
-				us(p.Lat.P50), us(p.Lat.P95), us(p.Lat.P99), us(p.Lat.Max), p.Lost, p.Evicted, errCol(p.Err))
+			t.add(p.System, p.N, p.Layout, p.Lat.Count, us(p.Lat.P50), us(p.Lat.P95), us(p.Lat.P99), us(p.Lat.Max), p.Lost, p.Evicted, cpuCol(p.CPU, p.System), errCol(p.Err))
 		}
-		flush()
+		ts = append(ts, t)
 	}
 	if len(r.Saturation) > 0 {
-		fmt.Fprintf(w, "## Saturation: back-to-back notifier for %v; then the highest paced rate with 0 evictions, 0 loss, p99 < 10 ms\n", r.Params.FloodDur)
-		fmt.Fprintln(tw, "system\tN\tlayout\tNOTIFY/s\tdeliveries/s\tlost(live)\tlost(evicted)\tevicted\tp50\tp99\tsustained/s\tsust. deliveries/s\tsust. p99\t")
+		t := &table{title: fmt.Sprintf("Saturation: back-to-back notifier for %v; then the highest paced rate with 0 evictions, 0 loss, p99 < 10 ms", r.Params.FloodDur),
+			header: []string{"system", "N", "layout", "NOTIFY/s", "deliveries/s", "lost (live)", "lost (evicted)", "evicted", "p50", "p99", "sustained NOTIFY/s", "sust. deliveries/s", "sust. p99", "sustained limited by", "hub CPU/delivery", ""}}
 		for _, s := range r.Saturation {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.System, s.N, s.Layout,
-				si(s.NotifyPerSec), si(s.DeliveriesPerS), s.LostLive, s.LostEvicted, s.Evicted, us(s.Lat.P50), us(s.Lat.P99),
-				si(s.SustainedRate), si(s.SustainedDeliv), us(s.SustainedLat.P99), errCol(s.Err))
+			per := "-"
+			if s.System != "direct" {
+				per = fmt.Sprintf("%.0f ns", s.CPUPerDelivery)
+			}
+			t.add(s.System, s.N, s.Layout, si(s.NotifyPerSec), si(s.DeliveriesPerS), s.LostLive, s.LostEvicted, s.Evicted, us(s.Lat.P50), us(s.Lat.P99),
+				si(s.SustainedRate), si(s.SustainedDeliv), us(s.SustainedLat.P99), s.SustainedLimit, per, errCol(s.Err))
 		}
-		flush()
+		ts = append(ts, t)
 	}
 	if len(r.Churn) > 0 {
-		fmt.Fprintln(w, "## Churn: connect/subscribe/close cycles while a steady worker gets a NOTIFY every 10 ms")
-		fmt.Fprintln(tw, "system\tcycles\tprocs\tcycles/s\terrors\tfds before\tafter\tRSS MB before\tafter\tsteady p99 idle\tduring\tratio\t")
+		t := &table{title: "Churn: connect/subscribe/close cycles while a steady worker gets a NOTIFY every 10 ms",
+			header: []string{"system", "cycles", "procs", "cycles/s", "errors", "fds before", "fds after", "RSS MB before", "RSS MB after", "steady p99 idle", "steady p99 churn", "ratio", ""}}
 		for _, c := range r.Churn {
 			ratio := 0.0
 			if c.Idle.P99 > 0 {
 				ratio = c.During.P99 / c.Idle.P99
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%.2f×\t%s\n", c.System, c.Cycles, c.Procs, si(c.CyclesPerS), c.Errors,
-				c.FDBefore, c.FDAfter, mb(c.RSSBefore), mb(c.RSSAfter), us(c.Idle.P99), us(c.During.P99), ratio, errCol(c.Err))
+			t.add(c.System, c.Cycles, c.Procs, si(c.CyclesPerS), c.Errors, c.FDBefore, c.FDAfter, mb(c.RSSBefore), mb(c.RSSAfter),
+				us(c.Idle.P99), us(c.During.P99), fmt.Sprintf("%.2f×", ratio), errCol(c.Err))
 		}
-		flush()
+		ts = append(ts, t)
 	}
 	if len(r.Idle) > 0 {
-		fmt.Fprintln(w, "## Idle memory: server RSS with N idle subscribed workers (one process holds the N sockets)")
-		fmt.Fprintln(tw, "system\tN\tRSS MB base\twith N\tbytes/worker\tfds\t")
+		t := &table{title: "Idle memory: server RSS with N idle subscribed workers (one process holds the N sockets)",
+			header: []string{"system", "N", "RSS MB base", "RSS MB with N", "bytes/worker", "fds", ""}}
 		for _, i := range r.Idle {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.0f\t%d\t%s\n", i.System, i.N, mb(i.RSSBase), mb(i.RSSIdle), i.PerWorker, i.FDs, errCol(i.Err))
+			t.add(i.System, i.N, mb(i.RSSBase), mb(i.RSSIdle), fmt.Sprintf("%.0f", i.PerWorker), i.FDs, errCol(i.Err))
 		}
-		flush()
+		ts = append(ts, t)
 	}
 	if len(r.Wedged) > 0 {
-		fmt.Fprintf(w, "## Wedged worker: 1 of %d worker processes SIGSTOPped, %.0f ephemeral NOTIFY/s of %d B\n", r.Params.WedgedN, r.Params.WedgedRate, r.Params.WedgedPad+30)
-		fmt.Fprintln(tw, "system\tsiblings p50 without\tp99 without\tp50 with\tp99 with\tratio\tsiblings lost\twedged evicted\t")
+		t := &table{title: fmt.Sprintf("Wedged worker: 1 of %d worker processes SIGSTOPped, %.0f ephemeral NOTIFY/s of %d B", r.Params.WedgedN, r.Params.WedgedRate, r.Params.WedgedPad+30),
+			header: []string{"system", "siblings p50 without", "p99 without", "p50 with", "p99 with", "ratio", "siblings lost", "wedged evicted", ""}}
 		for _, x := range r.Wedged {
 			ratio := 0.0
 			if x.Without.P99 > 0 {
 				ratio = x.With.P99 / x.Without.P99
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f×\t%d\t%v\t%s\n", x.System, us(x.Without.P50), us(x.Without.P99), us(x.With.P50), us(x.With.P99),
-				ratio, x.SiblingsLost, x.WedgedEvicted, errCol(x.Err))
+			t.add(x.System, us(x.Without.P50), us(x.Without.P99), us(x.With.P50), us(x.With.P99), fmt.Sprintf("%.2f×", ratio), x.SiblingsLost, x.WedgedEvicted, errCol(x.Err))
 		}
-		flush()
+		ts = append(ts, t)
 	}
 	if len(r.Targets) > 0 {
-		fmt.Fprintln(w, "## Targets (issue 6)")
-		tw2 := tabwriter.NewWriter(w, 2, 0, 2, ' ', 0)
-		for _, t := range r.Targets {
-			fmt.Fprintf(tw2, "%s\t%s\t%s\n", t.Met, t.Name, t.Figure)
+		t := &table{title: "Targets (issue 6)", header: []string{"verdict", "target", "measured"}}
+		for _, x := range r.Targets {
+			t.add(x.Met, x.Name, x.Figure)
 		}
-		tw2.Flush()
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+func header(r *Results) string {
+	mode := "full"
+	if r.Params.Quick {
+		mode = "--quick"
+	}
+	return fmt.Sprintf("lhbench %s — %s\nelapsed %s, load at end %s", mode, r.Machine, r.Elapsed, r.Machine.LoadEnd)
+}
+
+func printAll(w io.Writer, r *Results) {
+	fmt.Fprintf(w, "\n%s\n", header(r))
+	for _, t := range tables(r) {
+		fmt.Fprintf(w, "\n## %s\n", t.title)
+		tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
+		if t.title == "Targets (issue 6)" {
+			tw = tabwriter.NewWriter(w, 2, 0, 2, ' ', 0)
+		}
+		fmt.Fprintln(tw, strings.Join(t.header, "\t")+"\t")
+		for _, row := range t.rows {
+			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		}
+		tw.Flush()
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
+	}
+}
+
+// writeMarkdown writes the same tables as Markdown (for docs/performance.md).
+func writeMarkdown(w io.Writer, r *Results) {
+	fmt.Fprintf(w, "%s\n", strings.ReplaceAll(header(r), "\n", "  \n"))
+	for _, t := range tables(r) {
+		fmt.Fprintf(w, "\n#### %s\n\n", t.title)
+		hdr := t.header
+		if hdr[len(hdr)-1] == "" {
+			hdr = hdr[:len(hdr)-1]
+			for _, row := range t.rows {
+				if row[len(row)-1] != "" {
+					hdr = append(hdr[:len(hdr):len(hdr)], "error")
+					break
+				}
+			}
+		}
+		fmt.Fprintf(w, "| %s |\n|", strings.Join(hdr, " | "))
+		for range hdr {
+			fmt.Fprint(w, "---|")
+		}
+		fmt.Fprintln(w)
+		for _, row := range t.rows {
+			row = row[:len(hdr)]
+			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+		}
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "\nnote: %s\n", n)
 	}
 }
 

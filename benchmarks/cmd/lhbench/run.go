@@ -95,6 +95,7 @@ func runMain(args []string) error {
 	fs := flag.NewFlagSet("lhbench", flag.ExitOnError)
 	quick := fs.Bool("quick", false, "the short suite (under 2 minutes)")
 	jsonOut := fs.String("json", "", "write all results to this file")
+	mdOut := fs.String("md", "", "write the tables as Markdown to this file")
 	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged")
 	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet)")
 	hubBin := fs.String("hub-bin", "", "use this listenhub binary instead of building ../cmd/listenhub")
@@ -254,6 +255,14 @@ func runMain(args []string) error {
 			return err
 		}
 		logf("wrote %s", *jsonOut)
+	}
+	if *mdOut != "" {
+		var buf strings.Builder
+		writeMarkdown(&buf, b.res)
+		if err := os.WriteFile(*mdOut, []byte(buf.String()), 0o644); err != nil {
+			return err
+		}
+		logf("wrote %s", *mdOut)
 	}
 	return ctx.Err()
 }

@@ -55,6 +55,7 @@ type LatencyRow struct {
 	Lost    uint64       `json:"lost_live"`
 	Evicted int          `json:"evicted"`
 	Lat     hist.Summary `json:"latency"`
+	CPU     float64      `json:"server_cpu_s"` // hub process CPU during the run (0 for direct)
 	Err     string       `json:"error,omitempty"`
 }
 
@@ -78,6 +79,8 @@ type SatRow struct {
 	Err             string       `json:"error,omitempty"`
 	NotifyErrors    int          `json:"notify_errors"`
 	SustainedTested bool         `json:"sustained_tested"`
+	CPU             float64      `json:"server_cpu_s"`           // hub process CPU during the flood
+	CPUPerDelivery  float64      `json:"server_ns_per_delivery"` // that CPU over the deliveries
 }
 
 type SearchStep struct {
@@ -237,11 +240,13 @@ func (b *bench) paced() error {
 				if crow.Backends, err = b.otherBackends(); err != nil {
 					return err
 				}
+				cpu0 := procCPU(sys.serverPID())
 				sr, reps, err := b.pacedRun(f, "paced", 100, b.p.PacedDur, 0)
 				if err != nil {
 					return err
 				}
 				row = latencyRow(sys, j.n, j.l, 100, sr, merge(reps))
+				row.CPU = (procCPU(sys.serverPID()) - cpu0).Seconds()
 				return nil
 			})
 			if err != nil {
@@ -298,6 +303,7 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 	if err := f.begin(id); err != nil {
 		return err
 	}
+	cpu0 := procCPU(sys.serverPID())
 	sr, err := b.nt.flood(b.ctx, "sat", id, b.p.FloodDur)
 	if err != nil {
 		return err
@@ -306,6 +312,7 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 	if err != nil {
 		return err
 	}
+	row.CPU = (procCPU(sys.serverPID()) - cpu0).Seconds()
 	m := merge(reps)
 	row.Sent, row.Recv, row.LostLive, row.LostEvicted, row.Evicted = sr.Sent, m.Recv, m.LostLive, m.LostEvicted, m.EOF
 	row.NotifyErrors = sr.Errors
@@ -314,6 +321,9 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 		row.DeliveriesPerS = float64(m.Recv) / (float64(m.Last-sr.Start) / 1e9)
 	}
 	row.Lat = m.h.Summarize()
+	if m.Recv > 0 {
+		row.CPUPerDelivery = row.CPU * 1e9 / float64(m.Recv)
+	}
 
 	// The highest paced rate with zero evictions, no loss and p99 under
 	// 10 ms.

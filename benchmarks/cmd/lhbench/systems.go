@@ -149,6 +149,26 @@ func procMem(pid int) (rss int64, fds int, err error) {
 	return rss, len(ents), nil
 }
 
+// procCPU is the user+system CPU time pid has used (10 ms resolution).
+func procCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
 // findRepoRoot walks up from the working directory to the main module.
 func findRepoRoot() (string, error) {
 	dir, _ := os.Getwd()

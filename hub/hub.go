@@ -22,6 +22,17 @@
 //     intervals; after a reconnect every subscriber gets one durable wake
 //     per channel;
 //   - malformed input severs only the connection that sent it.
+//
+// The hard limits (HardQueueLimit frames, HardQueueBytes bytes) bound what
+// the hub holds for a worker beyond what the kernel took: frames of one loop
+// iteration are written once at its end, but a worker that would pass a
+// limit mid-iteration (one read of the Postgres socket can bring thousands
+// of NOTIFYs) is written to first and judged on what the kernel refused. A
+// worker is therefore evicted only when it falls behind by more than its
+// socket buffer plus the limit, whether it stopped reading or reads slower
+// than a sustained burst of payloads; the hub never slows its Postgres
+// reader for it. Durable wakes are bounded separately (coalesced, then
+// DurableQueueLimit) and never evict.
 package hub
 
 import (

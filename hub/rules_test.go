@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -403,6 +404,7 @@ func TestEvictionByFrames(t *testing.T) {
 		w.sub("e")
 		w.expect(ack("e"))
 	}
+	var read atomic.Int64
 	done := make(chan []string)
 	go func() { // the sibling reads concurrently
 		var got []string
@@ -413,6 +415,7 @@ func TestEvictionByFrames(t *testing.T) {
 				return
 			}
 			got = append(got, m.P)
+			read.Add(1)
 		}
 	}()
 	payload := strings.Repeat("p", 1000)
@@ -421,6 +424,9 @@ func TestEvictionByFrames(t *testing.T) {
 		if sent > 5000 {
 			t.Fatal("never evicted")
 		}
+		// The sibling keeps up, if a little behind (less than its own
+		// limit): a descheduled test goroutine must not look wedged.
+		testutil.WaitFor(t, timeout, "sibling within 8 frames", func() bool { return int64(sent-8) <= read.Load() })
 		e.notify("e", fmt.Sprintf("%d:%s", sent, payload))
 		sent++
 	}

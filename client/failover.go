@@ -192,7 +192,9 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		if lerr != nil {
 			return nil, &FailoverError{Hub: err, Local: lerr}
 		}
+		f.mu.Lock() // the local listener's goroutine is already running
 		f.mode, f.reason, f.local = ModeLocal, err, local
+		f.mu.Unlock()
 		close(f.swapped)
 		go f.watchLocal(local)
 		if h := opts.OnStatus; h != nil {
@@ -201,7 +203,9 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		}
 		return f, nil
 	}
+	f.mu.Lock() // the hub client's reader is already running
 	f.hub = hub
+	f.mu.Unlock()
 	go func() {
 		<-hub.Done()
 		if !errors.Is(hub.Err(), ErrClosed) {

@@ -48,7 +48,7 @@ func needDB(t testing.TB) *pgtest.Cluster {
 	dbOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		db, dbErr = pgtest.Start(ctx, pgtest.Options{})
+		db, dbErr = pgtest.Start(ctx, pgtest.Options{SSL: true})
 	})
 	if dbErr != nil {
 		t.Fatal(dbErr)
@@ -487,5 +487,24 @@ func TestPGBindFailureReleasesBackend(t *testing.T) {
 	})
 	if err := h.Stop(context.Background()); err != nil {
 		t.Fatalf("Stop after a failed Start: %v", err)
+	}
+}
+
+// sslmode=require: the listener serves the connection through its TLS
+// bridge goroutine; the hub's semantics are the same.
+func TestPGOverTLS(t *testing.T) {
+	c := needDB(t)
+	if c.TLSURL() == "" {
+		t.Skip("cluster without TLS")
+	}
+	e := newPGEnv(t, func(cfg *Config) { cfg.DatabaseURL = c.TLSURL() })
+	w := e.dial()
+	w.sub("tls")
+	w.expect(ack("tls"))
+	e.exec("NOTIFY tls, 'secure'")
+	w.expect(wake("tls", ptr("secure")))
+	n, err := c.QueryInt(context.Background(), "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND application_name = $1", e.app)
+	if err != nil || n != 1 {
+		t.Fatalf("%d TLS backends for the hub (%v), want 1", n, err)
 	}
 }

@@ -56,6 +56,15 @@ type Plain struct {
 	closing bool               // guarded by mu
 
 	healthy atomic.Bool
+
+	// Goroutine-only. notes counts notifications received; the wait
+	// context lives across WaitForNotification calls until it expires or
+	// is cancelled (allocating one per notification would double the
+	// cost of a notification), and wsince is notes when it was made.
+	notes  uint64
+	wctx   context.Context
+	wstop  context.CancelFunc
+	wsince uint64
 }
 
 // plainReq is one Listen or Unlisten waiting for its answer.
@@ -83,6 +92,7 @@ func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
 	p := &Plain{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
 	cc := cfg.ConnConfig.Copy()
 	cc.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		p.notes++
 		if p.cfg.OnNotification != nil {
 			p.cfg.OnNotification(n.Channel, n.Payload)
 		}
@@ -193,6 +203,11 @@ func (p *Plain) setHealthy(h bool) {
 // run is the goroutine that owns the connection.
 func (p *Plain) run(conn *pgconn.PgConn) {
 	defer close(p.done)
+	defer func() {
+		if p.wstop != nil {
+			p.wstop()
+		}
+	}()
 	if p.cfg.OnHealth != nil {
 		p.cfg.OnHealth(true)
 	}
@@ -297,29 +312,39 @@ func (p *Plain) query(conn *pgconn.PgConn, sql string) (int, error) {
 
 // wait blocks in WaitForNotification until a notification (delivered by
 // pgconn's OnNotification hook, on this goroutine), a wake from a command or
-// Close, or HealthCheckInterval of silence, which is answered with a probe.
-// An error means the connection is dead.
+// Close, or the end of the health-check interval; an interval without any
+// notification is answered with a probe. An error means the connection is
+// dead.
 func (p *Plain) wait(conn *pgconn.PgConn) error {
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.HealthCheckInterval)
-	defer cancel()
+	if p.wctx == nil {
+		p.wctx, p.wstop = context.WithTimeout(p.ctx, p.cfg.HealthCheckInterval)
+		p.wsince = p.notes
+	}
+	ctx := p.wctx
 	p.mu.Lock()
 	if len(p.queue) > 0 || p.closing {
 		p.mu.Unlock()
 		return nil
 	}
-	p.wake = cancel
+	p.wake = p.wstop
 	p.mu.Unlock()
 	err := conn.WaitForNotification(ctx)
 	p.mu.Lock()
 	p.wake = nil
 	p.mu.Unlock()
+	if ctx.Err() != nil {
+		p.wstop()
+		p.wctx = nil // expired or woken: the next wait starts a new interval
+	}
 	switch {
 	case err == nil:
 		return nil
 	case conn.IsClosed():
 		return err
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		// Idle for a whole interval: probe, with the timeout.
+		if p.notes != p.wsince {
+			return nil // traffic during the interval is an answer
+		}
 		pctx, pcancel := context.WithTimeout(p.ctx, p.cfg.HealthCheckTimeout)
 		defer pcancel()
 		if perr := conn.Exec(pctx, "").Close(); perr != nil {

@@ -732,7 +732,8 @@ func (c *Conn) answered(q *query) {
 // Close stops listening and closes the connection: UNLISTEN * and Terminate
 // in one write, then the fd is closed when the server hangs up or after the
 // health-check timeout, and done runs (on the loop, never inside Close).
-// Commands still waiting get ErrClosed. A second Close only adds its done.
+// Commands not yet answered get ErrClosed, from inside Close; commands issued
+// after it get ErrClosed later. A second Close only adds its done.
 func (c *Conn) Close(done func()) {
 	if done != nil {
 		c.closeDone = append(c.closeDone, done)

@@ -11,9 +11,14 @@ package main
 //	2/10 mid-frame: write 7 bytes of a sub frame, close
 //	1/10 unsub:     sub, read until ack, unsub, close
 //
-// It prints {"cycles":N,"errors":E,"seconds":S} when done.
+// With --rounds R it does the cycles in R equal rounds; after each it prints
+// {"cycles":N,"errors":E,"seconds":S} (cumulative) and, except after the
+// last, waits for a line on stdin before the next round, so that the
+// harness can read the hub's RSS between rounds without process start-up
+// gaps in the churn.
 
 import (
+	"bufio"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -29,26 +34,37 @@ func churnMain(args []string) error {
 	cycles := fs.Int("cycles", 10000, "connect/subscribe/close cycles")
 	channel := fs.String("channel", "churn", "subscription name")
 	offset := fs.Int("offset", 0, "rotation offset (so processes interleave kinds)")
+	rounds := fs.Int("rounds", 1, "report and wait for a stdin line after each of this many rounds")
 	fs.Parse(args)
+	in := bufio.NewScanner(os.Stdin)
+	out := json.NewEncoder(os.Stdout)
 
 	sub := wire.AppendSub(nil, *channel)
 	unsub := wire.AppendUnsub(nil, *channel)
 	var errs int
 	var firstErr string
-	start := time.Now()
-	for i := range *cycles {
-		err := churnOnce((i+*offset)%10, *socket, sub, unsub)
-		if err != nil {
-			errs++
-			if firstErr == "" {
-				firstErr = err.Error()
+	var busy time.Duration
+	per := *cycles / *rounds
+	for r := range *rounds {
+		start := time.Now()
+		for i := range per {
+			err := churnOnce((r*per+i+*offset)%10, *socket, sub, unsub)
+			if err != nil {
+				errs++
+				if firstErr == "" {
+					firstErr = err.Error()
+				}
 			}
 		}
+		busy += time.Since(start)
+		out.Encode(map[string]any{
+			"cycles": per * (r + 1), "errors": errs, "first_error": firstErr,
+			"seconds": busy.Seconds(),
+		})
+		if r < *rounds-1 && !in.Scan() {
+			return nil
+		}
 	}
-	json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"cycles": *cycles, "errors": errs, "first_error": firstErr,
-		"seconds": time.Since(start).Seconds(),
-	})
 	return nil
 }
 

@@ -220,6 +220,31 @@ func (f *fleet) begin(id int64) error {
 	return nil
 }
 
+// reconnect re-opens the conns the server evicted, in every worker.
+func (f *fleet) reconnect() error {
+	for _, p := range f.procs {
+		if err := p.send("reconnect"); err != nil {
+			return err
+		}
+	}
+	var firstErr error
+	for _, p := range f.procs {
+		line, err := p.recv(60 * time.Second)
+		if err != nil {
+			return err
+		}
+		var m struct {
+			OK    bool   `json:"ok"`
+			Error string `json:"error"`
+		}
+		json.Unmarshal(line, &m)
+		if !m.OK && firstErr == nil {
+			firstErr = fmt.Errorf("worker %d: reconnect: %s", p.pid(), firstNonEmpty(m.Error, string(line)))
+		}
+	}
+	return firstErr
+}
+
 // reports asks every worker for its report on a run of sent wakes per conn.
 // skip lists processes that are stopped (they are asked last).
 func (f *fleet) reports(sent int, wait time.Duration) ([]report, error) {

@@ -11,6 +11,7 @@
 //
 // The same binary is re-executed for its helper processes:
 //
+//	lhbench pg                                 a throwaway PostgreSQL until ^C (prints its URL)
 //	lhbench report  --json in.json [--md out.md]  re-print a run's tables and verdicts
 //	lhbench worker  --mode socket|direct ...   a subscriber (see worker.go)
 //	lhbench churn   --socket PATH ...          connect/subscribe/close cycles
@@ -31,6 +32,7 @@ import (
 
 	"github.com/listenhub/listenhub/benchmarks/gnethub"
 	"github.com/listenhub/listenhub/benchmarks/gohub"
+	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
 )
 
 func main() {
@@ -49,6 +51,8 @@ func main() {
 		err = churnMain(args)
 	case "report":
 		err = reportMain(args)
+	case "pg":
+		err = pgMain()
 	case "gohub", "gnethub":
 		err = serverMain(sub, args)
 	default:
@@ -59,6 +63,21 @@ func main() {
 		fmt.Fprintln(os.Stderr, "lhbench "+sub+":", err)
 		os.Exit(1)
 	}
+}
+
+// pgMain starts a throwaway cluster, prints its URL and runs until SIGINT
+// or SIGTERM (for experiments outside the suite).
+func pgMain() error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cl, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	fmt.Println(cl.URL())
+	<-ctx.Done()
+	return nil
 }
 
 // reportMain re-prints the tables of a --json file (verdicts recomputed).

@@ -106,13 +106,13 @@ func tables(r *Results) []*table {
 	}
 	if len(r.Churn) > 0 {
 		t := &table{title: "Churn: connect/subscribe/close cycles while a steady worker gets a NOTIFY every 10 ms",
-			header: []string{"system", "cycles", "procs", "cycles/s", "errors", "fds before", "fds after", "RSS MB before", "RSS MB after", "steady p99 idle", "steady p99 churn", "ratio", ""}}
+			header: []string{"system", "cycles", "procs", "cycles/s", "errors", "fds before", "fds after", "RSS MB before", "RSS MB +1s", "RSS MB +5s", "steady p99 idle", "steady p99 churn", "ratio", ""}}
 		for _, c := range r.Churn {
 			ratio := 0.0
 			if c.Idle.P99 > 0 {
 				ratio = c.During.P99 / c.Idle.P99
 			}
-			t.add(c.System, c.Cycles, c.Procs, si(c.CyclesPerS), c.Errors, c.FDBefore, c.FDAfter, mb(c.RSSBefore), mb(c.RSSAfter),
+			t.add(c.System, c.Cycles, c.Procs, si(c.CyclesPerS), c.Errors, c.FDBefore, c.FDAfter, mb(c.RSSBefore), mb(c.RSSAfter1s), mb(c.RSSAfter),
 				us(c.Idle.P99), us(c.During.P99), fmt.Sprintf("%.2f×", ratio), errCol(c.Err))
 		}
 		ts = append(ts, t)
@@ -360,7 +360,12 @@ func evaluate(r *Results, _ func(string) *system) []Target {
 			continue
 		}
 		add("churn: fd count back to start", true, c.FDAfter == c.FDBefore, fmt.Sprintf("%d → %d after %d cycles", c.FDBefore, c.FDAfter, c.Cycles))
-		add("churn: RSS growth < 5 MB", true, c.RSSAfter-c.RSSBefore < 5e6, fmt.Sprintf("%s → %s MB (%+.2f MB)", mb(c.RSSBefore), mb(c.RSSAfter), float64(c.RSSAfter-c.RSSBefore)/1e6))
+		var steps []string
+		for _, r := range c.RSSRounds {
+			steps = append(steps, mb(r))
+		}
+		add("churn: RSS growth < 5 MB", true, c.RSSAfter-c.RSSBefore < 5e6, fmt.Sprintf("%s → %s MB 5 s after (%+.2f MB; %+.2f MB 1 s after); after each fifth of the cycles: %s MB",
+			mb(c.RSSBefore), mb(c.RSSAfter), float64(c.RSSAfter-c.RSSBefore)/1e6, float64(c.RSSAfter1s-c.RSSBefore)/1e6, strings.Join(steps, ", ")))
 		add("churn: steady p99 during churn ≤ 1.5× idle", true, c.During.P99 <= 1.5*c.Idle.P99,
 			fmt.Sprintf("idle %s, during %s (%.2f×)", us(c.Idle.P99), us(c.During.P99), c.During.P99/max(c.Idle.P99, 1)))
 	}

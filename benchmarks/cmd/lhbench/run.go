@@ -101,7 +101,7 @@ func runMain(args []string) error {
 	hubBin := fs.String("hub-bin", "", "use this listenhub binary instead of building ../cmd/listenhub")
 	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
 	keep := fs.Bool("keep", false, "keep the temp dir (server logs)")
-	nList := fs.String("n", "", "override the paced and saturation N list (e.g. 1,8), for development")
+	nList := fs.String("n", "", "override the paced and saturation N list (e.g. 1,8,1x256; 1xN = one process holding N), for development")
 	fs.Parse(args)
 
 	p := fullParams()
@@ -117,6 +117,14 @@ func runMain(args []string) error {
 	if *nList != "" {
 		p.PacedN, p.SatN, p.CensusN, p.OneProcN = nil, nil, nil, 0
 		for _, s := range strings.Split(*nList, ",") {
+			if v, ok := strings.CutPrefix(s, "1x"); ok { // one process holding v sockets
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					return fmt.Errorf("--n: %w", err)
+				}
+				p.OneProcN, p.SatOneProc = n, true
+				continue
+			}
 			n, err := strconv.Atoi(s)
 			if err != nil {
 				return fmt.Errorf("--n: %w", err)

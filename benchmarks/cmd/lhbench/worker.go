@@ -9,6 +9,7 @@ package main
 //
 //	run ID           reset the counters; from now on count payloads of run ID → {"ok":true}
 //	report S MS      wait up to MS ms until every live conn has S wakes of the run, then → {"report":…}
+//	reconnect        re-open every conn the server closed → {"ok":true,"reconnected":K}
 //	quit             exit
 //
 // Benchmark payloads are "RUN:SEQ:SENDNS[:padding]"; SENDNS is the
@@ -143,6 +144,12 @@ func workerMain(args []string) error {
 	ctx := context.Background()
 	var closers []func()
 	var closersMu sync.Mutex
+	open := func(s *connStats) (func(), error) {
+		if *mode == "direct" {
+			return openDirect(ctx, *dbURL, *channel, s)
+		}
+		return openSocket(*socket, *channel, s)
+	}
 	sem := make(chan struct{}, *parallel)
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
@@ -151,13 +158,7 @@ func workerMain(args []string) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			var closer func()
-			var err error
-			if *mode == "direct" {
-				closer, err = openDirect(ctx, *dbURL, *channel, stats[i])
-			} else {
-				closer, err = openSocket(*socket, *channel, stats[i])
-			}
+			closer, err := open(stats[i])
 			if err != nil {
 				firstErr.CompareAndSwap(nil, fmt.Errorf("conn %d: %w", i, err))
 				return
@@ -195,6 +196,32 @@ func workerMain(args []string) error {
 			want, _ := strconv.ParseUint(f[1], 10, 64)
 			ms, _ := strconv.Atoi(f[2])
 			emit(map[string]report{"report": collect(stats, want, time.Duration(ms)*time.Millisecond)})
+		case "reconnect":
+			// Re-open the conns the server closed (evicted), so that a
+			// fleet survives a failed saturation step without a restart.
+			n := 0
+			var err error
+			for _, s := range stats {
+				s.mu.Lock()
+				eof := s.eof
+				s.eof = false
+				s.mu.Unlock()
+				if !eof {
+					continue
+				}
+				var closer func()
+				if closer, err = open(s); err != nil {
+					s.markEOF()
+					break
+				}
+				closers = append(closers, closer)
+				n++
+			}
+			if err != nil {
+				emit(map[string]any{"ok": false, "error": err.Error()})
+			} else {
+				emit(map[string]any{"ok": true, "reconnected": n})
+			}
 		case "quit":
 			for _, c := range closers {
 				c()

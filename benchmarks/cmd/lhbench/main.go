@@ -51,6 +51,8 @@ func main() {
 		err = churnMain(args)
 	case "report":
 		err = reportMain(args)
+	case "hopsink":
+		err = hopSinkMain()
 	case "pg":
 		err = pgMain()
 	case "gohub", "gnethub":

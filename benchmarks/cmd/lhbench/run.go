@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/listenhub/listenhub/benchmarks/internal/hist"
 	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
 )
 
@@ -217,6 +218,10 @@ func runMain(args []string) error {
 		b.res.Systems = append(b.res.Systems, s.name)
 	}
 	logf("machine: %s", b.res.Machine)
+	if hop, err := measureHop(1000, time.Millisecond); err == nil {
+		b.res.Machine.UnixHop = hop
+		logf("one-way Unix-socket hop to an idle process: p50 %.0fµs p99 %.0fµs", hop.P50, hop.P99)
+	}
 
 	scenarios := []struct {
 		name string
@@ -296,6 +301,9 @@ type Machine struct {
 	LoadStart      string `json:"load_start"`
 	LoadEnd        string `json:"load_end"`
 	NofileLimit    uint64 `json:"nofile_limit"`
+	// UnixHop is the one-way latency of an 8-byte write to an idle
+	// process over a Unix socket, sent every 1 ms: what one extra hop costs.
+	UnixHop hist.Summary `json:"unix_hop"`
 }
 
 func (m Machine) String() string {

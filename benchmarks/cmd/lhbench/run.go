@@ -103,6 +103,7 @@ func runMain(args []string) error {
 	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
 	keep := fs.Bool("keep", false, "keep the temp dir (server logs)")
 	nList := fs.String("n", "", "override the paced and saturation N list (e.g. 1,8,1x256; 1xN = one process holding N), for development")
+	fs.Float64Var(&ratePerNotifier, "rate-per-notifier", ratePerNotifier, "paced NOTIFY/s per notifier connection")
 	fs.Parse(args)
 
 	p := fullParams()

@@ -175,8 +175,8 @@ func (b *bench) pacedRun(f *fleet, channel string, rate float64, dur time.Durati
 	if err := f.begin(id); err != nil {
 		return sendResult{}, nil, err
 	}
-	conns := int(math.Ceil(rate / 2500))
-	sr, err := b.nt.paced(b.ctx, channel, id, rate, dur, min(max(conns, 1), 6), pad)
+	conns := int(math.Ceil(rate / ratePerNotifier))
+	sr, err := b.nt.paced(b.ctx, channel, id, rate, dur, min(max(conns, 1), 8), pad)
 	if err != nil {
 		return sr, nil, err
 	}
@@ -347,10 +347,12 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 			return err
 		}
 	}
-	// Log-space bisection between flood/64 and the flood rate (a paced
-	// notifier cannot beat its own flood rate by much).
-	top := row.NotifyPerSec
-	lo, hi := top/64, top
+	// Log-space bisection between top/100 and top. top is twice the flood
+	// rate: the flood uses one connection (its rate is bound by that
+	// connection's round trips), the paced notifier spreads its schedule
+	// over several, so a hub may sustain more than the flood offered.
+	top := 2 * row.NotifyPerSec
+	lo, hi := top/100, top
 	var best *SearchStep
 	var bestLat hist.Summary
 	for step := 0; step < b.p.SearchSteps; step++ {
@@ -672,3 +674,7 @@ func hiTried(steps []SearchStep) float64 {
 	}
 	return low
 }
+
+// ratePerNotifier is the paced rate one notifier connection is given; above
+// it the schedule is split over more connections.
+var ratePerNotifier = 2500.0

@@ -121,7 +121,6 @@ type Loop struct {
 	afterIter []func()
 	onClose   []func()
 	now       time.Time
-	tid       int // OS thread of Run, for InLoop
 
 	// Shared with other goroutines.
 	mu       sync.Mutex
@@ -131,6 +130,7 @@ type Loop struct {
 	notified atomic.Bool
 	stopping atomic.Bool
 	started  atomic.Bool
+	tid      atomic.Int64 // OS thread of Run, for InLoop; 0 until Run starts
 	done     chan struct{}
 }
 
@@ -178,7 +178,7 @@ func (l *Loop) Run() error {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	l.tid = unix.Gettid()
+	l.tid.Store(int64(unix.Gettid()))
 	defer close(l.done)
 
 	var err error
@@ -369,7 +369,8 @@ func (l *Loop) Now() time.Time { return l.now }
 // InLoop reports whether the caller runs on the loop goroutine. Meant for
 // assertions; it costs a gettid system call.
 func (l *Loop) InLoop() bool {
-	return l.started.Load() && l.tid != 0 && unix.Gettid() == l.tid
+	tid := l.tid.Load()
+	return tid != 0 && int64(unix.Gettid()) == tid
 }
 
 func toEpoll(ev Events) uint32 {

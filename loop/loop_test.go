@@ -552,3 +552,16 @@ func BenchmarkPost(b *testing.B) {
 	}
 	wg.Wait()
 }
+
+func TestInLoop(t *testing.T) {
+	l, stop := start(t)
+	defer stop()
+	if l.InLoop() {
+		t.Error("InLoop() true on the test goroutine")
+	}
+	var inside bool
+	onLoop(t, l, func() { inside = l.InLoop() })
+	if !inside {
+		t.Error("InLoop() false on the loop goroutine")
+	}
+}

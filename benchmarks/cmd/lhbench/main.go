@@ -17,6 +17,10 @@
 //	lhbench churn   --socket PATH ...          connect/subscribe/close cycles
 //	lhbench gohub   --database-url URL --socket PATH   the goroutine-per-connection baseline
 //	lhbench gnethub --database-url URL --socket PATH   the gnet v2 baseline
+//	lhbench hublib  --database-url URL --socket PATH   the hub package embedded (for heap figures)
+//
+// The servers run here answer SIGUSR1 by running the GC and writing their
+// runtime.MemStats to --memstats (the idle scenario's live-heap column).
 package main
 
 import (
@@ -27,12 +31,17 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/listenhub/listenhub/benchmarks/gnethub"
 	"github.com/listenhub/listenhub/benchmarks/gohub"
 	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
+	"github.com/listenhub/listenhub/hub"
 )
 
 func main() {
@@ -55,7 +64,7 @@ func main() {
 		err = hopSinkMain()
 	case "pg":
 		err = pgMain()
-	case "gohub", "gnethub":
+	case "gohub", "gnethub", "hublib":
 		err = serverMain(sub, args)
 	default:
 		fmt.Fprintf(os.Stderr, "lhbench: unknown command %q (run, worker, churn, gohub, gnethub)\n", sub)
@@ -106,20 +115,73 @@ func reportMain(args []string) error {
 	return nil
 }
 
-// serverMain runs a baseline hub until SIGTERM or SIGINT.
+// serverMain runs a baseline hub (or the embedded hub) until SIGTERM or SIGINT.
 func serverMain(which string, args []string) error {
 	fs := flag.NewFlagSet(which, flag.ExitOnError)
 	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "database URL")
 	socket := fs.String("socket", "", "Unix socket path")
+	memstats := fs.String("memstats", "", "on SIGUSR1, GC and write runtime.MemStats here as JSON")
+	fs.String("log-level", "warn", "ignored (the baselines log at warn)")
 	fs.Parse(args)
 	if *socket == "" {
 		return fmt.Errorf("--socket is required")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if which == "gohub" {
-		return gohub.Run(ctx, gohub.Config{SocketPath: *socket, DatabaseURL: *url, Logger: log})
+	if *memstats != "" {
+		go serveMemstats(ctx, *memstats)
 	}
-	return gnethub.Run(ctx, gnethub.Config{SocketPath: *socket, DatabaseURL: *url, Logger: log})
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	switch which {
+	case "gohub":
+		return gohub.Run(ctx, gohub.Config{SocketPath: *socket, DatabaseURL: *url, Logger: log})
+	case "gnethub":
+		return gnethub.Run(ctx, gnethub.Config{SocketPath: *socket, DatabaseURL: *url, Logger: log})
+	}
+	h, err := hub.New(hub.Config{SocketPath: *socket, DatabaseURL: *url, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := h.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return h.Stop(sctx)
+}
+
+// heapStats is what serveMemstats writes.
+type heapStats struct {
+	Seq        int    `json:"seq"`
+	HeapAlloc  uint64 `json:"heap_alloc"`
+	HeapInuse  uint64 `json:"heap_inuse"`
+	StackInuse uint64 `json:"stack_inuse"`
+	Sys        uint64 `json:"sys"`
+	Goroutines int    `json:"goroutines"`
+}
+
+func serveMemstats(ctx context.Context, path string) {
+	runtime.MemProfileRate = 64 // fine-grained: the idle figures are per-worker bytes
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	for seq := 1; ; seq++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+		}
+		runtime.GC()
+		debug.FreeOSMemory()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		b, _ := json.Marshal(heapStats{Seq: seq, HeapAlloc: m.HeapAlloc, HeapInuse: m.HeapInuse, StackInuse: m.StackInuse,
+			Sys: m.Sys, Goroutines: runtime.NumGoroutine()})
+		if f, err := os.Create(path + ".pprof"); err == nil {
+			pprof.Lookup("heap").WriteTo(f, 0) // in-use allocation sites, for `go tool pprof`
+			f.Close()
+		}
+		os.WriteFile(path+".tmp", b, 0o644)
+		os.Rename(path+".tmp", path)
+	}
 }

@@ -119,9 +119,13 @@ func tables(r *Results) []*table {
 	}
 	if len(r.Idle) > 0 {
 		t := &table{title: "Idle memory: server RSS with N idle subscribed workers (one process holds the N sockets)",
-			header: []string{"system", "N", "RSS MB base", "RSS MB with N", "bytes/worker", "fds", ""}}
+			header: []string{"system", "N", "RSS MB base", "RSS MB with N", "RSS bytes/worker", "Go heap B/worker (after GC)", "stacks B/worker", "fds", ""}}
 		for _, i := range r.Idle {
-			t.add(i.System, i.N, mb(i.RSSBase), mb(i.RSSIdle), fmt.Sprintf("%.0f", i.PerWorker), i.FDs, errCol(i.Err))
+			heap, stack := "-", "-"
+			if i.HeapPerWorker != 0 || i.StackPerWorker != 0 {
+				heap, stack = fmt.Sprintf("%.0f", i.HeapPerWorker), fmt.Sprintf("%.0f", i.StackPerWorker)
+			}
+			t.add(i.System, i.N, mb(i.RSSBase), mb(i.RSSIdle), fmt.Sprintf("%.0f", i.PerWorker), heap, stack, i.FDs, errCol(i.Err))
 		}
 		ts = append(ts, t)
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -120,7 +122,13 @@ type IdleRow struct {
 	RSSIdle   int64   `json:"rss_idle"`
 	PerWorker float64 `json:"bytes_per_worker"`
 	FDs       int     `json:"fds"`
-	Err       string  `json:"error,omitempty"`
+	// Go heap (HeapAlloc) and goroutine stacks (StackInuse) per worker,
+	// after a forced GC: for the servers that can be asked (not the
+	// listenhub binary; "hub (lib)" is the same package embedded).
+	HeapPerWorker  float64 `json:"heap_bytes_per_worker,omitempty"`
+	StackPerWorker float64 `json:"stack_bytes_per_worker,omitempty"`
+	Goroutines     int     `json:"goroutines,omitempty"`
+	Err            string  `json:"error,omitempty"`
 }
 
 type WedgedRow struct {
@@ -565,16 +573,43 @@ func (b *bench) churnOne(sys *system, row *ChurnRow) error {
 // ---- idle memory
 
 func (b *bench) idle() error {
-	for _, n := range b.p.IdleN {
-		for _, sys := range b.systems {
-			if sys.direct {
-				continue
+	var systems []*system
+	for _, sys := range b.systems {
+		if sys.direct {
+			continue
+		}
+		if sys.name == "gohub" || sys.name == "gnet" {
+			sys.memstats = filepath.Join(b.dir, sys.name+".memstats")
+		}
+		systems = append(systems, sys)
+		if sys.name == "hub" {
+			// The same hub package embedded in lhbench, for its Go heap
+			// after a GC (the binary has no such hook).
+			self, _ := os.Executable()
+			systems = append(systems, &system{name: "hub (lib)", argv: []string{self, "hublib"}, dbURL: b.dbURL, appName: "listenhub",
+				memstats: filepath.Join(b.dir, "hublib.memstats")})
+		}
+	}
+	defer func() {
+		for _, sys := range systems {
+			if sys.name == "gohub" || sys.name == "gnet" {
+				sys.memstats = ""
 			}
+		}
+	}()
+	for _, n := range b.p.IdleN {
+		for _, sys := range systems {
 			row := IdleRow{System: sys.name, N: n}
 			err := b.withServer(sys, func() error {
 				time.Sleep(300 * time.Millisecond)
 				pid := sys.serverPID()
 				var err error
+				var h0 heapStats
+				if sys.memstats != "" {
+					if h0, err = sys.heap(0); err != nil {
+						return err
+					}
+				}
 				if row.RSSBase, _, err = procMem(pid); err != nil {
 					return err
 				}
@@ -585,16 +620,27 @@ func (b *bench) idle() error {
 				defer f.stop()
 				// Let the hub settle (status frames out, GC caught up).
 				time.Sleep(1500 * time.Millisecond)
-				row.RSSIdle, row.FDs, err = procMem(pid)
-				return err
+				if row.RSSIdle, row.FDs, err = procMem(pid); err != nil {
+					return err
+				}
+				if sys.memstats != "" {
+					h1, err := sys.heap(h0.Seq)
+					if err != nil {
+						return err
+					}
+					row.HeapPerWorker = (float64(h1.HeapAlloc) - float64(h0.HeapAlloc)) / float64(n)
+					row.StackPerWorker = (float64(h1.StackInuse) - float64(h0.StackInuse)) / float64(n)
+					row.Goroutines = h1.Goroutines
+				}
+				return nil
 			})
 			if err != nil {
 				row.Err = err.Error()
 			} else {
 				row.PerWorker = float64(row.RSSIdle-row.RSSBase) / float64(n)
 			}
-			b.logf("idle %s N=%d: RSS %.1f → %.1f MB, %.0f B/worker, %d fds %s", sys.name, n,
-				float64(row.RSSBase)/1e6, float64(row.RSSIdle)/1e6, row.PerWorker, row.FDs, row.Err)
+			b.logf("idle %s N=%d: RSS %.1f → %.1f MB, %.0f B/worker (Go heap %.0f B, stacks %.0f B), %d fds %s", sys.name, n,
+				float64(row.RSSBase)/1e6, float64(row.RSSIdle)/1e6, row.PerWorker, row.HeapPerWorker, row.StackPerWorker, row.FDs, row.Err)
 			b.res.Idle = append(b.res.Idle, row)
 		}
 	}

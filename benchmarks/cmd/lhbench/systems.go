@@ -6,6 +6,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,10 +28,11 @@ type system struct {
 	dbURL   string
 	socket  string // set while running
 
-	argv []string // server command, without --database-url/--socket
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{}
+	argv     []string // server command, without --database-url/--socket
+	memstats string   // when set, --memstats path (the server answers SIGUSR1)
+	cmd      *exec.Cmd
+	log      *os.File
+	done     chan struct{}
 }
 
 func (s *system) serverPID() int {
@@ -49,6 +51,10 @@ func (s *system) start(dir string) error {
 	s.socket = filepath.Join(dir, s.name+".sock")
 	os.Remove(s.socket)
 	args := append(append([]string(nil), s.argv[1:]...), "--database-url", s.dbURL, "--socket", s.socket)
+	if s.memstats != "" {
+		os.Remove(s.memstats)
+		args = append(args, "--memstats", s.memstats)
+	}
 	s.cmd = exec.Command(s.argv[0], args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	var err error
@@ -121,6 +127,23 @@ func (s *system) stop() {
 	}
 	s.log.Close()
 	s.cmd = nil
+}
+
+// heap asks the server for its Go heap after a GC (SIGUSR1, see serveMemstats).
+func (s *system) heap(prevSeq int) (heapStats, error) {
+	var h heapStats
+	if s.memstats == "" || s.cmd == nil {
+		return h, fmt.Errorf("no memstats")
+	}
+	s.cmd.Process.Signal(syscall.SIGUSR1)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(s.memstats); err == nil && json.Unmarshal(b, &h) == nil && h.Seq > prevSeq {
+			return h, nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return h, fmt.Errorf("%s: no memstats after SIGUSR1", s.name)
 }
 
 func tailFile(path string, n int) string {

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -72,6 +73,15 @@ func checkSocket(path string) error {
 // bindSocket creates, binds and listens on path with mode 0600. The umask is
 // set around bind(2), so there is no moment when the socket exists with a
 // wider mode. A stale socket file at path is removed first.
+//
+// The socket is bound and listening under a temporary name in the same
+// directory first, and only then linked to path: the file at path appears
+// exactly when connect(2) on it can succeed. Bound straight at path, the
+// file would exist between bind(2) and listen(2) with nobody listening, and
+// a worker (or a supervisor waiting for the file) connecting in that moment
+// would get ECONNREFUSED from a hub that is starting fine. link(2), unlike
+// rename(2), fails when path exists, so a hub started at the same moment
+// is still never replaced.
 func bindSocket(path string) (listenSocket, error) {
 	s := listenSocket{path: path, fd: -1}
 	if err := checkSocket(path); err != nil {
@@ -85,21 +95,46 @@ func bindSocket(path string) (listenSocket, error) {
 		unix.Close(fd)
 		return s, fmt.Errorf("hub: remove stale socket: %w", err)
 	}
+	tmp := tempSocketPath(path)
+	if tmp != "" {
+		os.Remove(tmp) // left by a hub that died in the middle of this
+	}
+	bindAt := tmp
+	if bindAt == "" {
+		bindAt = path // no room for a temporary name: bind in place
+	}
 	old := unix.Umask(0o177)
-	err = unix.Bind(fd, &unix.SockaddrUnix{Name: path})
+	err = unix.Bind(fd, &unix.SockaddrUnix{Name: bindAt})
 	unix.Umask(old)
 	if err != nil {
 		unix.Close(fd)
-		if err == unix.EADDRINUSE {
+		if err == unix.EADDRINUSE && bindAt == path {
 			// Another hub bound it between our check and our bind.
 			return s, fmt.Errorf("hub: socket %s is %w", path, ErrSocketInUse)
 		}
-		return s, fmt.Errorf("hub: bind %s: %w", path, os.NewSyscallError("bind", err))
+		return s, fmt.Errorf("hub: bind %s: %w", bindAt, os.NewSyscallError("bind", err))
 	}
 	if err := unix.Listen(fd, listenBacklog); err != nil {
 		unix.Close(fd)
-		os.Remove(path)
+		os.Remove(bindAt)
 		return s, fmt.Errorf("hub: listen %s: %w", path, os.NewSyscallError("listen", err))
+	}
+	if tmp != "" {
+		err := os.Link(tmp, path)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			// A file system without hard links: rename is atomic too,
+			// only it would replace a hub bound in the last moment.
+			err = os.Rename(tmp, path)
+		}
+		os.Remove(tmp)
+		if err != nil {
+			unix.Close(fd)
+			if errors.Is(err, fs.ErrExist) {
+				// Another hub bound it between our check and now.
+				return s, fmt.Errorf("hub: socket %s is %w", path, ErrSocketInUse)
+			}
+			return s, fmt.Errorf("hub: socket %s: %w", path, err)
+		}
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err == nil {
@@ -107,6 +142,17 @@ func bindSocket(path string) (listenSocket, error) {
 	}
 	s.fd = fd
 	return s, nil
+}
+
+// tempSocketPath is the name bindSocket binds under before the socket is
+// linked to path: in the same directory (so that link works) and unique to
+// this process. It returns "" when that name would not fit in sun_path.
+func tempSocketPath(path string) string {
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".listenhub-%d.tmp", os.Getpid()))
+	if len(tmp) > maxSocketPath {
+		return ""
+	}
+	return tmp
 }
 
 // close closes the socket and removes its file, if the file is still the

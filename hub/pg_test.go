@@ -433,7 +433,9 @@ func TestPGBackendTerminated(t *testing.T) {
 // Connect, subscribe, close, 10,000 times: the process's descriptor count is
 // back where it started, and so are the hub's tables.
 func TestPGChurnFDs(t *testing.T) {
-	e := newPGEnv(t, nil)
+	// The cycles take longer than 5 default status intervals: no periodic
+	// status between a sub and its ack, which the loop below reads next.
+	e := newPGEnv(t, func(c *Config) { c.StatusInterval = time.Hour })
 	warm := e.dial()
 	warm.sub("warm")
 	warm.expect(ack("warm"))

@@ -44,7 +44,7 @@ func benchHub(b *testing.B, n int) *Hub {
 		}
 		unix.SetNonblock(fds[0], true)
 		w := &worker{id: uint64(i + 1), fd: fds[0]}
-		w.out.Max = h.cfg.HardQueueBytes
+		w.out.Max = h.bufferMax()
 		if w.tok, err = l.Register(fds[0], loop.Readable, func(loop.Events) {}); err != nil {
 			b.Fatal(err)
 		}
@@ -118,6 +118,25 @@ func BenchmarkFanout64(b *testing.B) {
 		}
 		h.dirty = h.dirty[:0]
 	}
+	noEvictions(b, h)
+}
+
+// One wake fanned out to 256 workers over socketpairs, with the real
+// end-of-iteration flush: 256 writes of one frame each. The per-wake cost
+// the hub pays for a large host; must not allocate.
+func BenchmarkFanoutWrite256(b *testing.B) {
+	h := benchHub(b, 256)
+	payload := []byte(strings.Repeat("x", 100))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		h.onNotification([]byte("bench"), payload)
+		h.flush()
+		if i++; i%256 == 0 {
+			drain(b, h)
+		}
+	}
+	b.ReportMetric(256*float64(b.N)/b.Elapsed().Seconds(), "frames/s")
 	noEvictions(b, h)
 }
 

@@ -31,6 +31,11 @@ const (
 	// maxChannelBytes is NAMEDATALEN-1: Postgres silently truncates longer
 	// identifiers, which would make two names LISTEN on one channel.
 	maxChannelBytes = 63
+
+	// maxDurableFrame bounds one durable wake frame: the header and
+	// {"t":"wake","q":"…","p":null} with a name of at most maxChannelBytes
+	// bytes, each of which JSON may spell in 6 (\u00XX, \ufffd).
+	maxDurableFrame = 4 + len(`{"t":"wake","q":""`) + 6*maxChannelBytes + len(`,"p":null}`)
 )
 
 // Config configures a Hub. The zero value of every field but SocketPath (and
@@ -58,11 +63,13 @@ type Config struct {
 	// frames of one worker; a durable wake beyond it is dropped and
 	// counted, never a reason to evict. Default 256.
 	DurableQueueLimit int
-	// HardQueueLimit caps the pending frames of one worker; an ephemeral
-	// wake, ack, nack or status beyond it evicts the worker. Default 1024.
+	// HardQueueLimit caps the pending frames of one worker other than
+	// durable wakes (those have DurableQueueLimit); an ephemeral wake,
+	// ack, nack or status beyond it evicts the worker. Default 1024.
 	HardQueueLimit int
-	// HardQueueBytes caps the pending bytes of one worker, with the same
-	// consequences as HardQueueLimit. Default DefaultHardQueueBytes.
+	// HardQueueBytes caps the pending bytes of one worker, durable wakes
+	// again not counted, with the same consequences as HardQueueLimit.
+	// Default DefaultHardQueueBytes.
 	HardQueueBytes int
 
 	// StatusInterval is the status period: every worker is re-sent the

@@ -32,7 +32,8 @@
 // socket buffer plus the limit, whether it stopped reading or reads slower
 // than a sustained burst of payloads; the hub never slows its Postgres
 // reader for it. Durable wakes are bounded separately (coalesced, then
-// DurableQueueLimit) and never evict.
+// DurableQueueLimit), do not count against the hard limits, and never
+// evict.
 package hub
 
 import (

@@ -82,11 +82,14 @@ type worker struct {
 	// not past that offset the wake is wholly unsent, and a new durable
 	// wake for the same name merges into it (rule 4).
 	durable map[string]uint64
-	// durableEnds are the ring end offsets of the durable wakes not fully
+	// durableSpans are the ring offsets of the durable wakes not fully
 	// written, oldest first from durableHead: their number is what
-	// DurableQueueLimit caps.
-	durableEnds []uint64
-	durableHead int
+	// DurableQueueLimit caps. durableBytes is the sum of their lengths.
+	// The hard limits judge the rest of the backlog: durable wakes have
+	// their own bound and never cause an eviction (rule 4).
+	durableSpans []span
+	durableHead  int
+	durableBytes int
 
 	// statusAt is the ring offset of the latest status frame (hasStatus
 	// once one was queued), so a periodic re-send can skip a worker whose
@@ -103,26 +106,46 @@ func (w *worker) logAttrs() []any {
 	return []any{"worker", w.id, "pid", w.pid, "fd", w.fd}
 }
 
+// span is one frame's place in the ring, as absolute offsets.
+type span struct{ start, end uint64 }
+
 // pendingDurable returns the number of durable wakes not fully written.
 func (w *worker) pendingDurable() int {
 	written := w.out.Written()
-	for w.durableHead < len(w.durableEnds) && w.durableEnds[w.durableHead] <= written {
+	for w.durableHead < len(w.durableSpans) && w.durableSpans[w.durableHead].end <= written {
+		sp := w.durableSpans[w.durableHead]
+		w.durableBytes -= int(sp.end - sp.start)
 		w.durableHead++
 	}
-	if w.durableHead == len(w.durableEnds) {
+	if w.durableHead == len(w.durableSpans) {
 		// Drained: reuse the storage, or give back a large one.
-		if cap(w.durableEnds) > 64 {
-			w.durableEnds = nil
+		if cap(w.durableSpans) > 64 {
+			w.durableSpans = nil
 		} else {
-			w.durableEnds = w.durableEnds[:0]
+			w.durableSpans = w.durableSpans[:0]
 		}
 		w.durableHead = 0
-	} else if w.durableHead > len(w.durableEnds)/2 && w.durableHead > 16 {
-		n := copy(w.durableEnds, w.durableEnds[w.durableHead:])
-		w.durableEnds = w.durableEnds[:n]
+		w.durableBytes = 0
+	} else if w.durableHead > len(w.durableSpans)/2 && w.durableHead > 16 {
+		n := copy(w.durableSpans, w.durableSpans[w.durableHead:])
+		w.durableSpans = w.durableSpans[:n]
 		w.durableHead = 0
 	}
-	return len(w.durableEnds) - w.durableHead
+	return len(w.durableSpans) - w.durableHead
+}
+
+// backlog returns the frames and bytes pending for w other than durable
+// wakes: what the hard limits judge.
+func (w *worker) backlog() (frames, bytes int) {
+	d := w.pendingDurable()
+	db := w.durableBytes
+	if d > 0 {
+		// The oldest one may be partly written already.
+		if s, wr := w.durableSpans[w.durableHead].start, w.out.Written(); s < wr {
+			db -= int(wr - s)
+		}
+	}
+	return w.out.Frames() - d, w.out.Len() - db
 }
 
 // onAcceptable accepts up to AcceptBatch connections. Level-triggered: more
@@ -186,7 +209,7 @@ func (h *Hub) admit(fd int) {
 	h.stats.accepts.Add(1)
 	h.nextID++
 	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1}
-	w.out.Max = h.cfg.HardQueueBytes
+	w.out.Max = h.bufferMax()
 	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 	if err != nil {
 		h.log.Warn("worker refused: no peer credentials", "worker", w.id, "fd", fd,
@@ -308,8 +331,13 @@ func (h *Hub) enqueue(w *worker, b []byte) {
 // NOTIFYs, so before saying no, fits writes out what is pending (unless the
 // socket is known to be full) and looks again. In the common case nothing
 // is near a limit and the single end-of-iteration write stays single.
+//
+// Durable wakes pending among the frames do not count: DurableQueueLimit
+// bounds them, and a durable wake must never be the reason a worker is
+// evicted (rule 4), which it would be if a hard limit below the durable one
+// filled up with them and the next status evicted.
 func (h *Hub) fits(w *worker, n int) bool {
-	if w.out.Frames() < h.cfg.HardQueueLimit && w.out.Len()+n <= h.cfg.HardQueueBytes {
+	if h.underHard(w, n) {
 		return true
 	}
 	if w.armed {
@@ -319,19 +347,35 @@ func (h *Hub) fits(w *worker, n int) bool {
 	if w.closed {
 		return false
 	}
-	return w.out.Frames() < h.cfg.HardQueueLimit && w.out.Len()+n <= h.cfg.HardQueueBytes
+	return h.underHard(w, n)
+}
+
+func (h *Hub) underHard(w *worker, n int) bool {
+	if w.out.Frames() < h.cfg.HardQueueLimit && w.out.Len()+n <= h.cfg.HardQueueBytes {
+		return true // well under: no need to tell durable wakes apart
+	}
+	frames, bytes := w.backlog()
+	return frames < h.cfg.HardQueueLimit && bytes+n <= h.cfg.HardQueueBytes
 }
 
 func (h *Hub) overLimit(w *worker) string {
-	if w.out.Frames() >= h.cfg.HardQueueLimit {
+	if frames, _ := w.backlog(); frames >= h.cfg.HardQueueLimit {
 		return "frames"
 	}
 	return "bytes"
 }
 
+// bufferMax is the byte cap of a worker's ring: the hard byte limit for
+// the frames it judges, plus room for DurableQueueLimit durable wakes of
+// the largest size, which it does not judge.
+func (h *Hub) bufferMax() int {
+	return h.cfg.HardQueueBytes + h.cfg.DurableQueueLimit*maxDurableFrame
+}
+
 // enqueueDurable queues a durable wake for subscription q, coalescing it
 // into a pending unsent one for the same q, and dropping it (counted) past
-// DurableQueueLimit or either hard limit. It never evicts.
+// DurableQueueLimit. It never evicts, and it does not count against the
+// hard limits (see fits).
 func (h *Hub) enqueueDurable(w *worker, q string, b []byte) {
 	if w.closed {
 		return
@@ -346,14 +390,13 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) {
 			return
 		}
 	}
-	if w.pendingDurable() >= h.cfg.DurableQueueLimit || !h.fits(w, len(b)) {
-		if !w.closed {
-			h.stats.durableDropped.Add(1)
-		}
+	if w.pendingDurable() >= h.cfg.DurableQueueLimit {
+		h.stats.durableDropped.Add(1)
 		return
 	}
 	start := w.out.Appended()
 	if err := w.out.Append(b); err != nil {
+		// Not with bufferMax's room for durable wakes; kept as a guard.
 		h.stats.durableDropped.Add(1)
 		return
 	}
@@ -361,7 +404,8 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) {
 		w.durable = make(map[string]uint64)
 	}
 	w.durable[q] = start
-	w.durableEnds = append(w.durableEnds, w.out.Appended())
+	w.durableSpans = append(w.durableSpans, span{start, w.out.Appended()})
+	w.durableBytes += len(b)
 	h.touch(w)
 }
 
@@ -476,7 +520,8 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 	}
 	unix.Close(w.fd)
 	w.out.Reset()
-	w.durable, w.durableEnds, w.subs = nil, nil, nil
+	w.durable, w.durableSpans, w.subs = nil, nil, nil
+	w.durableHead, w.durableBytes = 0, 0
 	delete(h.workers, w.id)
 	h.stats.workers.Add(-1)
 	attrs := append(w.logAttrs(), "reason", reason)

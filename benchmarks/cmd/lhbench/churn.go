@@ -35,6 +35,7 @@ func churnMain(args []string) error {
 	channel := fs.String("channel", "churn", "subscription name")
 	offset := fs.Int("offset", 0, "rotation offset (so processes interleave kinds)")
 	rounds := fs.Int("rounds", 1, "report and wait for a stdin line after each of this many rounds")
+	rate := fs.Float64("rate", 0, "cycles per second (0: as fast as possible)")
 	fs.Parse(args)
 	in := bufio.NewScanner(os.Stdin)
 	out := json.NewEncoder(os.Stdout)
@@ -48,6 +49,11 @@ func churnMain(args []string) error {
 	for r := range *rounds {
 		start := time.Now()
 		for i := range per {
+			if *rate > 0 {
+				if d := time.Until(start.Add(time.Duration(float64(i) / *rate * float64(time.Second)))); d > 0 {
+					time.Sleep(d)
+				}
+			}
 			err := churnOnce((r*per+i+*offset)%10, *socket, sub, unsub)
 			if err != nil {
 				errs++

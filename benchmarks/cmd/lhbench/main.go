@@ -159,6 +159,9 @@ type heapStats struct {
 	StackInuse uint64 `json:"stack_inuse"`
 	Sys        uint64 `json:"sys"`
 	Goroutines int    `json:"goroutines"`
+	TotalAlloc uint64 `json:"total_alloc"`
+	Mallocs    uint64 `json:"mallocs"`
+	NumGC      uint32 `json:"num_gc"`
 }
 
 func serveMemstats(ctx context.Context, path string) {
@@ -176,7 +179,7 @@ func serveMemstats(ctx context.Context, path string) {
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		b, _ := json.Marshal(heapStats{Seq: seq, HeapAlloc: m.HeapAlloc, HeapInuse: m.HeapInuse, StackInuse: m.StackInuse,
-			Sys: m.Sys, Goroutines: runtime.NumGoroutine()})
+			Sys: m.Sys, Goroutines: runtime.NumGoroutine(), TotalAlloc: m.TotalAlloc, Mallocs: m.Mallocs, NumGC: m.NumGC})
 		if f, err := os.Create(path + ".pprof"); err == nil {
 			pprof.Lookup("heap").WriteTo(f, 0) // in-use allocation sites, for `go tool pprof`
 			f.Close()

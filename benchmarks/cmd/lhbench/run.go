@@ -35,6 +35,8 @@ type params struct {
 	ChurnCycles    int           `json:"churn_cycles"`
 	ChurnProcs     int           `json:"churn_procs"`
 	ChurnIdleDur   time.Duration `json:"churn_idle_dur_ns"`
+	ChurnRate      float64       `json:"churn_steady_rate"`
+	ChurnCycleRate float64       `json:"churn_cycle_rate"` // cycles/s offered, all churn processes together
 	IdleN          []int         `json:"idle_n"`
 	WedgedDur      time.Duration `json:"wedged_dur_ns"`
 	WedgedRate     float64       `json:"wedged_rate"`
@@ -49,7 +51,7 @@ func fullParams() params {
 	return params{
 		PacedN: []int{1, 8, 64, 256}, CensusN: []int{1000}, PacedDur: 5 * time.Second,
 		SatN: []int{64, 256}, FloodDur: 3 * time.Second, SearchDur: 1500 * time.Millisecond, SearchSteps: 6,
-		ChurnCycles: 100000, ChurnProcs: 4, ChurnIdleDur: 4 * time.Second,
+		ChurnCycles: 100000, ChurnProcs: 4, ChurnIdleDur: 3 * time.Second, ChurnRate: 1000, ChurnCycleRate: 10000,
 		IdleN:     []int{1000, 10000},
 		WedgedDur: 4 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, SatOneProc: true, BigCensusProcs: 8,
@@ -61,7 +63,7 @@ func quickParams() params {
 		Quick:  true,
 		PacedN: []int{1, 256}, CensusN: nil, PacedDur: 2 * time.Second,
 		SatN: []int{256}, FloodDur: 2 * time.Second, SearchDur: time.Second, SearchSteps: 3,
-		ChurnCycles: 10000, ChurnProcs: 4, ChurnIdleDur: 2 * time.Second,
+		ChurnCycles: 10000, ChurnProcs: 4, ChurnIdleDur: 2 * time.Second, ChurnRate: 1000, ChurnCycleRate: 10000,
 		IdleN:     []int{1000},
 		WedgedDur: 2500 * time.Millisecond, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, BigCensusProcs: 8,
@@ -103,12 +105,20 @@ func runMain(args []string) error {
 	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
 	keep := fs.Bool("keep", false, "keep the temp dir (server logs)")
 	nList := fs.String("n", "", "override the paced and saturation N list (e.g. 1,8,1x256; 1xN = one process holding N), for development")
+	churnProcs := fs.Int("churn-procs", 0, "override the number of churn processes")
+	churnRate := fs.Float64("churn-rate", -1, "override the offered churn cycles/s (0: as fast as possible)")
 	fs.Float64Var(&ratePerNotifier, "rate-per-notifier", ratePerNotifier, "paced NOTIFY/s per notifier connection")
 	fs.Parse(args)
 
 	p := fullParams()
 	if *quick {
 		p = quickParams()
+	}
+	if *churnRate >= 0 {
+		p.ChurnCycleRate = *churnRate
+	}
+	if *churnProcs > 0 {
+		p.ChurnProcs = *churnProcs
 	}
 	if *systems == "" {
 		*systems = "direct,hub,gohub,gnet"

@@ -111,8 +111,11 @@ type ChurnRow struct {
 	RSSAfter   int64        `json:"rss_after"`            // 5 s after the churn
 	Idle       hist.Summary `json:"steady_idle"`
 	During     hist.Summary `json:"steady_during"`
-	SteadyLost uint64       `json:"steady_lost"`
-	Err        string       `json:"error,omitempty"`
+	// The same NOTIFYs to a direct LISTEN worker, idle and during the churn.
+	ControlIdle   hist.Summary `json:"control_direct_idle"`
+	ControlDuring hist.Summary `json:"control_direct_during"`
+	SteadyLost    uint64       `json:"steady_lost"`
+	Err           string       `json:"error,omitempty"`
 }
 
 type IdleRow struct {
@@ -445,12 +448,35 @@ func (b *bench) churnOne(sys *system, row *ChurnRow) error {
 			return err
 		}
 		defer f.stop()
-		_, reps, err := b.pacedRun(f, "churn", 100, b.p.ChurnIdleDur, 0)
+		// The control: a direct LISTEN worker on the same channel. The
+		// churn processes take CPU from everyone on 2 cores; the control
+		// shows how much of the steady worker's tail is that, not the hub.
+		ctl, err := startFleet(&system{name: "direct", direct: true, dbURL: b.dbURL}, "churn", layout{Procs: 1, ConnsPerProc: 1}, 30*time.Second)
 		if err != nil {
 			return err
 		}
-		m := merge(reps)
-		row.Idle = m.h.Summarize()
+		defer ctl.stop()
+		id := b.nextRun()
+		if err := f.begin(id); err != nil {
+			return err
+		}
+		if err := ctl.begin(id); err != nil {
+			return err
+		}
+		sr, err := b.nt.paced(b.ctx, "churn", id, b.p.ChurnRate, b.p.ChurnIdleDur, 1, 0)
+		if err != nil {
+			return err
+		}
+		reps, err := f.reports(sr.Sent, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		creps, err := ctl.reports(sr.Sent, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		m, cm := merge(reps), merge(creps)
+		row.Idle, row.ControlIdle = m.h.Summarize(), cm.h.Summarize()
 		pid := sys.serverPID()
 		row.RSSBefore, row.FDBefore, err = procMem(pid)
 		if err != nil {
@@ -459,20 +485,22 @@ func (b *bench) churnOne(sys *system, row *ChurnRow) error {
 
 		// Paced wakes to the steady worker (and to every churner that is
 		// subscribed at that moment) for as long as the churners run.
-		id := b.nextRun()
+		id = b.nextRun()
 		if err := f.begin(id); err != nil {
+			return err
+		}
+		if err := ctl.begin(id); err != nil {
 			return err
 		}
 		ctx, cancel := context.WithCancel(b.ctx)
 		defer cancel()
 		var done atomic.Bool
-		var sr sendResult
 		var srErr error
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sr, srErr = b.nt.pacedUntil(ctx, "churn", id, 100, &done)
+			sr, srErr = b.nt.pacedUntil(ctx, "churn", id, b.p.ChurnRate, &done)
 		}()
 		// Five rounds, RSS read after each: growth that stops after the
 		// first round is the runtime sizing its heap; growth in every
@@ -487,6 +515,7 @@ func (b *bench) churnOne(sys *system, row *ChurnRow) error {
 		}()
 		for i := range row.Procs {
 			p, err := startProc(nil, "churn", "--socket", sys.socket, "--cycles", strconv.Itoa(per), "--rounds", strconv.Itoa(rounds),
+				"--rate", strconv.FormatFloat(b.p.ChurnCycleRate/float64(row.Procs), 'f', 0, 64),
 				"--channel", "churn", "--offset", strconv.Itoa(i*3))
 			if err != nil {
 				done.Store(true)
@@ -538,8 +567,11 @@ func (b *bench) churnOne(sys *system, row *ChurnRow) error {
 		if err != nil {
 			return err
 		}
-		m = merge(reps)
-		row.During = m.h.Summarize()
+		if creps, err = ctl.reports(sr.Sent, 5*time.Second); err != nil {
+			return err
+		}
+		m, cm = merge(reps), merge(creps)
+		row.During, row.ControlDuring = m.h.Summarize(), cm.h.Summarize()
 		row.SteadyLost = m.LostLive + m.LostEvicted
 
 		// The hub closes churned sockets asynchronously: wait (bounded)

@@ -358,12 +358,12 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 			return err
 		}
 	}
-	// Log-space bisection between top/100 and top. top is twice the flood
+	// Log-space bisection between top/1000 and top. top is twice the flood
 	// rate: the flood uses one connection (its rate is bound by that
 	// connection's round trips), the paced notifier spreads its schedule
 	// over several, so a hub may sustain more than the flood offered.
 	top := 2 * row.NotifyPerSec
-	lo, hi := top/100, top
+	lo, hi := top/1000, top
 	var best *SearchStep
 	var bestLat hist.Summary
 	for step := 0; step < b.p.SearchSteps; step++ {

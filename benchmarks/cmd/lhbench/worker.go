@@ -144,9 +144,26 @@ func workerMain(args []string) error {
 	ctx := context.Background()
 	var closers []func()
 	var closersMu sync.Mutex
+	// One process holding many sockets reads them all from one epoll
+	// loop on one thread, not a goroutine each: the 1×N layout is there to
+	// isolate the hub's cost, so its receiver must be cheap.
+	var pl *poller
+	if *mode != "direct" && *nconns > 1 {
+		var err error
+		if pl, err = newPoller(); err != nil {
+			return err
+		}
+	}
 	open := func(s *connStats) (func(), error) {
 		if *mode == "direct" {
 			return openDirect(ctx, *dbURL, *channel, s)
+		}
+		if pl != nil {
+			c, r, err := handshake(*socket, *channel)
+			if err != nil {
+				return nil, err
+			}
+			return pl.add(c, r, s)
 		}
 		return openSocket(*socket, *channel, s)
 	}
@@ -300,16 +317,15 @@ func dialUnix(path string, timeout time.Duration) (*net.UnixConn, error) {
 	}
 }
 
-// openSocket connects to the hub, subscribes and waits for the ack, then
-// reads frames in a goroutine until EOF.
-func openSocket(path, channel string, s *connStats) (func(), error) {
+// handshake connects to the hub, subscribes and waits for the ack.
+func handshake(path, channel string) (*net.UnixConn, *wire.Reader, error) {
 	c, err := dialUnix(path, 30*time.Second)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := c.Write(wire.AppendSub(nil, channel)); err != nil {
 		c.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	r := wire.NewReader(c, 64<<10)
 	c.SetReadDeadline(time.Now().Add(30 * time.Second))
@@ -317,7 +333,7 @@ func openSocket(path, channel string, s *connStats) (func(), error) {
 		body, err := r.Next()
 		if err != nil {
 			c.Close()
-			return nil, fmt.Errorf("waiting for ack: %w", err)
+			return nil, nil, fmt.Errorf("waiting for ack: %w", err)
 		}
 		if _, _, ok := wire.FastWake(body); ok {
 			continue // over-delivery before the ack is allowed
@@ -325,17 +341,45 @@ func openSocket(path, channel string, s *connStats) (func(), error) {
 		m, err := wire.Decode(body)
 		if err != nil {
 			c.Close()
-			return nil, err
+			return nil, nil, err
 		}
 		if m.T == "nack" {
 			c.Close()
-			return nil, fmt.Errorf("nack: %s", m.Error)
+			return nil, nil, fmt.Errorf("nack: %s", m.Error)
 		}
 		if m.T == "ack" {
 			break
 		}
 	}
 	c.SetReadDeadline(time.Time{})
+	return c, r, nil
+}
+
+// handleFrame records one frame's body received at now; false means a
+// protocol error (the conn is dropped).
+func handleFrame(s *connStats, body []byte, now int64) bool {
+	p, hasP, ok := wire.FastWake(body)
+	if !ok {
+		m, err := wire.Decode(body)
+		if err != nil {
+			return false
+		}
+		if m.T != "wake" {
+			return true
+		}
+		p, hasP = []byte(m.P), m.HasP
+	}
+	s.wake(p, hasP, now)
+	return true
+}
+
+// openSocket subscribes and reads frames in a goroutine until EOF (the
+// layout with one subscription per process).
+func openSocket(path, channel string, s *connStats) (func(), error) {
+	c, r, err := handshake(path, channel)
+	if err != nil {
+		return nil, err
+	}
 	go func() {
 		for {
 			body, err := r.Next()
@@ -343,21 +387,11 @@ func openSocket(path, channel string, s *connStats) (func(), error) {
 				s.markEOF()
 				return
 			}
-			now := time.Now().UnixNano()
-			p, hasP, ok := wire.FastWake(body)
-			if !ok {
-				m, err := wire.Decode(body)
-				if err != nil {
-					s.markEOF()
-					c.Close()
-					return
-				}
-				if m.T != "wake" {
-					continue
-				}
-				p, hasP = []byte(m.P), m.HasP
+			if !handleFrame(s, body, time.Now().UnixNano()) {
+				s.markEOF()
+				c.Close()
+				return
 			}
-			s.wake(p, hasP, now)
 		}
 	}()
 	return func() { c.Close() }, nil

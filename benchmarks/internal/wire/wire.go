@@ -141,6 +141,13 @@ func NewReader(r io.Reader, size int) *Reader {
 // Reset makes r read from a new stream, keeping its buffer.
 func (r *Reader) Reset(rd io.Reader) { r.r.Reset(rd) }
 
+// Take returns a copy of the bytes r has buffered and not returned yet
+// (for handing the stream over to another reader).
+func (r *Reader) Take() []byte {
+	b, _ := r.r.Peek(r.r.Buffered())
+	return append([]byte(nil), b...)
+}
+
 // Next returns the next frame's body. It is valid until the next call.
 func (r *Reader) Next() ([]byte, error) {
 	hdr, err := r.r.Peek(4)

@@ -85,9 +85,14 @@ func tables(r *Results) []*table {
 	}
 	if len(r.Paced) > 0 {
 		t := &table{title: "Paced latency: one NOTIFY every 10 ms, NOTIFY→receipt in the worker",
-			header: []string{"system", "N", "layout", "samples", "p50", "p95", "p99", "max", "lost", "evicted", "hub CPU", ""}}
+			header: []string{"system", "N", "layout", "samples", "p50", "p95", "p99", "max", "lost", "evicted", "hub CPU", "p99 of each round", ""}}
 		for _, p := range r.Paced {
-			t.add(p.System, p.N, p.Layout, p.Lat.Count, us(p.Lat.P50), us(p.Lat.P95), us(p.Lat.P99), us(p.Lat.Max), p.Lost, p.Evicted, cpuCol(p.CPU, p.System), errCol(p.Err))
+			var rp []string
+			for _, v := range p.RoundP99 {
+				rp = append(rp, us(v))
+			}
+			t.add(p.System, p.N, p.Layout, p.Lat.Count, us(p.Lat.P50), us(p.Lat.P95), us(p.Lat.P99), us(p.Lat.Max), p.Lost, p.Evicted, cpuCol(p.CPU, p.System),
+				strings.Join(rp, " "), errCol(p.Err))
 		}
 		ts = append(ts, t)
 	}

@@ -28,6 +28,8 @@ type params struct {
 	PacedN         []int         `json:"paced_n"`
 	CensusN        []int         `json:"census_n"`
 	PacedDur       time.Duration `json:"paced_dur_ns"`
+	PacedRounds    int           `json:"paced_rounds"` // for N ≥ 64: interleaved rounds, pooled
+	PacedRoundDur  time.Duration `json:"paced_round_dur_ns"`
 	SatN           []int         `json:"saturation_n"`
 	FloodDur       time.Duration `json:"flood_dur_ns"`
 	SearchDur      time.Duration `json:"search_step_dur_ns"`
@@ -49,7 +51,7 @@ type params struct {
 
 func fullParams() params {
 	return params{
-		PacedN: []int{1, 8, 64, 256}, CensusN: []int{1000}, PacedDur: 5 * time.Second,
+		PacedN: []int{1, 8, 64, 256}, CensusN: []int{1000}, PacedDur: 5 * time.Second, PacedRounds: 3, PacedRoundDur: 3 * time.Second,
 		SatN: []int{64, 256}, FloodDur: 3 * time.Second, SearchDur: 1500 * time.Millisecond, SearchSteps: 6,
 		ChurnCycles: 100000, ChurnProcs: 4, ChurnIdleDur: 3 * time.Second, ChurnRate: 1000, ChurnCycleRate: 10000,
 		IdleN:     []int{1000, 10000},

@@ -46,6 +46,7 @@ type params struct {
 	WedgedN        int           `json:"wedged_n"`
 	OneProcN       int           `json:"one_proc_n"`
 	SatOneProc     bool          `json:"saturation_one_proc"`
+	SatOneProcN    []int         `json:"saturation_one_proc_n"` // 1×N saturation layouts (full suite)
 	BigCensusProcs int           `json:"big_census_procs"`
 }
 
@@ -56,7 +57,7 @@ func fullParams() params {
 		ChurnCycles: 100000, ChurnProcs: 4, ChurnIdleDur: 3 * time.Second, ChurnRate: 1000, ChurnCycleRate: 10000,
 		IdleN:     []int{1000, 10000},
 		WedgedDur: 4 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
-		OneProcN: 256, SatOneProc: true, BigCensusProcs: 8,
+		OneProcN: 256, SatOneProc: true, SatOneProcN: []int{64, 256}, BigCensusProcs: 8,
 	}
 }
 
@@ -82,7 +83,10 @@ type bench struct {
 	systems []*system
 	res     *Results
 	run     atomic.Int64
-	logf    func(string, ...any)
+	// drainWait bounds the wait for a paced run's last wakes (a system
+	// far behind, like gnet's unbounded task queue, would hold it longer).
+	drainWait time.Duration
+	logf      func(string, ...any)
 }
 
 func (b *bench) nextRun() int64 { return b.run.Add(1) }
@@ -136,7 +140,7 @@ func runMain(args []string) error {
 				if err != nil {
 					return fmt.Errorf("--n: %w", err)
 				}
-				p.OneProcN, p.SatOneProc = n, true
+				p.OneProcN, p.SatOneProc, p.SatOneProcN = n, true, []int{n}
 				continue
 			}
 			n, err := strconv.Atoi(s)
@@ -164,7 +168,7 @@ func runMain(args []string) error {
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}
-	b := &bench{ctx: ctx, p: p, dir: dir, logf: logf}
+	b := &bench{ctx: ctx, p: p, dir: dir, logf: logf, drainWait: 3 * time.Second}
 	b.res = &Results{Params: p, Started: start.UTC().Format(time.RFC3339)}
 
 	pgVersion := ""

@@ -195,7 +195,7 @@ func (b *bench) pacedRun(f *fleet, channel string, rate float64, dur time.Durati
 	if err != nil {
 		return sr, nil, err
 	}
-	reps, err := f.reports(sr.Sent, 5*time.Second)
+	reps, err := f.reports(sr.Sent, b.drainWait)
 	return sr, reps, err
 }
 
@@ -329,8 +329,10 @@ func (b *bench) saturation() error {
 	for _, n := range b.p.SatN {
 		layouts = append(layouts, layout{Procs: n, ConnsPerProc: 1})
 	}
-	if b.p.OneProcN > 0 && b.p.SatOneProc {
-		layouts = append(layouts, layout{Procs: 1, ConnsPerProc: b.p.OneProcN})
+	if b.p.SatOneProc {
+		for _, n := range b.p.SatOneProcN {
+			layouts = append(layouts, layout{Procs: 1, ConnsPerProc: n})
+		}
 	}
 	for _, l := range layouts {
 		for _, sys := range b.systems {
@@ -367,7 +369,7 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 	if err != nil {
 		return err
 	}
-	reps, err := f.reports(sr.Sent, 10*time.Second)
+	reps, err := f.reports(sr.Sent, 6*time.Second)
 	if err != nil {
 		return err
 	}

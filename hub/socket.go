@@ -112,7 +112,7 @@ func bindSocket(path string) (listenSocket, error) {
 			// Another hub bound it between our check and our bind.
 			return s, fmt.Errorf("hub: socket %s is %w", path, ErrSocketInUse)
 		}
-		return s, fmt.Errorf("hub: bind %s: %w", bindAt, os.NewSyscallError("bind", err))
+		return s, fmt.Errorf("hub: bind %s: %w", path, os.NewSyscallError("bind", err))
 	}
 	if err := unix.Listen(fd, listenBacklog); err != nil {
 		unix.Close(fd)

@@ -100,3 +100,13 @@ func TestSocketLongPath(t *testing.T) {
 		s.close()
 	}
 }
+
+// A socket that cannot be bound names the path asked for, not the
+// temporary name it is bound under first.
+func TestSocketBindErrorNamesPath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing", "hub.sock")
+	_, err := bindSocket(path)
+	if err == nil || !strings.Contains(err.Error(), "bind "+path+":") || strings.Contains(err.Error(), ".tmp") {
+		t.Fatalf("bind error %v, want one naming %s", err, path)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -144,11 +145,17 @@ func bindSocket(path string) (listenSocket, error) {
 	return s, nil
 }
 
+// tempSeq makes temporary socket names unique within the process, so that
+// hubs started at once with sockets in one directory do not collide.
+var tempSeq atomic.Uint64
+
 // tempSocketPath is the name bindSocket binds under before the socket is
-// linked to path: in the same directory (so that link works) and unique to
-// this process. It returns "" when that name would not fit in sun_path.
+// linked to path: in the same directory (so that link works) and unique
+// among live processes (pid) and within this one (tempSeq), so that a file
+// left under it can only be a dead hub's. It returns "" when that name
+// would not fit in sun_path.
 func tempSocketPath(path string) string {
-	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".listenhub-%d.tmp", os.Getpid()))
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".listenhub-%d-%d.tmp", os.Getpid(), tempSeq.Add(1)))
 	if len(tmp) > maxSocketPath {
 		return ""
 	}

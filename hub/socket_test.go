@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -108,5 +109,28 @@ func TestSocketBindErrorNamesPath(t *testing.T) {
 	_, err := bindSocket(path)
 	if err == nil || !strings.Contains(err.Error(), "bind "+path+":") || strings.Contains(err.Error(), ".tmp") {
 		t.Fatalf("bind error %v, want one naming %s", err, path)
+	}
+}
+
+// Hubs of one process binding sockets in one directory at the same moment
+// each get their own temporary name.
+func TestSocketConcurrentBinds(t *testing.T) {
+	dir := t.TempDir()
+	const n = 16
+	errs := make(chan error, n)
+	socks := make(chan listenSocket, n)
+	for i := range n {
+		go func() {
+			s, err := bindSocket(filepath.Join(dir, fmt.Sprintf("hub%d.sock", i)))
+			errs <- err
+			socks <- s
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+		s := <-socks
+		defer s.close()
 	}
 }

@@ -16,7 +16,7 @@ type Stats struct {
 	Evictions          uint64 // listenhub_evictions_total
 	ProtocolErrors     uint64 // listenhub_protocol_errors_total
 	PostgresReconnects uint64 // listenhub_postgres_reconnects_total
-	Accepts            uint64 // listenhub_accepts_total: connections accepted (and allowed)
+	Accepts            uint64 // listenhub_accepts_total: connections accepted, refused uids included
 }
 
 // counters are written by the loop goroutine only and read by Stats from any

@@ -205,6 +205,15 @@ func (f *fleet) stop() {
 	wg.Wait()
 }
 
+// cpu is the CPU time all the fleet's processes have used.
+func (f *fleet) cpu() time.Duration {
+	var t time.Duration
+	for _, p := range f.procs {
+		t += procCPU(p.pid())
+	}
+	return t
+}
+
 // begin starts run id in every worker and waits for their ok.
 func (f *fleet) begin(id int64) error {
 	for _, p := range f.procs {

@@ -53,7 +53,7 @@ type params struct {
 func fullParams() params {
 	return params{
 		PacedN: []int{1, 8, 64, 256}, CensusN: []int{1000}, PacedDur: 5 * time.Second, PacedRounds: 3, PacedRoundDur: 3 * time.Second,
-		SatN: []int{64, 256}, FloodDur: 3 * time.Second, SearchDur: 1500 * time.Millisecond, SearchSteps: 6,
+		SatN: []int{64, 256}, FloodDur: 3 * time.Second, SearchDur: 1200 * time.Millisecond, SearchSteps: 5,
 		ChurnCycles: 100000, ChurnProcs: 4, ChurnIdleDur: 3 * time.Second, ChurnRate: 1000, ChurnCycleRate: 10000,
 		IdleN:     []int{1000, 10000},
 		WedgedDur: 4 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,

@@ -96,7 +96,10 @@ type SearchStep struct {
 	Evicted  int     `json:"evicted"`
 	Lost     uint64  `json:"lost"`
 	Pass     bool    `json:"pass"`
-	Why      string  `json:"why,omitempty"`
+	// CPU seconds used during the step by the server and by all workers.
+	ServerCPU float64 `json:"server_cpu_s"`
+	WorkerCPU float64 `json:"worker_cpu_s"`
+	Why       string  `json:"why,omitempty"`
 }
 
 type ChurnRow struct {
@@ -421,12 +424,14 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 		var s SearchStep
 		var m merged
 		for attempt := 0; ; attempt++ {
+			c0, w0 := procCPU(sys.serverPID()), f.cpu()
 			sr, reps, err := b.pacedRun(f, "sat", rate, b.p.SearchDur, 0)
 			if err != nil {
 				return err
 			}
 			m = merge(reps)
-			s = SearchStep{Rate: math.Round(rate), Achieved: math.Round(sr.rate()), P99: m.h.Summarize().P99, Evicted: m.EOF, Lost: m.LostLive}
+			s = SearchStep{Rate: math.Round(rate), Achieved: math.Round(sr.rate()), P99: m.h.Summarize().P99, Evicted: m.EOF, Lost: m.LostLive,
+				ServerCPU: (procCPU(sys.serverPID()) - c0).Seconds(), WorkerCPU: (f.cpu() - w0).Seconds()}
 			switch {
 			case m.EOF > 0:
 				s.Why = "evictions"
@@ -443,7 +448,8 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 				s.Why += " (retried)"
 			}
 			row.SearchSteps = append(row.SearchSteps, s)
-			b.logf("  %s N=%d rate %.0f/s: achieved %.0f/s p99 %.0fµs evicted %d lost %d → %v %s", sys.name, l.total(), s.Rate, s.Achieved, s.P99, s.Evicted, s.Lost, s.Pass, s.Why)
+			b.logf("  %s N=%d rate %.0f/s: achieved %.0f/s p99 %.0fµs evicted %d lost %d, CPU server %.2fs workers %.2fs → %v %s", sys.name, l.total(),
+				s.Rate, s.Achieved, s.P99, s.Evicted, s.Lost, s.ServerCPU, s.WorkerCPU, s.Pass, s.Why)
 			if m.EOF > 0 {
 				if err := restart(); err != nil {
 					return err

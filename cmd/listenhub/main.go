@@ -4,6 +4,7 @@
 //	listenhub serve  --database-url URL --socket PATH [flags]   run the hub
 //	listenhub tail   --socket PATH Q [Q…]                        subscribe, print each frame as a JSON line
 //	listenhub census --database-url URL                          count this hub's backends
+//	listenhub demo   [--workers N] [--database-url URL]          hub, workers and a notifier on a throwaway cluster
 //	listenhub version
 //
 // Every command is a function run(ctx, args, stdout, stderr) int, so the
@@ -30,6 +31,7 @@ const usage = `usage:
   listenhub serve  --database-url URL --socket PATH [flags]   run the hub
   listenhub tail   --socket PATH Q [Q...]                      subscribe, print each frame as a JSON line
   listenhub census --database-url URL                          count this hub's backends (pg_stat_activity by application_name)
+  listenhub demo   [--workers N] [--database-url URL]          hub, N workers and a notifier; a throwaway cluster without a URL
   listenhub version
 
 Run "listenhub COMMAND -h" for the flags of a command.

@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,11 +27,6 @@ var (
 	dbOnce sync.Once
 	db     *pgtest.Cluster
 	dbErr  error
-
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
 )
 
 func TestMain(m *testing.M) {
@@ -43,9 +36,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "pgtest: close:", err)
 		}
 	}
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testutil.RemoveBinaries()
 	os.Exit(code)
 }
 
@@ -76,44 +67,11 @@ func SharedTestDatabase() (*pgtest.Cluster, error) {
 // listenhubBinary builds cmd/listenhub once per test binary.
 func listenhubBinary(t testing.TB) string {
 	t.Helper()
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "lhbin")
-		if binErr != nil {
-			return
-		}
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		binPath = filepath.Join(binDir, "listenhub")
-		out, err := exec.Command(goTool, "build", "-o", binPath, "github.com/listenhub/listenhub/cmd/listenhub").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build ./cmd/listenhub: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
+	return testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
 }
 
 // logBuf collects logs, shown only when the test fails.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuf struct{ testutil.SyncBuffer }
 
 func (l *logBuf) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -12,12 +12,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // demoWorkerEnv makes this test binary act as `listenhub demo-worker` when
@@ -311,19 +311,4 @@ func TestDemoBinaryCtrlC(t *testing.T) {
 }
 
 // syncBuffer is a bytes.Buffer safe for the demo's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testutil.SyncBuffer

@@ -33,13 +33,9 @@ const timeout = 15 * time.Second
 // One throwaway cluster and one built binary for the package, made by the
 // first test that needs them.
 var (
-	dbOnce  sync.Once
-	db      *pgtest.Cluster
-	dbErr   error
-	binOnce sync.Once
-	binPath string
-	binErr  error
-	binDir  string
+	dbOnce sync.Once
+	db     *pgtest.Cluster
+	dbErr  error
 )
 
 func TestMain(m *testing.M) {
@@ -49,9 +45,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "pgtest: close:", err)
 		}
 	}
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testutil.RemoveBinaries()
 	os.Exit(code)
 }
 
@@ -75,40 +69,11 @@ func needDB(t testing.TB) *pgtest.Cluster {
 // directory).
 func hubBinary(t testing.TB) string {
 	t.Helper()
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "listenhub-bin-")
-		if binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "listenhub")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
+	return testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
 }
 
 // syncBuf is a goroutine-safe output buffer.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuf = testutil.SyncBuffer
 
 // proc is a running `listenhub serve`.
 type proc struct {

@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // chromiumArgs are the flags the browser is launched with: headless, no
@@ -81,22 +83,7 @@ type browser struct {
 	log     *lockedBuffer
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = testutil.SyncBuffer
 
 var driverPortRE = regexp.MustCompile(`started successfully on port (\d+)`)
 

@@ -414,7 +414,7 @@ func (b *bench) saturate(sys *system, l layout, row *SatRow) error {
 	// connection's round trips), the paced notifier spreads its schedule
 	// over several, so a hub may sustain more than the flood offered.
 	top := 2 * row.NotifyPerSec
-	lo, hi := top/1000, top
+	lo, hi := max(top/1000, 20), top
 	var best *SearchStep
 	var bestLat hist.Summary
 	var fails []SearchStep // final verdicts of failing rates

@@ -118,19 +118,14 @@ func (h *Hub) subscribe(w *worker, q string) {
 }
 
 func (h *Hub) addSub(w *worker, ch *channel) {
-	if _, ok := w.subs[ch.q]; ok {
-		return
+	if w.subs.add(ch) {
+		ch.subs[w] = struct{}{}
 	}
-	if w.subs == nil {
-		w.subs = make(map[string]*channel)
-	}
-	w.subs[ch.q] = ch
-	ch.subs[w] = struct{}{}
 }
 
 // unsubscribe handles {"t":"unsub"}; no answer. Unknown names are ignored.
 func (h *Hub) unsubscribe(w *worker, q string) {
-	ch := w.subs[q]
+	ch := w.subs.get(q)
 	if ch == nil {
 		return
 	}
@@ -141,7 +136,7 @@ func (h *Hub) unsubscribe(w *worker, q string) {
 // was the last subscriber.
 func (h *Hub) dropSub(w *worker, ch *channel) {
 	delete(ch.subs, w)
-	delete(w.subs, ch.q)
+	w.subs.remove(ch.q)
 	delete(w.durable, ch.q)
 	ws := ch.waiters[:0]
 	for _, x := range ch.waiters {
@@ -198,7 +193,7 @@ func (h *Hub) listenDone(ch *channel, err error) {
 		// unknown, so UNLISTEN to make it certain; a sub meanwhile gets
 		// a fresh LISTEN.
 		for w := range ch.subs {
-			delete(w.subs, ch.q)
+			w.subs.remove(ch.q)
 			delete(w.durable, ch.q)
 			delete(ch.subs, w)
 		}

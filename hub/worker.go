@@ -74,8 +74,8 @@ type worker struct {
 	dirty  bool
 	closed bool
 
-	// subs are this worker's subscriptions, by subscription name.
-	subs map[string]*channel
+	// subs are this worker's subscriptions.
+	subs subSet
 
 	// durable maps a subscription name to the ring offset where this
 	// worker's latest durable wake for it starts. While out.Written() is
@@ -512,15 +512,16 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 		return
 	}
 	w.closed = true
-	for _, ch := range w.subs {
-		h.dropSub(w, ch)
+	for w.subs.len() > 0 {
+		h.dropSub(w, w.subs.list[w.subs.len()-1])
 	}
 	if !h.closed {
 		_ = h.loop.Unregister(w.tok)
 	}
 	unix.Close(w.fd)
 	w.out.Reset()
-	w.durable, w.durableSpans, w.subs = nil, nil, nil
+	w.durable, w.durableSpans = nil, nil
+	w.subs.reset()
 	w.durableHead, w.durableBytes = 0, 0
 	delete(h.workers, w.id)
 	h.stats.workers.Add(-1)

@@ -121,6 +121,7 @@ func serverMain(which string, args []string) error {
 	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "database URL")
 	socket := fs.String("socket", "", "Unix socket path")
 	memstats := fs.String("memstats", "", "on SIGUSR1, GC and write runtime.MemStats here as JSON")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until exit")
 	fs.String("log-level", "warn", "ignored (the baselines log at warn)")
 	fs.Parse(args)
 	if *socket == "" {
@@ -130,6 +131,14 @@ func serverMain(which string, args []string) error {
 	defer stop()
 	if *memstats != "" {
 		go serveMemstats(ctx, *memstats)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		pprof.StartCPUProfile(f)
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	switch which {

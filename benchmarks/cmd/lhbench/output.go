@@ -42,11 +42,11 @@ func si(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
-func cpuCol(sec float64, sys string) string {
+func cpuCol(sec, kernel float64, sys string) string {
 	if sys == "direct" {
 		return "-"
 	}
-	return fmt.Sprintf("%.2fs", sec)
+	return fmt.Sprintf("%.2fs (%.0f%% sys)", sec, 100*kernel/max(sec, 0.01))
 }
 
 func errCol(e string) string {
@@ -91,7 +91,7 @@ func tables(r *Results) []*table {
 			for _, v := range p.RoundP99 {
 				rp = append(rp, us(v))
 			}
-			t.add(p.System, p.N, p.Layout, p.Lat.Count, us(p.Lat.P50), us(p.Lat.P95), us(p.Lat.P99), us(p.Lat.Max), p.Lost, p.Evicted, cpuCol(p.CPU, p.System),
+			t.add(p.System, p.N, p.Layout, p.Lat.Count, us(p.Lat.P50), us(p.Lat.P95), us(p.Lat.P99), us(p.Lat.Max), p.Lost, p.Evicted, cpuCol(p.CPU, p.CPUSys, p.System),
 				strings.Join(rp, " "), errCol(p.Err))
 		}
 		ts = append(ts, t)

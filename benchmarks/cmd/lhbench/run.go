@@ -226,6 +226,8 @@ func runMain(args []string) error {
 			s.argv, s.appName = []string{self, "gohub"}, "lhbench-gohub"
 		case "gnet":
 			s.argv, s.appName = []string{self, "gnethub"}, "lhbench-gnet"
+		case "hublib": // the hub package embedded in lhbench (for profiles: LHBENCH_CPUPROFILE)
+			s.argv, s.appName = []string{self, "hublib"}, "listenhub"
 		default:
 			return fmt.Errorf("unknown system %q", name)
 		}

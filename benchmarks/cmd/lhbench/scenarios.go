@@ -57,7 +57,8 @@ type LatencyRow struct {
 	Lost    uint64       `json:"lost_live"`
 	Evicted int          `json:"evicted"`
 	Lat     hist.Summary `json:"latency"`
-	CPU     float64      `json:"server_cpu_s"` // hub process CPU during the run (0 for direct)
+	CPU     float64      `json:"server_cpu_s"`     // hub process CPU during the run (0 for direct)
+	CPUSys  float64      `json:"server_cpu_sys_s"` // the kernel's part of it
 	// Rounds is the number of interleaved runs pooled in Lat; RoundP99
 	// the p99 of each.
 	Rounds   int       `json:"rounds,omitempty"`
@@ -267,7 +268,7 @@ func (b *bench) paced() error {
 				crow := CensusRow{System: sys.name, N: j.n, Layout: j.l}
 				var sr sendResult
 				var m merged
-				var cpu float64
+				var cpu, cpuSys float64
 				err := b.withServer(sys, func() error {
 					f, err := startFleet(sys, "paced", j.l, 60*time.Second)
 					if err != nil {
@@ -278,14 +279,15 @@ func (b *bench) paced() error {
 					if crow.Backends, err = b.otherBackends(); err != nil {
 						return err
 					}
-					cpu0 := procCPU(sys.serverPID())
+					u0, s0 := procCPUSplit(sys.serverPID())
 					var reps []report
 					sr, reps, err = b.pacedRun(f, "paced", 100, dur, 0)
 					if err != nil {
 						return err
 					}
 					m = merge(reps)
-					cpu = (procCPU(sys.serverPID()) - cpu0).Seconds()
+					u1, s1 := procCPUSplit(sys.serverPID())
+					cpu, cpuSys = (u1 + s1 - u0 - s0).Seconds(), (s1 - s0).Seconds()
 					return nil
 				})
 				if err != nil {
@@ -302,6 +304,7 @@ func (b *bench) paced() error {
 					rows[si].Lost += r.Lost
 					rows[si].Evicted += r.Evicted
 					rows[si].CPU += cpu
+					rows[si].CPUSys += cpuSys
 				}
 				if round == 0 {
 					crows[si] = crow

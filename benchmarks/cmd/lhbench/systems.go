@@ -55,6 +55,11 @@ func (s *system) start(dir string) error {
 		os.Remove(s.memstats)
 		args = append(args, "--memstats", s.memstats)
 	}
+	if d := os.Getenv("LHBENCH_CPUPROFILE"); d != "" && s.argv[0] != "" && len(s.argv) > 1 && s.argv[1] != "serve" {
+		// One CPU profile per server start, for the in-process servers.
+		profileSeq++
+		args = append(args, "--cpuprofile", filepath.Join(d, fmt.Sprintf("%s-%d.pprof", s.name, profileSeq)))
+	}
 	s.cmd = exec.Command(s.argv[0], args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	var err error
@@ -86,6 +91,8 @@ func (s *system) start(dir string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+var profileSeq int
 
 // probe connects to a hub socket and waits for its first status frame.
 func probe(path string) error {
@@ -174,22 +181,28 @@ func procMem(pid int) (rss int64, fds int, err error) {
 
 // procCPU is the user+system CPU time pid has used (10 ms resolution).
 func procCPU(pid int) time.Duration {
+	u, s := procCPUSplit(pid)
+	return u + s
+}
+
+// procCPUSplit is procCPU's user and system parts.
+func procCPUSplit(pid int) (user, sys time.Duration) {
 	if pid == 0 {
-		return 0
+		return 0, 0
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	// Fields after the parenthesised command: state is field 3, utime 14, stime 15.
 	i := strings.LastIndexByte(string(b), ')')
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 13 {
-		return 0
+		return 0, 0
 	}
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	return time.Duration(ut) * 10 * time.Millisecond, time.Duration(st) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
 // findRepoRoot walks up from the working directory to the main module.

@@ -823,3 +823,51 @@ func TestServeEMFILE(t *testing.T) {
 	}
 	unix.Prlimit(p.pid(), unix.RLIMIT_NOFILE, &old, nil)
 }
+
+// A stop requested while the first Postgres connection is still being
+// made is a clean stop: exit 0, no socket left behind. The "server" here
+// accepts the TCP connection and never answers the startup message.
+func TestServeSignalWhileConnecting(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	path := sockPath(t)
+	cmd := exec.Command(hubBinary(t), "serve", "--socket", path,
+		"--database-url", "postgres://u@"+ln.Addr().String()+"/db?sslmode=disable&connect_timeout=30")
+	cmd.Env = cleanEnv()
+	var stderr testutil.SyncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-accepted:
+		defer c.Close()
+	case <-time.After(timeout):
+		cmd.Process.Kill()
+		t.Fatalf("hub never connected to the fake server:\n%s", stderr.String())
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM while connecting: %v, want 0:\n%s", err, stderr.String())
+		}
+	case <-time.After(timeout):
+		cmd.Process.Kill()
+		t.Fatalf("no exit within %v of SIGTERM while connecting", timeout)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket file exists after a stop during connect: %v", err)
+	}
+}

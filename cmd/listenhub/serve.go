@@ -132,6 +132,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer cancel()
 	}
 	if err := h.Start(startCtx); err != nil {
+		if ctx.Err() != nil {
+			// SIGTERM or SIGINT while still connecting: a requested
+			// stop, with nothing bound and nothing to clean up.
+			log.Info("signal received while starting; stopped")
+			return 0
+		}
 		fmt.Fprintf(stderr, "listenhub serve: %s\n", oneLine(err))
 		return 1
 	}

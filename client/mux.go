@@ -54,6 +54,9 @@ type Mux struct {
 	l     Listener
 	chans map[string]*muxChan
 	err   error // set when the Mux is closed or its Listener died
+	// closed is closed with err set, so that Bind's watcher of a Listener
+	// that outlives the Mux (it belongs to the caller) does not leak.
+	closed chan struct{}
 }
 
 // muxChan is one subscription name of the Mux. Under Mux.mu.
@@ -73,7 +76,7 @@ func NewMux(opts MuxOptions) *Mux {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Mux{buffer: opts.Buffer, log: opts.Logger, chans: make(map[string]*muxChan)}
+	return &Mux{buffer: opts.Buffer, log: opts.Logger, chans: make(map[string]*muxChan), closed: make(chan struct{})}
 }
 
 // Bind sets the Listener the Mux subscribes through; call it once, before
@@ -84,8 +87,11 @@ func (m *Mux) Bind(l Listener) {
 	m.l = l
 	m.mu.Unlock()
 	go func() {
-		<-l.Done()
-		m.fail(l.Err())
+		select {
+		case <-l.Done():
+			m.fail(l.Err())
+		case <-m.closed:
+		}
 	}()
 }
 
@@ -189,6 +195,7 @@ func (m *Mux) fail(err error) {
 		return
 	}
 	m.err = err
+	close(m.closed)
 	chans := m.chans
 	m.chans = make(map[string]*muxChan)
 	for _, ch := range chans {

@@ -1,10 +1,12 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -407,4 +409,22 @@ func TestMuxCloseDuringSubscribe(t *testing.T) {
 	if err := await(t, done); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Subscribe = %v, want ErrClosed", err)
 	}
+}
+
+// bindWatchers counts the goroutines Mux.Bind started that are still waiting.
+func bindWatchers() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return bytes.Count(buf, []byte("client.(*Mux).Bind.func1"))
+}
+
+func TestMuxCloseEndsBindWatcher(t *testing.T) {
+	before := bindWatchers()
+	l := &fakeLocal{done: make(chan struct{})} // outlives the Mux: it belongs to the caller
+	m := NewMux(MuxOptions{})
+	m.Bind(l)
+	m.Close()
+	testutil.WaitFor(t, waitLong, "Bind's goroutine to end after Mux.Close", func() bool {
+		return bindWatchers() <= before
+	})
 }

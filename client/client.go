@@ -77,6 +77,10 @@ type Options struct {
 	// Logger receives debug logs (stray acks, unknown frame types) and the
 	// reason of the client's death. Nil discards them.
 	Logger *slog.Logger
+
+	// enterHook, in tests, runs in the reader between the two steps of
+	// entering a handler call.
+	enterHook func()
 }
 
 func (o Options) withDefaults() Options {
@@ -501,14 +505,23 @@ func (c *Client) handle(m frame.Message) bool {
 
 // call runs a handler under dispatch unless Close has begun; false means the
 // client is closing.
+//
+// inHandler is set before closing is checked, the mirror of Close (which
+// sets closing before it checks inHandler): either this call sees closing
+// and runs nothing, or Close sees inHandler and does not wait. Checked the
+// other way round, a Close in between would wait for a handler that may need
+// a lock Close's caller holds (Failover's dispatch, say): a deadlock.
 func (c *Client) call(f func()) bool {
 	c.dispatch.Lock()
 	defer c.dispatch.Unlock()
+	c.inHandler.Store(true)
+	defer c.inHandler.Store(false)
+	if h := c.opts.enterHook; h != nil {
+		h()
+	}
 	if c.closing.Load() {
 		return false
 	}
-	c.inHandler.Store(true)
-	defer c.inHandler.Store(false)
 	f()
 	return true
 }

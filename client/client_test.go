@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,9 +9,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -645,4 +648,111 @@ func TestInvalidNameReason(t *testing.T) {
 func rawFrame(body string) []byte {
 	n := len(body)
 	return append([]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, body...)
+}
+
+// closeBlockedOnDispatch reports whether some goroutine is in Client.Close
+// (or, with typ "Local", Local.Close) waiting for the dispatch lock.
+func closeBlockedOnDispatch(typ string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		if bytes.Contains(g, []byte("client.(*"+typ+").Close(")) && bytes.Contains(g, []byte("sync.(*Mutex).Lock")) {
+			return true
+		}
+	}
+	return false
+}
+
+// A Close called while holding a lock that the handler about to start needs
+// (Failover.Close from a Failover handler, whose dispatch lock the hub
+// client's handler takes) must not wait for that handler: whatever the
+// interleaving with the reader entering it, Close returns and the handler
+// does not run.
+func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
+	h := newFakeHub(t, true)
+	var xmu sync.Mutex // held by Close's caller, needed by the handler
+	var ran atomic.Bool
+	closed := make(chan struct{})
+	var c atomic.Pointer[Client]
+	var once sync.Once
+	opts := Options{
+		OnWake: func(Wake) {
+			xmu.Lock()
+			ran.Store(true)
+			xmu.Unlock()
+		},
+	}
+	opts.enterHook = func() {
+		once.Do(func() {
+			go func() {
+				xmu.Lock()
+				c.Load().Close()
+				xmu.Unlock()
+				close(closed)
+			}()
+			testutil.WaitFor(t, waitLong, "Close to return or to wait for the handler", func() bool {
+				return isDone(closed) || closeBlockedOnDispatch("Client")
+			})
+		})
+	}
+	cl, err := Dial(context.Background(), h.path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Store(cl)
+	fc := h.accept()
+	fc.wake("a", "x")
+	select {
+	case <-closed:
+	case <-time.After(waitLong):
+		t.Fatal("Close deadlocked with the handler it let start")
+	}
+	cl.wait()
+	if ran.Load() {
+		t.Fatal("a handler ran after Close returned")
+	}
+}
+
+// nopPlain is a Postgres connection that accepts everything.
+type nopPlain struct{}
+
+func (nopPlain) Listen(context.Context, string) error   { return nil }
+func (nopPlain) Unlisten(context.Context, string) error { return nil }
+func (nopPlain) Close() error                           { return nil }
+
+// The same race as TestCloseWhileHandlerStartsNeverDeadlocks, for Local.
+func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
+	var xmu sync.Mutex
+	var ran atomic.Bool
+	closed := make(chan struct{})
+	var l *Local
+	opts := LocalOptions{
+		OnWake: func(Wake) {
+			xmu.Lock()
+			ran.Store(true)
+			xmu.Unlock()
+		},
+	}
+	opts.enterHook = func() {
+		go func() {
+			xmu.Lock()
+			l.Close()
+			xmu.Unlock()
+			close(closed)
+		}()
+		testutil.WaitFor(t, waitLong, "Close to return or to wait for the handler", func() bool {
+			return isDone(closed) || closeBlockedOnDispatch("Local")
+		})
+	}
+	l = newLocalWith(opts)
+	l.start(nopPlain{})
+	go l.onNotification("a", "x") // as the connection's goroutine does
+	select {
+	case <-closed:
+	case <-time.After(waitLong):
+		t.Fatal("Close deadlocked with the handler it let start")
+	}
+	if ran.Load() {
+		t.Fatal("a handler ran after Close returned")
+	}
 }

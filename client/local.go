@@ -44,6 +44,9 @@ type LocalOptions struct {
 	OnWake   func(Wake)
 	OnStatus func(healthy bool)
 	Logger   *slog.Logger
+
+	// enterHook: see Options.enterHook.
+	enterHook func()
 }
 
 // connConfig resolves the connection settings.
@@ -349,13 +352,18 @@ func (l *Local) onHealth(healthy bool) {
 	}
 }
 
+// call runs a handler under dispatch unless Close has begun. inHandler is
+// set before closing is checked: see Client.call.
 func (l *Local) call(f func()) {
 	l.dispatch.Lock()
 	defer l.dispatch.Unlock()
+	l.inHandler.Store(true)
+	defer l.inHandler.Store(false)
+	if h := l.opts.enterHook; h != nil {
+		h()
+	}
 	if l.closing.Load() {
 		return
 	}
-	l.inHandler.Store(true)
-	defer l.inHandler.Store(false)
 	f()
 }

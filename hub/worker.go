@@ -232,7 +232,11 @@ func (h *Hub) admit(fd int) {
 	}
 	h.workers[w.id] = w
 	h.stats.workers.Add(1)
-	h.log.Info("worker connected", "worker", w.id, "pid", w.pid, "uid", w.uid, "fd", fd)
+	// Guarded: a log call's arguments allocate even when the level is off,
+	// and this line runs on every connect.
+	if h.log.Enabled(context.Background(), slog.LevelInfo) {
+		h.log.Info("worker connected", "worker", w.id, "pid", w.pid, "uid", w.uid, "fd", fd)
+	}
 	h.sendStatus(w)
 }
 
@@ -525,6 +529,9 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 	w.durableHead, w.durableBytes = 0, 0
 	delete(h.workers, w.id)
 	h.stats.workers.Add(-1)
+	if !h.log.Enabled(context.Background(), slog.LevelInfo) {
+		return // as in admit: the arguments would allocate for nothing
+	}
 	attrs := append(w.logAttrs(), "reason", reason)
 	if err != nil {
 		attrs = append(attrs, "error", err)

@@ -81,6 +81,8 @@ type Options struct {
 	// enterHook, in tests, runs in the reader between the two steps of
 	// entering a handler call.
 	enterHook func()
+	// ackTimeoutHook, in tests, runs as the ack timer fires.
+	ackTimeoutHook func()
 }
 
 func (o Options) withDefaults() Options {
@@ -329,6 +331,14 @@ func (c *Client) fail(err error) {
 		c.mu.Unlock()
 		return
 	}
+	c.dieLocked(err)
+	c.mu.Unlock()
+	c.closeDead(err)
+}
+
+// dieLocked is fail's decision: err is the client's, every waiting
+// Subscribe gets it. Under c.mu, with c.err nil; closeDead must follow.
+func (c *Client) dieLocked(err error) {
 	c.err = err
 	close(c.done)
 	for _, s := range c.subs {
@@ -338,7 +348,10 @@ func (c *Client) fail(err error) {
 	}
 	c.subs = nil
 	c.out = nil
-	c.mu.Unlock()
+}
+
+// closeDead releases what a dead client holds (outside c.mu).
+func (c *Client) closeDead(err error) {
 	c.healthy.Store(false)
 	c.conn.Close()
 	if err == ErrClosed {
@@ -359,13 +372,22 @@ func (c *Client) resolveLocked(cl *call, err error) {
 	close(cl.done)
 }
 
+// ackTimeout kills the client unless cl was answered. The check and the
+// death are one critical section: an ack that lands in between would
+// otherwise let Subscribe return nil and then kill the client anyway.
 func (c *Client) ackTimeout(cl *call, q string) {
-	c.mu.Lock()
-	pending := !cl.resolved && c.err == nil
-	c.mu.Unlock()
-	if pending {
-		c.fail(&AckTimeoutError{Q: q, Timeout: c.opts.AckTimeout})
+	if h := c.opts.ackTimeoutHook; h != nil {
+		h()
 	}
+	c.mu.Lock()
+	if cl.resolved || c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	err := &AckTimeoutError{Q: q, Timeout: c.opts.AckTimeout}
+	c.dieLocked(err)
+	c.mu.Unlock()
+	c.closeDead(err)
 }
 
 // queueLocked appends a frame for the writer. Under c.mu, so that frames

@@ -756,3 +756,48 @@ func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 		t.Fatal("a handler ran after Close returned")
 	}
 }
+
+// inAckTimeout reports whether an ack timer's function is still running.
+func inAckTimeout() bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return bytes.Contains(buf, []byte("client.(*Client).ackTimeout("))
+}
+
+// An ack that lands as the ack timer fires answers the Subscribe: the
+// client must not then die of the timeout that Subscribe was told did not
+// happen.
+func TestAckAtTimeoutDoesNotKillAnsweredClient(t *testing.T) {
+	h := newFakeHub(t, false)
+	var fc atomic.Pointer[fakeConn]
+	returned := make(chan struct{}) // closed when Subscribe returned, with subErr set
+	var subErr error
+	opts := Options{AckTimeout: 50 * time.Millisecond}
+	opts.ackTimeoutHook = func() {
+		fc.Load().ack("a")
+		select {
+		case <-returned:
+		case <-time.After(waitLong):
+			t.Error("Subscribe did not return on the ack")
+		}
+	}
+	c := dialFake(t, h, nil, opts)
+	fc.Store(h.accept())
+	go func() {
+		subErr = c.Subscribe(context.Background(), "a")
+		close(returned)
+	}()
+	fc.Load().expect(t, "sub", "a")
+	select {
+	case <-returned:
+	case <-time.After(waitLong):
+		t.Fatal("Subscribe did not return")
+	}
+	if subErr != nil {
+		t.Fatalf("Subscribe = %v, want the ack", subErr)
+	}
+	testutil.WaitFor(t, waitLong, "the ack timer's function to finish", func() bool { return !inAckTimeout() })
+	if err := c.Err(); err != nil {
+		t.Fatalf("client dead after Subscribe was acked: %v", err)
+	}
+}

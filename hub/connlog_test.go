@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -59,5 +60,25 @@ func TestConnectDisconnectLogsFreeWhenDisabled(t *testing.T) {
 	const budget = 4
 	if quiet > budget {
 		t.Fatalf("connect+disconnect with info disabled: %.0f allocs, want <= %d", quiet, budget)
+	}
+}
+
+// A worker that keeps sending a frame type this hub does not know is logged
+// at warn once, then at debug: with debug off, each further frame must cost
+// no allocation (its log arguments would, unguarded).
+func TestUnknownFrameTypeFreeWhenDebugDisabled(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts under the race detector are noise")
+	}
+	h, err := New(Config{SocketPath: "/nonexistent/alloc.sock",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{id: 1000, fd: 1000, pid: 4000}
+	m := frame.Message{T: "future-extension", Q: "a"}
+	h.handle(w, &m) // the warn line, once
+	if allocs := testing.AllocsPerRun(100, func() { h.handle(w, &m) }); allocs != 0 {
+		t.Fatalf("unknown frame type with debug disabled: %.0f allocs per frame, want 0", allocs)
 	}
 }

@@ -299,7 +299,11 @@ func (h *Hub) handle(w *worker, m *frame.Message) {
 			w.unknownLogged = true
 			level = slog.LevelWarn
 		}
-		h.log.Log(context.Background(), level, "worker sent an unknown frame type; skipped", append(w.logAttrs(), "type", m.T)...)
+		// Guarded: this runs per frame, and the arguments allocate even
+		// when the level is off.
+		if h.log.Enabled(context.Background(), level) {
+			h.log.Log(context.Background(), level, "worker sent an unknown frame type; skipped", append(w.logAttrs(), "type", m.T)...)
+		}
 	}
 }
 

@@ -45,6 +45,7 @@ func benchHub(b *testing.B, n int) *Hub {
 		unix.SetNonblock(fds[0], true)
 		w := &worker{id: uint64(i + 1), fd: fds[0]}
 		w.out.Max = h.bufferMax()
+		w.out.Retain = true // a busy worker, as the status tick marks one
 		if w.tok, err = l.Register(fds[0], loop.Readable, func(loop.Events) {}); err != nil {
 			b.Fatal(err)
 		}

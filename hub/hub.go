@@ -336,6 +336,13 @@ func (h *Hub) onLoopClose() {
 // re-sends the status to every worker.
 func (h *Hub) onStatusTick() {
 	h.ticks++
+	for _, w := range h.workers {
+		w.out.Retain = w.active && w.wasActive
+		w.wasActive, w.active = w.active, false
+		if !w.out.Retain {
+			w.out.Release() // no-op while bytes are pending
+		}
+	}
 	if h.ticks%statusEvery != 0 {
 		return
 	}

@@ -723,3 +723,45 @@ func TestAcceptPause(t *testing.T) {
 		t.Fatalf("accept paused logged %d times", n)
 	}
 }
+
+// A worker that gets frames interval after interval keeps its drained ring
+// storage (no pool round trip per wake); one that goes quiet gives it back
+// at the next tick, and the periodic status alone never makes a worker
+// keep a buffer: an idle worker holds none.
+func TestRingStorageKeptOnlyWhileBusy(t *testing.T) {
+	e := newEnv(t, nil)
+	e.do(func() { e.pg.auto = true })
+	busy, idle := e.dial(), e.dial()
+	busy.sub("hot")
+	busy.expect(ack("hot"))
+	idle.sub("cold")
+	idle.expect(ack("cold"))
+	capOf := func(id uint64) (c int) {
+		e.workerState(id, func(w *worker) { c = w.out.Cap() })
+		return c
+	}
+	for i := 0; i < 12; i++ { // twelve intervals, two periodic statuses among them
+		e.notify("hot", fmt.Sprint(i))
+		p := fmt.Sprint(i)
+		busy.expect(wake("hot", &p))
+		e.advance(time.Second)
+		if (i+1)%statusEvery == 0 {
+			busy.expect(statusTrue)
+			idle.expect(statusTrue)
+		}
+		e.sync()
+		if i >= 2 && capOf(1) == 0 {
+			t.Fatalf("interval %d: the busy worker's drained ring gave its storage back", i)
+		}
+		if got := capOf(2); got != 0 {
+			t.Fatalf("interval %d: the idle worker holds %d bytes of ring storage", i, got)
+		}
+	}
+	// The busy worker goes quiet: two ticks later it holds nothing either.
+	e.advance(time.Second)
+	e.advance(time.Second)
+	e.sync()
+	if got := capOf(1); got != 0 {
+		t.Fatalf("a worker quiet for two intervals still holds %d bytes", got)
+	}
+}

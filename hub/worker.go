@@ -73,6 +73,13 @@ type worker struct {
 	// the end of this iteration.
 	dirty  bool
 	closed bool
+	// active says the worker was touched in the current status interval,
+	// wasActive in the one before. A worker active in both keeps its
+	// drained ring storage (out.Retain) instead of borrowing and returning
+	// it on every iteration; the others give it back at the next tick, so
+	// an idle worker holds no buffer. The periodic status, one interval in
+	// statusEvery, never makes a worker busy on its own.
+	active, wasActive bool
 
 	// subs are this worker's subscriptions.
 	subs subSet
@@ -309,6 +316,7 @@ func (h *Hub) handle(w *worker, m *frame.Message) {
 
 // touch puts w on the list flushed at the end of this iteration.
 func (h *Hub) touch(w *worker) {
+	w.active = true
 	if !w.dirty {
 		w.dirty = true
 		h.dirty = append(h.dirty, w)

@@ -56,6 +56,15 @@ type Buffer struct {
 	// bytes already held.
 	Max int
 
+	// Retain keeps a drained buffer's storage, when it is of the smallest
+	// size classes, instead of returning it to the pool at once: for a
+	// caller that knows more frames follow soon (the hub sets it for
+	// workers busy over the last status intervals), it saves a pool Get
+	// and Put per drain. Release gives the storage back. Larger storage
+	// is returned on drain whatever Retain says, so a retaining buffer
+	// holds at most minSlab + minEnds*8 bytes while empty.
+	Retain bool
+
 	// buf is the storage, nil when empty; len(buf) is its capacity.
 	// slab is the pool handle buf came from (nil when buf was allocated
 	// outside the pools, e.g. clamped to Max or above the largest class).
@@ -163,6 +172,10 @@ func (b *Buffer) Discard(n int) {
 	b.written += uint64(n)
 	b.n -= n
 	if b.n == 0 {
+		if b.Retain && len(b.buf) == minSlab && len(b.ends) == minEnds {
+			b.head, b.ehead, b.en = 0, 0, 0
+			return
+		}
 		b.release()
 		return
 	}
@@ -182,6 +195,14 @@ func (b *Buffer) Discard(n int) {
 	}
 	if len(b.ends) > minEnds && b.en <= len(b.ends)/4 {
 		b.resizeEnds(len(b.ends) / 2)
+	}
+}
+
+// Release returns the storage of an empty buffer to the pool (a no-op
+// while bytes are pending): for a Retain buffer whose owner went idle.
+func (b *Buffer) Release() {
+	if b.n == 0 {
+		b.release()
 	}
 }
 

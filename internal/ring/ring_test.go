@@ -391,3 +391,47 @@ func BenchmarkBacklog(b *testing.B) {
 		buf.Discard(min(len(first), 16*128))
 	}
 }
+
+// A Retain buffer keeps its smallest-class storage across drains, gives
+// back larger storage at once, and Release frees it when empty only.
+func TestRetainKeepsSmallStorageUntilRelease(t *testing.T) {
+	b := New(1 << 20)
+	b.Retain = true
+	frame := make([]byte, 100)
+	for i := 0; i < 3; i++ {
+		if err := b.Append(frame); err != nil {
+			t.Fatal(err)
+		}
+		b.Discard(b.Len())
+		if b.Cap() != minSlab {
+			t.Fatalf("drain %d: Cap() = %d, want %d kept", i, b.Cap(), minSlab)
+		}
+		if b.Frames() != 0 || b.Len() != 0 {
+			t.Fatalf("drain %d: %d frames, %d bytes left", i, b.Frames(), b.Len())
+		}
+	}
+	// Offsets stay absolute across retained drains.
+	if b.Written() != 300 || b.Appended() != 300 {
+		t.Fatalf("offsets %d/%d, want 300/300", b.Written(), b.Appended())
+	}
+	b.Append(frame)
+	b.Release() // pending bytes: no-op
+	if b.Cap() == 0 || b.Len() != 100 {
+		t.Fatalf("Release with bytes pending freed storage (cap %d, len %d)", b.Cap(), b.Len())
+	}
+	if first, _ := b.Peek(); len(first) != 100 {
+		t.Fatalf("Peek after retained drains: %d bytes, want 100", len(first))
+	}
+	b.Discard(100)
+	b.Release()
+	if b.Cap() != 0 {
+		t.Fatalf("Release of an empty buffer left Cap() = %d", b.Cap())
+	}
+	// Grown past the smallest class: returned on drain even with Retain.
+	big := make([]byte, 3*minSlab)
+	b.Append(big)
+	b.Discard(b.Len())
+	if b.Cap() != 0 {
+		t.Fatalf("large storage kept on drain: Cap() = %d", b.Cap())
+	}
+}

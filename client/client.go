@@ -127,10 +127,10 @@ type Client struct {
 	kick    chan struct{} // cap 1: out is non-empty
 	healthy atomic.Bool   // last status frame; false until the first
 
-	// Close's guarantee that no handler call starts after it returns:
-	// the reader holds dispatch around every handler call and checks
-	// closing inside it; inHandler lets Close (possibly called from a
-	// handler) avoid waiting for the handler that is running.
+	// Close's guarantee that no new handler call starts once it was
+	// called: the reader holds dispatch around every handler call and
+	// checks closing inside it; inHandler lets Close (possibly called from
+	// a handler) avoid waiting for the handler that has begun.
 	dispatch  sync.Mutex
 	inHandler atomic.Bool
 	closing   atomic.Bool
@@ -305,10 +305,12 @@ func (c *Client) Err() error {
 }
 
 // Close kills the client with ErrClosed and closes the socket; the hub
-// drops its subscriptions. Waiting Subscribes return ErrClosed. After Close
-// returns, no handler call starts; a handler that is running (the one
-// calling Close, say) is not waited for. Close is idempotent and always
-// returns nil.
+// drops its subscriptions. Waiting Subscribes return ErrClosed. Once Close
+// has been called, no new handler call starts; the one call that had
+// already begun when Close was called (the one calling Close, say, or one
+// that a lock held by Close's caller would block) is not waited for, so it
+// may finish after Close returns. Close is idempotent and always returns
+// nil.
 func (c *Client) Close() error {
 	c.closing.Store(true)
 	c.fail(ErrClosed)

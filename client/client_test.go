@@ -537,7 +537,10 @@ func TestClientCloseFromHandler(t *testing.T) {
 	}
 }
 
-// After Close returns, no handler call starts, even with frames queued.
+// After Close, no new handler call starts, even with frames queued: at
+// most the one call that had already begun when Close was called may still
+// run its body after Close returns (Close does not wait for it, see
+// TestCloseWhileHandlerStartsNeverDeadlocks).
 func TestClientNoHandlerAfterClose(t *testing.T) {
 	h := newFakeHub(t, true)
 	var mu sync.Mutex
@@ -572,8 +575,8 @@ func TestClientNoHandlerAfterClose(t *testing.T) {
 	c.wait()
 	mu.Lock()
 	defer mu.Unlock()
-	if late != 0 {
-		t.Fatalf("%d handler calls started after Close returned", late)
+	if late > 1 {
+		t.Fatalf("%d handler calls ran after Close returned, want at most the 1 already begun", late)
 	}
 }
 

@@ -101,7 +101,7 @@ type Local struct {
 
 	healthy atomic.Bool
 
-	dispatch  sync.Mutex // see Client: no handler call starts after Close returns
+	dispatch  sync.Mutex // see Client: no new handler call starts once Close was called
 	inHandler atomic.Bool
 	closing   atomic.Bool
 	exited    chan struct{}
@@ -253,7 +253,8 @@ func (l *Local) Err() error {
 }
 
 // Close closes the connection (UNLISTEN *, Terminate). Waiting Subscribes
-// return ErrClosed; no handler call starts after Close returns. Safe from a
+// return ErrClosed; no new handler call starts once Close was called (the
+// one already begun is not waited for, as with Client.Close). Safe from a
 // handler; idempotent.
 func (l *Local) Close() error {
 	l.closing.Store(true)

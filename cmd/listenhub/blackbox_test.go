@@ -767,7 +767,15 @@ func TestBlackboxDurableNeverEvicts(t *testing.T) {
 	for i := range channels {
 		sql = append(sql, fmt.Sprintf("NOTIFY c%d", i))
 	}
+	received := scrape(t, addr)["listenhub_wakes_received_total"]
 	pgExec(t, n, strings.Join(sql, "; ")) // 30 durable wakes, pending
+	// Postgres hands NOTIFYs to the listening backend asynchronously: the
+	// hub must have them all before its backend is terminated, or those
+	// still in flight are lost with the connection (rule 7) and the order
+	// checked below is not the one this test is about.
+	testutil.WaitFor(t, timeout, "the hub to receive the 30 NOTIFYs", func() bool {
+		return scrape(t, addr)["listenhub_wakes_received_total"] >= received+channels
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if k, err := c.Terminate(ctx, p.app); err != nil || k != 1 {

@@ -859,20 +859,7 @@ func serveEnv(t *testing.T, env []string) *proc {
 			p.app = v
 		}
 	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.cmd.Process.Kill()
-		<-p.done
-		if t.Failed() {
-			t.Logf("listenhub output:\n%s", p.stderr.String())
-		}
-	})
+	p.start()
 	return p
 }
 
@@ -1101,11 +1088,7 @@ func TestBlackboxStaleSocketUmask(t *testing.T) {
 		"--socket", path, "--database-url", c.URL(), "--application-name", p.app)
 	p.cmd.Env = cleanEnv()
 	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() { p.cmd.Process.Kill(); <-p.done })
+	p.start()
 	p.ready()
 	fi, err := os.Lstat(path)
 	if err != nil {

@@ -117,6 +117,15 @@ func serve(t testing.TB, socket string, env []string, args ...string) *proc {
 	p.cmd.Env = append(cleanEnv(), env...)
 	p.cmd.Stderr = p.stderr
 	p.cmd.Stdout = p.stderr
+	p.start()
+	return p
+}
+
+// start runs p.cmd, reaps it into p.err/p.done, and kills it at the end of
+// the test, showing its output if the test failed.
+func (p *proc) start() {
+	t := p.t
+	t.Helper()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +140,6 @@ func serve(t testing.TB, socket string, env []string, args ...string) *proc {
 			t.Logf("listenhub output:\n%s", p.stderr.String())
 		}
 	})
-	return p
 }
 
 func hasFlag(args []string, name string) bool {

@@ -63,7 +63,7 @@ type Options struct {
 	// A handler must not block for long: while it runs the client reads
 	// nothing, so acks wait (a Subscribe may hit its ack timeout, which
 	// kills the client) and the hub's outbound queue for this process
-	// grows until the hub evicts it (DESIGN.md rule 3), which also kills
+	// grows until the hub evicts it (docs/design.md rule 3), which also kills
 	// the client. Hand slow work to another goroutine; Mux does that with
 	// a bounded buffer per subscriber. A handler may call Subscribe only
 	// from another goroutine (Subscribe waits for an ack that this same

@@ -111,7 +111,7 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // Wakes committed between the hub's failure and the local LISTENs are lost:
 // the durable wake after the swap tells durable readers to re-read; an
 // ephemeral payload sent in that gap is gone, as with the hub's own
-// reconnect to Postgres (DESIGN.md rule 7).
+// reconnect to Postgres (docs/design.md rule 7).
 //
 // A Subscribe that meets the failure waits for the swap and subscribes the
 // local listener; if the local listener cannot be built or subscribed,

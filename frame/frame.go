@@ -1,6 +1,6 @@
 // Package frame is the listenhub wire codec: each frame is a 4-byte
 // big-endian body length followed by that many bytes of UTF-8 JSON holding
-// one object, whose "t" field names the message type (DESIGN.md, "Wire
+// one object, whose "t" field names the message type (docs/design.md, "Wire
 // protocol (v1)").
 //
 // The codec is byte-compatible with the pgbus streams hub (Ruby), so a pgbus
@@ -81,7 +81,7 @@ var (
 
 // Error is the error Decode and Decoder.Next return for a rejected frame.
 // It says why, so that the hub can log the reason when it severs the
-// connection (DESIGN.md rule 9).
+// connection (docs/design.md rule 9).
 type Error struct {
 	// Err is ErrTooLarge or ErrMalformed; Unwrap returns it.
 	Err error

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Defaults for the zero fields of a Config. They are DESIGN.md's defaults.
+// Defaults for the zero fields of a Config. They are docs/design.md's defaults.
 const (
 	DefaultApplicationName     = "listenhub"
 	DefaultDurableQueueLimit   = 256
@@ -76,7 +76,7 @@ type Config struct {
 	// current status every 5 intervals. Default 1s.
 	StatusInterval time.Duration
 	// HealthCheckInterval and HealthCheckTimeout drive the Postgres
-	// health check (DESIGN.md rule 8). Defaults 250ms and 1s.
+	// health check (docs/design.md rule 8). Defaults 250ms and 1s.
 	HealthCheckInterval, HealthCheckTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the reconnect backoff.
 	// Zero leaves the listener's defaults.

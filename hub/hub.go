@@ -7,7 +7,7 @@
 // takes a lock; other goroutines reach the hub only through loop.Post, and
 // Stats reads atomics.
 //
-// What the hub guarantees (DESIGN.md, "Semantics the hub guarantees"):
+// What the hub guarantees (docs/design.md):
 //
 //   - a worker is in the routing table before LISTEN is issued and is acked
 //     only after Postgres confirmed the LISTEN;
@@ -88,7 +88,7 @@ type loopClock struct{ l *loop.Loop }
 func (c loopClock) Every(d time.Duration, f func()) stopper { return c.l.Every(d, f) }
 
 // statusEvery is how many status intervals pass between two periodic
-// re-sends of the status to every worker (DESIGN.md rule 6).
+// re-sends of the status to every worker (docs/design.md rule 6).
 const statusEvery = 5
 
 // readSize is the size of the one read buffer shared by all workers: the

@@ -3,7 +3,7 @@ package hub
 import "sync/atomic"
 
 // Stats is a snapshot of the hub's gauges and counters, named after the
-// metrics of DESIGN.md ("Metrics"). Counters only grow.
+// metrics of docs/design.md ("Metrics"). Counters only grow.
 type Stats struct {
 	Workers         int64 // listenhub_workers: connected workers now
 	Channels        int64 // listenhub_channels: channels LISTENed now

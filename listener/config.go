@@ -38,7 +38,7 @@ const DefaultApplicationName = "listenhub"
 // listen to a different channel than the one asked for.
 const MaxChannelLen = 63
 
-// Defaults applied to zero Config fields (DESIGN.md rule 8 and rule 7).
+// Defaults applied to zero Config fields (docs/design.md rule 8 and rule 7).
 const (
 	DefaultHealthCheckInterval = 250 * time.Millisecond
 	DefaultHealthCheckTimeout  = time.Second

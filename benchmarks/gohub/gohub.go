@@ -11,7 +11,7 @@
 // lock, encoding each wake once and handing the same *frame to every
 // subscriber's channel without blocking.
 //
-// Semantics match DESIGN.md: a worker is routed before LISTEN is issued and
+// Semantics match docs/design.md: a worker is routed before LISTEN is issued and
 // acked only after Postgres confirmed it; refcounted LISTEN/UNLISTEN, a sub
 // during an in-flight UNLISTEN waits for a fresh LISTEN; an ephemeral wake
 // that finds the worker's channel full (HardQueueLimit frames) evicts it;

@@ -1,7 +1,7 @@
 package main
 
 // Black-box tests of `listenhub serve`: the built binary, driven only through
-// what DESIGN.md makes public — its command line and environment, the wire
+// what docs/design.md makes public — its command line and environment, the wire
 // protocol on its Unix socket, and /metrics and /healthz. Nothing here
 // reaches into the hub's state; the Postgres side is a real server. The
 // helpers of main_test.go (serve, proc, worker, census) are reused; raw
@@ -34,7 +34,7 @@ import (
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
-// designMetrics are the metric names of DESIGN.md ("Metrics"), all of them
+// designMetrics are the metric names of docs/design.md ("Metrics"), all of them
 // and nothing else.
 var designMetrics = []string{
 	"listenhub_workers",
@@ -194,7 +194,7 @@ func pgExec(t testing.TB, c *pgconn.PgConn, sql string) {
 }
 
 // scrape reads /metrics into name → value, and checks the exposition: every
-// sample has HELP and TYPE, and the names are exactly DESIGN.md's.
+// sample has HELP and TYPE, and the names are exactly docs/design.md's.
 func scrape(t testing.TB, addr string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -298,7 +298,7 @@ func TestBlackboxReadiness(t *testing.T) {
 	}
 }
 
-// The wire protocol as DESIGN.md writes it, byte for byte: status first,
+// The wire protocol as docs/design.md writes it, byte for byte: status first,
 // ack after sub (and for a second sub), nack with "error" for a channel over
 // 63 bytes (prefix+Q+suffix) or with NUL, no answer to unsub, durable and
 // ephemeral wakes compact in key order t,q,p, unknown types skipped, field
@@ -863,7 +863,7 @@ func serveEnv(t *testing.T, env []string) *proc {
 	return p
 }
 
-// Every flag of DESIGN.md is also read from LISTENHUB_<FLAG>, and the
+// Every flag of docs/design.md is also read from LISTENHUB_<FLAG>, and the
 // database falls back from LISTENHUB_DATABASE_URL to DATABASE_URL to the
 // libpq PG* variables.
 func TestBlackboxEnvironment(t *testing.T) {

@@ -575,7 +575,7 @@ func TestServeEnvironment(t *testing.T) {
 	}
 }
 
-// /metrics carries every metric of DESIGN.md with HELP and TYPE; /healthz
+// /metrics carries every metric of docs/design.md with HELP and TYPE; /healthz
 // follows the Postgres connection.
 func TestServeMetricsAndHealthz(t *testing.T) {
 	c := needDB(t)

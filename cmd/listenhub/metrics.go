@@ -9,7 +9,7 @@ import (
 	"github.com/listenhub/listenhub/hub"
 )
 
-// metric is one line family of /metrics, named exactly as in DESIGN.md
+// metric is one line family of /metrics, named exactly as in docs/design.md
 // ("Metrics").
 type metric struct {
 	name, typ, help string

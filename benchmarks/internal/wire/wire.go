@@ -1,5 +1,5 @@
 // Package wire is the benchmarks' own small codec for the listenhub wire
-// protocol (DESIGN.md, v1): a 4-byte big-endian length, then one compact JSON
+// protocol (docs/design.md, v1): a 4-byte big-endian length, then one compact JSON
 // object. The benchmarks speak the protocol directly so that the workers and
 // the baselines measure the protocol, not a client library, and so that the
 // harness builds while the main module's packages are still being written.

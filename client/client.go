@@ -3,12 +3,18 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
 )
@@ -73,6 +79,15 @@ type Options struct {
 	// Wake values are copies; the handler may keep them.
 	OnWake   func(Wake)
 	OnStatus func(healthy bool)
+
+	// AllowUIDs lists the uids the hub may run as. Dial checks the peer
+	// of the socket (SO_PEERCRED) and refuses any other as not our hub: a
+	// process that took the socket path (a stale directory, a path
+	// another user can write) must not receive this process's
+	// subscriptions or feed it wakes. Empty means this process's own
+	// (effective) uid and root; a non-empty list replaces that default,
+	// so name your own uid in it if the hub may run as you.
+	AllowUIDs []int
 
 	// Logger receives debug logs (stray acks, unknown frame types) and the
 	// reason of the client's death. Nil discards them.
@@ -158,9 +173,12 @@ type call struct {
 	timer    *time.Timer   // ack timeout
 }
 
-// Dial connects to the hub socket at path. ctx bounds the connect only; the
+// Dial connects to the hub socket at path and checks that the peer runs as
+// an allowed uid (Options.AllowUIDs). ctx bounds the connect only; the
 // client lives until Close or its first failure. Errors are *ConnError with
-// Op "dial" (ENOENT for a missing socket, ECONNREFUSED for a stale one).
+// Op "dial": ENOENT for a missing socket, ECONNREFUSED for a stale one, a
+// *PeerError (errors.Is ErrNotOurHub) for a peer of another uid, whose
+// connection is closed before a byte is sent or read.
 func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -170,7 +188,45 @@ func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, &ConnError{Op: "dial", Path: path, Err: err}
 	}
+	if err := checkPeer(conn, opts.AllowUIDs); err != nil {
+		conn.Close()
+		return nil, &ConnError{Op: "dial", Path: path, Err: err}
+	}
 	return newClient(conn, path, opts), nil
+}
+
+// checkPeer reads the credentials of the socket's peer (SO_PEERCRED: the
+// process that called listen on it, as of that call) and refuses a uid
+// that is not allowed. An empty allow list means our effective uid and
+// root: SO_PEERCRED reports the peer's effective uid.
+func checkPeer(conn net.Conn, allow []int) error {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("peer credentials: %T has no descriptor", conn)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("peer credentials: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return fmt.Errorf("peer credentials: %w", err)
+	}
+	if cerr != nil {
+		return fmt.Errorf("peer credentials: %w", os.NewSyscallError("getsockopt SO_PEERCRED", cerr))
+	}
+	if len(allow) == 0 {
+		allow = []int{os.Geteuid(), 0}
+	}
+	for _, uid := range allow {
+		if uid >= 0 && uint32(uid) == cred.Uid {
+			return nil
+		}
+	}
+	return &PeerError{UID: int(cred.Uid), PID: int(cred.Pid), Allowed: slices.Clone(allow)}
 }
 
 func newClient(conn net.Conn, path string, opts Options) *Client {

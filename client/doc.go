@@ -46,6 +46,8 @@
 //
 // errors.Is(err, ErrInvalidName) for a name no channel can carry (harmless
 // to the listener); *NackError, *AckTimeoutError (ErrAckTimeout) and
-// *ConnError for hub failures; *FailoverError when the local listener fails
-// too; ErrClosed after Close.
+// *ConnError for hub failures (at Dial, a *PeerError, errors.Is
+// ErrNotOurHub, when the socket's peer runs as a uid that is not allowed:
+// Options.AllowUIDs, by default this process's own uid and root);
+// *FailoverError when the local listener fails too; ErrClosed after Close.
 package client

@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -56,6 +57,32 @@ func (e *AckTimeoutError) Error() string {
 
 // Is makes errors.Is(err, ErrAckTimeout) true.
 func (e *AckTimeoutError) Is(target error) bool { return target == ErrAckTimeout }
+
+// ErrNotOurHub matches (errors.Is) a *PeerError: the process behind the
+// socket runs as a uid the client does not trust.
+var ErrNotOurHub = errors.New("not our hub")
+
+// PeerError is Dial's refusal of the process behind the socket: its uid
+// (SO_PEERCRED) is not in the allowed list (Options.AllowUIDs; by default
+// this process's own uid and root). The connection was closed without a
+// frame sent. Dial wraps it in a *ConnError; a Failover treats it like any
+// other dial failure and listens locally.
+type PeerError struct {
+	UID, PID int   // the peer's credentials
+	Allowed  []int // the uids that would have been accepted
+}
+
+func (e *PeerError) Error() string {
+	allowed := make([]string, len(e.Allowed))
+	for i, u := range e.Allowed {
+		allowed[i] = strconv.Itoa(u)
+	}
+	return fmt.Sprintf("peer uid %d (pid %d) is not one of the allowed uids [%s]: not our hub",
+		e.UID, e.PID, strings.Join(allowed, " "))
+}
+
+// Is makes errors.Is(err, ErrNotOurHub) true.
+func (e *PeerError) Is(target error) bool { return target == ErrNotOurHub }
 
 // ConnError is a transport failure of the hub connection: the dial, a read
 // (EOF when the hub closed the socket, which is also what eviction looks

@@ -39,8 +39,11 @@ func (m Mode) String() string {
 type FailoverOptions struct {
 	// SocketPath is the hub's socket.
 	SocketPath string
-	// AckTimeout and WriteTimeout configure the hub client (see Options).
+	// AckTimeout, WriteTimeout and AllowUIDs configure the hub client (see
+	// Options). A hub whose uid is not allowed is refused at dial, which
+	// means local mode.
 	AckTimeout, WriteTimeout time.Duration
+	AllowUIDs                []int
 
 	// DatabaseURL (or ConnConfig, which wins) is where the local listener
 	// connects. Empty DatabaseURL means LISTENHUB_DATABASE_URL, then
@@ -177,6 +180,7 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	hub, err := Dial(ctx, opts.SocketPath, Options{
 		AckTimeout:   opts.AckTimeout,
 		WriteTimeout: opts.WriteTimeout,
+		AllowUIDs:    opts.AllowUIDs,
 		OnWake:       f.onHubWake,
 		OnStatus:     f.onHubStatus,
 		Logger:       opts.Logger,

@@ -21,7 +21,7 @@ import (
 // loop thread (loop methods are allowed before Run), calling the fanout and
 // the end-of-iteration flush directly. n workers on socketpairs are
 // subscribed to "bench"; a goroutine per worker drains the other end.
-func benchHub(b *testing.B, n int) *Hub {
+func benchHub(b testing.TB, n int) *Hub {
 	b.Helper()
 	h, err := New(Config{SocketPath: "/nonexistent/bench.sock", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/listenhub/listenhub/frame"
@@ -53,12 +54,23 @@ type channel struct {
 	subs map[*worker]struct{}
 	// waiters are subs still owed an answer, in arrival order; a worker
 	// that sent sub twice is here twice and gets two answers.
-	waiters []*worker
+	waiters []waiter
 	// unlistenFailed: the UNLISTEN failed (the connection was down past
 	// the command timeout) and nobody subscribed since. The state stays
 	// stateUnlistenInFlight with no command in flight; the UNLISTEN is
 	// retried when the connection is back, or a new sub LISTENs afresh.
 	unlistenFailed bool
+
+	// For Hub.Channels: NOTIFYs received for it, and wake frames queued
+	// for its subscribers (coalesced and dropped durable wakes aside).
+	wakesReceived, wakesDelivered uint64
+}
+
+// waiter is a sub owed an answer, with when it was read (the start of that
+// loop iteration), for the ack latency.
+type waiter struct {
+	w  *worker
+	at time.Time
 }
 
 // channelName maps a subscription name to its Postgres channel, or says why
@@ -97,24 +109,24 @@ func (h *Hub) subscribe(w *worker, q string) {
 		ch = &channel{q: q, pg: pg, subs: make(map[*worker]struct{})}
 		h.channels[pg] = ch
 		h.addSub(w, ch)
-		ch.waiters = append(ch.waiters, w)
+		ch.waiters = append(ch.waiters, waiter{w, h.loop.Now()})
 		h.listen(ch)
 		return
 	}
 	h.addSub(w, ch)
 	if ch.unlistenFailed {
 		ch.unlistenFailed = false
-		ch.waiters = append(ch.waiters, w)
+		ch.waiters = append(ch.waiters, waiter{w, h.loop.Now()})
 		h.listen(ch) // a fresh LISTEN makes the state certain again
 		return
 	}
 	if ch.state == stateListening && h.healthy {
-		h.sendAck(w, q)
+		h.sendAck(w, q, h.loop.Now())
 		return
 	}
 	// LISTEN or UNLISTEN in flight, or the connection is down: the
 	// answer comes when Postgres has LISTENed (again).
-	ch.waiters = append(ch.waiters, w)
+	ch.waiters = append(ch.waiters, waiter{w, h.loop.Now()})
 }
 
 func (h *Hub) addSub(w *worker, ch *channel) {
@@ -140,7 +152,7 @@ func (h *Hub) dropSub(w *worker, ch *channel) {
 	delete(w.durable, ch.q)
 	ws := ch.waiters[:0]
 	for _, x := range ch.waiters {
-		if x != w {
+		if x.w != w {
 			ws = append(ws, x)
 		}
 	}
@@ -183,9 +195,9 @@ func (h *Hub) listenDone(ch *channel, err error) {
 		// edits the waiter list.
 		ws := ch.waiters
 		ch.waiters = nil
-		for _, w := range ws {
-			if !w.closed {
-				h.sendNack(w, ch.q, reason)
+		for _, x := range ws {
+			if !x.w.closed {
+				h.sendNack(x.w, ch.q, reason)
 			}
 		}
 		// Refused subscribers leave the routing table. Whether Postgres
@@ -237,16 +249,20 @@ func (h *Hub) ackWaiters(ch *channel) {
 	// the waiter list.
 	ws := ch.waiters
 	ch.waiters = nil
-	for _, w := range ws {
-		if !w.closed {
-			h.sendAck(w, ch.q)
+	for _, x := range ws {
+		if !x.w.closed {
+			h.sendAck(x.w, ch.q, x.at)
 		}
 	}
 }
 
-func (h *Hub) sendAck(w *worker, q string) {
+// sendAck queues the ack of a sub read at subAt, and records how long the
+// sub waited for it.
+func (h *Hub) sendAck(w *worker, q string, subAt time.Time) {
 	h.scratch = frame.AppendAck(h.scratch[:0], q)
-	h.enqueue(w, h.scratch)
+	if h.enqueue(w, h.scratch) {
+		h.ackLatency.observe(time.Since(subAt), 1)
+	}
 }
 
 func (h *Hub) sendNack(w *worker, q, reason string) {

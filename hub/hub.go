@@ -106,6 +106,9 @@ type Hub struct {
 	cfg   Config
 	log   *slog.Logger
 	stats counters
+	// fanoutLatency and ackLatency are the latency histograms
+	// (histogram.go): written on the loop, read from anywhere.
+	fanoutLatency, ackLatency *histogram
 
 	openPG   pgOpener // set by New; tests replace it
 	newClock func(l *loop.Loop) clock
@@ -139,6 +142,13 @@ type Hub struct {
 	scratch []byte    // one encoded wake, copied to each subscriber
 	iov     [][]byte  // writev vectors, reused
 
+	// notifs counts the notifications of this iteration that were routed
+	// to a subscriber; notifAt is when the iteration began (the Postgres
+	// socket was readable by then). flush records their latency, once
+	// per iteration however many there were.
+	notifs  uint64
+	notifAt time.Time
+
 	ticks       uint64
 	statusTimer stopper
 	stopTimer   *loop.Timer
@@ -161,6 +171,9 @@ func New(cfg Config) (*Hub, error) {
 		channels: make(map[string]*channel),
 		iov:      make([][]byte, 2),
 		sock:     listenSocket{fd: -1},
+
+		fanoutLatency: newHistogram(FanoutLatencyBounds),
+		ackLatency:    newHistogram(AckLatencyBounds),
 	}
 	for _, uid := range c.AllowUIDs {
 		h.allow[uint32(uid)] = struct{}{}
@@ -279,6 +292,20 @@ func (h *Hub) Wait() error {
 // Stats returns the current gauges and counters. Safe from any goroutine.
 func (h *Hub) Stats() Stats { return h.stats.snapshot() }
 
+// FanoutLatency returns the histogram of the time from reading a
+// notification from the Postgres socket (the start of the loop iteration
+// that read it) to the end of the write that handed its frames to the
+// workers' sockets, one observation per notification routed to at least one
+// worker. Frames a full socket refused are not waited for: this is the
+// hub's own delay, not a slow worker's. Safe from any goroutine.
+func (h *Hub) FanoutLatency() Histogram { return h.fanoutLatency.snapshot() }
+
+// AckLatency returns the histogram of the time from reading a sub to
+// queuing its ack: microseconds for a channel already LISTENed, a Postgres
+// round trip for a new one, longer while the connection is down. Safe from
+// any goroutine.
+func (h *Hub) AckLatency() Histogram { return h.ackLatency.snapshot() }
+
 // shutdown is Stop on the loop goroutine.
 func (h *Hub) shutdown() {
 	if h.stopping {
@@ -396,7 +423,9 @@ func (h *Hub) onHealth(healthy bool) {
 		}
 		h.scratch = frame.AppendWake(h.scratch[:0], ch.q, nil, false)
 		for w := range ch.subs {
-			h.enqueueDurable(w, ch.q, h.scratch)
+			if h.enqueueDurable(w, ch.q, h.scratch) {
+				ch.wakesDelivered++
+			}
 		}
 	}
 }
@@ -409,17 +438,27 @@ func (h *Hub) onNotification(channel, payload []byte) {
 		return
 	}
 	ch := h.channels[string(channel)]
-	if ch == nil || len(ch.subs) == 0 {
+	if ch == nil {
 		return // an UNLISTEN crossed this NOTIFY
 	}
+	ch.wakesReceived++
+	if len(ch.subs) == 0 {
+		return
+	}
+	if h.notifs == 0 {
+		h.notifAt = h.loop.Now()
+	}
+	h.notifs++
 	// Encode once; every subscriber gets a copy of the same bytes.
 	durable := len(payload) == 0
 	h.scratch = frame.AppendWake(h.scratch[:0], ch.q, payload, !durable)
 	for w := range ch.subs {
 		if durable {
-			h.enqueueDurable(w, ch.q, h.scratch)
-		} else {
-			h.enqueue(w, h.scratch)
+			if h.enqueueDurable(w, ch.q, h.scratch) {
+				ch.wakesDelivered++
+			}
+		} else if h.enqueue(w, h.scratch) {
+			ch.wakesDelivered++
 		}
 	}
 }

@@ -106,6 +106,13 @@ type worker struct {
 
 	unknownLogged bool // an unknown frame type was logged once at warn
 
+	// For Hub.Workers: when it connected, and its share of the hub's
+	// counters.
+	connectedAt      time.Time
+	framesSent       uint64
+	durableCoalesced uint64
+	durableDropped   uint64
+
 	writes uint64 // write(2)/writev(2) calls made, for tests of the write path
 }
 
@@ -215,7 +222,7 @@ func (h *Hub) pauseAccept(err error) {
 func (h *Hub) admit(fd int) {
 	h.stats.accepts.Add(1)
 	h.nextID++
-	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1}
+	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1, connectedAt: h.loop.Now()}
 	w.out.Max = h.bufferMax()
 	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 	if err != nil {
@@ -326,19 +333,21 @@ func (h *Hub) touch(w *worker) {
 // enqueue queues a frame that must not be dropped (ephemeral wake, ack,
 // nack, status). Past either hard limit the worker is evicted: a wedged
 // worker degrades itself, never its siblings, and never the Postgres reader.
-func (h *Hub) enqueue(w *worker, b []byte) {
+// It reports whether the frame was queued.
+func (h *Hub) enqueue(w *worker, b []byte) bool {
 	if w.closed {
-		return
+		return false
 	}
 	if !h.fits(w, len(b)) {
 		h.evict(w, h.overLimit(w))
-		return
+		return false
 	}
 	if err := w.out.Append(b); err != nil {
 		h.evict(w, "bytes")
-		return
+		return false
 	}
 	h.touch(w)
+	return true
 }
 
 // fits reports whether a frame of n bytes can be queued under both hard
@@ -391,30 +400,33 @@ func (h *Hub) bufferMax() int {
 // enqueueDurable queues a durable wake for subscription q, coalescing it
 // into a pending unsent one for the same q, and dropping it (counted) past
 // DurableQueueLimit. It never evicts, and it does not count against the
-// hard limits (see fits).
-func (h *Hub) enqueueDurable(w *worker, q string, b []byte) {
+// hard limits (see fits). It reports whether a new frame was queued.
+func (h *Hub) enqueueDurable(w *worker, q string, b []byte) bool {
 	if w.closed {
-		return
+		return false
 	}
 	if start, ok := w.durable[q]; ok && w.out.Written() <= start && start < w.out.Appended() {
 		h.stats.durableCoalesced.Add(1)
-		return
+		w.durableCoalesced++
+		return false
 	}
 	if w.pendingDurable() >= h.cfg.DurableQueueLimit && !w.armed {
 		h.write(w) // as in fits: the limit is on what the kernel refused
 		if w.closed {
-			return
+			return false
 		}
 	}
 	if w.pendingDurable() >= h.cfg.DurableQueueLimit {
 		h.stats.durableDropped.Add(1)
-		return
+		w.durableDropped++
+		return false
 	}
 	start := w.out.Appended()
 	if err := w.out.Append(b); err != nil {
 		// Not with bufferMax's room for durable wakes; kept as a guard.
 		h.stats.durableDropped.Add(1)
-		return
+		w.durableDropped++
+		return false
 	}
 	if w.durable == nil {
 		w.durable = make(map[string]uint64)
@@ -423,6 +435,7 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) {
 	w.durableSpans = append(w.durableSpans, span{start, w.out.Appended()})
 	w.durableBytes += len(b)
 	h.touch(w)
+	return true
 }
 
 func (h *Hub) sendStatus(w *worker) {
@@ -458,6 +471,13 @@ func (h *Hub) flush() {
 		}
 	}
 	h.dirty = h.dirty[:0]
+	if h.notifs > 0 {
+		// One clock read per iteration, however many notifications and
+		// workers: each notification waited from the iteration's start
+		// to here.
+		h.fanoutLatency.observe(time.Since(h.notifAt), h.notifs)
+		h.notifs = 0
+	}
 }
 
 // write makes one write (or writev, when the ring wraps) of everything
@@ -494,7 +514,9 @@ func (h *Hub) write(w *worker) {
 	if n > 0 {
 		frames := w.out.Frames()
 		w.out.Discard(n)
-		h.stats.framesSent.Add(uint64(frames - w.out.Frames()))
+		sent := uint64(frames - w.out.Frames())
+		w.framesSent += sent
+		h.stats.framesSent.Add(sent)
 	}
 	if w.out.Len() == 0 {
 		w.pendingDurable() // releases the bookkeeping of a drained worker

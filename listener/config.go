@@ -1,7 +1,11 @@
 // Package listener is the Postgres side of listenhub: the LISTEN connection.
 //
-// Conn is the hub's connection. It is opened and authenticated by pgconn off
-// the loop, then hijacked: a plaintext TCP or Unix-socket connection is
+// Conn is the hub's connection. Start makes one that connects in the
+// background (the hub accepts workers before Postgres is reached; an
+// unreachable server is retried forever, a refused configuration is
+// reported once through OnFatal); Open connects before it returns. Either
+// way the connection is opened and authenticated by pgconn off the loop,
+// then hijacked: a plaintext TCP or Unix-socket connection is
 // driven from its raw file descriptor by the loop (no goroutine at all), a
 // TLS connection by one bridge goroutine that feeds the loop through Post.
 // Either way every callback runs on the loop goroutine and every method is
@@ -44,6 +48,11 @@ const (
 	DefaultHealthCheckTimeout  = time.Second
 	DefaultReconnectMin        = 100 * time.Millisecond
 	DefaultReconnectMax        = 5 * time.Second
+	// maxRetryWhileWaiting caps the reconnect delay while a command waits
+	// for the connection (docs/design.md, Lifecycle: Start): a sub
+	// waiting for a server that comes back is served within about this,
+	// whatever the backoff has grown to.
+	maxRetryWhileWaiting = 500 * time.Millisecond
 	// defaultConnectTimeout bounds one reconnect attempt when the
 	// connection string sets no connect_timeout: a server that accepts
 	// TCP and then hangs during authentication must not stall the
@@ -101,8 +110,21 @@ type Config struct {
 	// OnHealth is called on the loop goroutine with false when the
 	// connection is lost, and with true when it is (re)established and
 	// every channel of the current set is LISTENed again. The first
-	// OnHealth(true) comes right after Open.
+	// OnHealth(true) comes right after Open, or once Start has connected
+	// and LISTENed whatever was asked meanwhile.
 	OnHealth func(healthy bool)
+
+	// OnFatal is called once, on the loop goroutine, when Start's
+	// connection attempts end for good: the server refused the
+	// configuration (IsConfigError: authentication failed, no such
+	// database or role, bad connection string) before the first
+	// successful connect. Retrying cannot fix that, so the Conn stops
+	// trying and every command, waiting or later, fails with the same
+	// error. The message never carries the password. Once a connection
+	// has been made, the same errors during a reconnect are logged and
+	// retried instead (a database that goes away after start is
+	// survived). Nil means the error is only logged.
+	OnFatal func(err error)
 
 	// Logger receives connection events (keys "pid", "reason", "q"). Nil
 	// means slog.Default().
@@ -131,6 +153,30 @@ func (cfg *Config) withDefaults() Config {
 	}
 	return c
 }
+
+// IsConfigError reports whether err says the server refused the connection
+// settings themselves, so that retrying without a change cannot succeed:
+// authentication failed (SQLSTATE 28P01, 28000, which also covers an unknown
+// role and a missing pg_hba.conf entry), no such database (3D000), or an
+// unparsable connection string.
+func IsConfigError(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "28P01", "28000", "3D000":
+			return true
+		}
+		return false
+	}
+	var ce *pgconn.ParseConfigError
+	return errors.As(err, &ce) || errors.Is(err, errNoConnConfig)
+}
+
+// errNoConnConfig is the configuration error of a Config without ConnConfig.
+var errNoConnConfig = errors.New("listener: Config.ConnConfig is nil (use ParseConfig)")
 
 // ParseConfig parses a connection string the way libpq does, through
 // pgconn.ParseConfig: a postgres:// URL, a key=value DSN, or "" for the PG*

@@ -24,13 +24,15 @@ const (
 	stateConnecting connState = iota
 	// stateUp: a transport is installed and commands flow.
 	stateUp
-	// stateDown: the connection was lost; a reconnect is scheduled or in
-	// progress. Commands wait in pending.
+	// stateDown: no connection: Start's first one, or the one that was
+	// lost, is being made; an attempt is scheduled or in progress.
+	// Commands wait in pending.
 	stateDown
 	// stateClosing: Close sent UNLISTEN * and Terminate and waits for the
 	// server to hang up (bounded by the health-check timeout).
 	stateClosing
-	// stateClosed: nothing left; every method is a no-op or ErrClosed.
+	// stateClosed: nothing left; every method is a no-op or fails with
+	// ErrClosed (or, after OnFatal, with the fatal error).
 	stateClosed
 )
 
@@ -113,11 +115,22 @@ type Conn struct {
 	hc         *loop.Timer
 
 	// Reconnect.
-	backoff    time.Duration // delay before the next attempt
-	reconnect  *loop.Timer   // the scheduled attempt, nil when none
-	cancelDial context.CancelFunc
-	lastErr    error // why the connection was last lost or not made
-	pid        uint32
+	backoff     time.Duration // delay before the next attempt
+	reconnect   *loop.Timer   // the scheduled attempt, nil when none
+	reconnectAt time.Time     // when reconnect fires
+	cancelDial  context.CancelFunc
+	lastErr     error // why the connection was last lost or not made
+	pid         uint32
+	// everUp: a connection was made once. Before that a configuration
+	// error is fatal (Config.OnFatal); after it, it is retried.
+	everUp bool
+	// fatal is the error OnFatal reported; commands fail with it.
+	fatal error
+	// Failed attempts are logged once per distinct reason and then at
+	// most every retryLogEvery, with the count in between.
+	failedAttempts int
+	lastWarnAt     time.Time
+	lastWarnMsg    string
 
 	// Close.
 	closeTimer *loop.Timer
@@ -134,6 +147,44 @@ type Conn struct {
 	batches, probes int
 }
 
+// Start returns at once with a Conn that connects in the background: the
+// connection is opened and authenticated off the loop, exactly as a
+// reconnect is, and installed on the loop when made. Until then Healthy is
+// false and commands wait (bounded by CommandTimeout); once the connection
+// is up and everything asked meanwhile is LISTENed, OnHealth(true) follows.
+// An unreachable server is retried forever with the capped backoff, and
+// while a command waits the next attempt is at most 500 ms away. A
+// configuration error before the first connection (IsConfigError) is not
+// retried: OnFatal reports it and the Conn is closed.
+//
+// Start may be called from any goroutine; from then on the Conn belongs to
+// the loop: call its methods only there (or in the loop's setup phase
+// before Run).
+func Start(l *loop.Loop, cfg Config) *Conn {
+	c := newConn(l, cfg)
+	c.start()
+	return c
+}
+
+// start hands c to the loop and makes its first connection attempt there.
+func (c *Conn) start() {
+	c.state = stateDown
+	l := c.l
+	if err := l.Post(func() {
+		l.AfterIteration(c.flush)
+		l.OnClose(c.loopStopped)
+		if c.cfg.ConnConfig == nil && c.dialer == nil {
+			c.giveUp(errNoConnConfig)
+			return
+		}
+		c.redial()
+	}); err != nil {
+		// The loop is gone: nothing will ever run. Commands fail.
+		c.state = stateClosed
+		c.fatal = fmt.Errorf("listener: %w", err)
+	}
+}
+
 // Open connects and authenticates now, in the calling goroutine (which must
 // not be the loop's: it blocks), then hands the connection to the loop. An
 // unreachable server or a failed authentication is returned as the error.
@@ -142,7 +193,7 @@ type Conn struct {
 // until the posted install runs.
 func Open(ctx context.Context, l *loop.Loop, cfg Config) (*Conn, error) {
 	if cfg.ConnConfig == nil {
-		return nil, errors.New("listener: Config.ConnConfig is nil (use ParseConfig)")
+		return nil, errNoConnConfig
 	}
 	c := newConn(l, cfg)
 	tr, err := dial(ctx, c.cfg.ConnConfig)
@@ -205,13 +256,14 @@ func (c *Conn) enqueue(listen bool, channel string, done func(error)) {
 		return
 	}
 	if c.state == stateClosing || c.state == stateClosed {
-		c.later(done, ErrClosed)
+		c.later(done, c.closedErr())
 		return
 	}
 	cmd := &command{listen: listen, channel: channel, done: done, waiting: true}
 	c.pending = append(c.pending, cmd)
 	if c.state == stateDown {
 		c.startExpiry(cmd)
+		c.hurryReconnect()
 	}
 	if !c.kicked {
 		// flush runs at the end of this iteration, unless we are
@@ -222,6 +274,26 @@ func (c *Conn) enqueue(listen bool, channel string, done func(error)) {
 		if c.l.Post(func() { c.kicked = false }) != nil {
 			c.kicked = false
 		}
+	}
+}
+
+// closedErr is what a command on a closed Conn fails with.
+func (c *Conn) closedErr() error {
+	if c.fatal != nil {
+		return c.fatal
+	}
+	return ErrClosed
+}
+
+// hurryReconnect brings a scheduled attempt forward to at most
+// maxRetryWhileWaiting from now: a command is waiting for it.
+func (c *Conn) hurryReconnect() {
+	if c.reconnect == nil {
+		return
+	}
+	if now := time.Now(); c.reconnectAt.Sub(now) > maxRetryWhileWaiting {
+		c.reconnect.Reset(maxRetryWhileWaiting)
+		c.reconnectAt = now.Add(maxRetryWhileWaiting)
 	}
 }
 
@@ -337,6 +409,8 @@ func (c *Conn) install(tr transport) {
 	c.tr = tr
 	c.pid = tr.backendPID()
 	c.state = stateUp
+	c.everUp = true
+	c.failedAttempts, c.lastWarnMsg = 0, ""
 	c.lastRx = c.l.Now()
 	c.probeSince = time.Time{}
 	c.hc = c.l.AfterFunc(c.cfg.HealthCheckInterval, c.healthTick)
@@ -440,12 +514,57 @@ func (c *Conn) teardown() {
 	c.probeSince = time.Time{}
 }
 
-// scheduleReconnect arms the next attempt, jittered into [d/2, d].
+// scheduleReconnect arms the next attempt, jittered into [d/2, d], and no
+// later than maxRetryWhileWaiting while a command waits.
 func (c *Conn) scheduleReconnect() {
 	d := c.backoff
 	d = d/2 + rand.N(d/2+1)
 	c.backoff = min(c.backoff*2, c.cfg.ReconnectMax)
+	if len(c.pending) > 0 {
+		d = min(d, maxRetryWhileWaiting)
+	}
+	c.reconnectAt = time.Now().Add(d)
 	c.reconnect = c.l.AfterFunc(d, c.redial)
+}
+
+// retryLogEvery bounds the log lines of a server that stays unreachable.
+const retryLogEvery = 30 * time.Second
+
+// attemptFailed logs a failed connection attempt: the first of each reason
+// at once, repeats at most every retryLogEvery with how many there were.
+func (c *Conn) attemptFailed(err error) {
+	c.failedAttempts++
+	msg := err.Error()
+	now := time.Now()
+	if msg == c.lastWarnMsg && now.Sub(c.lastWarnAt) < retryLogEvery {
+		return
+	}
+	what := "listener: connect failed"
+	if c.everUp {
+		what = "listener: reconnect failed"
+	}
+	c.log.Warn(what, "reason", err, "attempts", c.failedAttempts, "retry_in_max", c.backoff)
+	c.failedAttempts = 0
+	c.lastWarnAt, c.lastWarnMsg = now, msg
+}
+
+// giveUp ends a Conn whose configuration the server refused before it was
+// ever connected: retrying cannot help. Every waiting command fails with
+// err, OnFatal reports it, and later commands fail with it too.
+func (c *Conn) giveUp(err error) {
+	c.log.Error("listener: the server refused the configuration; not retrying", "reason", err)
+	c.fatal = err
+	c.lastErr = err
+	c.state = stateClosed
+	if c.reconnect != nil {
+		c.reconnect.Stop()
+		c.reconnect = nil
+	}
+	c.failWaiting(err)
+	c.healthy = false
+	if c.cfg.OnFatal != nil {
+		c.cfg.OnFatal(err)
+	}
 }
 
 // redial starts one connection attempt on a goroutine; its result comes back
@@ -492,7 +611,11 @@ func (c *Conn) dialed(gen uint64, tr transport, err error) {
 	}
 	if err != nil {
 		c.lastErr = err
-		c.log.Warn("listener: reconnect failed", "reason", err, "retry_in_max", c.backoff)
+		if !c.everUp && IsConfigError(err) {
+			c.giveUp(err)
+			return
+		}
+		c.attemptFailed(err)
 		c.scheduleReconnect()
 		return
 	}

@@ -94,6 +94,7 @@ type harness struct {
 	mu     sync.Mutex
 	notes  []note
 	health []bool
+	fatals []error    // OnFatal reports
 	conns  []net.Conn // server ends, closed at cleanup
 	closed bool       // cleanup ran: dials fail
 }
@@ -107,9 +108,13 @@ func testLogger() *slog.Logger {
 }
 
 func newHarness(t *testing.T, cfg Config) *harness {
+	return newHarnessMode(t, cfg, false, nil)
+}
+
+func newHarnessMode(t *testing.T, cfg Config, startMode bool, dialErr func() error) *harness {
 	t.Helper()
 	testutil.CheckFDs(t, 5*time.Second)
-	h := &harness{t: t, servers: make(chan *fakeServer, 4)}
+	h := &harness{t: t, servers: make(chan *fakeServer, 4), dialErr: dialErr}
 	l, err := loop.New(loop.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -140,8 +145,17 @@ func newHarness(t *testing.T, cfg Config) *harness {
 		h.health = append(h.health, ok)
 		h.mu.Unlock()
 	}
+	cfg.OnFatal = func(err error) {
+		h.mu.Lock()
+		h.fatals = append(h.fatals, err)
+		h.mu.Unlock()
+	}
 	h.c = newConn(l, cfg)
 	h.c.dialer = h.dial
+	if startMode {
+		h.c.start()
+		return h
+	}
 	tr, err := h.dial(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +164,12 @@ func newHarness(t *testing.T, cfg Config) *harness {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// newStartHarness is newHarness through Start: no connection yet, the first
+// one is dialed on the loop (through dialErr, like a reconnect).
+func newStartHarness(t *testing.T, cfg Config, dialErr func() error) *harness {
+	return newHarnessMode(t, cfg, true, dialErr)
 }
 
 func (h *harness) dial(context.Context) (transport, error) {

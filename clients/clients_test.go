@@ -1,0 +1,140 @@
+// Package clients_test runs the test suites of the non-Go clients
+// (clients/python, clients/node) against the real listenhub binary and a
+// real, throwaway Postgres: it builds the binary, starts the cluster, and
+// runs `python3 -m unittest` and `node --test` with
+//
+//	LHTEST_HUB_BIN       the binary (each test starts its own hubs: killing
+//	                     one for a failover test touches no other test)
+//	LHTEST_DATABASE_URL  the cluster
+//
+// in the environment, failing with their output on a non-zero exit. A
+// missing interpreter or dependency (python3 with psycopg 3; node with
+// clients/node/node_modules from `npm ci`) skips, except under CI=true,
+// where it fails: a client suite that silently skips is one that never
+// runs.
+package clients_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+var db *pgtest.Cluster
+
+func TestMain(m *testing.M) {
+	defer testutil.RemoveBinaries()
+	pgtesting.Main(m, pgtest.Options{}, &db)
+}
+
+// suiteTimeout bounds one language's whole suite (generous: the machine is
+// shared).
+const suiteTimeout = 4 * time.Minute
+
+// missing skips the test, or fails it under CI=true.
+func missing(t *testing.T, msg string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg + " (CI=true: not skipping)")
+	}
+	t.Skip(msg)
+}
+
+// findPython returns an interpreter that can import psycopg (3):
+// LISTENHUB_PYTHON, else python3 on PATH, else /usr/bin/python3 (Debian's
+// python3-psycopg installs there, which a pyenv python3 first on PATH does
+// not see).
+func findPython(t *testing.T) string {
+	t.Helper()
+	var cands []string
+	if p := os.Getenv("LISTENHUB_PYTHON"); p != "" {
+		cands = append(cands, p)
+	}
+	if p, err := exec.LookPath("python3"); err == nil {
+		cands = append(cands, p)
+	}
+	cands = append(cands, "/usr/bin/python3")
+	for _, p := range cands {
+		cmd := exec.Command(p, "-c", "import psycopg, sys; assert psycopg.__version__ >= '3' and sys.version_info >= (3, 8)")
+		if cmd.Run() == nil {
+			return p
+		}
+	}
+	missing(t, fmt.Sprintf("python client tests need python3 (>= 3.8) with psycopg 3; tried %v; on Debian: apt-get install -y python3-psycopg", cands))
+	return ""
+}
+
+// run runs a suite in dir with the hub binary and the database in its
+// environment. The suite runs in its own process group, which is killed at
+// the end, so that no hub it started outlives it.
+func run(t *testing.T, dir string, name string, args ...string) {
+	t.Helper()
+	bin := testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
+	ctx, cancel := context.WithTimeout(context.Background(), suiteTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "LHTEST_HUB_BIN="+bin, "LHTEST_DATABASE_URL="+db.URL())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	out := &testutil.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	if cmd.Process != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // leftovers (hubs of a crashed suite)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("%s %s: no result within %v:\n%s", name, strings.Join(args, " "), suiteTimeout, out)
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		t.Fatalf("%s %s: %v:\n%s", name, strings.Join(args, " "), err, out)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
+}
+
+func TestPython(t *testing.T) {
+	py := findPython(t)
+	dir, err := filepath.Abs("python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// -s tests: the helpers import as top-level modules; `-m` puts the
+	// working directory first on sys.path, so the package under test is
+	// the source tree's.
+	run(t, dir, py, "-m", "unittest", "discover", "-v", "-s", "tests")
+}
+
+func TestNode(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		missing(t, "node client tests need node (>= 18); on Debian: apt-get install -y nodejs npm")
+	}
+	dir, err := filepath.Abs("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "pg")); err != nil {
+		missing(t, "node client tests need their dependencies: run `npm ci` in clients/node")
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "test", "*.test.js"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no test files in %s/test (%v)", dir, err)
+	}
+	run(t, dir, node, append([]string{"--test", "--test-reporter=spec"}, files...)...)
+}

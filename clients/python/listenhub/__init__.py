@@ -1,0 +1,53 @@
+"""listenhub: the Python client of a listenhub hub (one shared Postgres
+LISTEN connection per host, wakes fanned out over a Unix socket).
+
+- :func:`connect` / :class:`Client`: the hub client (standard library only).
+- :class:`Failover`: the hub while it works, this process's own LISTEN
+  connection (psycopg 3) after its first failure.
+- :mod:`listenhub.aio`: the same for asyncio (``AsyncClient``,
+  ``AsyncFailover``).
+
+Wire protocol: docs/protocol.md in the listenhub repository.
+"""
+
+import logging as _logging
+
+from ._events import Status, SlowConsumerError, Wake
+from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client, connect
+from .errors import (
+    AckTimeoutError,
+    ClosedError,
+    ConnError,
+    FailoverError,
+    InvalidNameError,
+    ListenhubError,
+    NackError,
+)
+from .failover import HUB, LOCAL, Failover
+from .local import Local
+
+__version__ = "0.1.0"
+
+# A library does not print unless the application configured logging.
+_logging.getLogger("listenhub").addHandler(_logging.NullHandler())
+
+__all__ = [
+    "AckTimeoutError",
+    "Client",
+    "ClosedError",
+    "ConnError",
+    "DEFAULT_ACK_TIMEOUT",
+    "DEFAULT_WRITE_TIMEOUT",
+    "Failover",
+    "FailoverError",
+    "HUB",
+    "InvalidNameError",
+    "ListenhubError",
+    "LOCAL",
+    "Local",
+    "NackError",
+    "SlowConsumerError",
+    "Status",
+    "Wake",
+    "connect",
+]

@@ -1,0 +1,106 @@
+"""What listeners deliver (Wake, Status) and the sink that hands it to
+callbacks or to an iterator."""
+
+import collections
+import threading
+import time
+from typing import NamedTuple, Optional
+
+from .errors import ListenhubError
+
+#: Default bound of the event queue behind events() (wakes and statuses not
+#: yet taken by the iterator).
+DEFAULT_MAX_PENDING = 65536
+
+
+class Wake(NamedTuple):
+    """One NOTIFY as the hub (or the local listener) delivered it."""
+
+    #: The subscription name (the channel without the hub's prefix/suffix).
+    q: str
+    #: The NOTIFY payload; None for a durable wake.
+    payload: Optional[str]
+    #: True for a wake without payload ("something changed, re-read"): may be
+    #: coalesced and may be synthesized after a gap (hub reconnect,
+    #: failover). False means the payload may be the only copy.
+    durable: bool
+
+
+class Status(NamedTuple):
+    """The hub's (or the local listener's) Postgres connection is (not)
+    healthy. Do not fail over because of False: the hub keeps your
+    subscriptions and sends one durable wake per name once it is back."""
+
+    healthy: bool
+
+
+class SlowConsumerError(ListenhubError):
+    """The events() iterator was not drained: more than max_pending events
+    were waiting. The listener is dead after it, as a worker that stops
+    reading is evicted by the hub."""
+
+
+def make_wake(q, p):
+    if p is None or p == "":
+        return Wake(q, None, True)
+    return Wake(q, p, False)
+
+
+class Sink:
+    """Delivers events to on_wake/on_status when given, else queues them for
+    events(). Thread-safe; callbacks run on the caller's thread."""
+
+    def __init__(self, on_wake, on_status, max_pending):
+        self.on_wake = on_wake
+        self.on_status = on_status
+        self.max_pending = max_pending or DEFAULT_MAX_PENDING
+        self._q = collections.deque()
+        self._cond = threading.Condition()
+        self._ended = False
+
+    def put(self, ev):
+        """Queues ev for events(); False when the queue is full."""
+        with self._cond:
+            if self._ended:
+                return True
+            if len(self._q) >= self.max_pending:
+                return False
+            self._q.append(ev)
+            self._cond.notify_all()
+            return True
+
+    def callback(self, ev):
+        """The callback for ev, or None when it goes to the queue."""
+        if isinstance(ev, Wake):
+            return self.on_wake
+        return self.on_status
+
+    def end(self):
+        """No more events: the iterator stops once the queue is drained."""
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def get(self, timeout=None):
+        """The next queued event, waiting up to timeout seconds (None: for
+        ever); None on timeout or once the listener is dead and the queue
+        drained."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._q and not self._ended:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+            if not self._q:
+                return None
+            return self._q.popleft()
+
+    def events(self):
+        """Yields queued events until the listener is dead and the queue
+        drained."""
+        while True:
+            ev = self.get()
+            if ev is None:
+                return
+            yield ev

@@ -1,0 +1,123 @@
+"""The wire codec (docs/protocol.md): 4-byte big-endian length + one JSON
+object. No I/O here."""
+
+import json
+import struct
+
+#: Largest frame body either side may send (4 MiB). A longer length header is
+#: a protocol error: the reader closes the connection without allocating.
+MAX_LEN = 4 << 20
+
+#: Postgres truncates identifiers at NAMEDATALEN-1 bytes.
+MAX_NAME_BYTES = 63
+
+_HDR = struct.Struct(">I")
+
+
+def encode(msg):
+    """One frame: header + compact JSON body (raw UTF-8, like the hub)."""
+    body = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _HDR.pack(len(body)) + body
+
+
+def sub(q):
+    return encode({"t": "sub", "q": q})
+
+
+def unsub(q):
+    return encode({"t": "unsub", "q": q})
+
+
+class FrameError(ValueError):
+    """A malformed frame from the hub: the connection is unusable."""
+
+
+class Decoder:
+    """Incremental decoder: feed() what a read returned, then next() until it
+    returns None. A stream socket has no message boundaries, so one read may
+    hold half a frame or twenty."""
+
+    def __init__(self):
+        self._buf = bytearray()
+        self._off = 0
+
+    def feed(self, data):
+        if self._off and self._off == len(self._buf):
+            self._buf.clear()
+            self._off = 0
+        self._buf += data
+
+    def buffered(self):
+        return len(self._buf) - self._off
+
+    def next(self):
+        """The next whole message (a dict with a string "t"), or None when
+        more bytes are needed. Raises FrameError on a malformed frame."""
+        if self.buffered() < 4:
+            return None
+        (n,) = _HDR.unpack_from(self._buf, self._off)
+        if n == 0 or n > MAX_LEN:
+            raise FrameError("bad frame length %d" % n)
+        if self.buffered() < 4 + n:
+            return None
+        start = self._off + 4
+        body = bytes(self._buf[start : start + n])
+        self._off = start + n
+        if self._off > 65536 and self._off * 2 > len(self._buf):
+            del self._buf[: self._off]
+            self._off = 0
+        try:
+            msg = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise FrameError("bad frame body: %s" % e) from None
+        if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+            raise FrameError("frame is not an object with a string \"t\"")
+        return msg
+
+
+def name_problem(q):
+    """Why q can never be a subscription name whatever the hub's prefix and
+    suffix (None if it may be): checked before any round trip."""
+    if not isinstance(q, str):
+        return "not a string"
+    try:
+        b = q.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid UTF-8"
+    if len(b) > MAX_NAME_BYTES:
+        return "%d bytes, the limit is %d" % (len(b), MAX_NAME_BYTES)
+    if "\x00" in q:
+        return "contains NUL"
+    return None
+
+
+def channel_problem(channel):
+    """Why the mapped channel is refused (None if fine): empty, too long, NUL."""
+    if channel == "":
+        return "invalid channel: empty"
+    b = channel.encode("utf-8", "surrogatepass")
+    if len(b) > MAX_NAME_BYTES:
+        return "invalid channel: %d bytes, the limit is %d" % (len(b), MAX_NAME_BYTES)
+    if "\x00" in channel:
+        return "invalid channel: contains NUL"
+    return None
+
+
+def invalid_name_reason(reason):
+    """Tells a nack about the name (final for that name, the connection is
+    fine) from any other nack (this hub cannot serve: fail over). Protocol v1
+    has no codes, so the reason words are the contract; same rule as the Go
+    client."""
+    r = (reason or "").lower()
+    return (
+        r.startswith("invalid")
+        or "invalid channel" in r
+        or "too long" in r
+        or "contains nul" in r
+    )
+
+
+def quote_ident(channel):
+    """A channel as a Postgres quoted identifier, every '"' doubled: no name
+    can inject SQL, and case is kept."""
+    return '"' + channel.replace('"', '""') + '"'

@@ -1,0 +1,663 @@
+"""The asyncio API: AsyncClient (the hub over asyncio streams) and
+AsyncFailover. Same rules as the synchronous classes; see their docs."""
+
+import asyncio
+import inspect
+import logging
+import threading
+
+from . import _frame
+from ._events import DEFAULT_MAX_PENDING, SlowConsumerError, Status, Wake, make_wake
+from .client import (
+    DEFAULT_ACK_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_WRITE_TIMEOUT,
+    check_peer,
+)
+from .errors import (
+    AckTimeoutError,
+    ClosedError,
+    ConnError,
+    FailoverError,
+    InvalidNameError,
+    ListenhubError,
+    NackError,
+)
+from .failover import HUB, LOCAL
+from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
+
+log = logging.getLogger("listenhub")
+
+_END = object()
+
+
+class _AsyncSink:
+    """Callbacks (plain functions or coroutine functions, awaited in order)
+    or a bounded queue for events()."""
+
+    def __init__(self, on_wake, on_status, max_pending):
+        self.on_wake, self.on_status = on_wake, on_status
+        self.max_pending = max_pending or DEFAULT_MAX_PENDING
+        self._q = asyncio.Queue()
+        self._ended = False
+
+    def callback(self, ev):
+        return self.on_wake if isinstance(ev, Wake) else self.on_status
+
+    def put(self, ev):
+        if self._ended:
+            return True
+        if self._q.qsize() >= self.max_pending:
+            return False
+        self._q.put_nowait(ev)
+        return True
+
+    def end(self):
+        if not self._ended:
+            self._ended = True
+            self._q.put_nowait(_END)
+
+    async def get(self, timeout=None):
+        if self._q.empty() and self._ended:
+            return None
+        try:
+            ev = await asyncio.wait_for(self._q.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        if ev is _END:
+            self._q.put_nowait(_END)  # later get()s end too
+            return None
+        return ev
+
+    async def events(self):
+        while True:
+            ev = await self.get()
+            if ev is None:
+                return
+            yield ev
+
+
+async def _run_callback(cb, arg):
+    try:
+        r = cb(arg)
+        if inspect.isawaitable(r):
+            await r
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("listenhub: callback raised")
+
+
+class _Call:
+    __slots__ = ("fut", "waiters", "timer")
+
+    def __init__(self, fut):
+        self.fut = fut
+        self.waiters = 0
+        self.timer = None
+
+
+class _Sub:
+    __slots__ = ("active", "call", "want_unsub")
+
+    def __init__(self):
+        self.active, self.call, self.want_unsub = False, None, False
+
+
+class AsyncClient:
+    """A connection to a listenhub hub for asyncio. Make one with
+    ``await listenhub.aio.connect(path, ...)``.
+
+    Alive until its first failure, then dead for good: ``err`` (ClosedError,
+    ConnError, AckTimeoutError, NackError), ``done`` (an asyncio.Event).
+    Wakes and statuses go to on_wake(Wake)/on_status(bool) — plain functions
+    or coroutine functions, awaited one at a time in wire order by the
+    reader task (while one runs nothing is read) — or to ``events()``, an
+    async iterator.
+    """
+
+    def __init__(self, path, reader, writer, *, on_wake, on_status, ack_timeout, write_timeout, max_pending):
+        self.path = path
+        self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
+        self.write_timeout = write_timeout or DEFAULT_WRITE_TIMEOUT
+        self._reader, self._writer = reader, writer
+        # drain() then waits until the kernel took every byte.
+        writer.transport.set_write_buffer_limits(high=0, low=0)
+        self._sink = _AsyncSink(on_wake, on_status, max_pending)
+        self._subs = {}
+        self.err = None
+        self.done = asyncio.Event()
+        self._healthy = False
+        self._closing = False
+        self._drainer = None
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._read_loop())
+
+    async def subscribe(self, q):
+        """Subscribes to q; returns once the hub acked it. Raises
+        InvalidNameError (client alive), NackError / AckTimeoutError /
+        ConnError (client dead), the client's error when already dead.
+        Cancelling the caller (asyncio.timeout, wait_for) abandons the
+        subscription: the client unsubscribes once the ack arrives unless
+        another caller waits for it."""
+        problem = _frame.name_problem(q)
+        if problem:
+            raise InvalidNameError(q, problem)
+        if self.err is not None:
+            raise self.err
+        s = self._subs.get(q)
+        if s is None:
+            s = self._subs[q] = _Sub()
+        if s.active and s.call is None:
+            return
+        c = s.call
+        if c is None:
+            c = s.call = _Call(self._loop.create_future())
+            c.timer = self._loop.call_later(self.ack_timeout, self._ack_timeout, c, q)
+            self._write(_frame.sub(q))
+        s.want_unsub = False
+        c.waiters += 1
+        try:
+            await asyncio.shield(c.fut)
+        except asyncio.CancelledError:
+            if not c.fut.done():
+                c.waiters -= 1
+                if c.waiters == 0:
+                    s.want_unsub = True
+            raise
+
+    def unsubscribe(self, q):
+        """Drops q and tells the hub; never blocks."""
+        if self.err is not None:
+            return
+        s = self._subs.get(q)
+        if s is None:
+            return
+        if s.call is not None:
+            s.want_unsub = True
+            return
+        del self._subs[q]
+        self._write(_frame.unsub(q))
+
+    def healthy(self):
+        return self.err is None and self._healthy
+
+    def subscriptions(self):
+        return {q for q, s in self._subs.items() if s.active}
+
+    def events(self):
+        """Async iterator over the events without a callback, until the
+        client is dead and the queue drained."""
+        return self._sink.events()
+
+    async def get(self, timeout=None):
+        return await self._sink.get(timeout)
+
+    def close(self):
+        """Kills the client with ClosedError and closes the socket. No new
+        callback starts once called. Idempotent; safe from a callback."""
+        self._closing = True
+        self._die(ClosedError())
+
+    async def wait(self):
+        """Waits until the client is dead; returns err."""
+        await self.done.wait()
+        return self.err
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+    # --- internals -----------------------------------------------------------
+
+    def _write(self, b):
+        self._writer.write(b)
+        if self._drainer is None and self._writer.transport.get_write_buffer_size() > 0:
+            self._drainer = self._loop.create_task(self._drain())
+
+    async def _drain(self):
+        try:
+            await asyncio.wait_for(self._writer.drain(), self.write_timeout)
+        except asyncio.TimeoutError:
+            self._die(ConnError("write", self.path, "stalled for %gs: the hub stopped reading" % self.write_timeout))
+        except (ConnectionError, OSError) as e:
+            self._die(ConnError("write", self.path, e))
+        finally:
+            self._drainer = None
+        if self.err is None and self._writer.transport.get_write_buffer_size() > 0:
+            self._drainer = self._loop.create_task(self._drain())
+
+    def _ack_timeout(self, c, q):
+        if not c.fut.done() and self.err is None:
+            self._die(AckTimeoutError(q, self.ack_timeout))
+
+    def _die(self, err):
+        if self.err is not None:
+            return
+        self.err = err
+        for s in self._subs.values():
+            c = s.call
+            if c is not None and not c.fut.done():
+                c.timer.cancel()
+                c.fut.set_exception(err)
+                c.fut.exception()  # retrieved: no "never retrieved" warning without waiters
+        self._subs = {}
+        self._healthy = False
+        self.done.set()
+        self._writer.close()
+        if self._drainer is not None and self._drainer is not asyncio.current_task():
+            self._drainer.cancel()
+        self._sink.end()
+        if isinstance(err, ClosedError):
+            log.debug("listenhub client closed")
+        else:
+            log.warning("listenhub client dead: %s", err)
+
+    async def _read_loop(self):
+        dec = _frame.Decoder()
+        while True:
+            try:
+                data = await self._reader.read(64 << 10)
+            except (ConnectionError, OSError) as e:
+                self._die(ConnError("read", self.path, e))
+                return
+            if self.err is not None:
+                return
+            if not data:
+                why = "unexpected EOF (inside a frame)" if dec.buffered() else "EOF: the hub closed the connection"
+                self._die(ConnError("read", self.path, why))
+                return
+            dec.feed(data)
+            while True:
+                try:
+                    m = dec.next()
+                except _frame.FrameError as e:
+                    self._die(ConnError("read", self.path, e))
+                    return
+                if m is None:
+                    break
+                await self._handle(m)
+                if self.err is not None:
+                    return
+
+    async def _handle(self, m):
+        t, q = m["t"], m.get("q")
+        if t == "ack":
+            s = self._subs.get(q)
+            if s is None or s.call is None:
+                log.debug("listenhub client: ack without a pending sub: %r", q)
+                return
+            c, s.call = s.call, None
+            c.timer.cancel()
+            c.fut.set_result(None)
+            if s.want_unsub:
+                del self._subs[q]
+                self._write(_frame.unsub(q))
+            else:
+                s.active = True
+        elif t == "nack":
+            reason = m.get("error") or ""
+            s = self._subs.get(q)
+            if s is None or s.call is None:
+                log.debug("listenhub client: nack without a pending sub: %r %s", q, reason)
+                return
+            if not _frame.invalid_name_reason(reason):
+                self._die(NackError(q, reason))
+                return
+            c, s.call = s.call, None
+            c.timer.cancel()
+            c.fut.set_exception(InvalidNameError(q, reason))
+            c.fut.exception()
+            if not s.active:
+                del self._subs[q]
+        elif t == "wake":
+            if isinstance(q, str) and q in self._subs:
+                p = m.get("p")
+                await self._deliver(make_wake(q, p if isinstance(p, str) else None))
+        elif t == "status":
+            self._healthy = bool(m.get("healthy"))
+            await self._deliver(Status(self._healthy))
+        else:
+            log.debug("listenhub client: skipping unknown frame type %r", t)
+
+    async def _deliver(self, ev):
+        if self._closing:
+            return
+        cb = self._sink.callback(ev)
+        if cb is None:
+            if not self._sink.put(ev):
+                self._die(SlowConsumerError("listenhub: more than %d events not taken from events()" % self._sink.max_pending))
+            return
+        await _run_callback(cb, ev if isinstance(ev, Wake) else ev.healthy)
+
+
+async def connect(
+    path,
+    *,
+    on_wake=None,
+    on_status=None,
+    ack_timeout=DEFAULT_ACK_TIMEOUT,
+    write_timeout=DEFAULT_WRITE_TIMEOUT,
+    connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+    peer_check=True,
+    allowed_uids=(),
+    max_pending=DEFAULT_MAX_PENDING,
+):
+    """Connects to the hub at path. ConnError when there is no hub (ENOENT,
+    ECONNREFUSED) or its peer is not our user."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), connect_timeout)
+    except (OSError, asyncio.TimeoutError) as e:
+        raise ConnError("dial", path, e) from e
+    if peer_check:
+        try:
+            check_peer(writer.get_extra_info("socket"), path, allowed_uids)
+        except ConnError:
+            writer.close()
+            raise
+    return AsyncClient(
+        path,
+        reader,
+        writer,
+        on_wake=on_wake,
+        on_status=on_status,
+        ack_timeout=ack_timeout,
+        write_timeout=write_timeout,
+        max_pending=max_pending,
+    )
+
+
+class _AsyncLocal:
+    """The synchronous Local (its own thread owns the psycopg connection)
+    seen from the event loop: its callbacks are handed to the loop in order,
+    subscribe runs in the default executor."""
+
+    def __init__(self, loop, on_event, on_dead, local_args):
+        self._loop = loop
+        self._on_event = on_event
+        args = dict(local_args)
+        args["on_wake"] = self._from_thread
+        args["on_status"] = lambda h: self._from_thread(Status(h))
+        self.local = Local(**args)
+        threading.Thread(target=self._watch, args=(on_dead,), daemon=True).start()
+
+    @classmethod
+    async def create(cls, on_event, on_dead, local_args):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, cls, loop, on_event, on_dead, local_args)
+
+    def _from_thread(self, ev):
+        try:
+            self._loop.call_soon_threadsafe(self._on_event, ev)
+        except RuntimeError:
+            pass  # loop closed
+
+    def _watch(self, on_dead):
+        self.local.done.wait()
+        self._from_thread_dead(on_dead)
+
+    def _from_thread_dead(self, on_dead):
+        try:
+            self._loop.call_soon_threadsafe(on_dead, self.local.err)
+        except RuntimeError:
+            pass
+
+    async def subscribe(self, q):
+        await self._loop.run_in_executor(None, self.local.subscribe, q)
+
+    def unsubscribe(self, q):
+        self.local.unsubscribe(q)
+
+    def healthy(self):
+        return self.local.healthy()
+
+    def close(self):
+        # Local.close may wait briefly for its thread: not on the loop.
+        threading.Thread(target=self.local.close, daemon=True).start()
+
+
+class AsyncFailover:
+    """Failover for asyncio: the AsyncClient while the hub works, a local
+    psycopg LISTEN connection after its first failure; the same rules as
+    listenhub.Failover (one-way swap, one durable wake per name after it).
+    Make one with ``await AsyncFailover.create(socket_path, ...)``. The
+    local listener is the synchronous Local on its own thread, its events
+    handed to the loop in order."""
+
+    def __init__(self, socket_path, kw):
+        self.socket_path = socket_path
+        self._kw = kw
+        self._local_args = dict(
+            database_url_=kw.get("database_url"),
+            channel_prefix=kw.get("channel_prefix", ""),
+            channel_suffix=kw.get("channel_suffix", ""),
+            application_name=kw.get("application_name", DEFAULT_LOCAL_APPLICATION_NAME),
+            command_timeout=kw.get("local_timeout", DEFAULT_LOCAL_TIMEOUT),
+        )
+        self._sink = _AsyncSink(kw.get("on_wake"), kw.get("on_status"), kw.get("max_pending", DEFAULT_MAX_PENDING))
+        self._on_failover = kw.get("on_failover")
+        self._mode = HUB
+        self.reason = None
+        self._hub = None
+        self._local = None
+        self._subs = set()
+        self._swap = None  # the failover task while it runs
+        self.err = None
+        self.done = asyncio.Event()
+        self._cb_lock = asyncio.Lock()  # one callback at a time across hub and local
+
+    @classmethod
+    async def create(
+        cls,
+        socket_path,
+        *,
+        database_url=None,
+        channel_prefix="",
+        channel_suffix="",
+        application_name=DEFAULT_LOCAL_APPLICATION_NAME,
+        ack_timeout=DEFAULT_ACK_TIMEOUT,
+        write_timeout=DEFAULT_WRITE_TIMEOUT,
+        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+        local_timeout=DEFAULT_LOCAL_TIMEOUT,
+        peer_check=True,
+        allowed_uids=(),
+        on_wake=None,
+        on_status=None,
+        on_failover=None,
+        max_pending=DEFAULT_MAX_PENDING,
+    ):
+        kw = dict(locals())
+        del kw["cls"], kw["socket_path"]
+        f = cls(socket_path, kw)
+        try:
+            hub = await connect(
+                socket_path,
+                on_wake=f._deliver,
+                on_status=lambda h: f._deliver(Status(h)),
+                ack_timeout=ack_timeout,
+                write_timeout=write_timeout,
+                connect_timeout=connect_timeout,
+                peer_check=peer_check,
+                allowed_uids=allowed_uids,
+            )
+        except ConnError as e:
+            log.warning("listenhub: hub unreachable (%s), listening locally", e)
+            try:
+                f._local = await _AsyncLocal.create(f._local_event, f._local_died, f._local_args)
+            except Exception as le:
+                raise FailoverError(e, le) from le
+            f._mode, f.reason = LOCAL, e
+            await f._deliver(Status(f._local.healthy()))
+            return f
+        f._hub = hub
+        asyncio.get_running_loop().create_task(f._watch_hub(hub))
+        return f
+
+    def mode(self):
+        return self._mode
+
+    async def subscribe(self, q):
+        """See Failover.subscribe; cancel the caller to bound it."""
+        problem = _frame.name_problem(q)
+        if problem:
+            raise InvalidNameError(q, problem)
+        if self.err is not None:
+            raise self.err
+        self._subs.add(q)
+        if self._mode == HUB and self._swap is None:
+            hub = self._hub
+            try:
+                await hub.subscribe(q)
+                return
+            except InvalidNameError:
+                self._subs.discard(q)
+                raise
+            except ListenhubError as e:
+                if isinstance(hub.err, ClosedError):
+                    raise self.err or e
+                self._start_failover(hub.err)
+        if self._swap is not None:
+            await asyncio.shield(self._swap)
+        if self.err is not None:
+            raise self.err
+        try:
+            await self._local.subscribe(q)
+        except InvalidNameError:
+            self._subs.discard(q)
+            raise
+
+    def unsubscribe(self, q):
+        self._subs.discard(q)
+        if self.err is not None or self._swap is not None:
+            return
+        (self._hub if self._mode == HUB else self._local).unsubscribe(q)
+
+    def healthy(self):
+        if self.err is not None or self._swap is not None:
+            return False
+        return (self._hub if self._mode == HUB else self._local).healthy()
+
+    def subscriptions(self):
+        return set(self._subs)
+
+    def events(self):
+        return self._sink.events()
+
+    async def get(self, timeout=None):
+        return await self._sink.get(timeout)
+
+    def close(self):
+        if self.err is not None:
+            return
+        self.err = ClosedError()
+        self.done.set()
+        if self._hub is not None:
+            self._hub.close()
+        if self._local is not None:
+            self._local.close()
+        self._sink.end()
+
+    async def wait(self):
+        await self.done.wait()
+        return self.err
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+    # --- internals -----------------------------------------------------------
+
+    async def _watch_hub(self, hub):
+        await hub.done.wait()
+        if not isinstance(hub.err, ClosedError):
+            self._start_failover(hub.err)
+
+    def _start_failover(self, reason):
+        if self.err is not None or self._mode == LOCAL or self._swap is not None:
+            return
+        self._swap = asyncio.get_running_loop().create_task(self._failover(reason))
+
+    async def _failover(self, reason):
+        log.warning("listenhub: hub failed (%s), failing over to a local listener", reason)
+        await self._deliver(Status(False))
+        try:
+            local = await _AsyncLocal.create(self._local_event, self._local_died, self._local_args)
+        except Exception as e:
+            self._swap = None
+            await self._die(FailoverError(reason, e))
+            return
+        listened = set()
+        while True:
+            if self.err is not None:
+                local.close()
+                self._swap = None
+                return
+            todo = self._subs - listened
+            if not todo:
+                break
+            for q in sorted(todo):
+                try:
+                    await local.subscribe(q)
+                except InvalidNameError:
+                    self._subs.discard(q)
+                    continue
+                except Exception as e:
+                    local.close()
+                    self._swap = None
+                    await self._die(FailoverError(reason, "subscribe %r: %s" % (q, e)))
+                    return
+                listened.add(q)
+        for q in listened - self._subs:
+            local.unsubscribe(q)
+        recorded = sorted(self._subs)
+        self._mode, self.reason, self._local, self._swap = LOCAL, reason, local, None
+        log.info("listenhub: local listener active, %d subscriptions", len(recorded))
+        if self._on_failover is not None:
+            await _run_callback(self._on_failover, reason)
+        await self._deliver(Status(local.healthy()))
+        for q in recorded:
+            await self._deliver(Wake(q, None, True))
+
+    async def _die(self, err):
+        if self.err is not None:
+            return
+        self.err = err
+        self.done.set()
+        log.error("listenhub: no listener left: %s", err)
+        if self._hub is not None:
+            self._hub.close()
+        if self._local is not None:
+            self._local.close()
+        await self._deliver(Status(False), force=True)
+        self._sink.end()
+
+    def _local_event(self, ev):
+        if isinstance(ev, Status) and not (self._mode == LOCAL and self.err is None):
+            return  # before the swap, the swap reports the local health itself
+        if self.err is not None:
+            return
+        asyncio.get_running_loop().create_task(self._deliver(ev))
+
+    def _local_died(self, err):
+        if not isinstance(err, ClosedError) and self.err is None:
+            asyncio.get_running_loop().create_task(self._die(FailoverError(self.reason, err)))
+
+    async def _deliver(self, ev, force=False):
+        async with self._cb_lock:
+            if isinstance(self.err, ClosedError) or (self.err is not None and not force):
+                return
+            cb = self._sink.callback(ev)
+            if cb is None:
+                if not self._sink.put(ev):
+                    asyncio.get_running_loop().create_task(
+                        self._die(SlowConsumerError("listenhub: more than %d events not taken from events()" % self._sink.max_pending))
+                    )
+                return
+            await _run_callback(cb, ev if isinstance(ev, Wake) else ev.healthy)
+
+
+__all__ = ["AsyncClient", "AsyncFailover", "connect"]

@@ -1,0 +1,460 @@
+"""The synchronous hub client: one Unix socket connection to a listenhub hub,
+a reader thread and a writer thread."""
+
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+import time
+
+from . import _frame
+from ._events import DEFAULT_MAX_PENDING, Sink, SlowConsumerError, Status, Wake, make_wake
+from .errors import (
+    AckTimeoutError,
+    ClosedError,
+    ConnError,
+    InvalidNameError,
+    ListenhubError,
+    NackError,
+)
+
+#: Bound of the wait for an ack. The hub acks once Postgres confirmed the
+#: LISTEN (a round trip); nothing within 2 s means a wedged hub.
+DEFAULT_ACK_TIMEOUT = 2.0
+#: Bound of one write to the hub. Frames to the hub are tiny, so a write that
+#: cannot finish means the hub stopped reading.
+DEFAULT_WRITE_TIMEOUT = 2.0
+#: Bound of the connect.
+DEFAULT_CONNECT_TIMEOUT = 2.0
+
+_READ_SIZE = 64 << 10
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+log = logging.getLogger("listenhub")
+
+
+def check_peer(sock, path, allowed_uids=()):
+    """Refuses a hub that runs as another user: the peer of the socket
+    (SO_PEERCRED) must be this process's uid, root, or one of allowed_uids.
+    Raises ConnError(op="peer")."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, _gid = _PEERCRED.unpack(raw)
+    if uid in (os.getuid(), 0) or uid in allowed_uids:
+        return
+    raise ConnError("peer", path, "peer pid %d runs as uid %d, not ours (%d) or root: not our hub" % (pid, uid, os.getuid()))
+
+
+def dial(path, timeout, peer_check, allowed_uids):
+    """Connects to the hub socket; ConnError(op="dial") for a missing socket
+    (ENOENT) or a stale one (ECONNREFUSED)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.settimeout(None)
+        if peer_check:
+            check_peer(sock, path, allowed_uids)
+    except ConnError:
+        sock.close()
+        raise
+    except OSError as e:
+        sock.close()
+        raise ConnError("dial", path, e) from e
+    return sock
+
+
+class _Call:
+    """One unanswered sub; every concurrent subscribe() of the name waits on
+    it."""
+
+    __slots__ = ("done", "err", "waiters", "deadline")
+
+    def __init__(self, deadline):
+        self.done = threading.Event()
+        self.err = None
+        self.waiters = 0
+        self.deadline = deadline
+
+
+class _Sub:
+    """The client's view of one name: acked, and/or one pending sub."""
+
+    __slots__ = ("active", "call", "want_unsub")
+
+    def __init__(self):
+        self.active = False
+        self.call = None
+        self.want_unsub = False
+
+
+class Client:
+    """A connection to a listenhub hub. All methods are thread-safe.
+
+    Alive until its first failure, then dead for good (never reconnects:
+    that is Failover's job): ``err`` says why — ClosedError after close(),
+    ConnError (EOF, which is also what an eviction looks like; a malformed
+    frame; a stalled write), AckTimeoutError, or NackError (a nack that is
+    not about the name). ``done`` is a threading.Event set at death.
+
+    Wakes and statuses go to ``on_wake(Wake)`` and ``on_status(bool)`` when
+    given, called from the reader thread one at a time in wire order (they
+    must not block: while one runs nothing is read, acks wait and the hub
+    may evict this process); otherwise they are queued for ``events()`` /
+    ``get()``. Use :func:`connect` to make one.
+    """
+
+    def __init__(
+        self,
+        path,
+        *,
+        on_wake=None,
+        on_status=None,
+        ack_timeout=DEFAULT_ACK_TIMEOUT,
+        write_timeout=DEFAULT_WRITE_TIMEOUT,
+        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+        peer_check=True,
+        allowed_uids=(),
+        max_pending=DEFAULT_MAX_PENDING,
+        _sock=None,
+    ):
+        self.path = path
+        self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
+        self.write_timeout = write_timeout or DEFAULT_WRITE_TIMEOUT
+        self._sink = Sink(on_wake, on_status, max_pending)
+        self._sock = _sock or dial(path, connect_timeout, peer_check, allowed_uids)
+
+        self._mu = threading.Lock()
+        self._cond = threading.Condition(self._mu)  # writer: out queued, a deadline moved, death
+        self._subs = {}
+        self._out = bytearray()
+        self.err = None
+        self.done = threading.Event()
+        self._healthy = False
+
+        # close(): no new callback starts once it was called (see _call).
+        self._dispatch = threading.Lock()
+        self._in_handler = False
+        self._closing = False
+
+        self._writer = threading.Thread(target=self._write_loop, name="listenhub-writer", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="listenhub-reader", daemon=True)
+        self._writer.start()
+        self._reader.start()
+
+    # --- API -----------------------------------------------------------------
+
+    def subscribe(self, q, timeout=None):
+        """Subscribes to q and returns once the hub acked it: from then on
+        every NOTIFY committed on q's channel is delivered. Wakes for q may
+        arrive before (over-delivery is harmless).
+
+        A set, not a count: subscribing an acked name returns at once;
+        concurrent calls for one name share one sub frame.
+
+        Raises InvalidNameError for a refused name (the client stays alive);
+        NackError, AckTimeoutError or ConnError when the hub failed (the
+        client is dead); the client's error when already dead. ``timeout``
+        (seconds) bounds this caller's wait only: TimeoutError, the client
+        lives on and the subscription is abandoned (unsubscribed once acked
+        unless another caller waits for it). Without it the wait is bounded
+        by the ack timeout anyway.
+        """
+        problem = _frame.name_problem(q)
+        if problem:
+            raise InvalidNameError(q, problem)
+        with self._mu:
+            if self.err is not None:
+                raise self.err
+            s = self._subs.get(q)
+            if s is None:
+                s = self._subs[q] = _Sub()
+            if s.active and s.call is None:
+                return
+            c = s.call
+            if c is None:
+                c = s.call = _Call(time.monotonic() + self.ack_timeout)
+                self._queue(_frame.sub(q))
+            s.want_unsub = False
+            c.waiters += 1
+        if c.done.wait(timeout):
+            if c.err is not None:
+                raise c.err
+            return
+        with self._mu:
+            if c.done.is_set():
+                if c.err is not None:
+                    raise c.err
+                return
+            c.waiters -= 1
+            if c.waiters == 0:
+                s.want_unsub = True
+        raise TimeoutError("listenhub: no answer for %r within %gs" % (q, timeout))
+
+    def unsubscribe(self, q):
+        """Drops q and tells the hub (no answer). Never blocks; may be called
+        from a callback. A pending subscribe of q completes, then the client
+        unsubscribes. Unknown names and dead clients: nothing."""
+        with self._mu:
+            if self.err is not None:
+                return
+            s = self._subs.get(q)
+            if s is None:
+                return
+            if s.call is not None:
+                s.want_unsub = True
+                return
+            del self._subs[q]
+            self._queue(_frame.unsub(q))
+
+    def healthy(self):
+        """Alive, and the hub's last status said its Postgres connection is
+        healthy (False until the first status, which the hub sends on
+        connect)."""
+        return not self.done.is_set() and self._healthy
+
+    def subscriptions(self):
+        """The acked names."""
+        with self._mu:
+            return {q for q, s in self._subs.items() if s.active}
+
+    def events(self):
+        """Iterates the queued events (the kinds without a callback) until
+        the client is dead and the queue drained."""
+        return self._sink.events()
+
+    def get(self, timeout=None):
+        """The next queued event, or None after timeout seconds or at the
+        end."""
+        return self._sink.get(timeout)
+
+    def close(self):
+        """Kills the client with ClosedError and closes the socket; the hub
+        drops its subscriptions. Waiting subscribes raise ClosedError. No new
+        callback starts once close() was called (the one already running, if
+        any, is not waited for). Idempotent; safe from a callback."""
+        self._closing = True
+        self._die(ClosedError())
+        if not self._in_handler:
+            with self._dispatch:
+                pass
+
+    def wait(self, timeout=None):
+        """Waits until the client is dead; returns err (None on timeout)."""
+        self.done.wait(timeout)
+        return self.err
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- internals -----------------------------------------------------------
+
+    def _queue(self, b):
+        self._out += b
+        self._cond.notify_all()
+
+    def _die(self, err):
+        with self._mu:
+            if self.err is not None:
+                return
+            self._die_locked(err)
+        self._after_death(err)
+
+    def _die_locked(self, err):
+        self.err = err
+        for s in self._subs.values():
+            if s.call is not None:
+                self._resolve(s.call, err)
+        self._subs = {}
+        self._out = bytearray()
+        self.done.set()
+        self._cond.notify_all()
+
+    def _after_death(self, err):
+        self._healthy = False
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sink.end()
+        if isinstance(err, ClosedError):
+            log.debug("listenhub client closed")
+        else:
+            log.warning("listenhub client dead: %s", err)
+
+    @staticmethod
+    def _resolve(c, err):
+        if not c.done.is_set():
+            c.err = err
+            c.done.set()
+
+    def _write_loop(self):
+        while True:
+            with self._mu:
+                while True:
+                    if self.err is not None:
+                        return
+                    if self._out:
+                        break
+                    now = time.monotonic()
+                    expired, next_deadline = None, None
+                    for q, s in self._subs.items():
+                        c = s.call
+                        if c is None or c.done.is_set():
+                            continue
+                        if c.deadline <= now:
+                            expired = q
+                            break
+                        if next_deadline is None or c.deadline < next_deadline:
+                            next_deadline = c.deadline
+                    if expired is not None:
+                        err = AckTimeoutError(expired, self.ack_timeout)
+                        self._die_locked(err)
+                        break
+                    self._cond.wait(None if next_deadline is None else next_deadline - now)
+                if self.err is not None:
+                    err = self.err
+                    self._out = bytearray()
+                    buf = None
+                else:
+                    buf, self._out = bytes(self._out), bytearray()
+            if buf is None:
+                self._after_death(err)
+                return
+            self._send(buf)
+
+    def _send(self, buf):
+        """Writes buf within the write timeout or kills the client."""
+        deadline = time.monotonic() + self.write_timeout
+        view = memoryview(buf)
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLOUT)
+        while view:
+            try:
+                n = self._sock.send(view, socket.MSG_DONTWAIT)
+                view = view[n:]
+                continue
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as e:
+                self._die(ConnError("write", self.path, e))
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._die(ConnError("write", self.path, "stalled for %gs: the hub stopped reading" % self.write_timeout))
+                return
+            poller.poll(left * 1000)
+            if self.done.is_set():
+                return
+
+    def _read_loop(self):
+        dec = _frame.Decoder()
+        try:
+            while True:
+                try:
+                    data = self._sock.recv(_READ_SIZE)
+                except OSError as e:
+                    if not self.done.is_set():
+                        self._die(ConnError("read", self.path, e))
+                    return
+                if not data:
+                    if not self.done.is_set():
+                        why = "unexpected EOF (inside a frame)" if dec.buffered() else "EOF: the hub closed the connection"
+                        self._die(ConnError("read", self.path, why))
+                    return
+                dec.feed(data)
+                while True:
+                    try:
+                        m = dec.next()
+                    except _frame.FrameError as e:
+                        self._die(ConnError("read", self.path, e))
+                        return
+                    if m is None:
+                        break
+                    if not self._handle(m):
+                        return
+        finally:
+            self._writer.join()
+            self._sock.close()
+
+    def _handle(self, m):
+        """Processes one frame; False once the client is dead."""
+        t = m["t"]
+        q = m.get("q")
+        if t == "ack":
+            with self._mu:
+                s = self._subs.get(q)
+                if s is None or s.call is None:
+                    log.debug("listenhub client: ack without a pending sub: %r", q)
+                else:
+                    self._resolve(s.call, None)
+                    s.call = None
+                    if s.want_unsub:
+                        del self._subs[q]
+                        self._queue(_frame.unsub(q))
+                    else:
+                        s.active = True
+        elif t == "nack":
+            reason = m.get("error") or ""
+            if _frame.invalid_name_reason(reason):
+                with self._mu:
+                    s = self._subs.get(q)
+                    if s is not None and s.call is not None:
+                        self._resolve(s.call, InvalidNameError(q, reason))
+                        s.call = None
+                        if not s.active:
+                            del self._subs[q]
+            else:
+                with self._mu:
+                    pending = q in self._subs and self._subs[q].call is not None
+                if pending:
+                    self._die(NackError(q, reason))
+                    return False
+                log.debug("listenhub client: nack without a pending sub: %r %s", q, reason)
+        elif t == "wake":
+            with self._mu:
+                held = q in self._subs
+            if held and isinstance(q, str):
+                p = m.get("p")
+                return self._deliver(make_wake(q, p if isinstance(p, str) else None))
+        elif t == "status":
+            self._healthy = bool(m.get("healthy"))
+            return self._deliver(Status(self._healthy))
+        else:
+            log.debug("listenhub client: skipping unknown frame type %r", t)
+        return not self.done.is_set()
+
+    def _deliver(self, ev):
+        cb = self._sink.callback(ev)
+        if cb is None:
+            if not self._sink.put(ev):
+                self._die(SlowConsumerError("listenhub: more than %d events not taken from events()" % self._sink.max_pending))
+                return False
+            return not self.done.is_set()
+        arg = ev if isinstance(ev, Wake) else ev.healthy
+        with self._dispatch:
+            self._in_handler = True
+            try:
+                if self._closing:
+                    return False
+                try:
+                    cb(arg)
+                except Exception:  # a callback's bug must not kill the reader silently
+                    log.exception("listenhub client: callback raised")
+            finally:
+                self._in_handler = False
+        return not self.done.is_set()
+
+
+def connect(path, **kwargs):
+    """Connects to the hub at path and returns a Client (see Client for the
+    options). Raises ConnError when there is no hub (ENOENT, ECONNREFUSED) or
+    its peer is not our user."""
+    return Client(path, **kwargs)
+
+
+__all__ = ["Client", "connect", "check_peer", "Wake", "Status", "ListenhubError"]

@@ -1,0 +1,69 @@
+"""Errors of the listenhub clients. Everything raised is a ListenhubError."""
+
+
+class ListenhubError(Exception):
+    """Base class."""
+
+
+class ClosedError(ListenhubError):
+    """The client (or failover listener) was closed by its owner."""
+
+    def __init__(self, msg="listenhub: closed"):
+        super().__init__(msg)
+
+
+class InvalidNameError(ListenhubError):
+    """The subscription name itself is refused: longer than 63 bytes once
+    mapped to a Postgres channel, a NUL, not UTF-8. Final for that name and
+    harmless for the transport: the client stays alive and a failover
+    listener does not fail over because of it."""
+
+    def __init__(self, q, reason):
+        super().__init__("listenhub: invalid subscription name %r: %s" % (q, reason))
+        self.q = q
+        self.reason = reason
+
+
+class NackError(ListenhubError):
+    """The hub refused a subscription for a reason other than the name (its
+    LISTEN failed, its Postgres is down): the client is dead after it."""
+
+    def __init__(self, q, reason):
+        super().__init__("listenhub: hub refused %r: %s" % (q, reason))
+        self.q = q
+        self.reason = reason
+
+
+class AckTimeoutError(ListenhubError):
+    """No ack or nack within the ack timeout: the hub is wedged (or an old
+    hub dropped what it refused). The client is dead after it."""
+
+    def __init__(self, q, timeout):
+        super().__init__("listenhub: no ack for %r within %gs" % (q, timeout))
+        self.q = q
+        self.timeout = timeout
+
+
+class ConnError(ListenhubError):
+    """A transport failure of the hub connection: the connect (no socket,
+    stale socket, wrong peer), a read (EOF, which is also what an eviction
+    by the hub looks like; a malformed frame) or a write (including one that
+    stalled past the write timeout)."""
+
+    def __init__(self, op, path, cause):
+        super().__init__("listenhub: %s %s: %s" % (op, path, cause))
+        self.op = op
+        self.path = path
+        self.cause = cause
+
+
+class FailoverError(ListenhubError):
+    """The local listener failed too, after the hub failed (``hub``): the
+    failover listener is dead."""
+
+    def __init__(self, hub, local):
+        super().__init__(
+            "listenhub: local listener failed (%s) after hub failure (%s)" % (local, hub)
+        )
+        self.hub = hub
+        self.local = local

@@ -1,0 +1,357 @@
+"""The per-process Postgres listener a Failover swaps to: its own LISTEN
+connection through psycopg 3 (imported lazily, so the hub client needs only
+the standard library)."""
+
+import collections
+import logging
+import os
+import select
+import threading
+import time
+
+from . import _frame
+from ._events import DEFAULT_MAX_PENDING, Sink, SlowConsumerError, Status, Wake, make_wake
+from .errors import ClosedError, InvalidNameError, ListenhubError
+
+#: Tags the local listener's backend in pg_stat_activity, distinct from the
+#: hub's "listenhub", so an operator sees how many processes fell back.
+DEFAULT_LOCAL_APPLICATION_NAME = "listenhub-local"
+#: Bounds the connect and each subscribe's wait for its LISTEN.
+DEFAULT_LOCAL_TIMEOUT = 10.0
+#: An idle connection is checked (SELECT 1) this often.
+HEALTH_CHECK_INTERVAL = 5.0
+_BACKOFF_MIN, _BACKOFF_MAX = 0.1, 5.0
+
+log = logging.getLogger("listenhub")
+
+
+def database_url(url=None):
+    """url, else LISTENHUB_DATABASE_URL, else DATABASE_URL, else "" (libpq's
+    PG* variables alone)."""
+    return url or os.environ.get("LISTENHUB_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
+
+
+def _connect(url, application_name, timeout):
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(url)
+    kwargs = {"autocommit": True}
+    if "application_name" not in params and not os.environ.get("PGAPPNAME"):
+        kwargs["application_name"] = application_name
+    if "connect_timeout" not in params and not os.environ.get("PGCONNECT_TIMEOUT"):
+        kwargs["connect_timeout"] = max(2, int(timeout))
+    if "keepalives" not in params:
+        # A dead peer on TCP is noticed within about half a minute.
+        kwargs.update(keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
+    return psycopg.connect(url, **kwargs)
+
+
+class _Op:
+    __slots__ = ("q", "listen", "reply", "err")
+
+    def __init__(self, q, listen, reply):
+        self.q, self.listen, self.reply, self.err = q, listen, reply, None
+
+
+class Local:
+    """A listener over this process's own Postgres connection (session
+    mode: LISTEN does not work through a transaction-pooling PgBouncer).
+
+    One thread owns the connection: it runs LISTEN/UNLISTEN in call order and
+    reads notifications in between. A lost connection is reconnected with
+    backoff (capped at 5 s); once every name is LISTENed again it reports
+    Status(True) and delivers one durable wake per name (NOTIFYs in the gap
+    are gone). A Local dies only by close().
+
+    Same delivery as Client: on_wake(Wake)/on_status(bool) callbacks, from
+    the listener's thread, or events()/get().
+    """
+
+    def __init__(
+        self,
+        database_url_=None,
+        *,
+        channel_prefix="",
+        channel_suffix="",
+        application_name=DEFAULT_LOCAL_APPLICATION_NAME,
+        command_timeout=DEFAULT_LOCAL_TIMEOUT,
+        on_wake=None,
+        on_status=None,
+        max_pending=DEFAULT_MAX_PENDING,
+    ):
+        self.url = database_url(database_url_)
+        self.prefix, self.suffix = channel_prefix, channel_suffix
+        self.application_name = application_name or DEFAULT_LOCAL_APPLICATION_NAME
+        self.command_timeout = command_timeout or DEFAULT_LOCAL_TIMEOUT
+        self._sink = Sink(on_wake, on_status, max_pending)
+        self._conn = _connect(self.url, self.application_name, self.command_timeout)
+        self._conn.add_notify_handler(self._on_notify)
+
+        self._mu = threading.Lock()
+        self._ops = collections.deque()
+        self._listening = set()
+        self.err = None
+        self.done = threading.Event()
+        self._healthy = True
+        self._dispatch = threading.Lock()
+        self._in_handler = False
+        self._closing = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, name="listenhub-local", daemon=True)
+        self._thread.start()
+
+    def channel(self, q):
+        return self.prefix + q + self.suffix
+
+    def backend_pid(self):
+        """The pid of the current Postgres backend (tests, diagnostics)."""
+        return self._conn.info.backend_pid
+
+    def subscribe(self, q, timeout=None):
+        """LISTENs to q's channel; returns once Postgres confirmed it.
+        InvalidNameError for a name no channel can carry. ``timeout``
+        (default the command timeout) bounds the wait: TimeoutError, and the
+        LISTEN still happens later (harmless over-delivery)."""
+        problem = _frame.name_problem(q) or _frame.channel_problem(self.channel(q))
+        if problem:
+            raise InvalidNameError(q, problem)
+        reply = threading.Event()
+        with self._mu:
+            if self.err is not None:
+                raise self.err
+            if q in self._listening and not self._unlisten_queued(q):
+                return
+            op = _Op(q, True, reply)
+            self._ops.append(op)
+        self._kick()
+        if not reply.wait(self.command_timeout if timeout is None else timeout):
+            if self.err is not None:
+                raise self.err
+            raise TimeoutError("listenhub: local LISTEN of %r not confirmed in time" % q)
+        if op.err is not None:
+            raise op.err
+
+    def _unlisten_queued(self, q):
+        for op in reversed(self._ops):
+            if op.q == q:
+                return not op.listen
+        return False
+
+    def unsubscribe(self, q):
+        """Queues an UNLISTEN of q's channel; never blocks."""
+        with self._mu:
+            if self.err is not None:
+                return
+            self._ops.append(_Op(q, False, None))
+        self._kick()
+
+    def healthy(self):
+        return not self.done.is_set() and self._healthy
+
+    def events(self):
+        return self._sink.events()
+
+    def get(self, timeout=None):
+        return self._sink.get(timeout)
+
+    def close(self):
+        """Closes the connection. Waiting subscribes raise ClosedError; no
+        new callback starts. Idempotent; safe from a callback."""
+        self._closing = True
+        if not self._die(ClosedError()):
+            return
+        if not self._in_handler:
+            with self._dispatch:
+                pass
+            if threading.current_thread() is not self._thread:
+                self._thread.join(2.0)
+
+    def wait(self, timeout=None):
+        self.done.wait(timeout)
+        return self.err
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- internals -----------------------------------------------------------
+
+    def _die(self, err):
+        with self._mu:
+            if self.err is not None:
+                return False
+            self.err = err
+            ops, self._ops = list(self._ops), collections.deque()
+            self.done.set()
+        for op in ops:
+            if op.reply is not None:
+                op.err = err
+                op.reply.set()
+        self._healthy = False
+        self._sink.end()
+        self._kick()
+        return True
+
+    def _kick(self):
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _drain_kick(self):
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _run(self):
+        try:
+            self._loop()
+        except Exception as e:  # a bug here must not leave callers hanging
+            log.exception("listenhub local listener crashed")
+            self._die(ListenhubError("local listener crashed: %s" % e))
+        finally:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _loop(self):
+        import psycopg
+
+        last_traffic = time.monotonic()
+        while not self.done.is_set():
+            try:
+                self._run_ops()
+                r, _, _ = select.select([self._conn.fileno(), self._wake_r], [], [], HEALTH_CHECK_INTERVAL)
+                if self._wake_r in r:
+                    self._drain_kick()
+                if self.done.is_set():
+                    return
+                if self._conn.fileno() in r:
+                    last_traffic = time.monotonic()
+                    self._read_notifies()
+                elif time.monotonic() - last_traffic >= HEALTH_CHECK_INTERVAL:
+                    self._conn.execute("SELECT 1")
+                    last_traffic = time.monotonic()
+            except psycopg.Error as e:
+                if self.done.is_set():
+                    return
+                log.warning("listenhub local listener: connection lost: %s", e)
+                self._reconnect()
+                last_traffic = time.monotonic()
+
+    def _run_ops(self):
+        import psycopg
+
+        while True:
+            with self._mu:
+                if self.err is not None or not self._ops:
+                    return
+                op = self._ops[0]
+                skip = op.listen == (op.q in self._listening)
+            if not skip:
+                verb = "LISTEN " if op.listen else "UNLISTEN "
+                try:
+                    self._conn.execute(verb + _frame.quote_ident(self.channel(op.q)))
+                except psycopg.OperationalError:
+                    raise  # connection trouble: the op stays queued for after the reconnect
+                except psycopg.Error as e:
+                    op.err = ListenhubError("local %s%r failed: %s" % (verb, op.q, e))
+            with self._mu:
+                if self._ops and self._ops[0] is op:
+                    self._ops.popleft()
+                if op.err is None:
+                    if op.listen:
+                        self._listening.add(op.q)
+                    else:
+                        self._listening.discard(op.q)
+            if op.reply is not None:
+                op.reply.set()
+
+    def _read_notifies(self):
+        import psycopg
+
+        pg = self._conn.pgconn
+        pg.consume_input()
+        if pg.status != psycopg.pq.ConnStatus.OK:
+            raise psycopg.OperationalError("connection lost")
+        enc = self._conn.info.encoding
+        while True:
+            n = pg.notifies()
+            if n is None:
+                return
+            self._on_channel(n.relname.decode(enc, "replace"), n.extra.decode(enc, "replace"))
+
+    def _on_notify(self, n):
+        # Notifications that arrived while a LISTEN ran.
+        self._on_channel(n.channel, n.payload)
+
+    def _on_channel(self, ch, payload):
+        if not (ch.startswith(self.prefix) and ch.endswith(self.suffix)) or len(ch) < len(self.prefix) + len(self.suffix):
+            log.debug("listenhub local listener: notification outside the mapping: %r", ch)
+            return
+        q = ch[len(self.prefix) : len(ch) - len(self.suffix)]
+        self._deliver(make_wake(q, payload))
+
+    def _deliver(self, ev):
+        cb = self._sink.callback(ev)
+        if cb is None:
+            if not self._sink.put(ev):
+                self._die(SlowConsumerError("listenhub: more than %d events not taken from events()" % self._sink.max_pending))
+            return
+        arg = ev if isinstance(ev, Wake) else ev.healthy
+        with self._dispatch:
+            self._in_handler = True
+            try:
+                if self._closing:
+                    return
+                try:
+                    cb(arg)
+                except Exception:
+                    log.exception("listenhub local listener: callback raised")
+            finally:
+                self._in_handler = False
+
+    def _reconnect(self):
+        """Replaces a lost connection, re-LISTENs the set, reports health and
+        one durable wake per name. Returns when connected or closed."""
+        self._healthy = False
+        self._deliver(Status(False))
+        try:
+            self._conn.close()
+        except Exception:
+            pass
+        backoff = _BACKOFF_MIN
+        while not self.done.is_set():
+            conn = None
+            try:
+                conn = _connect(self.url, self.application_name, self.command_timeout)
+                conn.add_notify_handler(self._on_notify)
+                with self._mu:
+                    names = sorted(self._listening)
+                for q in names:
+                    conn.execute("LISTEN " + _frame.quote_ident(self.channel(q)))
+            except Exception as e:
+                log.warning("listenhub local listener: reconnect failed: %s", e)
+                if conn is not None:
+                    conn.close()
+                self._wait_kick(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            self._conn = conn
+            self._healthy = True
+            self._deliver(Status(True))
+            for q in names:
+                self._deliver(Wake(q, None, True))
+            return
+
+    def _wait_kick(self, seconds):
+        select.select([self._wake_r], [], [], seconds)
+        self._drain_kick()

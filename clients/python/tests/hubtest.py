@@ -1,0 +1,227 @@
+"""Test helpers: a real `listenhub serve` per test, NOTIFY through psycopg,
+a fake hub for what a healthy hub never does, and waiting with deadlines.
+
+Run by clients/clients_test.go (go test ./clients/), which builds the hub
+and starts a throwaway Postgres, with
+    LHTEST_HUB_BIN        the listenhub binary
+    LHTEST_DATABASE_URL   the database
+Both are required; see clients/python/README.md to run these by hand.
+"""
+
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import psycopg
+
+from listenhub import _frame
+
+HUB_BIN = os.environ.get("LHTEST_HUB_BIN", "")
+DATABASE_URL = os.environ.get("LHTEST_DATABASE_URL", "")
+# Generous: the CI machine is shared and loaded.
+TIMEOUT = 20.0
+
+
+def require_env():
+    if not HUB_BIN or not DATABASE_URL:
+        raise unittest.SkipTest("LHTEST_HUB_BIN and LHTEST_DATABASE_URL are not set (run go test ./clients/)")
+
+
+def wait_for(what, cond, timeout=TIMEOUT):
+    """Polls cond until true; AssertionError naming what after timeout."""
+    deadline = time.monotonic() + timeout
+    interval = 0.001
+    while not cond():
+        if time.monotonic() > deadline:
+            if cond():
+                return
+            raise AssertionError("timed out after %gs waiting for %s" % (timeout, what))
+        time.sleep(interval)
+        interval = min(interval * 2, 0.02)
+
+
+def clean_env():
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not (k.startswith("LISTENHUB_") or k.startswith("PG") or k == "DATABASE_URL")
+    }
+
+
+class Hub:
+    """One `listenhub serve` on its own socket in a temporary directory."""
+
+    def __init__(self, name, prefix="", suffix="", socket_path=None):
+        require_env()
+        self.dir = tempfile.mkdtemp(prefix="lhpy-")
+        self.socket = socket_path or os.path.join(self.dir, "hub.sock")
+        self.app = ("lhpy-" + name)[:60]
+        self.prefix, self.suffix = prefix, suffix
+        self.log_path = os.path.join(self.dir, "hub.log")
+        self._log = open(self.log_path, "wb")
+        args = [
+            HUB_BIN, "serve",
+            "--socket", self.socket,
+            "--database-url", DATABASE_URL,
+            "--application-name", self.app,
+            "--status-interval", "200ms",
+            "--log-level", "debug",
+        ]
+        if prefix:
+            args += ["--channel-prefix", prefix]
+        if suffix:
+            args += ["--channel-suffix", suffix]
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=clean_env())
+        self._ready()
+
+    def _ready(self):
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError("listenhub exited early (%s):\n%s" % (self.proc.returncode, self.output()))
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(TIMEOUT)
+                    s.connect(self.socket)
+                    hdr = s.recv(4, socket.MSG_WAITALL)
+                    if len(hdr) == 4:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("listenhub not ready:\n" + self.output())
+            time.sleep(0.01)
+
+    def output(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def channel(self, q):
+        return self.prefix + q + self.suffix
+
+    def kill(self):
+        """SIGKILL: workers see EOF, nothing is cleaned up (the socket file
+        stays, stale: ECONNREFUSED for the next connect)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(TIMEOUT)
+
+    def close(self):
+        self.kill()
+        self._log.close()
+
+
+class DB:
+    """A psycopg connection for NOTIFY and pg_stat_activity."""
+
+    def __init__(self):
+        require_env()
+        self.conn = psycopg.connect(DATABASE_URL, autocommit=True, application_name="lhpy-test")
+
+    def notify(self, channel, payload=""):
+        self.conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+    def backends(self, application_name):
+        cur = self.conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application_name,)
+        )
+        return cur.fetchone()[0]
+
+    def close(self):
+        self.conn.close()
+
+
+class Collector:
+    """Records what a listener delivers, for the sync callbacks."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.wakes = []
+        self.statuses = []
+
+    def on_wake(self, w):
+        with self.cond:
+            self.wakes.append(w)
+            self.cond.notify_all()
+
+    def on_status(self, h):
+        with self.cond:
+            self.statuses.append(h)
+            self.cond.notify_all()
+
+    def wait(self, what, pred, timeout=TIMEOUT):
+        with self.cond:
+            if not self.cond.wait_for(lambda: pred(self), timeout):
+                raise AssertionError(
+                    "timed out after %gs waiting for %s; wakes %r statuses %r" % (timeout, what, self.wakes, self.statuses)
+                )
+
+    def has(self, w):
+        with self.cond:
+            return w in self.wakes
+
+    def count(self, w):
+        with self.cond:
+            return self.wakes.count(w)
+
+
+class FakeHub:
+    """A socket that speaks the protocol badly on purpose: sends a healthy
+    status, then answers every sub with nothing ("silent") or with a nack
+    that is not about the name ("nack"). For the rules a real hub cannot be
+    made to break on demand."""
+
+    def __init__(self, mode):
+        self.dir = tempfile.mkdtemp(prefix="lhpy-fake-")
+        self.socket = os.path.join(self.dir, "fake.sock")
+        self.mode = mode
+        self.subs = []
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._srv.bind(self.socket)
+        self._srv.listen(8)
+        self._conns = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                c, _ = self._srv.accept()
+            except OSError:
+                return
+            self._conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        try:
+            c.sendall(_frame.encode({"t": "status", "healthy": True}))
+            dec = _frame.Decoder()
+            while True:
+                data = c.recv(65536)
+                if not data:
+                    return
+                dec.feed(data)
+                while True:
+                    m = dec.next()
+                    if m is None:
+                        break
+                    if m["t"] == "sub":
+                        self.subs.append(m["q"])
+                        if self.mode == "nack":
+                            c.sendall(_frame.encode({"t": "nack", "q": m["q"], "error": "LISTEN failed: listener: no connection within the command timeout"}))
+        except OSError:
+            return
+
+    def close(self):
+        self._stop = True
+        self._srv.close()
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+

@@ -1,0 +1,188 @@
+"""The asyncio API against a real hub and a real Postgres."""
+
+import asyncio
+import os
+import tempfile
+import unittest
+
+import listenhub
+from listenhub import Status, Wake
+from listenhub import aio
+
+from hubtest import DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, require_env
+
+PREFIX, SUFFIX = "lh.", ".ev"
+
+
+async def next_matching(source, pred, what):
+    """The first event from source.get() that satisfies pred; the events
+    skipped on the way are returned too."""
+    seen = []
+
+    async def scan():
+        while True:
+            ev = await source.get()
+            if ev is None:
+                raise AssertionError("event stream ended waiting for %s; saw %r" % (what, seen))
+            seen.append(ev)
+            if pred(ev):
+                return seen
+
+    try:
+        return await asyncio.wait_for(scan(), TIMEOUT)
+    except asyncio.TimeoutError:
+        raise AssertionError("timed out waiting for %s; saw %r" % (what, seen)) from None
+
+
+class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
+    def setUp(self):
+        self.hub = Hub(self.id().rsplit(".", 1)[-1])
+        self.addCleanup(self.hub.close)
+        self.db = DB()
+        self.addCleanup(self.db.close)
+
+    async def test_subscribe_acks_then_wakes_with_payload_and_durable(self):
+        c = await aio.connect(self.hub.socket)
+        self.addCleanup(c.close)
+        await c.subscribe("orders")
+        self.db.notify("orders", "hello")
+        self.db.notify("orders", "")
+        got = []
+
+        async def collect():
+            async for ev in c.events():
+                got.append(ev)
+                if len([e for e in got if isinstance(e, Wake)]) == 2:
+                    return
+
+        await asyncio.wait_for(collect(), TIMEOUT)
+        self.assertEqual(got[0], Status(True))
+        self.assertEqual([e for e in got if isinstance(e, Wake)], [Wake("orders", "hello", False), Wake("orders", None, True)])
+        self.assertTrue(c.healthy())
+
+    async def test_callbacks_sync_and_async(self):
+        wakes, statuses = [], []
+        got = asyncio.Event()
+
+        async def on_wake(w):
+            wakes.append(w)
+            got.set()
+
+        c = await aio.connect(self.hub.socket, on_wake=on_wake, on_status=statuses.append)
+        self.addCleanup(c.close)
+        await c.subscribe("cb")
+        self.db.notify("cb", "x")
+        await asyncio.wait_for(got.wait(), TIMEOUT)
+        self.assertEqual(wakes, [Wake("cb", "x", False)])
+        self.assertEqual(statuses[0], True)
+
+    async def test_invalid_names_are_refused_and_the_client_lives(self):
+        c = await aio.connect(self.hub.socket)
+        self.addCleanup(c.close)
+        with self.assertRaises(listenhub.InvalidNameError):
+            await c.subscribe("x" * 64)
+        with self.assertRaises(listenhub.InvalidNameError) as cm:
+            await c.subscribe("")
+        self.assertIn("invalid channel", cm.exception.reason)
+        await c.subscribe("fine")
+        self.assertIsNone(c.err)
+
+    async def test_unsubscribe_stops_delivery(self):
+        c = await aio.connect(self.hub.socket)
+        self.addCleanup(c.close)
+        await c.subscribe("a")
+        await c.subscribe("b")
+        c.unsubscribe("a")
+        await c.subscribe("c")  # round trip: the unsub was processed
+        self.db.notify("a", "lost")
+        self.db.notify("b", "kept")
+        seen = await next_matching(c, lambda e: e == Wake("b", "kept", False), "the wake of b")
+        self.assertFalse(any(isinstance(e, Wake) and e.q == "a" for e in seen), seen)
+
+    async def test_hub_death_kills_the_client(self):
+        c = await aio.connect(self.hub.socket)
+        await c.subscribe("x")
+        self.hub.kill()
+        err = await asyncio.wait_for(c.wait(), TIMEOUT)
+        self.assertIsInstance(err, listenhub.ConnError)
+        self.assertFalse(c.healthy())
+
+    async def test_ack_timeout_kills_the_client(self):
+        fake = FakeHub("silent")
+        self.addCleanup(fake.close)
+        c = await aio.connect(fake.socket, ack_timeout=0.3)
+        self.addCleanup(c.close)
+        with self.assertRaises(listenhub.AckTimeoutError):
+            await c.subscribe("q")
+        self.assertIsInstance(c.err, listenhub.AckTimeoutError)
+
+
+class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
+    def setUp(self):
+        require_env()
+        self.name = self.id().rsplit(".", 1)[-1]
+        self.app = ("lhpy-alocal-" + self.name)[:60]
+        self.db = DB()
+        self.addCleanup(self.db.close)
+
+    async def failover(self, path, **kw):
+        f = await aio.AsyncFailover.create(
+            path,
+            database_url=DATABASE_URL,
+            channel_prefix=PREFIX,
+            channel_suffix=SUFFIX,
+            application_name=self.app,
+            **kw,
+        )
+        self.addCleanup(f.close)
+        return f
+
+    def notify(self, q, payload=""):
+        self.db.notify(PREFIX + q + SUFFIX, payload)
+
+    async def test_hub_killed_fails_over_to_local_listen(self):
+        hub = Hub(self.name, prefix=PREFIX, suffix=SUFFIX)
+        self.addCleanup(hub.close)
+        f = await self.failover(hub.socket)
+        await f.subscribe("jobs")
+        await f.subscribe("more")
+        self.assertEqual(f.mode(), listenhub.HUB)
+        self.notify("jobs", "via-hub")
+        await next_matching(f, lambda e: e == Wake("jobs", "via-hub", False), "a wake through the hub")
+
+        hub.kill()
+        durable = {Wake("jobs", None, True), Wake("more", None, True)}
+        seen = []
+        while not durable <= set(seen):
+            seen += await next_matching(f, lambda e: e in durable, "the durable wakes after the swap")
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.ConnError)
+        self.assertIn(Status(False), seen)
+        self.assertEqual(self.db.backends(self.app), 1)
+
+        self.notify("jobs", "via-local")
+        await next_matching(f, lambda e: e == Wake("jobs", "via-local", False), "a wake through the local listener")
+        await f.subscribe("later")
+        self.notify("later", "new")
+        await next_matching(f, lambda e: e == Wake("later", "new", False), "a wake for a name subscribed in local mode")
+
+    async def test_no_hub_at_start_is_local_mode_at_once(self):
+        f = await self.failover(os.path.join(tempfile.mkdtemp(), "absent.sock"))
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        await f.subscribe("jobs")
+        self.notify("jobs", "x")
+        await next_matching(f, lambda e: e == Wake("jobs", "x", False), "a local wake")
+
+    async def test_ack_timeout_fails_over(self):
+        fake = FakeHub("silent")
+        self.addCleanup(fake.close)
+        f = await self.failover(fake.socket, ack_timeout=0.3)
+        await f.subscribe("jobs")
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.AckTimeoutError)
+        self.notify("jobs", "y")
+        await next_matching(f, lambda e: e == Wake("jobs", "y", False), "a local wake")
+
+
+if __name__ == "__main__":
+    unittest.main()

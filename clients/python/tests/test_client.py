@@ -1,0 +1,155 @@
+"""The synchronous Client against a real hub and a real Postgres."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import listenhub
+from listenhub import Status, Wake
+
+from hubtest import TIMEOUT, DB, Collector, FakeHub, Hub, wait_for
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.hub = Hub(self.id().rsplit(".", 1)[-1])
+        self.addCleanup(self.hub.close)
+        self.db = DB()
+        self.addCleanup(self.db.close)
+
+    def connect(self, **kw):
+        c = listenhub.connect(self.hub.socket, **kw)
+        self.addCleanup(c.close)
+        return c
+
+    def test_subscribe_acks_then_wakes_with_payload_and_durable(self):
+        col = Collector()
+        c = self.connect(on_wake=col.on_wake, on_status=col.on_status)
+        c.subscribe("orders")
+        self.assertEqual(c.subscriptions(), {"orders"})
+        # Rule 1: committed after the ack, so it must arrive.
+        self.db.notify("orders", "hello")
+        self.db.notify("orders", "")
+        col.wait("both wakes", lambda s: len(s.wakes) >= 2)
+        self.assertEqual(col.wakes[:2], [Wake("orders", "hello", False), Wake("orders", None, True)])
+
+    def test_status_on_connect_and_healthy(self):
+        col = Collector()
+        c = self.connect(on_status=col.on_status)
+        col.wait("status", lambda s: s.statuses)
+        self.assertEqual(col.statuses[0], True)
+        self.assertTrue(c.healthy())
+
+    def test_events_iterator_without_callbacks(self):
+        c = self.connect()
+        c.subscribe("it")
+        self.db.notify("it", "p1")
+        got = []
+        for ev in c.events():
+            got.append(ev)
+            if isinstance(ev, Wake):
+                break
+        self.assertIsInstance(got[0], Status)
+        self.assertTrue(got[0].healthy)
+        self.assertEqual(got[-1], Wake("it", "p1", False))
+
+    def test_invalid_names_are_refused_and_the_client_lives(self):
+        c = self.connect()
+        # 64 bytes: refused without a round trip.
+        with self.assertRaises(listenhub.InvalidNameError):
+            c.subscribe("x" * 64)
+        # Empty: the hub's nack ("invalid channel: ..."), not a dead hub.
+        with self.assertRaises(listenhub.InvalidNameError) as cm:
+            c.subscribe("")
+        self.assertIn("invalid channel", cm.exception.reason)
+        self.assertIsNone(c.err)
+        c.subscribe("fine")
+        self.assertEqual(c.subscriptions(), {"fine"})
+
+    def test_unsubscribe_stops_delivery(self):
+        col = Collector()
+        c = self.connect(on_wake=col.on_wake)
+        c.subscribe("a")
+        c.subscribe("b")
+        c.unsubscribe("a")
+        # A round trip after the unsub: the hub has processed it.
+        c.subscribe("c")
+        self.db.notify("a", "lost")
+        self.db.notify("b", "kept")
+        col.wait("the wake of b", lambda s: Wake("b", "kept", False) in s.wakes)
+        self.assertFalse(any(w.q == "a" for w in col.wakes), col.wakes)
+
+    def test_hub_death_kills_the_client(self):
+        c = self.connect()
+        c.subscribe("x")
+        self.hub.kill()
+        err = c.wait(TIMEOUT)
+        self.assertIsInstance(err, listenhub.ConnError)
+        self.assertFalse(c.healthy())
+        with self.assertRaises(listenhub.ConnError):
+            c.subscribe("y")
+
+    def test_close(self):
+        c = self.connect()
+        c.subscribe("x")
+        c.close()
+        self.assertIsInstance(c.err, listenhub.ClosedError)
+        with self.assertRaises(listenhub.ClosedError):
+            c.subscribe("x")
+        c.close()  # idempotent
+
+
+class FakeHubTest(unittest.TestCase):
+    def fake(self, mode):
+        f = FakeHub(mode)
+        self.addCleanup(f.close)
+        return f
+
+    def test_ack_timeout_kills_the_client(self):
+        f = self.fake("silent")
+        c = listenhub.connect(f.socket, ack_timeout=0.3)
+        self.addCleanup(c.close)
+        with self.assertRaises(listenhub.AckTimeoutError):
+            c.subscribe("q")
+        self.assertIsInstance(c.err, listenhub.AckTimeoutError)
+        self.assertTrue(c.done.is_set())
+
+    def test_nack_not_about_the_name_kills_the_client(self):
+        f = self.fake("nack")
+        c = listenhub.connect(f.socket)
+        self.addCleanup(c.close)
+        with self.assertRaises(listenhub.NackError):
+            c.subscribe("q")
+        self.assertIsInstance(c.err, listenhub.NackError)
+
+    def test_missing_socket_is_a_dial_error(self):
+        with self.assertRaises(listenhub.ConnError) as cm:
+            listenhub.connect(os.path.join(tempfile.mkdtemp(), "none.sock"))
+        self.assertEqual(cm.exception.op, "dial")
+
+    @unittest.skipUnless(os.getuid() == 0, "needs root to run a fake hub as another user")
+    def test_peer_of_another_user_is_refused(self):
+        d = tempfile.mkdtemp()
+        os.chmod(d, 0o777)
+        path = os.path.join(d, "other.sock")
+        code = (
+            "import socket,sys\n"
+            "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1)\n"
+            "print('up', flush=True)\n"
+            "c,_=s.accept(); c.recv(1)\n"
+        )
+        p = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE, user=65534)
+        self.addCleanup(p.stdout.close)
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        self.assertEqual(p.stdout.readline().strip(), b"up")
+        with self.assertRaises(listenhub.ConnError) as cm:
+            listenhub.connect(path)
+        self.assertEqual(cm.exception.op, "peer")
+        self.assertIn("uid 65534", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,168 @@
+"""Failover against a real hub and a real Postgres: the hub is killed, the
+client goes on with its own LISTEN connection."""
+
+import os
+import tempfile
+import unittest
+
+import listenhub
+from listenhub import Wake
+
+from hubtest import DATABASE_URL, TIMEOUT, DB, Collector, FakeHub, Hub, require_env, wait_for
+
+PREFIX, SUFFIX = "lh.", ".ev"
+# Needs quoting (a dot, a capital, a double quote): the local LISTEN must
+# send it as a quoted identifier with the quote doubled.
+ODD = 'Mixed"Case.q'
+
+
+class FailoverTest(unittest.TestCase):
+    def setUp(self):
+        require_env()
+        self.name = self.id().rsplit(".", 1)[-1]
+        self.db = DB()
+        self.addCleanup(self.db.close)
+        self.col = Collector()
+
+    def hub(self):
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX)
+        self.addCleanup(h.close)
+        return h
+
+    def failover(self, socket_path, **kw):
+        self.app = ("lhpy-local-" + self.name)[:60]
+        f = listenhub.Failover(
+            socket_path,
+            database_url=DATABASE_URL,
+            channel_prefix=PREFIX,
+            channel_suffix=SUFFIX,
+            application_name=self.app,
+            on_wake=self.col.on_wake,
+            on_status=self.col.on_status,
+            **kw,
+        )
+        self.addCleanup(f.close)
+        return f
+
+    def notify(self, q, payload=""):
+        self.db.notify(PREFIX + q + SUFFIX, payload)
+
+    def test_hub_killed_fails_over_to_local_listen(self):
+        h = self.hub()
+        reasons = []
+        f = self.failover(h.socket, on_failover=reasons.append)
+        f.subscribe("jobs")
+        f.subscribe(ODD)
+        self.assertEqual(f.mode(), listenhub.HUB)
+        self.assertEqual(self.db.backends(self.app), 0)
+        self.notify("jobs", "via-hub")
+        self.col.wait("a wake through the hub", lambda s: Wake("jobs", "via-hub", False) in s.wakes)
+
+        h.kill()
+        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        # One durable wake per recorded name after the swap.
+        self.col.wait(
+            "a durable wake per name",
+            lambda s: Wake("jobs", None, True) in s.wakes and Wake(ODD, None, True) in s.wakes,
+        )
+        self.assertEqual(self.col.count(Wake("jobs", None, True)), 1)
+        self.assertEqual(self.col.count(Wake(ODD, None, True)), 1)
+        self.assertEqual(len(reasons), 1)
+        self.assertIsInstance(reasons[0], listenhub.ConnError)
+        self.assertIsInstance(f.reason, listenhub.ConnError)
+        self.assertEqual(self.db.backends(self.app), 1)
+        self.assertTrue(f.healthy())
+
+        # Later NOTIFYs come through the local connection, mapped back.
+        self.notify("jobs", "via-local")
+        self.notify(ODD, "odd")
+        self.col.wait(
+            "wakes through the local listener",
+            lambda s: Wake("jobs", "via-local", False) in s.wakes and Wake(ODD, "odd", False) in s.wakes,
+        )
+        # Subscribe and unsubscribe in local mode.
+        f.subscribe("later")
+        f.unsubscribe("jobs")
+        f.subscribe("sync-point")  # LISTEN/UNLISTEN run in call order
+        self.notify("jobs", "gone")
+        self.notify("later", "new")
+        self.col.wait("a wake for a name subscribed in local mode", lambda s: Wake("later", "new", False) in s.wakes)
+        self.assertNotIn(Wake("jobs", "gone", False), self.col.wakes)
+        self.assertEqual(f.subscriptions(), {ODD, "later", "sync-point"})
+
+        f.close()
+        wait_for("the local backend gone", lambda: self.db.backends(self.app) == 0)
+
+    def test_no_hub_at_start_is_local_mode_at_once(self):
+        path = os.path.join(tempfile.mkdtemp(), "absent.sock")
+        f = self.failover(path)
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.ConnError)
+        f.subscribe("jobs")
+        self.notify("jobs", "x")
+        self.col.wait("a local wake", lambda s: Wake("jobs", "x", False) in s.wakes)
+
+    def test_local_listener_reconnects_and_resyncs(self):
+        path = os.path.join(tempfile.mkdtemp(), "absent.sock")
+        f = self.failover(path)
+        f.subscribe("jobs")
+        wait_for("the local backend", lambda: self.db.backends(self.app) == 1)
+        self.db.conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (self.app,))
+        # Lost, reconnected and re-LISTENed, then one durable wake.
+        self.col.wait("unhealthy then healthy", lambda s: s.statuses[-2:] == [False, True])
+        self.col.wait("the durable wake after the reconnect", lambda s: Wake("jobs", None, True) in s.wakes)
+        self.assertTrue(f.healthy())
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.notify("jobs", "after")
+        self.col.wait("a wake on the new connection", lambda s: Wake("jobs", "after", False) in s.wakes)
+
+    def test_invalid_name_does_not_fail_over(self):
+        h = self.hub()
+        f = self.failover(h.socket)
+        f.subscribe("ok")
+        # 60 bytes is a fine name, but with the prefix and suffix the
+        # channel is 66 bytes: the hub nacks it as invalid.
+        with self.assertRaises(listenhub.InvalidNameError):
+            f.subscribe("n" * 60)
+        self.assertEqual(f.mode(), listenhub.HUB)
+        self.assertEqual(f.subscriptions(), {"ok"})
+
+    def test_ack_timeout_fails_over(self):
+        fake = FakeHub("silent")
+        self.addCleanup(fake.close)
+        f = self.failover(fake.socket, ack_timeout=0.3)
+        f.subscribe("jobs")  # the ack never comes: answered by the local listener
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.AckTimeoutError)
+        self.col.wait("the durable wake after the swap", lambda s: Wake("jobs", None, True) in s.wakes)
+        self.notify("jobs", "y")
+        self.col.wait("a local wake", lambda s: Wake("jobs", "y", False) in s.wakes)
+
+    def test_nack_not_about_the_name_fails_over(self):
+        fake = FakeHub("nack")
+        self.addCleanup(fake.close)
+        f = self.failover(fake.socket)
+        f.subscribe("jobs")
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.NackError)
+
+    def test_events_iterator(self):
+        h = self.hub()
+        self.app = ("lhpy-local-" + self.name)[:60]
+        f = listenhub.Failover(
+            h.socket, database_url=DATABASE_URL, channel_prefix=PREFIX, channel_suffix=SUFFIX, application_name=self.app
+        )
+        self.addCleanup(f.close)
+        f.subscribe("it")
+        h.kill()
+        got = []
+        while Wake("it", None, True) not in got:
+            ev = f.get(TIMEOUT)
+            self.assertIsNotNone(ev, "no event within the timeout; got %r" % got)
+            got.append(ev)
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertIn(listenhub.Status(False), got)
+
+
+if __name__ == "__main__":
+    unittest.main()

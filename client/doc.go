@@ -9,11 +9,15 @@
 //     goroutine. It never reconnects: its first failure (EOF, an eviction,
 //     an ack timeout, a nack other than an invalid name, a stalled write)
 //     leaves it dead, with Done closed and Err saying why.
-//   - Failover (NewFailover) starts on a Client and, on its first failure,
-//     swaps to a Local listener (this process's own Postgres connection,
-//     listener.Plain), re-subscribing the names it recorded, once and
-//     one-way. A hub absent at start means local mode from the start.
-//     Local is also usable directly.
+//   - Failover (NewFailover) starts on a Client and, on its failure, swaps
+//     to a Local listener (this process's own Postgres connection,
+//     listener.Plain), re-subscribing the names it recorded. From local mode
+//     it keeps trying the hub (after FailoverOptions.MinLocal, then with
+//     backoff) and returns to it once a healthy hub has acked the whole set,
+//     make before break; and fails over again if the hub fails again.
+//     FailoverOptions.OneWay keeps it local for good instead. A hub absent
+//     at start means local mode from the start. Local is also usable
+//     directly.
 //   - Mux fans one Listener's wakes out to many in-process subscribers (SSE
 //     streams, websockets), each with a bounded buffer, so that a process
 //     holds one subscription per name however many subscribers it has.
@@ -35,8 +39,9 @@
 //
 // A wake without payload (Wake.Durable) means "something changed, re-read":
 // the hub coalesces them, Mux coalesces them per subscriber, and both the
-// hub (after its Postgres reconnects) and Failover (after it swaps) send one
-// per subscribed name to cover a gap in which NOTIFYs were lost. A wake with
+// hub (after its Postgres reconnects) and Failover (after each swap, either
+// way) send one per subscribed name to cover a gap in which NOTIFYs may have
+// been lost. A wake with
 // a payload may be the only copy of the message: the hub never drops one
 // while the worker is connected, and a Mux subscriber that cannot keep up
 // with them is closed with a *SlowSubscriberError rather than silently

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -35,13 +36,39 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
+// Defaults of the fail-back (see FailoverOptions).
+const (
+	// DefaultMinLocal is the least time a Failover stays on its local
+	// listener before it tries the hub again: a hub that crashes again at
+	// once, or keeps evicting this process, costs at most one round trip
+	// hub → local → hub per this much time.
+	DefaultMinLocal = 5 * time.Second
+	// DefaultProbeInterval is the wait after a failed fail-back attempt;
+	// it doubles after each further one, up to DefaultProbeMaxInterval.
+	DefaultProbeInterval    = 1 * time.Second
+	DefaultProbeMaxInterval = 30 * time.Second
+)
+
+// probeJitter scales each wait between fail-back attempts by a random
+// factor in [1-probeJitter, 1+probeJitter], so that the processes of a host,
+// which all failed over in the same millisecond, do not all knock on the
+// restarted hub in the same millisecond too.
+const probeJitter = 0.2
+
+// failbackParallel bounds the sub frames a fail-back has in flight: enough
+// for the hub to LISTEN them in batches, few enough that a large set does
+// not wait in the hub's queue past the ack timeout.
+const failbackParallel = 64
+
 // FailoverOptions configure a Failover.
 type FailoverOptions struct {
 	// SocketPath is the hub's socket.
 	SocketPath string
 	// AckTimeout, WriteTimeout and AllowUIDs configure the hub client (see
 	// Options). A hub whose uid is not allowed is refused at dial, which
-	// means local mode.
+	// means local mode (and, for a fail-back, an attempt that failed).
+	// AckTimeout also bounds a fail-back's connect, and its wait for the
+	// hub's first healthy status.
 	AckTimeout, WriteTimeout time.Duration
 	AllowUIDs                []int
 
@@ -64,18 +91,40 @@ type FailoverOptions struct {
 	// LISTENs. Default DefaultLocalTimeout.
 	LocalTimeout time.Duration
 
+	// OneWay keeps pgbus's rule: after its first failover the Failover
+	// stays on its local listener until Close, and a restarted hub serves
+	// only the processes started after it. Default false: the Failover
+	// returns to the hub (see Failover).
+	OneWay bool
+	// MinLocal is the least time in local mode before a fail-back is
+	// attempted, so that a hub that keeps failing cannot make the
+	// Failover flap. Default DefaultMinLocal.
+	MinLocal time.Duration
+	// ProbeInterval and ProbeMaxInterval space the fail-back attempts
+	// after the first one (which comes MinLocal after the swap to local
+	// mode): ProbeInterval after the first failed attempt, doubling after
+	// each further one up to ProbeMaxInterval, each wait ±20% at random.
+	// Defaults DefaultProbeInterval and DefaultProbeMaxInterval.
+	ProbeInterval, ProbeMaxInterval time.Duration
+
 	// OnWake and OnStatus receive the wakes and statuses of whichever
 	// listener is current, one call at a time and in order per source
 	// (see Options.OnWake for what a handler must not do). OnStatus is
-	// called with false when the hub fails, and with the local listener's
+	// called with false when the hub fails, with the local listener's
 	// health once it is swapped in (or at start, in local mode from the
-	// start), then on each change of it.
+	// start) and on each change of it, and with the hub's health again
+	// after a fail-back. During a fail-back both listeners deliver wakes
+	// (see Failover); statuses come from the current one only.
 	OnWake   func(Wake)
 	OnStatus func(healthy bool)
-	// OnFailover, when set, is called once, after the swap to local mode,
-	// with the hub client's error; not called when the hub was absent at
+	// OnFailover, when set, is called after each swap to local mode, with
+	// the hub client's error; not called when the hub was absent at
 	// start.
 	OnFailover func(reason error)
+	// OnFailback, when set, is called after each return to the hub: Mode
+	// is ModeHub and the local listener is closed. It comes before the
+	// durable wakes of the fail-back.
+	OnFailback func()
 
 	Logger *slog.Logger
 
@@ -99,26 +148,42 @@ func (e *FailoverError) Error() string {
 func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 
 // Failover is a Listener that uses the hub while it can and this process's
-// own Postgres connection after that.
+// own Postgres connection while it cannot.
 //
 // It records the subscription set. On the hub client's first failure —
 // connect refused or socket missing (at start: local mode from the start),
 // ack timeout, a nack other than an invalid name, EOF (hub gone, or this
 // process evicted as a slow consumer), a stalled write — it builds a Local
 // listener, subscribes it to the recorded set, swaps it in, and then
-// delivers one durable wake per recorded name. The swap happens once and is
-// one-way: a Failover never goes back to the hub (a restarted hub serves the
-// processes started after it; this one keeps its own connection until it
-// exits).
+// delivers one durable wake per recorded name. Wakes committed between the
+// hub's failure and the local LISTENs are lost: the durable wake after the
+// swap tells durable readers to re-read; an ephemeral payload sent in that
+// gap is gone, as with the hub's own reconnect to Postgres (docs/design.md,
+// "Semantics the hub guarantees", rule 7).
 //
-// Wakes committed between the hub's failure and the local LISTENs are lost:
-// the durable wake after the swap tells durable readers to re-read; an
-// ephemeral payload sent in that gap is gone, as with the hub's own
-// reconnect to Postgres (docs/design.md rule 7).
+// Fail-back. In local mode it keeps trying the hub: first MinLocal after
+// the swap, then with backoff (ProbeInterval doubling to ProbeMaxInterval,
+// with jitter). An attempt connects a second hub client, waits (up to
+// AckTimeout) for the hub to report healthy, subscribes it to the whole
+// recorded set and waits for every ack, while the local listener keeps
+// delivering. Only then does it swap the hub client in and close the local
+// listener: make before break, so a NOTIFY committed in the overlap may be
+// delivered twice (by both), and none is lost. Then it calls OnFailback and
+// delivers one durable wake per recorded name. An attempt that fails — no
+// hub, a hub that is not healthy, a nack, an ack timeout, EOF — is
+// abandoned: the local listener stays, the Failover tries again later.
+// Back on the hub, the hub client is subject to failover as before, so the
+// cycle repeats as often as the hub fails and returns. OneWay turns the
+// fail-back off (pgbus's rule: once local, local until Close).
 //
-// A Subscribe that meets the failure waits for the swap and subscribes the
-// local listener; if the local listener cannot be built or subscribed,
-// Subscribe returns that error (the Failover is then dead, a
+// Subscribe and Unsubscribe during a fail-back act on the local listener
+// and on the recorded set; the swap happens only once every name recorded
+// at that moment is acked by the hub, and a name dropped meanwhile is
+// unsubscribed from the hub as it is swapped in.
+//
+// A Subscribe that meets the hub's failure waits for the swap and
+// subscribes the local listener; if the local listener cannot be built or
+// subscribed, Subscribe returns that error (the Failover is then dead, a
 // *FailoverError), bounded by AckTimeout plus LocalTimeout: it never hangs.
 type Failover struct {
 	opts     FailoverOptions
@@ -127,25 +192,48 @@ type Failover struct {
 
 	dispatch sync.Mutex // one handler call at a time across hub and local
 
-	mu       sync.Mutex
-	mode     Mode
-	reason   error // the hub failure that made it local
-	hub      *Client
-	local    Listener
-	subs     map[string]struct{} // the recorded set
-	swapping bool                // a failover is building the local listener
-	swapped  chan struct{}       // closed when the failover finished (well or not)
-	err      error               // dead: ErrClosed or *FailoverError
-	done     chan struct{}
+	mu         sync.Mutex
+	mode       Mode
+	reason     error    // the hub failure that made it local; nil in hub mode
+	hub        *hubConn // the current hub client (ModeHub); nil in local mode
+	local      Listener // the current local listener (ModeLocal); nil in hub mode
+	cand       *hubConn // a fail-back's hub client until it is swapped in or given up
+	localSince time.Time
+	subs       map[string]struct{} // the recorded set
+	swapping   bool                // a failover is building the local listener
+	changed    chan struct{}       // closed (and replaced) when a failover ends
+	err        error               // dead: ErrClosed or *FailoverError
+	done       chan struct{}
+}
+
+// hubConn is one hub client of a Failover. Its handlers hold it, not the
+// *Client: the hub's first status frame can arrive before Dial returns.
+type hubConn struct {
+	c      *Client       // set (under Failover.mu) once Dial returned
+	status chan struct{} // cap 1: a status frame arrived
 }
 
 // NewFailover dials the hub; if that fails it connects the local listener
-// instead (local mode from the start). It fails only if the options are
-// invalid, ctx ends, or neither hub nor Postgres can be reached.
+// instead (local mode from the start, and fail-back from there unless
+// OneWay). It fails only if the options are invalid, ctx ends, or neither
+// hub nor Postgres can be reached.
 func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	if opts.LocalTimeout <= 0 {
 		opts.LocalTimeout = DefaultLocalTimeout
 	}
+	if opts.AckTimeout <= 0 {
+		opts.AckTimeout = DefaultAckTimeout
+	}
+	if opts.MinLocal <= 0 {
+		opts.MinLocal = DefaultMinLocal
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = DefaultProbeInterval
+	}
+	if opts.ProbeMaxInterval <= 0 {
+		opts.ProbeMaxInterval = DefaultProbeMaxInterval
+	}
+	opts.ProbeMaxInterval = max(opts.ProbeMaxInterval, opts.ProbeInterval)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -153,7 +241,7 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		opts:    opts,
 		log:     opts.Logger,
 		subs:    make(map[string]struct{}),
-		swapped: make(chan struct{}),
+		changed: make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	f.localCfg = LocalOptions{
@@ -177,14 +265,9 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		f.opts.newLocal = func(ctx context.Context, o LocalOptions) (Listener, error) { return NewLocal(ctx, o) }
 	}
 
-	hub, err := Dial(ctx, opts.SocketPath, Options{
-		AckTimeout:   opts.AckTimeout,
-		WriteTimeout: opts.WriteTimeout,
-		AllowUIDs:    opts.AllowUIDs,
-		OnWake:       f.onHubWake,
-		OnStatus:     f.onHubStatus,
-		Logger:       opts.Logger,
-	})
+	hc := newHubConn()
+	f.hub = hc // current before Dial returns: its first status counts
+	hub, err := f.dialHub(ctx, hc)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -197,10 +280,9 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 			return nil, &FailoverError{Hub: err, Local: lerr}
 		}
 		f.mu.Lock() // the local listener's goroutine is already running
-		f.mode, f.reason, f.local = ModeLocal, err, local
+		f.mode, f.reason, f.hub, f.local, f.localSince = ModeLocal, err, nil, local, time.Now()
 		f.mu.Unlock()
-		close(f.swapped)
-		go f.watchLocal(local)
+		f.startLocal(local)
 		if h := opts.OnStatus; h != nil {
 			healthy := local.Healthy()
 			f.deliver(func() { h(healthy) })
@@ -208,18 +290,28 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		return f, nil
 	}
 	f.mu.Lock() // the hub client's reader is already running
-	f.hub = hub
+	hc.c = hub
 	f.mu.Unlock()
-	go func() {
-		<-hub.Done()
-		if !errors.Is(hub.Err(), ErrClosed) {
-			f.failover(hub.Err())
-		}
-	}()
+	go f.watchHub(hc)
 	return f, nil
 }
 
-// Mode returns where wakes come from now.
+func newHubConn() *hubConn { return &hubConn{status: make(chan struct{}, 1)} }
+
+// dialHub connects a hub client whose handlers know it as hc.
+func (f *Failover) dialHub(ctx context.Context, hc *hubConn) (*Client, error) {
+	return Dial(ctx, f.opts.SocketPath, Options{
+		AckTimeout:   f.opts.AckTimeout,
+		WriteTimeout: f.opts.WriteTimeout,
+		AllowUIDs:    f.opts.AllowUIDs,
+		OnWake:       f.onHubWake,
+		OnStatus:     func(healthy bool) { f.onHubStatus(hc, healthy) },
+		Logger:       f.opts.Logger,
+	})
+}
+
+// Mode returns where wakes come from now. During a failover it is still
+// ModeHub; during a fail-back it is still ModeLocal.
 func (f *Failover) Mode() Mode {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -237,7 +329,9 @@ func (f *Failover) Reason() error {
 // Subscribe records q and subscribes the current listener to it. In hub
 // mode a failure of the hub client (anything but an invalid-name refusal or
 // ctx ending) triggers the failover and the subscription is made on the
-// local listener instead. See Listener.
+// local listener instead. During a fail-back it subscribes the local
+// listener, and the fail-back subscribes the hub before it swaps. See
+// Listener.
 func (f *Failover) Subscribe(ctx context.Context, q string) error {
 	if err := checkName(q); err != nil {
 		return err
@@ -248,13 +342,39 @@ func (f *Failover) Subscribe(ctx context.Context, q string) error {
 		f.mu.Unlock()
 		return err
 	}
-	f.subs[q] = struct{}{} // before the call: a failover meanwhile includes q
-	hub := f.hub
-	inHub := f.mode == ModeHub && !f.swapping
+	// Recorded before any listener is asked: a swap from now on
+	// includes q, so whichever listener ends up current has it.
+	f.subs[q] = struct{}{}
 	f.mu.Unlock()
 
-	if inHub {
-		err := hub.Subscribe(ctx, q)
+	for {
+		f.mu.Lock()
+		if f.err != nil {
+			err := f.err
+			f.mu.Unlock()
+			return err
+		}
+		if f.swapping {
+			ch := f.changed
+			f.mu.Unlock()
+			select {
+			case <-ch:
+			case <-f.done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		var cur Listener
+		hc := f.hub
+		if f.mode == ModeHub {
+			cur = hc.c
+		} else {
+			cur = f.local
+		}
+		f.mu.Unlock()
+
+		err := cur.Subscribe(ctx, q)
 		if err == nil {
 			return nil
 		}
@@ -262,58 +382,53 @@ func (f *Failover) Subscribe(ctx context.Context, q string) error {
 			f.forget(q)
 			return err
 		}
-		select {
-		case <-hub.Done():
-			if errors.Is(hub.Err(), ErrClosed) {
-				// Failover.Close, or the hub client closed by
-				// Failover itself: no failover.
-				return f.errOr(err)
-			}
-			// On its own goroutine, so that this caller can leave
-			// when its ctx ends; a concurrent one (the watcher's)
-			// makes this one a no-op.
-			go f.failover(hub.Err())
-		default:
-			return err // ctx ended; the hub client is fine
+		if hc != nil && isClosed(hc.c.Done()) && !errors.Is(hc.c.Err(), ErrClosed) {
+			// The hub failed under this call: fail over (a no-op if
+			// the watcher was first) and wait for the local listener.
+			f.startFailover(hc, hc.c.Err())
+			continue
 		}
+		f.mu.Lock()
+		dead, current := f.err, f.isCurrentLocked(cur)
+		f.mu.Unlock()
+		if dead != nil {
+			return dead
+		}
+		if !current && ctx.Err() == nil {
+			continue // swapped meanwhile (a fail-back closed the local listener)
+		}
+		return err // ctx ended, or the local LISTEN failed (Postgres down)
 	}
+}
 
-	select {
-	case <-f.swapped:
-	case <-f.done:
-	case <-ctx.Done():
-		return ctx.Err()
+// isCurrentLocked reports whether l is the listener wakes come from now.
+func (f *Failover) isCurrentLocked(l Listener) bool {
+	if f.swapping {
+		return false
 	}
-	f.mu.Lock()
-	local, err := f.local, f.err
-	f.mu.Unlock()
-	if err != nil {
-		return err
+	if f.mode == ModeHub {
+		return f.hub != nil && Listener(f.hub.c) == l
 	}
-	err = local.Subscribe(ctx, q)
-	if errors.Is(err, ErrInvalidName) {
-		f.forget(q)
-	}
-	return err
+	return f.local == l
 }
 
 // Unsubscribe drops q from the recorded set and from the current listener.
+// A failover or fail-back in progress drops it from the listener it swaps
+// in.
 func (f *Failover) Unsubscribe(q string) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	delete(f.subs, q)
-	var cur Listener
+	// Under f.mu, so that it cannot overtake a later Subscribe of q.
+	// Both Unsubscribes only queue.
 	switch {
 	case f.err != nil, f.swapping:
-		// Dead, or the failover will reconcile the local listener
-		// with the set when it swaps.
+		// Dead, or the failover reconciles the local listener with
+		// the set when it swaps.
 	case f.mode == ModeHub:
-		cur = f.hub
+		f.hub.c.Unsubscribe(q)
 	default:
-		cur = f.local
-	}
-	f.mu.Unlock()
-	if cur != nil {
-		cur.Unsubscribe(q)
+		f.local.Unsubscribe(q)
 	}
 }
 
@@ -325,7 +440,7 @@ func (f *Failover) Healthy() bool {
 	case f.err != nil, f.swapping:
 		return false
 	case f.mode == ModeHub:
-		return f.hub.Healthy()
+		return f.hub.c.Healthy()
 	default:
 		return f.local.Healthy()
 	}
@@ -342,7 +457,8 @@ func (f *Failover) Err() error {
 	return f.err
 }
 
-// Close closes whichever listeners exist. Safe from a handler; idempotent.
+// Close closes whichever listeners exist, a fail-back's hub client
+// included. Safe from a handler; idempotent.
 func (f *Failover) Close() error {
 	f.mu.Lock()
 	if f.err != nil {
@@ -351,22 +467,26 @@ func (f *Failover) Close() error {
 	}
 	f.err = ErrClosed
 	close(f.done)
-	hub, local := f.hub, f.local
+	ls := f.listenersLocked()
 	f.mu.Unlock()
-	if hub != nil {
-		hub.Close()
-	}
-	if local != nil {
-		local.Close()
+	for _, l := range ls {
+		l.Close()
 	}
 	return nil
 }
 
-func (f *Failover) errOr(err error) error {
-	if e := f.Err(); e != nil {
-		return e
+// listenersLocked returns every listener the Failover holds.
+func (f *Failover) listenersLocked() []Listener {
+	var ls []Listener
+	for _, hc := range []*hubConn{f.hub, f.cand} {
+		if hc != nil && hc.c != nil {
+			ls = append(ls, hc.c)
+		}
 	}
-	return err
+	if f.local != nil {
+		ls = append(ls, f.local)
+	}
+	return ls
 }
 
 func (f *Failover) forget(q string) {
@@ -375,24 +495,29 @@ func (f *Failover) forget(q string) {
 	f.mu.Unlock()
 }
 
-// failover swaps to a local listener, once; a concurrent or later call
-// waits for the first one to finish.
-func (f *Failover) failover(reason error) {
-	f.mu.Lock()
-	if f.err != nil || f.mode == ModeLocal {
-		f.mu.Unlock()
-		return
+func (f *Failover) watchHub(hc *hubConn) {
+	<-hc.c.Done()
+	if err := hc.c.Err(); !errors.Is(err, ErrClosed) {
+		f.startFailover(hc, err)
 	}
-	if f.swapping {
-		f.mu.Unlock()
-		select {
-		case <-f.swapped:
-		case <-f.done:
-		}
+}
+
+// startFailover begins the swap from hc, the current hub client, to a
+// local listener, unless one is in progress or done (or hc is no longer
+// current). On return, Subscribe sees swapping and waits for it.
+func (f *Failover) startFailover(hc *hubConn, reason error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil || f.swapping || f.mode != ModeHub || f.hub != hc {
 		return
 	}
 	f.swapping = true
-	f.mu.Unlock()
+	go f.failover(reason)
+}
+
+// failover builds the local listener, subscribes it to the recorded set
+// and swaps it in.
+func (f *Failover) failover(reason error) {
 	f.log.Warn("listenhub: hub failed, failing over to a local listener", "socket", f.opts.SocketPath, "reason", reason)
 	if h := f.opts.OnStatus; h != nil {
 		f.deliver(func() { h(false) })
@@ -406,34 +531,28 @@ func (f *Failover) failover(reason error) {
 		return
 	}
 	// Subscribe the recorded set; names recorded meanwhile join the loop,
-	// names dropped meanwhile are unsubscribed after the swap.
+	// names dropped meanwhile are unsubscribed as it swaps.
 	listened := make(map[string]struct{})
 	for {
 		f.mu.Lock()
-		var todo []string
-		for q := range f.subs {
-			if _, ok := listened[q]; !ok {
-				todo = append(todo, q)
-			}
-		}
-		if len(todo) == 0 && f.err == nil {
-			var extra []string
-			for q := range listened {
-				if _, ok := f.subs[q]; !ok {
-					extra = append(extra, q)
-				}
-			}
-			recorded := make([]string, 0, len(f.subs))
-			for q := range f.subs {
-				recorded = append(recorded, q)
-			}
-			f.mode, f.reason, f.local, f.swapping = ModeLocal, reason, local, false
-			close(f.swapped)
+		if f.err != nil {
+			f.endSwapLocked()
 			f.mu.Unlock()
-			for _, q := range extra {
+			local.Close()
+			return
+		}
+		todo := missing(f.subs, listened)
+		if len(todo) == 0 {
+			// Under f.mu: a Subscribe of q right after the swap
+			// must not be undone by this.
+			for _, q := range missing(listened, f.subs) {
 				local.Unsubscribe(q)
 			}
-			go f.watchLocal(local)
+			recorded := keys(f.subs)
+			f.mode, f.reason, f.hub, f.local, f.localSince = ModeLocal, reason, nil, local, time.Now()
+			f.endSwapLocked()
+			f.mu.Unlock()
+			f.startLocal(local)
 			f.log.Info("listenhub: local listener active", "subscriptions", len(recorded))
 			if h := f.opts.OnFailover; h != nil {
 				f.deliver(func() { h(reason) })
@@ -442,23 +561,10 @@ func (f *Failover) failover(reason error) {
 				healthy := local.Healthy()
 				f.deliver(func() { h(healthy) })
 			}
-			if h := f.opts.OnWake; h != nil {
-				for _, q := range recorded {
-					f.deliver(func() { h(Wake{Q: q, Durable: true}) })
-				}
-			}
+			f.durableWakes(recorded)
 			return
 		}
-		closed := f.err != nil
 		f.mu.Unlock()
-		if closed {
-			local.Close()
-			f.mu.Lock()
-			f.swapping = false
-			close(f.swapped)
-			f.mu.Unlock()
-			return
-		}
 		for _, q := range todo {
 			err := local.Subscribe(ctx, q)
 			if errors.Is(err, ErrInvalidName) {
@@ -475,6 +581,219 @@ func (f *Failover) failover(reason error) {
 	}
 }
 
+// endSwapLocked ends a failover in progress and wakes the Subscribes that
+// wait for it. Under f.mu.
+func (f *Failover) endSwapLocked() {
+	if f.swapping {
+		f.swapping = false
+		close(f.changed)
+		f.changed = make(chan struct{})
+	}
+}
+
+// startLocal watches local, now current, and starts trying the hub again.
+func (f *Failover) startLocal(local Listener) {
+	go f.watchLocal(local)
+	if !f.opts.OneWay {
+		go f.failbackLoop(local)
+	}
+}
+
+// failbackLoop tries to return from local to the hub: MinLocal after the
+// swap, then with jittered exponential backoff, until an attempt succeeds,
+// local is no longer current, or the Failover dies.
+func (f *Failover) failbackLoop(local Listener) {
+	t := time.NewTimer(f.opts.MinLocal)
+	defer t.Stop()
+	next := f.opts.ProbeInterval
+	for attempt := 1; ; attempt++ {
+		select {
+		case <-f.done:
+			return
+		case <-t.C:
+		}
+		if f.failback(local, attempt) {
+			return
+		}
+		t.Reset(jitter(next))
+		next = min(2*next, f.opts.ProbeMaxInterval)
+	}
+}
+
+// jitter returns d scaled by a random factor in [1-probeJitter, 1+probeJitter].
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (1 - probeJitter + 2*probeJitter*rand.Float64()))
+}
+
+// failback is one attempt to return to the hub from local; true means
+// stop trying (back on the hub, local no longer current, or dead).
+func (f *Failover) failback(local Listener, attempt int) (stop bool) {
+	hc := newHubConn()
+	f.mu.Lock()
+	if f.err != nil || f.swapping || f.mode != ModeLocal || f.local != local {
+		f.mu.Unlock()
+		return true
+	}
+	f.cand = hc
+	since := f.localSince
+	f.mu.Unlock()
+	swapped := false
+	defer func() {
+		if swapped {
+			return
+		}
+		f.mu.Lock()
+		if f.cand == hc {
+			f.cand = nil
+		}
+		c := hc.c
+		f.mu.Unlock()
+		if c != nil {
+			c.Close()
+		}
+	}()
+	giveUp := func(why string, err error) bool {
+		f.log.Debug("listenhub: fail-back attempt failed, staying local", "socket", f.opts.SocketPath,
+			"attempt", attempt, "why", why, "reason", err)
+		return false
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+	c, err := f.dialHub(ctx, hc)
+	cancel()
+	if err != nil {
+		return giveUp("connect", err)
+	}
+	f.mu.Lock()
+	hc.c = c // from now on Close closes it too
+	dead := f.err != nil
+	f.mu.Unlock()
+	if dead {
+		return true
+	}
+	if err := f.awaitHealthy(hc); err != nil {
+		return giveUp("health", err)
+	}
+	f.log.Info("listenhub: hub is back, subscribing it before leaving the local listener", "socket", f.opts.SocketPath)
+
+	acked := make(map[string]struct{})
+	for {
+		f.mu.Lock()
+		if f.err != nil {
+			f.mu.Unlock()
+			return true
+		}
+		todo := missing(f.subs, acked)
+		if len(todo) == 0 {
+			if !c.Healthy() {
+				f.mu.Unlock()
+				return giveUp("health", c.Err())
+			}
+			// Make: every recorded name is acked by the hub. Swap
+			// under f.mu, dropping the names unsubscribed meanwhile
+			// (queued before any later Unsubscribe or Subscribe).
+			for _, q := range missing(acked, f.subs) {
+				c.Unsubscribe(q)
+			}
+			recorded := keys(f.subs)
+			f.mode, f.reason, f.hub, f.local, f.cand = ModeHub, nil, hc, nil, nil
+			f.mu.Unlock()
+			swapped = true
+			go f.watchHub(hc)
+			// Break: the hub delivers from here on.
+			local.Close()
+			f.log.Info("listenhub: back on the hub, local listener closed", "socket", f.opts.SocketPath,
+				"subscriptions", len(recorded), "local_for", time.Since(since).Round(time.Millisecond), "attempts", attempt)
+			if h := f.opts.OnFailback; h != nil {
+				f.deliver(h)
+			}
+			if h := f.opts.OnStatus; h != nil {
+				healthy := c.Healthy()
+				f.deliver(func() { h(healthy) })
+			}
+			f.durableWakes(recorded)
+			return true
+		}
+		f.mu.Unlock()
+		if err := f.subscribeAll(c, todo, acked); err != nil {
+			return giveUp("subscribe", err)
+		}
+	}
+}
+
+// awaitHealthy waits, up to the ack timeout, for hc's hub to report its
+// Postgres connection healthy (it sends a status on connect).
+func (f *Failover) awaitHealthy(hc *hubConn) error {
+	t := time.NewTimer(f.opts.AckTimeout)
+	defer t.Stop()
+	for !hc.c.Healthy() {
+		select {
+		case <-hc.status:
+		case <-hc.c.Done():
+			return hc.c.Err()
+		case <-f.done:
+			return ErrClosed
+		case <-t.C:
+			return fmt.Errorf("listenhub client: hub not healthy within %v", f.opts.AckTimeout)
+		}
+	}
+	return nil
+}
+
+// subscribeAll subscribes c to todo, failbackParallel at a time, adding
+// the acked names to acked. A name refused as invalid is forgotten (as
+// Subscribe does); any other failure is returned, and means c is dead.
+func (f *Failover) subscribeAll(c *Client, todo []string, acked map[string]struct{}) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	sem := make(chan struct{}, failbackParallel)
+	for _, q := range todo {
+		sem <- struct{}{}
+		mu.Lock()
+		failed := first != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			// Bounded by the ack timeout; Close of c (Failover.Close)
+			// ends it at once.
+			err := c.Subscribe(context.Background(), q)
+			if errors.Is(err, ErrInvalidName) {
+				f.forget(q)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				acked[q] = struct{}{}
+			case first == nil:
+				first = err
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// durableWakes delivers one durable wake per name: the gap (or overlap)
+// of a swap is covered by a re-read.
+func (f *Failover) durableWakes(names []string) {
+	h := f.opts.OnWake
+	if h == nil {
+		return
+	}
+	for _, q := range names {
+		f.deliver(func() { h(Wake{Q: q, Durable: true}) })
+	}
+}
+
 // die marks the Failover dead with err and ends a failover in progress.
 func (f *Failover) die(err error) {
 	f.mu.Lock()
@@ -483,29 +802,25 @@ func (f *Failover) die(err error) {
 		close(f.done)
 		f.log.Error("listenhub: no listener left", "reason", err)
 	}
-	if f.swapping {
-		f.swapping = false
-		close(f.swapped)
-	}
-	hub, local := f.hub, f.local
+	f.endSwapLocked()
+	ls := f.listenersLocked()
 	f.mu.Unlock()
-	if hub != nil {
-		hub.Close()
-	}
-	if local != nil {
-		local.Close()
+	for _, l := range ls {
+		l.Close()
 	}
 	if h := f.opts.OnStatus; h != nil {
 		f.deliver(func() { h(false) })
 	}
 }
 
+// watchLocal kills the Failover when its current local listener dies other
+// than by Close.
 func (f *Failover) watchLocal(l Listener) {
 	<-l.Done()
 	f.mu.Lock()
-	hubErr := f.reason
+	current, hubErr := f.local == l, f.reason
 	f.mu.Unlock()
-	if err := l.Err(); !errors.Is(err, ErrClosed) {
+	if err := l.Err(); current && !errors.Is(err, ErrClosed) {
 		f.die(&FailoverError{Hub: hubErr, Local: err})
 	}
 }
@@ -516,13 +831,27 @@ func (f *Failover) deliver(fn func()) {
 	fn()
 }
 
+// onHubWake delivers the wakes of every hub client, a fail-back's
+// included: during the overlap, over-delivery is the price of losing none.
 func (f *Failover) onHubWake(w Wake) {
 	if h := f.opts.OnWake; h != nil {
 		f.deliver(func() { h(w) })
 	}
 }
 
-func (f *Failover) onHubStatus(healthy bool) {
+// onHubStatus delivers the statuses of the current hub client only; it
+// also tells a fail-back waiting for a healthy hub.
+func (f *Failover) onHubStatus(hc *hubConn, healthy bool) {
+	select {
+	case hc.status <- struct{}{}:
+	default:
+	}
+	f.mu.Lock()
+	current := f.err == nil && f.mode == ModeHub && !f.swapping && f.hub == hc
+	f.mu.Unlock()
+	if !current {
+		return
+	}
 	if h := f.opts.OnStatus; h != nil {
 		f.deliver(func() { h(healthy) })
 	}
@@ -539,11 +868,39 @@ func (f *Failover) onLocalStatus(healthy bool) {
 	current := f.mode == ModeLocal && f.err == nil
 	f.mu.Unlock()
 	if !current {
-		// Not swapped in yet: the swap reports the local health
-		// itself once it is the one that counts.
+		// Not swapped in yet (or swapped out): the swap reports the
+		// current listener's health itself.
 		return
 	}
 	if h := f.opts.OnStatus; h != nil {
 		f.deliver(func() { h(healthy) })
+	}
+}
+
+// missing returns the names of a that are not in b.
+func missing(a, b map[string]struct{}) []string {
+	var out []string
+	for q := range a {
+		if _, ok := b[q]; !ok {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+func keys(m map[string]struct{}) []string {
+	out := make([]string, 0, len(m))
+	for q := range m {
+		out = append(out, q)
+	}
+	return out
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

@@ -54,14 +54,35 @@ func newFakeHub(t testing.TB, auto bool) *fakeHub {
 		t.Fatal(err)
 	}
 	h := &fakeHub{t: t, path: path, ln: ln, auto: auto, conns: make(chan *fakeConn, 64)}
-	go h.acceptLoop()
+	go h.acceptLoop(ln)
 	t.Cleanup(h.close)
 	return h
 }
 
-func (h *fakeHub) acceptLoop() {
+// stop closes the listening socket (and removes it: dials fail with
+// ENOENT); the connections stay.
+func (h *fakeHub) stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ln.Close()
+}
+
+// restart listens on the same path again, as a hub restarted there would.
+func (h *fakeHub) restart() {
+	h.t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: h.path, Net: "unix"})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.mu.Lock()
+	h.ln = ln
+	h.mu.Unlock()
+	go h.acceptLoop(ln)
+}
+
+func (h *fakeHub) acceptLoop(ln *net.UnixListener) {
 	for {
-		c, err := h.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
@@ -93,9 +114,9 @@ func (h *fakeHub) accept() *fakeConn {
 }
 
 func (h *fakeHub) close() {
-	h.ln.Close()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.ln.Close()
 	for _, fc := range h.all {
 		fc.c.Close()
 	}

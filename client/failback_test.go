@@ -1,0 +1,568 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// fastFailback makes fail-back attempts frequent, for the scripted tests.
+func fastFailback(o *FailoverOptions) {
+	o.MinLocal = 20 * time.Millisecond
+	o.ProbeInterval = 10 * time.Millisecond
+	o.ProbeMaxInterval = 40 * time.Millisecond
+}
+
+// swaps counts a Failover's OnFailover and OnFailback calls.
+type swaps struct{ failovers, failbacks atomic.Int32 }
+
+func (s *swaps) options(o *FailoverOptions) {
+	o.OnFailover = func(error) { s.failovers.Add(1) }
+	o.OnFailback = func() { s.failbacks.Add(1) }
+}
+
+// expectSubs reads n frames from the client, which must all be subs, and
+// returns their names sorted.
+func (fc *fakeConn) expectSubs(t testing.TB, n int) []string {
+	t.Helper()
+	var names []string
+	for range n {
+		m := fc.next(t)
+		if m.T != frame.TypeSub {
+			t.Fatalf("fake hub: got %s %q from the client, want a sub", m.T, m.Q)
+		}
+		names = append(names, m.Q)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// quiet fails if the client sent a frame (one already read by the hub).
+func (fc *fakeConn) quiet(t testing.TB) {
+	t.Helper()
+	select {
+	case m := <-fc.msgs:
+		t.Fatalf("fake hub: unexpected %s %q from the client", m.T, m.Q)
+	default:
+	}
+}
+
+func (r *recorder) count(ev string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if e == ev {
+			n++
+		}
+	}
+	return n
+}
+
+// After a failover the Failover returns to a hub that accepts and is
+// healthy: the whole set is subscribed there, the local listener is closed
+// once the hub has acked it, OnFailback fires, a durable wake per name
+// follows, and the statuses say hub, local, hub.
+func TestFailbackToHub(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	rec := &recorder{}
+	var sw swaps
+	opts := FailoverOptions{}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, rec, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	for _, q := range []string{"a", "b"} {
+		if err := f.Subscribe(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fc.expectSubs(t, 2)
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	local := fl.get(t)
+
+	back := h.accept() // the fail-back's connection
+	if got := back.expectSubs(t, 2); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("fail-back subscribed %v, want [a b]", got)
+	}
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+	if f.Mode() != ModeHub || f.Reason() != nil || !f.Healthy() {
+		t.Fatalf("Mode %v Reason %v Healthy %v", f.Mode(), f.Reason(), f.Healthy())
+	}
+	if !isDone(local.Done()) {
+		t.Fatal("local listener still open after the fail-back")
+	}
+	testutil.WaitFor(t, waitLong, "the durable wakes of the fail-back", func() bool {
+		return rec.count("durable a") == 2 && rec.count("durable b") == 2
+	})
+	var statuses []string
+	for _, ev := range rec.snapshot() {
+		if strings.HasPrefix(ev, "status") {
+			statuses = append(statuses, ev)
+		}
+	}
+	if !slices.Equal(statuses, []string{"status true", "status false", "status true", "status true"}) {
+		t.Fatalf("statuses %v, want hub true, false, local true, hub true", statuses)
+	}
+
+	// The new hub client is the one in use now.
+	back.wake("a", "via the new hub")
+	testutil.WaitFor(t, waitLong, "a wake from the new hub", func() bool { return rec.has("wake a via the new hub") })
+	if err := f.Subscribe(context.Background(), "c"); err != nil {
+		t.Fatal(err)
+	}
+	back.expect(t, "sub", "c")
+	f.Unsubscribe("a")
+	back.expect(t, "unsub", "a")
+	if fl.count() != 1 || sw.failovers.Load() != 1 {
+		t.Fatalf("%d local listeners, %d failovers", fl.count(), sw.failovers.Load())
+	}
+}
+
+// Hub → local → hub, three times over: the hub client after a fail-back
+// fails over like the first one.
+func TestFailbackCycles(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	rec := &recorder{}
+	var sw swaps
+	opts := FailoverOptions{}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, rec, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	fc.expect(t, "sub", "a")
+	for i := 1; i <= 3; i++ {
+		fc.c.Close()
+		testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == int32(i) })
+		fc = h.accept()
+		fc.expect(t, "sub", "a")
+		testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == int32(i) })
+		if f.Mode() != ModeHub {
+			t.Fatalf("cycle %d: Mode %v after the fail-back", i, f.Mode())
+		}
+		fc.wake("a", "cycle")
+		testutil.WaitFor(t, waitLong, "a wake from the hub", func() bool { return rec.count("wake a cycle") == i })
+	}
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if len(fl.built) != 3 {
+		t.Fatalf("%d local listeners built, want 3", len(fl.built))
+	}
+	for i, l := range fl.built {
+		if !isDone(l.Done()) {
+			t.Fatalf("local listener %d still open", i)
+		}
+	}
+}
+
+// OneWay keeps pgbus's rule: a hub that is back is never dialed again.
+func TestFailbackOneWay(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	var sw swaps
+	opts := FailoverOptions{OneWay: true, MinLocal: time.Millisecond, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond}
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	// The hub accepts all along; without OneWay these timings fail back
+	// within milliseconds (TestFailbackToHub).
+	select {
+	case <-h.conns:
+		t.Fatal("a OneWay Failover dialed the hub again")
+	case <-time.After(500 * time.Millisecond):
+	}
+	if f.Mode() != ModeLocal || sw.failbacks.Load() != 0 || isDone(fl.get(t).Done()) {
+		t.Fatalf("Mode %v, %d fail-backs", f.Mode(), sw.failbacks.Load())
+	}
+}
+
+// No fail-back attempt before MinLocal has passed in local mode, however
+// short the probe interval.
+func TestFailbackMinLocal(t *testing.T) {
+	const minLocal = 400 * time.Millisecond
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	var sw swaps
+	opts := FailoverOptions{MinLocal: minLocal, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond}
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	lost := time.Now() // before the swap to local mode, so a lower bound
+	fc.c.Close()
+	h.accept()
+	dialed := time.Since(lost)
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+	if dialed < minLocal {
+		t.Fatalf("the hub was dialed %v after the failure, before MinLocal (%v)", dialed, minLocal)
+	}
+	if f.Mode() != ModeHub {
+		t.Fatal(f.Mode())
+	}
+	t.Logf("dialed again %v after the hub failure (MinLocal %v)", dialed, minLocal)
+}
+
+// A hub that accepts but reports healthy:false is not returned to: the
+// attempt subscribes nothing there and closes the connection. A hub that
+// turns healthy within the wait is.
+func TestFailbackWaitsForHealthy(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	var sw swaps
+	opts := FailoverOptions{AckTimeout: 300 * time.Millisecond}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	fc.status(true)
+	done := result(func() error { return f.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	fc.ack("a")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+
+	for range 2 {
+		sick := h.accept()
+		sick.status(false)
+		sick.waitEOF(t) // given up after the wait for a healthy status
+		sick.quiet(t)
+		if f.Mode() != ModeLocal || isDone(fl.get(t).Done()) {
+			t.Fatalf("Mode %v with an unhealthy hub", f.Mode())
+		}
+	}
+
+	late := h.accept()
+	late.status(false)
+	late.status(true) // healthy within the wait: good enough
+	late.expect(t, "sub", "a")
+	late.ack("a")
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+	if f.Mode() != ModeHub || !f.Healthy() {
+		t.Fatal(f.Mode(), f.Healthy())
+	}
+}
+
+// A hub that fails during the fail-back attempt (EOF before the ack, or a
+// nack) leaves the Failover local, its local listener untouched, and it
+// tries again.
+func TestFailbackHubFailsDuringAttempt(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	rec := &recorder{}
+	var sw swaps
+	opts := FailoverOptions{}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, rec, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	fc.status(true)
+	done := result(func() error { return f.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	fc.ack("a")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	local := fl.get(t)
+
+	dies := h.accept()
+	dies.status(true)
+	dies.expect(t, "sub", "a")
+	dies.wake("a", "overlap") // delivered: over-delivery is harmless
+	dies.c.Close()
+	refuses := h.accept()
+	refuses.status(true)
+	refuses.expect(t, "sub", "a")
+	refuses.nack("a", "LISTEN failed: listener: no connection within the command timeout")
+	refuses.waitEOF(t)
+	if f.Mode() != ModeLocal || isDone(local.Done()) || sw.failovers.Load() != 1 {
+		t.Fatalf("Mode %v after failed attempts", f.Mode())
+	}
+	local.notify("a", "still local")
+	if !rec.has("wake a still local") {
+		t.Fatal("local listener no longer delivers")
+	}
+
+	ok := h.accept()
+	ok.status(true)
+	ok.expect(t, "sub", "a")
+	ok.ack("a")
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+	if !isDone(local.Done()) || fl.count() != 1 || f.Err() != nil {
+		t.Fatalf("local closed %v, %d built, Err %v", isDone(local.Done()), fl.count(), f.Err())
+	}
+	if !rec.has("wake a overlap") {
+		t.Fatal("a wake from an abandoned attempt's hub was not delivered")
+	}
+}
+
+// Subscribe and Unsubscribe racing a fail-back: a name subscribed while the
+// hub's acks are pending goes to the local listener at once and is acked by
+// the hub before the local listener closes; a name dropped meanwhile is
+// dropped by the local listener and unsubscribed from the hub as it swaps.
+func TestFailbackSubscribeDuring(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	rec := &recorder{}
+	var sw swaps
+	opts := FailoverOptions{}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, rec, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	fc.status(true)
+	for _, q := range []string{"a", "c"} {
+		done := result(func() error { return f.Subscribe(context.Background(), q) })
+		fc.expect(t, "sub", q)
+		fc.ack(q)
+		if err := await(t, done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	local := fl.get(t)
+
+	back := h.accept()
+	back.status(true)
+	if got := back.expectSubs(t, 2); !slices.Equal(got, []string{"a", "c"}) {
+		t.Fatalf("fail-back subscribed %v", got)
+	}
+	// Acks held back: the fail-back waits, the Failover is local.
+	if err := f.Subscribe(context.Background(), "b"); err != nil {
+		t.Fatalf("Subscribe during the fail-back: %v", err)
+	}
+	f.Unsubscribe("c")
+	local.mu.Lock()
+	lsubs, lunsubs := slices.Clone(local.subs), slices.Clone(local.unsubs)
+	local.mu.Unlock()
+	if !slices.Contains(lsubs, "b") || !slices.Equal(lunsubs, []string{"c"}) {
+		t.Fatalf("local subs %v unsubs %v: the local listener must serve the set until the swap", lsubs, lunsubs)
+	}
+	back.ack("a")
+	back.ack("c")
+	back.expect(t, "sub", "b") // recorded meanwhile: subscribed before the swap
+	if f.Mode() != ModeLocal || isDone(local.Done()) {
+		t.Fatal("swapped before every recorded name was acked by the hub")
+	}
+	back.ack("b")
+	back.expect(t, "unsub", "c") // dropped meanwhile: not lost
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+	if !isDone(local.Done()) || f.Mode() != ModeHub {
+		t.Fatal("not swapped")
+	}
+	testutil.WaitFor(t, waitLong, "durable wakes", func() bool {
+		return rec.count("durable a") == 2 && rec.count("durable b") == 1
+	})
+	if rec.count("durable c") != 1 { // the failover's only
+		t.Fatalf("%d durable wakes for the dropped name", rec.count("durable c"))
+	}
+	// The set is consistent on the hub: b is acked there (no round trip),
+	// c is not subscribed.
+	if err := f.Subscribe(context.Background(), "b"); err != nil {
+		t.Fatal(err)
+	}
+	back.quiet(t)
+}
+
+// Many Subscribes racing the swap itself all end up on the hub.
+func TestFailbackConcurrentSubscribes(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	var sw swaps
+	opts := FailoverOptions{}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "x"); err != nil {
+		t.Fatal(err)
+	}
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	var names []string
+	var calls []<-chan error
+	for i := range 40 {
+		q := string(rune('a'+i%26)) + strings.Repeat("z", i/26)
+		names = append(names, q)
+		calls = append(calls, result(func() error { return f.Subscribe(context.Background(), q) }))
+	}
+	for _, ch := range calls {
+		if err := await(t, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+	// Every name is acked on the hub client now: Subscribe returns
+	// without a frame.
+	f.mu.Lock()
+	c := f.hub.c
+	f.mu.Unlock()
+	c.mu.Lock()
+	for _, q := range append(names, "x") {
+		if s := c.subs[q]; s == nil || !s.active {
+			t.Errorf("%q not acked on the hub client after the fail-back", q)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// Close during a fail-back closes the attempt's hub connection and the
+// local listener.
+func TestFailbackClose(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	var sw swaps
+	opts := FailoverOptions{AckTimeout: time.Minute}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	fc.status(true)
+	done := result(func() error { return f.Subscribe(context.Background(), "a") })
+	fc.expect(t, "sub", "a")
+	fc.ack("a")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	back := h.accept()
+	back.status(true)
+	back.expect(t, "sub", "a")
+	f.Close()
+	back.waitEOF(t)
+	if !isDone(fl.get(t).Done()) || !errors.Is(f.Err(), ErrClosed) || sw.failbacks.Load() != 0 {
+		t.Fatalf("Err %v, %d fail-backs", f.Err(), sw.failbacks.Load())
+	}
+}
+
+// A Failover that started local (no hub) goes to the hub once one is
+// listening on the socket.
+func TestFailbackHubStartedLater(t *testing.T) {
+	h := newFakeHub(t, true)
+	h.stop()
+	fl := &fakeLocals{}
+	var sw swaps
+	opts := FailoverOptions{}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Mode() != ModeLocal {
+		t.Fatal(f.Mode())
+	}
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	h.restart()
+	fc := h.accept()
+	fc.expect(t, "sub", "a")
+	testutil.WaitFor(t, waitLong, "on the hub", func() bool { return sw.failbacks.Load() == 1 })
+	if f.Mode() != ModeHub || !isDone(fl.get(t).Done()) || sw.failovers.Load() != 0 {
+		t.Fatal(f.Mode())
+	}
+}
+
+// The waits between attempts grow and stay within ±20% of the nominal.
+func TestFailbackJitter(t *testing.T) {
+	const d = time.Second
+	var lo, hi bool
+	for range 1000 {
+		j := jitter(d)
+		if j < 800*time.Millisecond || j > 1200*time.Millisecond {
+			t.Fatalf("jitter(%v) = %v", d, j)
+		}
+		lo = lo || j < 900*time.Millisecond
+		hi = hi || j > 1100*time.Millisecond
+	}
+	if !lo || !hi {
+		t.Fatal("jitter does not spread")
+	}
+}
+
+// A hub that stays away: attempts fail at connect (the socket is gone) and
+// go on, with backoff, until a hub listens on the same path again.
+func TestFailbackAfterHubAbsence(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	var sw swaps
+	logs := &logBuf{}
+	opts := FailoverOptions{Logger: logs.logger()}
+	fastFailback(&opts)
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	h.stop()
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	testutil.WaitFor(t, waitLong, "three failed attempts", func() bool {
+		return strings.Count(logs.String(), "fail-back attempt failed") >= 3
+	})
+	if f.Mode() != ModeLocal || !strings.Contains(logs.String(), "why=connect") {
+		t.Fatalf("Mode %v; logs:\n%s", f.Mode(), logs.String())
+	}
+	h.restart()
+	h.accept().expect(t, "sub", "a")
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+}

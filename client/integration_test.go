@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,27 +225,48 @@ type notifier struct {
 	done chan struct{}
 	mu   sync.Mutex
 	last int
+
+	paused atomic.Bool
+	sendMu sync.Mutex // held while a NOTIFY is in flight
 }
+
+// pause stops the sending; on return no NOTIFY is in flight.
+func (n *notifier) pause() {
+	n.paused.Store(true)
+	n.sendMu.Lock()
+	n.sendMu.Unlock() //nolint:staticcheck // waits for the NOTIFY in flight
+}
+
+func (n *notifier) resume() { n.paused.Store(false) }
 
 func (e *pgEnv) startNotifier(q string) *notifier {
 	n := &notifier{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(n.done)
-		for i := 1; ; i++ {
+		for i := 1; ; {
 			select {
 			case <-n.stop:
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
+			n.sendMu.Lock()
+			if n.paused.Load() {
+				n.sendMu.Unlock()
+				continue
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 			err := e.db.Notify(ctx, e.prefix+q, "seq "+strconv.Itoa(i))
 			cancel()
+			if err == nil {
+				n.mu.Lock()
+				n.last = i
+				n.mu.Unlock()
+			}
+			n.sendMu.Unlock()
 			if err != nil {
 				return
 			}
-			n.mu.Lock()
-			n.last = i
-			n.mu.Unlock()
+			i++
 		}
 	}()
 	e.t.Cleanup(n.halt)

@@ -198,21 +198,23 @@ func (m *Mux) fail(err error) {
 	close(m.closed)
 	chans := m.chans
 	m.chans = make(map[string]*muxChan)
-	for _, ch := range chans {
+	var subscribed []string // read under m.mu: a reconcile may be writing it
+	for q, ch := range chans {
 		for s := range ch.subs {
 			s.closeWith(err)
 		}
 		ch.subs = nil
 		close(ch.changed)
 		ch.changed = make(chan struct{})
+		if ch.subscribed {
+			subscribed = append(subscribed, q)
+		}
 	}
 	l := m.l
 	m.mu.Unlock()
 	if l != nil && err == ErrClosed {
-		for q, ch := range chans {
-			if ch.subscribed {
-				l.Unsubscribe(q)
-			}
+		for _, q := range subscribed {
+			l.Unsubscribe(q)
 		}
 	}
 }

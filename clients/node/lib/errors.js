@@ -1,0 +1,85 @@
+'use strict';
+
+// Errors of the listenhub client. Everything thrown is a ListenhubError.
+
+class ListenhubError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = this.constructor.name;
+  }
+}
+
+// The client (or failover listener) was closed by its owner.
+class ClosedError extends ListenhubError {
+  constructor() {
+    super('listenhub: closed');
+  }
+}
+
+// The subscription name itself is refused (longer than 63 bytes once
+// mapped, a NUL, or the hub's "invalid channel" nack): final for that name,
+// harmless for the transport. The client stays alive and a failover does not
+// fail over because of it.
+class InvalidNameError extends ListenhubError {
+  constructor(q, reason) {
+    super(`listenhub: invalid subscription name ${JSON.stringify(q)}: ${reason}`);
+    this.q = q;
+    this.reason = reason;
+  }
+}
+
+// The hub refused a subscription for a reason other than the name (LISTEN
+// failed, its Postgres is down): the client is dead after it.
+class NackError extends ListenhubError {
+  constructor(q, reason) {
+    super(`listenhub: hub refused ${JSON.stringify(q)}: ${reason}`);
+    this.q = q;
+    this.reason = reason;
+  }
+}
+
+// No ack or nack within the ack timeout: a wedged hub. The client is dead.
+class AckTimeoutError extends ListenhubError {
+  constructor(q, timeoutMs) {
+    super(`listenhub: no ack for ${JSON.stringify(q)} within ${timeoutMs} ms`);
+    this.q = q;
+    this.timeout = timeoutMs;
+  }
+}
+
+// A transport failure: op is "dial" (no socket, stale socket), "peer" (the
+// socket is not owned by our user or root), "read" (EOF, which is also what
+// an eviction looks like; a malformed frame) or "write" (including a write
+// stalled past the write timeout).
+class ConnError extends ListenhubError {
+  constructor(op, path, cause) {
+    super(`listenhub: ${op} ${path}: ${cause && cause.message ? cause.message : cause}`);
+    this.op = op;
+    this.path = path;
+    this.cause = cause;
+  }
+}
+
+// The events() iterator was not drained: more than maxPending events were
+// waiting. The listener is dead, as a worker that stops reading is evicted.
+class SlowConsumerError extends ListenhubError {}
+
+// The local listener failed too, after the hub failed.
+class FailoverError extends ListenhubError {
+  constructor(hub, local) {
+    super(`listenhub: local listener failed (${local && local.message ? local.message : local}) after hub failure (${hub && hub.message ? hub.message : hub})`);
+    this.hub = hub;
+    this.local = local;
+  }
+}
+
+module.exports = {
+  ListenhubError,
+  ClosedError,
+  InvalidNameError,
+  NackError,
+  AckTimeoutError,
+  ConnError,
+  SlowConsumerError,
+  FailoverError,
+};

@@ -1,0 +1,94 @@
+'use strict';
+
+// What listeners deliver, and the sink that hands it to callbacks or to an
+// async iterator.
+
+const DEFAULT_MAX_PENDING = 65536;
+
+// A wake: q is the subscription name; payload is null and durable true for a
+// NOTIFY without payload ("something changed, re-read": may be coalesced and
+// synthesized after a gap), otherwise the payload may be the only copy.
+function wake(q, p) {
+  if (p === null || p === undefined || p === '') return { type: 'wake', q, payload: null, durable: true };
+  return { type: 'wake', q, payload: p, durable: false };
+}
+
+// The hub's (or the local listener's) Postgres connection is (not) healthy.
+function status(healthy) {
+  return { type: 'status', healthy: !!healthy };
+}
+
+class Sink {
+  constructor(onWake, onStatus, maxPending) {
+    this.onWake = onWake || null;
+    this.onStatus = onStatus || null;
+    this.maxPending = maxPending || DEFAULT_MAX_PENDING;
+    this.queue = [];
+    this.head = 0;
+    this.waiters = [];
+    this.ended = false;
+  }
+
+  // The callback for ev, or null when it goes to the queue.
+  callback(ev) {
+    return ev.type === 'wake' ? this.onWake : this.onStatus;
+  }
+
+  // Queues ev for events(); false when the queue is full.
+  put(ev) {
+    if (this.ended) return true;
+    if (this.queue.length - this.head >= this.maxPending) return false;
+    const w = this.waiters.shift();
+    if (w) {
+      w(ev);
+      return true;
+    }
+    this.queue.push(ev);
+    return true;
+  }
+
+  end() {
+    this.ended = true;
+    for (const w of this.waiters.splice(0)) w(null);
+  }
+
+  // The next queued event; null after timeoutMs (if given) or once the
+  // listener is dead and the queue drained.
+  get(timeoutMs) {
+    if (this.head < this.queue.length) {
+      const ev = this.queue[this.head];
+      this.queue[this.head++] = undefined;
+      if (this.head > 1024 && this.head * 2 > this.queue.length) {
+        this.queue = this.queue.slice(this.head);
+        this.head = 0;
+      }
+      return Promise.resolve(ev);
+    }
+    if (this.ended) return Promise.resolve(null);
+    return new Promise((resolve) => {
+      let timer = null;
+      const w = (ev) => {
+        if (timer) clearTimeout(timer);
+        resolve(ev);
+      };
+      this.waiters.push(w);
+      if (timeoutMs !== undefined && timeoutMs !== null) {
+        timer = setTimeout(() => {
+          const i = this.waiters.indexOf(w);
+          if (i >= 0) this.waiters.splice(i, 1);
+          resolve(null);
+        }, timeoutMs);
+      }
+    });
+  }
+
+  async *events() {
+    for (;;) {
+      const ev = await this.get();
+      if (ev === null) return;
+      yield ev;
+    }
+  }
+}
+
+module.exports = { DEFAULT_MAX_PENDING, Sink, wake, status };

@@ -1,0 +1,277 @@
+'use strict';
+
+// The per-process Postgres listener a Failover swaps to: its own LISTEN
+// connection through the pg package (required lazily, so the hub client
+// needs only node:net).
+
+const frame = require('./frame');
+const { DEFAULT_MAX_PENDING, Sink, wake, status } = require('./events');
+const { ClosedError, InvalidNameError, ListenhubError, SlowConsumerError } = require('./errors');
+
+// Tags the local listener's backend in pg_stat_activity, distinct from the
+// hub's "listenhub", so an operator sees how many processes fell back.
+const DEFAULT_LOCAL_APPLICATION_NAME = 'listenhub-local';
+// Bounds the connect and each LISTEN/UNLISTEN.
+const DEFAULT_LOCAL_TIMEOUT = 10000;
+// An idle connection is checked (SELECT 1) this often.
+const HEALTH_CHECK_INTERVAL = 5000;
+const BACKOFF_MIN = 100;
+const BACKOFF_MAX = 5000;
+
+// opts.databaseUrl, else LISTENHUB_DATABASE_URL, else DATABASE_URL, else
+// undefined (pg then reads the PG* variables).
+function databaseUrl(url) {
+  return url || process.env.LISTENHUB_DATABASE_URL || process.env.DATABASE_URL || undefined;
+}
+
+function withTimeout(promise, ms, what) {
+  let timer;
+  return Promise.race([
+    promise,
+    new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new ListenhubError(`listenhub: ${what} not done within ${ms} ms`)), ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+// A listener over this process's own Postgres connection (session mode:
+// LISTEN does not work through a transaction-pooling PgBouncer). LISTEN and
+// UNLISTEN run one at a time in call order. A lost connection is
+// reconnected with backoff (capped at 5 s); once every name is LISTENed
+// again it reports status true and one durable wake per name (NOTIFYs in
+// the gap are gone). A Local dies only by close(). Make one with
+// Local.create(opts).
+class Local {
+  constructor(opts) {
+    this.url = databaseUrl(opts.databaseUrl);
+    this.prefix = opts.channelPrefix || '';
+    this.suffix = opts.channelSuffix || '';
+    this.applicationName = opts.applicationName || DEFAULT_LOCAL_APPLICATION_NAME;
+    this.commandTimeout = opts.localTimeout || DEFAULT_LOCAL_TIMEOUT;
+    this._sink = new Sink(opts.onWake, opts.onStatus, opts.maxPending || DEFAULT_MAX_PENDING);
+    this._listening = new Set();
+    this._chain = Promise.resolve(); // LISTEN/UNLISTEN in call order
+    this._pendingUnlisten = new Map(); // q -> count of queued UNLISTENs
+    this.err = null;
+    this._healthy = false;
+    this._conn = null;
+    this._connected = null; // resolves when a connection is up (after a loss)
+    this._lastTraffic = Date.now();
+    this._closing = false;
+    this.done = new Promise((resolve) => {
+      this._resolveDone = resolve;
+    });
+  }
+
+  static async create(opts = {}) {
+    const l = new Local(opts);
+    l._conn = await l._open();
+    l._healthy = true;
+    l._health = setInterval(() => l._check(), HEALTH_CHECK_INTERVAL);
+    l._health.unref();
+    return l;
+  }
+
+  channel(q) {
+    return this.prefix + q + this.suffix;
+  }
+
+  // The pid of the current Postgres backend (tests, diagnostics).
+  backendPid() {
+    return this._conn && this._conn.processID;
+  }
+
+  async _open() {
+    const { Client: PgClient } = require('pg');
+    const conn = new PgClient({
+      connectionString: this.url,
+      application_name: process.env.PGAPPNAME ? undefined : this.applicationName,
+      connectionTimeoutMillis: this.commandTimeout,
+      keepAlive: true,
+      keepAliveInitialDelayMillis: 10000,
+    });
+    conn.on('notification', (n) => {
+      this._lastTraffic = Date.now();
+      if (conn === this._conn) this._onChannel(n.channel, n.payload);
+    });
+    conn.on('error', (e) => this._lost(conn, e));
+    conn.on('end', () => this._lost(conn, new Error('connection ended')));
+    try {
+      await conn.connect();
+    } catch (e) {
+      conn.end().catch(() => {});
+      throw e;
+    }
+    return conn;
+  }
+
+  // Resolves once Postgres confirmed the LISTEN of q's channel. Rejects
+  // with InvalidNameError for a name no channel can carry, or with the
+  // LISTEN's error (the Local stays alive).
+  subscribe(q) {
+    const problem = frame.nameProblem(q) || frame.channelProblem(this.channel(q));
+    if (problem) return Promise.reject(new InvalidNameError(q, problem));
+    if (this.err) return Promise.reject(this.err);
+    if (this._listening.has(q) && !this._pendingUnlisten.get(q)) return Promise.resolve();
+    return this._op(q, true);
+  }
+
+  // Queues an UNLISTEN of q's channel; never blocks.
+  unsubscribe(q) {
+    if (this.err) return;
+    this._pendingUnlisten.set(q, (this._pendingUnlisten.get(q) || 0) + 1);
+    this._op(q, false).catch(() => {});
+  }
+
+  _op(q, listen) {
+    const run = async () => {
+      if (!listen) {
+        const n = this._pendingUnlisten.get(q) - 1;
+        if (n > 0) this._pendingUnlisten.set(q, n);
+        else this._pendingUnlisten.delete(q);
+      }
+      if (this.err) throw this.err;
+      if (listen === this._listening.has(q)) return;
+      const sql = (listen ? 'LISTEN ' : 'UNLISTEN ') + frame.quoteIdent(this.channel(q));
+      const deadline = Date.now() + this.commandTimeout;
+      for (;;) {
+        if (this.err) throw this.err;
+        if (this._connected) {
+          // Reconnecting: the reconnect re-LISTENs the set, so just wait.
+          await withTimeout(this._connected, Math.max(1, deadline - Date.now()), `local ${sql}`);
+          continue;
+        }
+        try {
+          await withTimeout(this._conn.query(sql), Math.max(1, deadline - Date.now()), `local ${sql}`);
+          break;
+        } catch (e) {
+          if (this._connected && Date.now() < deadline) continue; // lost meanwhile: after the reconnect
+          throw new ListenhubError(`listenhub: local ${sql} failed: ${e.message}`);
+        }
+      }
+      this._lastTraffic = Date.now();
+      if (listen) this._listening.add(q);
+      else this._listening.delete(q);
+    };
+    const p = this._chain.then(run);
+    this._chain = p.catch(() => {});
+    return p;
+  }
+
+  healthy() {
+    return !this.err && this._healthy;
+  }
+
+  events() {
+    return this._sink.events();
+  }
+
+  get(timeoutMs) {
+    return this._sink.get(timeoutMs);
+  }
+
+  // Closes the connection. Idempotent; safe from a callback.
+  close() {
+    this._closing = true;
+    this._die(new ClosedError());
+  }
+
+  wait() {
+    return this.done;
+  }
+
+  _die(err) {
+    if (this.err) return;
+    this.err = err;
+    this._healthy = false;
+    clearInterval(this._health);
+    if (this._conn) this._conn.end().catch(() => {});
+    this._sink.end();
+    this._resolveDone(err);
+  }
+
+  _check() {
+    if (this.err || this._connected || Date.now() - this._lastTraffic < HEALTH_CHECK_INTERVAL) return;
+    const conn = this._conn;
+    withTimeout(conn.query('SELECT 1'), this.commandTimeout, 'health check').then(
+      () => {
+        this._lastTraffic = Date.now();
+      },
+      (e) => this._lost(conn, e),
+    );
+  }
+
+  _onChannel(ch, payload) {
+    if (!ch.startsWith(this.prefix) || !ch.endsWith(this.suffix) || ch.length < this.prefix.length + this.suffix.length) return;
+    const q = ch.slice(this.prefix.length, ch.length - this.suffix.length);
+    this._deliver(wake(q, payload));
+  }
+
+  _deliver(ev) {
+    if (this._closing || this.err) return;
+    const cb = this._sink.callback(ev);
+    if (!cb) {
+      if (!this._sink.put(ev)) {
+        this._die(new SlowConsumerError(`listenhub: more than ${this._sink.maxPending} events not taken from events()`));
+      }
+      return;
+    }
+    try {
+      cb(ev.type === 'wake' ? ev : ev.healthy);
+    } catch (e) {
+      process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
+    }
+  }
+
+  // The connection conn was lost: reconnect, re-LISTEN, resync.
+  _lost(conn, e) {
+    if (this.err || conn !== this._conn || this._connected) return;
+    this._healthy = false;
+    let done;
+    this._connected = new Promise((resolve) => {
+      done = resolve;
+    });
+    conn.removeAllListeners('notification');
+    conn.on('error', () => {});
+    conn.end().catch(() => {});
+    this._deliver(status(false));
+    this._reconnect(done, e);
+  }
+
+  async _reconnect(done, cause) {
+    let backoff = BACKOFF_MIN;
+    void cause;
+    while (!this.err) {
+      let conn = null;
+      try {
+        conn = await this._open();
+        for (const q of this._listening) {
+          await withTimeout(conn.query('LISTEN ' + frame.quoteIdent(this.channel(q))), this.commandTimeout, 'local LISTEN');
+        }
+      } catch (e) {
+        if (conn) {
+          conn.removeAllListeners('error');
+          conn.on('error', () => {});
+          conn.end().catch(() => {});
+        }
+        await new Promise((r) => setTimeout(r, backoff).unref());
+        backoff = Math.min(backoff * 2, BACKOFF_MAX);
+        continue;
+      }
+      if (this.err) {
+        conn.end().catch(() => {});
+        break;
+      }
+      this._conn = conn;
+      this._connected = null;
+      this._healthy = true;
+      this._lastTraffic = Date.now();
+      this._deliver(status(true));
+      for (const q of this._listening) this._deliver(wake(q, null));
+      break;
+    }
+    done();
+  }
+}
+
+module.exports = { Local, DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, databaseUrl };

@@ -1,0 +1,145 @@
+'use strict';
+
+// The hub client against a real hub and a real Postgres.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const path = require('node:path');
+
+const listenhub = require('..');
+const { TIMEOUT, skip, tmpDir, Hub, DB, Collector, FakeHub } = require('./hubtest');
+
+// A hub, a database connection and cleanup for one test.
+async function setup(t) {
+  const hub = await Hub.start(t.name);
+  t.after(() => hub.kill());
+  const db = await DB.open();
+  t.after(() => db.close());
+  const open = async (opts) => {
+    const c = await listenhub.connect(hub.socket, opts);
+    t.after(() => c.close());
+    return c;
+  };
+  return { hub, db, open };
+}
+
+test('subscribe acks, then wakes with payload and durable', { skip }, async (t) => {
+  const { db, open } = await setup(t);
+  const col = new Collector();
+  const c = await open({ onWake: col.onWake, onStatus: col.onStatus });
+  await c.subscribe('orders');
+  assert.deepEqual([...c.subscriptions()], ['orders']);
+  // Committed after the ack: must arrive (rule 1).
+  await db.notify('orders', 'hello');
+  await db.notify('orders', '');
+  await col.wait('both wakes', (s) => s.wakes.length >= 2);
+  assert.deepEqual(col.wakes.slice(0, 2), [
+    { type: 'wake', q: 'orders', payload: 'hello', durable: false },
+    { type: 'wake', q: 'orders', payload: null, durable: true },
+  ]);
+});
+
+test('status on connect and healthy()', { skip }, async (t) => {
+  const { open } = await setup(t);
+  const col = new Collector();
+  const c = await open({ onStatus: col.onStatus });
+  await col.wait('a status', (s) => s.statuses.length > 0);
+  assert.equal(col.statuses[0], true);
+  assert.equal(c.healthy(), true);
+});
+
+test('events() iterator without callbacks', { skip }, async (t) => {
+  const { db, open } = await setup(t);
+  const c = await open();
+  await c.subscribe('it');
+  await db.notify('it', 'p1');
+  const got = [];
+  for await (const ev of c.events()) {
+    got.push(ev);
+    if (ev.type === 'wake') break;
+  }
+  assert.deepEqual(got[0], { type: 'status', healthy: true });
+  assert.deepEqual(got.at(-1), { type: 'wake', q: 'it', payload: 'p1', durable: false });
+});
+
+test('invalid names are refused and the client lives', { skip }, async (t) => {
+  const { open } = await setup(t);
+  const c = await open();
+  // 64 bytes: refused without a round trip.
+  await assert.rejects(c.subscribe('x'.repeat(64)), listenhub.InvalidNameError);
+  // Empty: the hub's nack ("invalid channel: ..."), not a dead hub.
+  await assert.rejects(c.subscribe(''), (e) => e instanceof listenhub.InvalidNameError && e.reason.includes('invalid channel'));
+  assert.equal(c.err, null);
+  await c.subscribe('fine');
+  assert.deepEqual([...c.subscriptions()], ['fine']);
+});
+
+test('unsubscribe stops delivery', { skip }, async (t) => {
+  const { db, open } = await setup(t);
+  const col = new Collector();
+  const c = await open({ onWake: col.onWake });
+  await c.subscribe('a');
+  await c.subscribe('b');
+  c.unsubscribe('a');
+  await c.subscribe('c'); // a round trip after the unsub: the hub processed it
+  await db.notify('a', 'lost');
+  await db.notify('b', 'kept');
+  await col.wait('the wake of b', (s) => s.has('b', 'kept', false));
+  assert.ok(!col.wakes.some((w) => w.q === 'a'), JSON.stringify(col.wakes));
+});
+
+test('the hub dying kills the client', { skip }, async (t) => {
+  const { hub, open } = await setup(t);
+  const c = await open();
+  await c.subscribe('x');
+  await hub.kill();
+  const err = await c.wait();
+  assert.ok(err instanceof listenhub.ConnError, String(err));
+  assert.equal(c.healthy(), false);
+  await assert.rejects(c.subscribe('y'), listenhub.ConnError);
+});
+
+test('close', { skip }, async (t) => {
+  const { open } = await setup(t);
+  const c = await open();
+  await c.subscribe('x');
+  c.close();
+  assert.ok(c.err instanceof listenhub.ClosedError);
+  await assert.rejects(c.subscribe('x'), listenhub.ClosedError);
+  c.close(); // idempotent
+});
+
+test('subscribe with an aborted signal leaves the client alive', { skip }, async (t) => {
+  const { open } = await setup(t);
+  const c = await open();
+  const ac = new AbortController();
+  const p = c.subscribe('abandoned', { signal: ac.signal });
+  ac.abort(new Error('gave up'));
+  await assert.rejects(p, /gave up/);
+  await c.subscribe('other');
+  assert.equal(c.err, null);
+});
+
+test('ack timeout kills the client', async (t) => {
+  const fake = await FakeHub.start('silent');
+  t.after(() => fake.close());
+  const c = await listenhub.connect(fake.socket, { ackTimeout: 300 });
+  t.after(() => c.close());
+  await assert.rejects(c.subscribe('q'), listenhub.AckTimeoutError);
+  assert.ok(c.err instanceof listenhub.AckTimeoutError);
+});
+
+test('a nack not about the name kills the client', async (t) => {
+  const fake = await FakeHub.start('nack');
+  t.after(() => fake.close());
+  const c = await listenhub.connect(fake.socket);
+  t.after(() => c.close());
+  await assert.rejects(c.subscribe('q'), listenhub.NackError);
+  assert.ok(c.err instanceof listenhub.NackError);
+});
+
+test('a missing socket is a dial error', async () => {
+  await assert.rejects(listenhub.connect(path.join(tmpDir('lhnode-'), 'none.sock')), (e) => e instanceof listenhub.ConnError && e.op === 'dial');
+});
+
+void TIMEOUT;

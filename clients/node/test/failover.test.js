@@ -1,0 +1,161 @@
+'use strict';
+
+// Failover against a real hub and a real Postgres: the hub is killed, the
+// client goes on with its own LISTEN connection.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const path = require('node:path');
+
+const listenhub = require('..');
+const { DATABASE_URL, skip, tmpDir, waitFor, Hub, DB, Collector, FakeHub } = require('./hubtest');
+
+const PREFIX = 'lh.';
+const SUFFIX = '.ev';
+// Needs quoting (a dot, capitals, a double quote): the local LISTEN must
+// send it as a quoted identifier with the quote doubled.
+const ODD = 'Mixed"Case.q';
+
+async function setup(t) {
+  const db = await DB.open();
+  t.after(() => db.close());
+  const col = new Collector();
+  const app = ('lhnode-local-' + t.name.replace(/[^a-zA-Z0-9]+/g, '-')).slice(0, 60);
+  const failover = async (socketPath, opts = {}) => {
+    const f = await listenhub.Failover.create(socketPath, {
+      databaseUrl: DATABASE_URL,
+      channelPrefix: PREFIX,
+      channelSuffix: SUFFIX,
+      applicationName: app,
+      onWake: col.onWake,
+      onStatus: col.onStatus,
+      ...opts,
+    });
+    t.after(() => f.close());
+    return f;
+  };
+  const hub = async () => {
+    const h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX });
+    t.after(() => h.kill());
+    return h;
+  };
+  const notify = (q, payload = '') => db.notify(PREFIX + q + SUFFIX, payload);
+  return { db, col, app, failover, hub, notify };
+}
+
+test('hub killed: fails over to a local LISTEN', { skip }, async (t) => {
+  const { db, col, app, failover, hub, notify } = await setup(t);
+  const h = await hub();
+  const reasons = [];
+  const f = await failover(h.socket, { onFailover: (r) => reasons.push(r) });
+  await f.subscribe('jobs');
+  await f.subscribe(ODD);
+  assert.equal(f.mode(), listenhub.HUB);
+  assert.equal(await db.backends(app), 0);
+  await notify('jobs', 'via-hub');
+  await col.wait('a wake through the hub', (s) => s.has('jobs', 'via-hub', false));
+
+  await h.kill();
+  await waitFor('local mode', () => f.mode() === listenhub.LOCAL);
+  // One durable wake per recorded name after the swap.
+  await col.wait('a durable wake per name', (s) => s.has('jobs', null, true) && s.has(ODD, null, true));
+  assert.equal(col.count('jobs', null, true), 1);
+  assert.equal(col.count(ODD, null, true), 1);
+  assert.equal(reasons.length, 1);
+  assert.ok(reasons[0] instanceof listenhub.ConnError, String(reasons[0]));
+  assert.ok(col.statuses.includes(false));
+  assert.equal(await db.backends(app), 1);
+  assert.equal(f.healthy(), true);
+
+  // Later NOTIFYs come through the local connection, mapped back.
+  await notify('jobs', 'via-local');
+  await notify(ODD, 'odd');
+  await col.wait('wakes through the local listener', (s) => s.has('jobs', 'via-local', false) && s.has(ODD, 'odd', false));
+  // Subscribe and unsubscribe in local mode.
+  await f.subscribe('later');
+  f.unsubscribe('jobs');
+  await f.subscribe('sync-point'); // LISTEN/UNLISTEN run in call order
+  await notify('jobs', 'gone');
+  await notify('later', 'new');
+  await col.wait('a wake for a name subscribed in local mode', (s) => s.has('later', 'new', false));
+  assert.ok(!col.has('jobs', 'gone', false));
+  assert.deepEqual([...f.subscriptions()].sort(), [ODD, 'later', 'sync-point'].sort());
+
+  f.close();
+  await waitFor('the local backend gone', async () => (await db.backends(app)) === 0);
+});
+
+test('no hub at start: local mode at once', { skip }, async (t) => {
+  const { col, failover, notify } = await setup(t);
+  const f = await failover(path.join(tmpDir('lhnode-'), 'absent.sock'));
+  assert.equal(f.mode(), listenhub.LOCAL);
+  assert.ok(f.reason instanceof listenhub.ConnError);
+  await f.subscribe('jobs');
+  await notify('jobs', 'x');
+  await col.wait('a local wake', (s) => s.has('jobs', 'x', false));
+});
+
+test('the local listener reconnects and resyncs', { skip }, async (t) => {
+  const { db, col, app, failover, notify } = await setup(t);
+  const f = await failover(path.join(tmpDir('lhnode-'), 'absent.sock'));
+  await f.subscribe('jobs');
+  await db.conn.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1', [app]);
+  // Lost, reconnected and re-LISTENed, then one durable wake.
+  await col.wait('unhealthy then healthy', (s) => s.statuses.slice(-2).join() === 'false,true');
+  await col.wait('the durable wake after the reconnect', (s) => s.has('jobs', null, true));
+  assert.equal(f.healthy(), true);
+  await notify('jobs', 'after');
+  await col.wait('a wake on the new connection', (s) => s.has('jobs', 'after', false));
+});
+
+test('an invalid name does not fail over', { skip }, async (t) => {
+  const { failover, hub } = await setup(t);
+  const h = await hub();
+  const f = await failover(h.socket);
+  await f.subscribe('ok');
+  // A fine name, but 66 bytes once prefixed and suffixed: the hub nacks it.
+  await assert.rejects(f.subscribe('n'.repeat(60)), listenhub.InvalidNameError);
+  assert.equal(f.mode(), listenhub.HUB);
+  assert.deepEqual([...f.subscriptions()], ['ok']);
+});
+
+test('ack timeout fails over', { skip }, async (t) => {
+  const { col, failover, notify } = await setup(t);
+  const fake = await FakeHub.start('silent');
+  t.after(() => fake.close());
+  const f = await failover(fake.socket, { ackTimeout: 300 });
+  await f.subscribe('jobs'); // the ack never comes: answered by the local listener
+  assert.equal(f.mode(), listenhub.LOCAL);
+  assert.ok(f.reason instanceof listenhub.AckTimeoutError, String(f.reason));
+  await col.wait('the durable wake after the swap', (s) => s.has('jobs', null, true));
+  await notify('jobs', 'y');
+  await col.wait('a local wake', (s) => s.has('jobs', 'y', false));
+});
+
+test('a nack not about the name fails over', { skip }, async (t) => {
+  const { failover } = await setup(t);
+  const fake = await FakeHub.start('nack');
+  t.after(() => fake.close());
+  const f = await failover(fake.socket);
+  await f.subscribe('jobs');
+  assert.equal(f.mode(), listenhub.LOCAL);
+  assert.ok(f.reason instanceof listenhub.NackError, String(f.reason));
+});
+
+test('events() iterator across the failover', { skip }, async (t) => {
+  const { app, hub } = await setup(t);
+  const h = await hub();
+  const f = await listenhub.Failover.create(h.socket, { databaseUrl: DATABASE_URL, channelPrefix: PREFIX, channelSuffix: SUFFIX, applicationName: app });
+  t.after(() => f.close());
+  await f.subscribe('it');
+  await h.kill();
+  const got = [];
+  for (;;) {
+    const ev = await f.get(20000);
+    assert.ok(ev, `no event in time; got ${JSON.stringify(got)}`);
+    got.push(ev);
+    if (ev.type === 'wake' && ev.q === 'it' && ev.durable) break;
+  }
+  assert.equal(f.mode(), listenhub.LOCAL);
+  assert.ok(got.some((e) => e.type === 'status' && e.healthy === false));
+});

@@ -84,6 +84,12 @@ func (d *Decoder) Next() (m Message, ok bool, err error) {
 // Buffered returns the number of bytes fed and not yet decoded.
 func (d *Decoder) Buffered() int { return len(d.buf) - d.r }
 
+// Unread returns the bytes fed and not yet decoded (after Next reported
+// ok=false: the start of a partial frame). The slice is valid until the next
+// Feed or Next. A hot upgrade hands them to the new process, which Feeds them
+// to its own Decoder before the first byte it reads itself.
+func (d *Decoder) Unread() []byte { return d.buf[d.r:] }
+
 func (d *Decoder) fail(err error) error {
 	d.err = err
 	d.buf, d.r = nil, 0

@@ -160,7 +160,9 @@ func (h *Hub) dropSub(w *worker, ch *channel) {
 	ch.waiters = ws
 	// In flight, the completion decides: a finished LISTEN with nobody
 	// left turns into an UNLISTEN, a finished UNLISTEN deletes.
-	if len(ch.subs) == 0 && ch.state == stateListening {
+	if len(ch.subs) == 0 && ch.state == stateListening && h.up == nil {
+		// (During an upgrade the union stays as it is; whoever serves
+		// next UNLISTENs the channels left without subscribers.)
 		h.unlisten(ch)
 	}
 }

@@ -152,6 +152,8 @@ type Hub struct {
 	ticks       uint64
 	statusTimer stopper
 	stopTimer   *loop.Timer
+
+	up *upgrade // a hot upgrade in progress, either side (upgrade.go)
 }
 
 // New validates cfg and returns a hub that is not running yet.
@@ -362,6 +364,9 @@ func (h *Hub) onLoopClose() {
 // onStatusTick runs every StatusInterval; every statusEvery ticks it
 // re-sends the status to every worker.
 func (h *Hub) onStatusTick() {
+	if h.up != nil && h.up.handed {
+		return // the workers are the new process's now
+	}
 	h.ticks++
 	for _, w := range h.workers {
 		w.out.Retain = w.active && w.wasActive
@@ -388,6 +393,9 @@ func (h *Hub) onStatusTick() {
 // connection is lost (false) and when it is back with the whole union
 // LISTENed again (true).
 func (h *Hub) onHealth(healthy bool) {
+	if h.up != nil && h.up.onHealth(h, healthy) {
+		return
+	}
 	if h.stopping || healthy == h.healthy {
 		return
 	}

@@ -17,6 +17,10 @@ type Stats struct {
 	ProtocolErrors     uint64 // listenhub_protocol_errors_total
 	PostgresReconnects uint64 // listenhub_postgres_reconnects_total
 	Accepts            uint64 // listenhub_accepts_total: connections accepted, refused uids included
+	// Upgrades is listenhub_upgrades_total: hot upgrades this hub took
+	// over. The process that takes over counts it, and every counter is
+	// carried over the hand-over, so the series goes on across upgrades.
+	Upgrades uint64
 }
 
 // counters are written by the loop goroutine only and read by Stats from any
@@ -32,6 +36,7 @@ type counters struct {
 	protocolErrors     atomic.Uint64
 	postgresReconnects atomic.Uint64
 	accepts            atomic.Uint64
+	upgrades           atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -47,5 +52,23 @@ func (c *counters) snapshot() Stats {
 		ProtocolErrors:     c.protocolErrors.Load(),
 		PostgresReconnects: c.postgresReconnects.Load(),
 		Accepts:            c.accepts.Load(),
+		Upgrades:           c.upgrades.Load(),
 	}
+}
+
+// load sets the counters from a snapshot: a hot upgrade carries them over,
+// so that every series goes on across it.
+func (c *counters) load(s Stats) {
+	c.workers.Store(s.Workers)
+	c.channels.Store(s.Channels)
+	c.healthy.Store(s.PostgresHealthy)
+	c.wakesReceived.Store(s.WakesReceived)
+	c.framesSent.Store(s.FramesSent)
+	c.durableCoalesced.Store(s.DurableCoalesced)
+	c.durableDropped.Store(s.DurableDropped)
+	c.evictions.Store(s.Evictions)
+	c.protocolErrors.Store(s.ProtocolErrors)
+	c.postgresReconnects.Store(s.PostgresReconnects)
+	c.accepts.Store(s.Accepts)
+	c.upgrades.Store(s.Upgrades)
 }

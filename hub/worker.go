@@ -258,6 +258,10 @@ func (h *Hub) onWorkerEvent(w *worker, ev loop.Events) {
 	if w.closed {
 		return
 	}
+	if h.up != nil {
+		h.frozenEvent(w, ev) // a hot upgrade holds the workers (upgrade.go)
+		return
+	}
 	if ev&loop.Readable != 0 {
 		h.read(w)
 		if w.closed {
@@ -524,7 +528,7 @@ func (h *Hub) write(w *worker) {
 		return
 	}
 	if !w.armed {
-		if err := h.loop.Modify(w.tok, loop.Readable|loop.Writable); err != nil {
+		if err := h.loop.Modify(w.tok, h.readInterest()|loop.Writable); err != nil {
 			h.closeWorker(w, reasonWriteError, err)
 			return
 		}
@@ -537,7 +541,7 @@ func (h *Hub) disarm(w *worker) {
 		return
 	}
 	w.armed = false
-	if err := h.loop.Modify(w.tok, loop.Readable); err != nil {
+	if err := h.loop.Modify(w.tok, h.readInterest()); err != nil {
 		h.closeWorker(w, reasonWriteError, err)
 	}
 }

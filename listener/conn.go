@@ -140,6 +140,8 @@ type Conn struct {
 
 	kicked bool // a post is queued that ensures another iteration (see enqueue)
 
+	ho handover // hot upgrade (handover.go)
+
 	// dialer replaces dial for reconnects in tests (a fake server).
 	dialer func(ctx context.Context) (transport, error)
 	// batches and probes count the command queries and health probes
@@ -346,6 +348,7 @@ const maxBatchBytes = 256 << 10
 // connection is up and no batch is in flight. It is the AfterIteration
 // hook: everything queued during one iteration leaves in one write.
 func (c *Conn) flush() {
+	c.checkIdle()
 	if c.state != stateUp || c.cmdInflight > 0 || len(c.pending) == 0 {
 		return
 	}
@@ -630,6 +633,13 @@ func (c *Conn) healthTick() {
 	if c.state != stateUp || c.hc == nil {
 		return
 	}
+	if c.ho.holding && len(c.inflight) == 0 {
+		// An upgrade waits for a quiet point: a probe now would be in
+		// flight at the hand-over. The wait is bounded by the upgrade.
+		c.probeSince = time.Time{}
+		c.hc.Reset(c.cfg.HealthCheckInterval)
+		return
+	}
 	now := c.l.Now()
 	if !c.probeSince.IsZero() {
 		if !c.lastRx.After(c.probeSince) {
@@ -670,6 +680,9 @@ func (c *Conn) received() bool {
 	c.lastRx = c.l.Now()
 	gen := c.gen
 	for {
+		if c.ho.paused {
+			return false // the rest waits in rbuf (an upgrade)
+		}
 		typ, body, n, want, err := nextMessage(c.rbuf[c.rpos:c.rend])
 		if err != nil {
 			c.fail(err)
@@ -716,6 +729,9 @@ func (c *Conn) dispatch(typ byte, body []byte) {
 		ch, payload, ok := parseNotification(body)
 		if !ok {
 			c.fail(fmt.Errorf("%w: malformed NotificationResponse", errProtocol))
+			return
+		}
+		if c.ho.marker != "" && c.markerFilter(ch) {
 			return
 		}
 		if c.cfg.OnNotification != nil && c.state == stateUp {

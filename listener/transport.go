@@ -139,7 +139,7 @@ func (t *fdTransport) handle(ev loop.Events) {
 			return
 		}
 	}
-	if ev&loop.Readable == 0 {
+	if ev&loop.Readable == 0 || c.ho.paused {
 		return
 	}
 	for i := 0; i < maxReadsPerEvent && c.gen == gen; i++ {
@@ -188,7 +188,7 @@ func (t *fdTransport) write(b []byte) error {
 		return nil
 	}
 	t.out = append(t.out, b...)
-	return t.c.l.Modify(t.tok, loop.Readable|loop.Writable)
+	return t.c.l.Modify(t.tok, t.interest())
 }
 
 func (t *fdTransport) flushOut() error {
@@ -206,7 +206,7 @@ func (t *fdTransport) flushOut() error {
 		t.out = t.out[n:]
 	}
 	t.out = nil
-	return t.c.l.Modify(t.tok, loop.Readable)
+	return t.c.l.Modify(t.tok, t.interest())
 }
 
 func (t *fdTransport) close() {
@@ -308,6 +308,10 @@ func (b *bridge) readLoop() {
 func (b *bridge) feed(chunk []byte) {
 	c := b.c
 	for len(chunk) > 0 && c.gen == b.gen && !b.closed {
+		if c.ho.paused {
+			c.hold(chunk) // an upgrade: kept for Resume
+			return
+		}
 		k := copy(c.rbuf[c.rend:], chunk)
 		c.rend += k
 		chunk = chunk[k:]

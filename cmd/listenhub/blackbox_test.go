@@ -48,6 +48,7 @@ var designMetrics = []string{
 	"listenhub_protocol_errors_total",
 	"listenhub_postgres_reconnects_total",
 	"listenhub_accepts_total",
+	"listenhub_upgrades_total",
 }
 
 // rawWorker is a worker connection that reads frames as raw bodies, to

@@ -39,6 +39,8 @@ var metrics = []metric{
 		func(s *hub.Stats) float64 { return float64(s.PostgresReconnects) }},
 	{"listenhub_accepts_total", "counter", "Worker connections accepted.",
 		func(s *hub.Stats) float64 { return float64(s.Accepts) }},
+	{"listenhub_upgrades_total", "counter", "Hot upgrades taken over (counted by the new process; counters carry over).",
+		func(s *hub.Stats) float64 { return float64(s.Upgrades) }},
 }
 
 func b2f(b bool) float64 {

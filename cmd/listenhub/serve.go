@@ -44,6 +44,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics and /healthz on this address, e.g. 127.0.0.1:9187 (off when empty)")
 		logFormat     = fs.String("log-format", "text", "log format: text or json")
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
+		pidFile       = fs.String("pid-file", "", "keep the pid of the process serving (it changes with every upgrade) in this file")
+		upTimeout     = fs.Duration("upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
 		allowUIDs     uidList
 		synopsis      = "serve --database-url URL --socket PATH [flags]"
 		databaseGiven bool
@@ -70,6 +72,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		positiveDuration("status-interval", *statusIvl),
 		positiveDuration("health-check-interval", *hcInterval),
 		positiveDuration("health-check-timeout", *hcTimeout),
+		positiveDuration("upgrade-timeout", *upTimeout),
 	} {
 		if err != nil {
 			return bad(err)
@@ -109,20 +112,50 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stopSignals()
+	// SIGUSR2 (hot upgrade) is caught from the start: its default action
+	// would kill the hub.
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
+	exe, _ := os.Executable() // now: a binary replaced later is the upgrade
+	inherited, err := inheritedUpgrade()
+	if err != nil {
+		fmt.Fprintf(stderr, "listenhub serve: upgrade: %v\n", err)
+		return 1
+	}
 
 	// The metrics address is bound before the hub starts, so that a port
-	// in use is a startup error like the others.
+	// in use is a startup error like the others. (An upgrade hands the
+	// bound listener over.)
 	var srv *http.Server
-	if *metricsAddr != "" {
+	var metricsLn net.Listener
+	serveMetrics := func(ln net.Listener) {
+		metricsLn = ln
+		srv = &http.Server{Handler: metricsHandler(h), ReadHeaderTimeout: 5 * time.Second}
+		log.Info("metrics listening", "addr", ln.Addr().String())
+		go srv.Serve(ln)
+	}
+	defer func() {
+		if srv != nil {
+			srv.Close()
+		}
+	}()
+	if inherited != nil {
+		ln, err := takeover(ctx, h, inherited, *upTimeout, *pidFile, log)
+		if err != nil {
+			fmt.Fprintf(stderr, "listenhub serve: upgrade: %s\n", oneLine(err))
+			return 1
+		}
+		if ln != nil {
+			serveMetrics(ln)
+		}
+	} else if *metricsAddr != "" {
 		ln, err := net.Listen("tcp", *metricsAddr)
 		if err != nil {
 			fmt.Fprintf(stderr, "listenhub serve: --metrics-addr: %v\n", err)
 			return 1
 		}
-		srv = &http.Server{Handler: metricsHandler(h), ReadHeaderTimeout: 5 * time.Second}
-		log.Info("metrics listening", "addr", ln.Addr().String())
-		go srv.Serve(ln)
-		defer srv.Close()
+		serveMetrics(ln)
 	}
 
 	startCtx := ctx
@@ -131,7 +164,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		startCtx, cancel = context.WithTimeout(ctx, connectTimeout)
 		defer cancel()
 	}
-	if err := h.Start(startCtx); err != nil {
+	if inherited != nil {
+		// Started by the take-over above.
+	} else if err := h.Start(startCtx); err != nil {
 		if ctx.Err() != nil {
 			// SIGTERM or SIGINT while still connecting: a requested
 			// stop, with nothing bound and nothing to clean up.
@@ -144,13 +179,32 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	log.Info("listenhub serving", "version", versionString(), "socket", *socket, "host", cc.Host,
 		"port", cc.Port, "database", cc.Database, "user", cc.User, "application_name", app,
 		"channel_prefix", *prefix, "channel_suffix", *suffix)
+	if *pidFile != "" && inherited == nil {
+		if err := writePIDFile(*pidFile); err != nil {
+			log.Error("pid file", "reason", err)
+		}
+	}
+	up := &upgrader{exe: exe, args: append([]string{"serve"}, args...), timeout: *upTimeout, log: log,
+		stdout: stdout, stderr: stderr, h: h}
 
-	select {
-	case <-ctx.Done():
-		log.Info("signal received; stopping")
-	case <-h.Done():
-		fmt.Fprintf(stderr, "listenhub serve: hub stopped unexpectedly: %v\n", h.Wait())
-		return 1
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("signal received; stopping")
+			break wait
+		case <-usr2:
+			up.metrics = metricsLn
+			if up.run(ctx) {
+				return 0 // the new process serves; the pid file is its
+			}
+		case <-h.Done():
+			fmt.Fprintf(stderr, "listenhub serve: hub stopped unexpectedly: %v\n", h.Wait())
+			return 1
+		}
+	}
+	if *pidFile != "" {
+		defer removePIDFile(*pidFile)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()

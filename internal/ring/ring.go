@@ -306,3 +306,16 @@ func (b *Buffer) resizeEnds(size int) {
 	}
 	b.ends, b.endSlab, b.ehead = ends, slab, 0
 }
+
+// FrameEnds appends to dst the absolute end offsets (in Appended terms) of the
+// frames not fully written, oldest first, and returns it. With Written and
+// Peek it describes the pending bytes frame by frame: what a process handing
+// its buffer to another needs to rebuild it there (the first frame may be
+// partly written already).
+func (b *Buffer) FrameEnds(dst []uint64) []uint64 {
+	mask := len(b.ends) - 1
+	for i := 0; i < b.en; i++ {
+		dst = append(dst, b.ends[(b.ehead+i)&mask])
+	}
+	return dst
+}

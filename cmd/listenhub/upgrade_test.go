@@ -1,0 +1,531 @@
+package main
+
+// Hot upgrade (SIGUSR2) of the real binary against a real Postgres: the
+// process that serves changes, the workers' connections do not.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// upHub is a `listenhub serve` that is upgraded: the process serving is
+// whatever the pid file names, not the one the test started.
+type upHub struct {
+	t       *testing.T
+	bin     string // the path the hub runs from (a copy the test may replace)
+	socket  string
+	pidFile string
+	logPath string
+	app     string
+	seen    []int // every serving pid, for the cleanup
+}
+
+// startUpHub copies the binary into a directory of the test's (so that a
+// test can replace the file at that path) and starts it serving.
+func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
+	t.Helper()
+	dir := t.TempDir()
+	u := &upHub{t: t, bin: filepath.Join(dir, "listenhub"), socket: filepath.Join(dir, "hub.sock"),
+		pidFile: filepath.Join(dir, "hub.pid"), logPath: filepath.Join(dir, "hub.log"), app: testApp(t)}
+	copyFile(t, hubBinary(t), u.bin)
+	logf, err := os.OpenFile(u.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	full := append([]string{"serve", "--log-format", "json", "--log-level", "info", "--socket", u.socket,
+		"--database-url", dbURL, "--application-name", u.app, "--pid-file", u.pidFile}, args...)
+	cmd := exec.Command(u.bin, full...)
+	cmd.Env = cleanEnv()
+	// A file, not a pipe: the new processes inherit it and outlive the
+	// first one, which the test reaps on its own.
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go cmd.Wait()
+	u.seen = append(u.seen, cmd.Process.Pid)
+	t.Cleanup(func() {
+		for _, pid := range u.seen {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if t.Failed() {
+			t.Logf("listenhub log:\n%s", u.log())
+		}
+	})
+	testutil.WaitFor(t, timeout, "the pid file", func() bool { return u.pid() == cmd.Process.Pid })
+	return u
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (u *upHub) log() string {
+	b, _ := os.ReadFile(u.logPath)
+	return string(b)
+}
+
+// pid is the pid in the pid file, 0 when there is none.
+func (u *upHub) pid() int {
+	b, err := os.ReadFile(u.pidFile)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+// alive reports whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// upgrade sends SIGUSR2 to the serving process and waits until another one
+// serves (the pid file names it) and the old one is gone. It returns the
+// new pid and the time from the signal to the pid file's change.
+func (u *upHub) upgrade() (int, time.Duration) {
+	u.t.Helper()
+	old := u.pid()
+	start := time.Now()
+	if err := syscall.Kill(old, syscall.SIGUSR2); err != nil {
+		u.t.Fatal(err)
+	}
+	var pid int
+	testutil.WaitFor(u.t, 30*time.Second, "a new serving pid", func() bool {
+		pid = u.pid()
+		return pid != old && pid != 0
+	})
+	took := time.Since(start)
+	u.seen = append(u.seen, pid)
+	testutil.WaitFor(u.t, 30*time.Second, "the old process to exit", func() bool { return !alive(old) })
+	return pid, took
+}
+
+// seqWorker is a worker connection whose reader goroutine records the
+// payloads of the wakes on one channel, acks, and EOF.
+type seqWorker struct {
+	c net.Conn
+
+	mu     sync.Mutex
+	seqs   []int
+	acks   []string
+	err    error // how reading ended (EOF: the hub closed us)
+	last   time.Time
+	maxGap time.Duration
+	ackCh  chan string
+}
+
+func dialSeqWorker(t *testing.T, socket string, subs ...string) *seqWorker {
+	t.Helper()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &seqWorker{c: c, ackCh: make(chan string, 64)}
+	t.Cleanup(func() { c.Close() })
+	go w.readLoop()
+	for _, q := range subs {
+		w.sub(t, q)
+	}
+	return w
+}
+
+func (w *seqWorker) sub(t *testing.T, q string) {
+	t.Helper()
+	if _, err := w.c.Write(frame.AppendSub(nil, q)); err != nil {
+		t.Fatalf("sub %s: %v", q, err)
+	}
+	select {
+	case got := <-w.ackCh:
+		if got != q {
+			t.Fatalf("ack for %q, want %q", got, q)
+		}
+	case <-time.After(timeout):
+		t.Fatalf("no ack for %s within %v", q, timeout)
+	}
+}
+
+func (w *seqWorker) readLoop() {
+	var dec frame.Decoder
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := w.c.Read(buf)
+		if n > 0 {
+			dec.Feed(buf[:n])
+			for {
+				m, ok, derr := dec.Next()
+				if derr != nil {
+					err = derr
+					break
+				}
+				if !ok {
+					break
+				}
+				w.got(m)
+			}
+		}
+		if err != nil {
+			w.mu.Lock()
+			w.err = err
+			w.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (w *seqWorker) got(m frame.Message) {
+	switch m.T {
+	case "ack":
+		w.ackCh <- m.Q
+	case "wake":
+		if !m.HasP {
+			return
+		}
+		n, _ := strconv.Atoi(m.P)
+		now := time.Now()
+		w.mu.Lock()
+		if !w.last.IsZero() && now.Sub(w.last) > w.maxGap {
+			w.maxGap = now.Sub(w.last)
+		}
+		w.last = now
+		w.seqs = append(w.seqs, n)
+		w.mu.Unlock()
+	}
+}
+
+func (w *seqWorker) state() (n int, seqs []int, gap time.Duration, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.seqs), slices.Clone(w.seqs), w.maxGap, w.err
+}
+
+// seqNotifier sends NOTIFY q with payloads 1, 2, 3, … every pace until
+// stopped, on its own connection.
+type seqNotifier struct {
+	stop chan struct{}
+	done chan struct{}
+	sent int
+	err  error
+}
+
+func startSeqNotifier(t *testing.T, url, q string, pace time.Duration) *seqNotifier {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	pc, err := pgconn.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &seqNotifier{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(n.done)
+		defer pc.Close(context.Background())
+		tick := time.NewTicker(pace)
+		defer tick.Stop()
+		for {
+			select {
+			case <-n.stop:
+				return
+			case <-tick.C:
+			}
+			sql := fmt.Sprintf("SELECT pg_notify('%s', '%d')", q, n.sent+1)
+			if _, err := pc.Exec(context.Background(), sql).ReadAll(); err != nil {
+				n.err = err
+				return
+			}
+			n.sent++
+		}
+	}()
+	return n
+}
+
+func (n *seqNotifier) finish(t *testing.T) int {
+	t.Helper()
+	close(n.stop)
+	<-n.done
+	if n.err != nil {
+		t.Fatalf("seqNotifier: %v", n.err)
+	}
+	return n.sent
+}
+
+// backendSampler counts the hub's backends every 50 ms and keeps the
+// largest count seen.
+type backendSampler struct {
+	stop chan struct{}
+	done chan struct{}
+	max  int
+	n    int
+	err  error
+}
+
+func sampleBackends(t *testing.T, url, app string) *backendSampler {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	pc, err := pgconn.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &backendSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	sql := fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'", app)
+	go func() {
+		defer close(s.done)
+		defer pc.Close(context.Background())
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
+			res, err := pc.Exec(context.Background(), sql).ReadAll()
+			if err != nil || len(res) == 0 || len(res[0].Rows) == 0 {
+				s.err = fmt.Errorf("sample: %v", err)
+				return
+			}
+			c, _ := strconv.Atoi(string(res[0].Rows[0][0]))
+			s.max = max(s.max, c)
+			s.n++
+		}
+	}()
+	return s
+}
+
+func (s *backendSampler) finish(t *testing.T) (maxSeen, samples int) {
+	t.Helper()
+	close(s.stop)
+	<-s.done
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	return s.max, s.n
+}
+
+// subscriber keeps subscribing to new names, one at a time, so that some
+// sub is in flight whenever an upgrade happens; every one must be acked.
+type subscriber struct {
+	w     *seqWorker
+	stop  chan struct{}
+	done  chan struct{}
+	acked int
+	err   error
+}
+
+func startSubscriber(t *testing.T, socket string) *subscriber {
+	t.Helper()
+	s := &subscriber{w: dialSeqWorker(t, socket), stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		for i := 0; ; i++ {
+			select {
+			case <-s.stop:
+				return
+			default:
+			}
+			q := fmt.Sprintf("sub_%d", i)
+			if _, err := s.w.c.Write(frame.AppendSub(nil, q)); err != nil {
+				s.err = err
+				return
+			}
+			select {
+			case got := <-s.w.ackCh:
+				if got != q {
+					s.err = fmt.Errorf("ack for %q, want %q", got, q)
+					return
+				}
+				s.acked++
+			case <-time.After(timeout):
+				s.err = fmt.Errorf("no ack for %s within %v", q, timeout)
+				return
+			}
+		}
+	}()
+	return s
+}
+
+func (s *subscriber) finish(t *testing.T) int {
+	t.Helper()
+	close(s.stop)
+	<-s.done
+	if s.err != nil {
+		t.Fatalf("subscriber: %v", s.err)
+	}
+	return s.acked
+}
+
+// runUpgrades is the test of the issue: a paced stream of numbered NOTIFYs
+// to 20 workers across 10 consecutive upgrades, with a subscriber
+// subscribing all along. Every worker gets every number exactly once and
+// never sees EOF, every sub is acked, the serving pid changes every time,
+// and the hub never holds more than 2 backends (1 at the end).
+func runUpgrades(t *testing.T, dbURL string, upgrades int) {
+	c := needDB(t)
+	u := startUpHub(t, dbURL)
+	const q = "upgrade_stream"
+	workers := make([]*seqWorker, 20)
+	for i := range workers {
+		workers[i] = dialSeqWorker(t, u.socket, q)
+	}
+	sampler := sampleBackends(t, c.URL(), u.app)
+	subs := startSubscriber(t, u.socket)
+	nf := startSeqNotifier(t, c.URL(), q, 2*time.Millisecond)
+
+	waitProgress := func(what string) {
+		t.Helper()
+		base := make([]int, len(workers))
+		for i, w := range workers {
+			base[i], _, _, _ = w.state()
+		}
+		testutil.WaitFor(t, timeout, what, func() bool {
+			for i, w := range workers {
+				if n, _, _, _ := w.state(); n < base[i]+20 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	waitProgress("wakes before the first upgrade")
+	pids := []int{u.pid()}
+	var tookMax, tookSum time.Duration
+	for i := 0; i < upgrades; i++ {
+		pid, took := u.upgrade()
+		if slices.Contains(pids, pid) {
+			t.Fatalf("upgrade %d: pid %d served before", i+1, pid)
+		}
+		pids = append(pids, pid)
+		tookSum += took
+		tookMax = max(tookMax, took)
+		waitProgress(fmt.Sprintf("wakes from the new process after upgrade %d", i+1))
+	}
+	sent := nf.finish(t)
+	acked := subs.finish(t)
+	testutil.WaitFor(t, timeout, "every wake at every worker", func() bool {
+		for _, w := range workers {
+			if n, _, _, _ := w.state(); n < sent {
+				return false
+			}
+		}
+		return true
+	})
+	var gap time.Duration
+	for i, w := range workers {
+		n, seqs, g, err := w.state()
+		if err != nil {
+			t.Errorf("worker %d: connection ended: %v", i, err)
+		}
+		if n != sent {
+			t.Errorf("worker %d: %d wakes, sent %d", i, n, sent)
+		}
+		for j, s := range seqs {
+			if s != j+1 {
+				t.Fatalf("worker %d: wake %d carries %d: lost or duplicated around there (%v)", i, j+1, s, seqs[max(0, j-3):min(len(seqs), j+3)])
+			}
+		}
+		gap = max(gap, g)
+	}
+	// Only now: a sample taken before the old backends are gone may say
+	// 2, never more.
+	testutil.WaitFor(t, timeout, "one backend", func() bool { return census(t, u.app) == 1 })
+	maxBackends, samples := sampler.finish(t)
+	if maxBackends > 2 {
+		t.Errorf("up to %d backends seen, want at most 2", maxBackends)
+	}
+	if acked == 0 {
+		t.Error("the subscriber got no ack at all")
+	}
+	t.Logf("%d upgrades: signal → new pid serving avg %v, max %v; largest gap in the 2 ms stream %v; "+
+		"%d wakes to each of %d workers; %d subs acked meanwhile; backends max %d over %d samples, 1 at the end",
+		upgrades, (tookSum / time.Duration(upgrades)).Round(time.Millisecond), tookMax.Round(time.Millisecond),
+		gap.Round(time.Millisecond), sent, len(workers), acked, maxBackends, samples)
+
+	// A normal stop of the last process removes the pid file it wrote.
+	last := u.pid()
+	syscall.Kill(last, syscall.SIGTERM)
+	testutil.WaitFor(t, timeout, "the last hub to exit", func() bool { return !alive(last) })
+	if _, err := os.Stat(u.pidFile); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pid file after a normal stop: %v, want it removed", err)
+	}
+}
+
+func TestUpgradeUnderLoad(t *testing.T) {
+	runUpgrades(t, needDB(t).URL(), 10)
+}
+
+// TestUpgradeFailingBinary replaces the binary at the hub's path with a
+// script that exits at once: SIGUSR2 then leaves the old hub serving (same
+// pid, same workers, wakes still flowing) and its log says why.
+func TestUpgradeFailingBinary(t *testing.T) {
+	c := needDB(t)
+	u := startUpHub(t, c.URL())
+	w := dialSeqWorker(t, u.socket, "upgrade_fail")
+	if err := os.Remove(u.bin); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(u.bin, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pid := u.pid()
+	syscall.Kill(pid, syscall.SIGUSR2)
+	testutil.WaitFor(t, timeout, "the failed upgrade in the log", func() bool {
+		return strings.Contains(u.log(), `"msg":"upgrade abandoned; the new process was stopped"`)
+	})
+	if !strings.Contains(u.log(), "exit status 1") {
+		t.Errorf("the log does not say how the new process ended")
+	}
+	if got := u.pid(); got != pid {
+		t.Fatalf("pid file says %d, want the old hub %d", got, pid)
+	}
+	notify(t, "NOTIFY upgrade_fail, '1'")
+	testutil.WaitFor(t, timeout, "a wake through the old hub", func() bool {
+		n, _, _, _ := w.state()
+		return n == 1
+	})
+	if _, _, _, err := w.state(); err != nil {
+		t.Fatalf("worker connection ended: %v", err)
+	}
+	// It still upgrades once the binary is back.
+	copyFile(t, hubBinary(t), u.bin+".new")
+	if err := os.Rename(u.bin+".new", u.bin); err != nil {
+		t.Fatal(err)
+	}
+	u.upgrade()
+	notify(t, "NOTIFY upgrade_fail, '2'")
+	testutil.WaitFor(t, timeout, "a wake through the new hub", func() bool {
+		n, _, _, _ := w.state()
+		return n == 2
+	})
+}

@@ -1,0 +1,872 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/internal/fdpass"
+	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/loop"
+)
+
+// Hot upgrade (docs/design.md, "Lifecycle"): the running hub (old) hands the
+// listening socket, every worker connection with its state, and the
+// Postgres connection to a new process (new) over an fdpass connection.
+// Workers see no EOF and no wake is lost or duplicated.
+//
+// The conversation, one JSON message each way at a time:
+//
+//	new → old  hello    {pid}
+//	           old freezes: stops accepting and reading workers (their
+//	           input waits in the kernel), waits for Postgres to be quiet
+//	           (no command in flight, the union LISTENed)
+//	old → new  prepare  {channels, marker}    (TLS only, see below)
+//	new → old  —        new LISTENs channels+marker on its own connection
+//	                    and NOTIFYs the marker; old delivers up to it
+//	old → new  state    {workers, channels, counters, …} + descriptors
+//	new → old  ready    new holds everything, has touched nothing
+//	old → new  commit   old will never touch any of it again
+//	new → old  serving  new reads, writes and accepts
+//
+// Until commit, old can take everything back (new is killed by its parent
+// and has written nothing): any failure or the deadline there means old
+// serves on. A plaintext Postgres connection moves as its descriptor, at the
+// quiet point, with the bytes read and not parsed yet. A TLS one cannot (the
+// record layer's state lives in old's memory): new opens its own, LISTENs
+// the union and a marker channel, and one NOTIFY on the marker splits the
+// notification stream between the two, so that at most two backends exist
+// and old's is closed at commit. See package listener, handover.go.
+
+// pgHandover is what the Postgres side must offer for an upgrade
+// (*listener.Conn does).
+type pgHandover interface {
+	postgres
+	CanDetach() bool
+	WhenIdle(done func())
+	CancelHold()
+	Detach() (listener.Handover, error)
+	Resume() error
+	Abandon()
+	PauseAtMarker(marker string, done func())
+	SendMarker(marker string) error
+}
+
+// upgrade is the state of a hot upgrade on either side. Loop goroutine.
+type upgrade struct {
+	taking bool // this process is the new one
+	pg     pgHandover
+	marker string
+	// handed: old took the snapshot; workers, socket and Postgres are the
+	// new process's unless the upgrade is rolled back.
+	handed bool
+	// listening is closed (new, TLS) once the union and the marker are
+	// LISTENed on new's own connection.
+	listening chan struct{}
+	listened  bool
+	// live (new, TLS): the commit came; markerSeen: the marker arrived on
+	// new's connection. Delivery starts when both hold.
+	live, markerSeen bool
+}
+
+// readInterest is the interest in a worker's input: none while an upgrade
+// holds the workers (their input waits in the kernel for whoever serves
+// next).
+func (h *Hub) readInterest() loop.Events {
+	if h.up != nil {
+		return 0
+	}
+	return loop.Readable
+}
+
+// dropEmpty UNLISTENs the channels an upgrade left without subscribers.
+func (h *Hub) dropEmpty() {
+	for _, ch := range h.channels {
+		if len(ch.subs) == 0 && ch.state == stateListening {
+			h.unlisten(ch)
+		}
+	}
+}
+
+// onHealth sees the Postgres side's health reports during an upgrade and
+// reports whether it swallowed one. The new process has no worker to tell
+// until it is live.
+func (u *upgrade) onHealth(h *Hub, healthy bool) bool {
+	if !u.taking {
+		return false
+	}
+	if healthy && !u.listened {
+		u.listened = true
+		close(u.listening)
+	}
+	return true
+}
+
+// upMsg is one message of the conversation.
+type upMsg struct {
+	T       string     `json:"t"` // hello, prepare, state, ready, commit, serving, abort
+	PID     int        `json:"pid,omitempty"`
+	Reason  string     `json:"reason,omitempty"`
+	Prepare *upPrepare `json:"prepare,omitempty"`
+	State   *handedHub `json:"state,omitempty"`
+}
+
+type upPrepare struct {
+	Channels []string `json:"channels"` // Postgres channel names
+	Marker   string   `json:"marker"`
+}
+
+// handedHub is the hub's state as it moves. Descriptors travel beside it as
+// SCM_RIGHTS; the FD fields index that list.
+type handedHub struct {
+	Version  int                `json:"version"`
+	Socket   handedSocket       `json:"socket"`
+	Postgres *listener.Handover `json:"postgres,omitempty"` // plaintext only
+	PGFD     int                `json:"pg_fd"`
+	Healthy  bool               `json:"healthy"`
+	NextID   uint64             `json:"next_id"`
+	Stats    Stats              `json:"stats"`
+	Channels []handedChannel    `json:"channels"`
+	Workers  []handedWorker     `json:"workers"`
+	Extra    map[string]int     `json:"extra,omitempty"`
+}
+
+const handedVersion = 1
+
+type handedSocket struct {
+	FD       int    `json:"fd"`
+	Path     string `json:"path"`
+	Dev, Ino uint64
+}
+
+type handedChannel struct {
+	Q  string `json:"q"`
+	PG string `json:"pg"`
+}
+
+// handedWorker is one worker. Offsets are relative to the first unsent byte
+// of Out; the first frame of Out may be partly written already.
+type handedWorker struct {
+	ID       uint64            `json:"id"`
+	FD       int               `json:"fd"`
+	PID      int32             `json:"pid"`
+	UID      int32             `json:"uid"`
+	Subs     []string          `json:"subs,omitempty"` // Postgres channel names
+	In       []byte            `json:"in,omitempty"`   // received, not decoded
+	Out      []byte            `json:"out,omitempty"`  // produced, not sent
+	Ends     []uint64          `json:"ends,omitempty"` // frame ends in Out
+	Durable  map[string]uint64 `json:"durable,omitempty"`
+	Spans    []span            `json:"spans,omitempty"`
+	StatusAt int64             `json:"status_at"` // -1: no unsent status
+	Unknown  bool              `json:"unknown,omitempty"`
+}
+
+// MarshalJSON and UnmarshalJSON keep span's fields unexported elsewhere.
+func (s span) MarshalJSON() ([]byte, error) { return json.Marshal([2]uint64{s.start, s.end}) }
+
+func (s *span) UnmarshalJSON(b []byte) error {
+	var a [2]uint64
+	if err := json.Unmarshal(b, &a); err != nil {
+		return err
+	}
+	s.start, s.end = a[0], a[1]
+	return nil
+}
+
+// Handover hands this hub to the process at the other end of conn (which
+// calls Takeover). extra are more descriptors to hand over by name (the
+// metrics listener, say); they stay open here. ctx bounds everything up to
+// the commit. It returns nil once the new process took over: this hub has
+// stopped then (Done is closed) without closing a single connection. Any
+// other result means the upgrade was abandoned and this hub serves on as
+// before; the caller should kill the new process.
+func (h *Hub) Handover(ctx context.Context, conn *fdpass.Conn, extra map[string]int) error {
+	if !h.started.Load() || h.loop == nil {
+		return errors.New("hub: upgrade: not started")
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	hello, _, err := recvMsg(conn)
+	if err != nil {
+		return fmt.Errorf("hub: upgrade: waiting for the new process: %w", err)
+	}
+	if hello.T != "hello" {
+		return fmt.Errorf("hub: upgrade: new process said %q, want hello", hello.T)
+	}
+	h.log.Info("upgrade: new process is up; freezing", "new_pid", hello.PID)
+
+	// Everything from here to the commit can be undone.
+	frozen := make(chan error, 1)
+	prepared := make(chan upPrepare, 1)
+	snap := make(chan snapshotResult, 1)
+	if err := h.loop.Post(func() { h.freeze(frozen, prepared, snap, extra) }); err != nil {
+		return fmt.Errorf("hub: upgrade: %w", err)
+	}
+	rollback := func(cause error) error {
+		done := make(chan struct{})
+		if h.loop.Post(func() { h.thaw(cause); close(done) }) == nil {
+			<-done
+		}
+		return cause
+	}
+	select {
+	case err := <-frozen:
+		if err != nil {
+			return rollback(err)
+		}
+	case <-ctx.Done():
+		return rollback(fmt.Errorf("hub: upgrade: freezing: %w", ctx.Err()))
+	}
+	var res snapshotResult
+	select {
+	case p := <-prepared:
+		// TLS: the new process opens its own connection and marks the
+		// stream; the snapshot comes when the marker arrives here.
+		if err := sendMsg(conn, upMsg{T: "prepare", Prepare: &p}, nil); err != nil {
+			return rollback(err)
+		}
+		select {
+		case res = <-snap:
+		case <-ctx.Done():
+			return rollback(fmt.Errorf("hub: upgrade: waiting for the marker NOTIFY: %w", ctx.Err()))
+		}
+	case res = <-snap:
+	case <-ctx.Done():
+		return rollback(fmt.Errorf("hub: upgrade: waiting for a quiet Postgres connection: %w", ctx.Err()))
+	}
+	if res.err != nil {
+		return rollback(res.err)
+	}
+	if err := sendMsg(conn, upMsg{T: "state", State: res.state}, res.fds); err != nil {
+		return rollback(err)
+	}
+	ready, _, err := recvMsg(conn)
+	if err == nil && ready.T != "ready" {
+		err = fmt.Errorf("new process said %q: %s", ready.T, ready.Reason)
+	}
+	if err != nil {
+		return rollback(fmt.Errorf("hub: upgrade: taking over: %w", err))
+	}
+	if err := ctx.Err(); err != nil {
+		return rollback(fmt.Errorf("hub: upgrade: %w", err))
+	}
+	if err := sendMsg(conn, upMsg{T: "commit"}, nil); err != nil {
+		// Whether the new process got it is unknown: it may be serving.
+		// Serving on here too could corrupt the workers' streams; stop
+		// instead, and let the workers' fallback cover a dead new one.
+		h.log.Error("upgrade: commit not delivered; stopping", "reason", err)
+	}
+	// No way back from here.
+	h.loop.Post(h.release)
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if m, _, err := recvMsg(conn); err != nil || m.T != "serving" {
+		h.log.Warn("upgrade: the new process did not confirm it serves", "reason", err, "said", m.T)
+	} else {
+		h.log.Info("upgrade: the new process serves; exiting", "new_pid", hello.PID)
+	}
+	<-h.done
+	return nil
+}
+
+type snapshotResult struct {
+	state *handedHub
+	fds   []int
+	err   error
+}
+
+// freeze stops everything that could change what is handed over: accepts,
+// reads from workers, commands to Postgres. Wakes keep flowing to workers
+// until the snapshot. Loop goroutine.
+func (h *Hub) freeze(frozen chan<- error, prepared chan<- upPrepare, snap chan<- snapshotResult, extra map[string]int) {
+	pg, ok := h.pg.(pgHandover)
+	switch {
+	case h.stopping:
+		frozen <- errors.New("hub: upgrade: stopping")
+		return
+	case h.up != nil:
+		frozen <- errors.New("hub: upgrade: one is in progress already")
+		return
+	case !ok:
+		frozen <- errors.New("hub: upgrade: the Postgres side cannot be handed over")
+		return
+	}
+	h.up = &upgrade{pg: pg}
+	if h.acceptTimer != nil {
+		h.acceptTimer.Stop()
+		h.acceptTimer = nil
+	}
+	h.acceptPaused = false
+	if err := h.loop.Modify(h.sock.tok, 0); err != nil {
+		frozen <- fmt.Errorf("hub: upgrade: stop accepting: %w", err)
+		return
+	}
+	for _, w := range h.workers {
+		if err := h.loop.Modify(w.tok, writeInterest(w)); err != nil {
+			frozen <- fmt.Errorf("hub: upgrade: stop reading worker %d: %w", w.id, err)
+			return
+		}
+	}
+	frozen <- nil
+	take := func() {
+		st, fds, err := h.snapshot(extra)
+		snap <- snapshotResult{st, fds, err}
+	}
+	if pg.CanDetach() {
+		pg.WhenIdle(take)
+		return
+	}
+	marker := fmt.Sprintf("listenhub_upgrade_%d_%d", os.Getpid(), time.Now().UnixNano())
+	h.up.marker = marker
+	pg.Listen(marker, func(err error) {
+		if h.up == nil || h.up.marker != marker {
+			return // rolled back meanwhile
+		}
+		if err != nil {
+			snap <- snapshotResult{err: fmt.Errorf("hub: upgrade: LISTEN marker: %w", err)}
+			return
+		}
+		pg.WhenIdle(func() {
+			p := upPrepare{Marker: marker}
+			for _, ch := range h.channels {
+				p.Channels = append(p.Channels, ch.pg)
+			}
+			pg.PauseAtMarker(marker, take)
+			prepared <- p
+		})
+	})
+}
+
+func writeInterest(w *worker) loop.Events {
+	if w.armed {
+		return loop.Writable
+	}
+	return 0
+}
+
+// frozenEvent handles a worker's readiness while an upgrade holds the
+// workers: only writes go on (until the snapshot). A hang-up is not acted
+// on: the worker is handed over as it is, and the new process reads its
+// EOF. Its registration goes, so that the level-triggered hang-up does not
+// spin the loop meanwhile.
+func (h *Hub) frozenEvent(w *worker, ev loop.Events) {
+	if ev&loop.Writable != 0 && w.armed && !h.up.handed {
+		h.write(w)
+		if w.closed {
+			return
+		}
+	}
+	if ev&loop.Readable != 0 && w.tok.Valid() {
+		_ = h.loop.Unregister(w.tok)
+		w.tok = loop.Token{}
+	}
+}
+
+// snapshot is the hand-over point: Postgres is paused, nothing is read any
+// more. It writes what it can to every worker one last time, takes every
+// descriptor out of the loop (they stay open) and describes the hub.
+func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err error) {
+	u := h.up
+	if u == nil {
+		return nil, nil, errors.New("hub: upgrade: rolled back")
+	}
+	for _, ch := range h.channels {
+		if ch.state != stateListening || len(ch.waiters) > 0 {
+			return nil, nil, fmt.Errorf("hub: upgrade: channel %q is %s with %d waiters at the quiet point", ch.q, ch.state, len(ch.waiters))
+		}
+	}
+	for _, w := range h.workers {
+		if !w.armed && w.out.Len() > 0 {
+			h.write(w)
+		}
+	}
+	st = &handedHub{
+		Version: handedVersion,
+		Healthy: h.healthy,
+		NextID:  h.nextID,
+		Stats:   h.stats.snapshot(),
+		PGFD:    -1,
+		Socket:  handedSocket{FD: 0, Path: h.sock.path, Dev: h.sock.dev, Ino: h.sock.ino},
+	}
+	fds = append(fds, h.sock.fd)
+	if u.pg.CanDetach() {
+		ho, err := u.pg.Detach()
+		if err != nil {
+			return nil, nil, fmt.Errorf("hub: upgrade: %w", err)
+		}
+		st.Postgres = &ho
+		st.PGFD = len(fds)
+		fds = append(fds, ho.FD)
+	}
+	u.handed = true
+	for _, ch := range h.channels {
+		st.Channels = append(st.Channels, handedChannel{Q: ch.q, PG: ch.pg})
+	}
+	ids := make([]uint64, 0, len(h.workers))
+	for id := range h.workers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		w := h.workers[id]
+		if w.tok.Valid() {
+			_ = h.loop.Unregister(w.tok)
+			w.tok = loop.Token{}
+		}
+		st.Workers = append(st.Workers, handWorker(w, len(fds)))
+		fds = append(fds, w.fd)
+	}
+	if len(extra) > 0 {
+		st.Extra = make(map[string]int, len(extra))
+		for name, fd := range extra {
+			st.Extra[name] = len(fds)
+			fds = append(fds, fd)
+		}
+	}
+	h.log.Info("upgrade: handing over", "workers", len(st.Workers), "channels", len(st.Channels),
+		"postgres", map[bool]string{true: "descriptor", false: "new connection"}[st.Postgres != nil])
+	return st, fds, nil
+}
+
+// handWorker describes w, its descriptor at index fd.
+func handWorker(w *worker, fd int) handedWorker {
+	base := w.out.Written()
+	hw := handedWorker{ID: w.id, FD: fd, PID: w.pid, UID: w.uid, StatusAt: -1, Unknown: w.unknownLogged}
+	for _, ch := range w.subs.list {
+		hw.Subs = append(hw.Subs, ch.pg)
+	}
+	hw.In = append([]byte(nil), w.dec.Unread()...)
+	a, b := w.out.Peek()
+	hw.Out = append(append([]byte(nil), a...), b...)
+	for _, end := range w.out.FrameEnds(nil) {
+		hw.Ends = append(hw.Ends, end-base)
+	}
+	for q, start := range w.durable {
+		if start >= base && start < w.out.Appended() {
+			if hw.Durable == nil {
+				hw.Durable = make(map[string]uint64)
+			}
+			hw.Durable[q] = start - base
+		}
+	}
+	w.pendingDurable()
+	for _, sp := range w.durableSpans[w.durableHead:] {
+		hw.Spans = append(hw.Spans, span{max(sp.start, base) - base, sp.end - base})
+	}
+	if w.hasStatus && w.statusAt >= base && w.statusAt < w.out.Appended() {
+		hw.StatusAt = int64(w.statusAt - base)
+	}
+	return hw
+}
+
+// thaw rolls an upgrade back: everything goes back into the loop and the
+// hub serves on as if nothing happened. Loop goroutine.
+func (h *Hub) thaw(cause error) {
+	u := h.up
+	if u == nil || u.taking {
+		return
+	}
+	h.up = nil
+	h.log.Error("upgrade failed; serving on", "reason", cause)
+	if h.stopping {
+		return
+	}
+	if err := h.loop.Modify(h.sock.tok, loop.Readable); err != nil {
+		h.log.Error("upgrade: resume accepting", "reason", err)
+	}
+	for _, w := range h.workers {
+		ev := loop.Readable
+		if w.armed {
+			ev |= loop.Writable
+		}
+		var err error
+		if w.tok.Valid() {
+			err = h.loop.Modify(w.tok, ev)
+		} else {
+			w.tok, err = h.loop.Register(w.fd, ev, func(ev loop.Events) { h.onWorkerEvent(w, ev) })
+		}
+		if err != nil {
+			h.closeWorker(w, reasonRegister, err)
+		}
+	}
+	if err := u.pg.Resume(); err != nil {
+		h.log.Error("upgrade: resume postgres", "reason", err)
+	}
+	if u.marker != "" {
+		u.pg.Unlisten(u.marker, nil)
+	}
+	h.dropEmpty()
+}
+
+// release ends this process's part after the commit: every descriptor the
+// new process has now is closed here without a word on it, and the loop
+// stops. A TLS connection of old's own is closed properly (UNLISTEN *,
+// Terminate). Loop goroutine.
+func (h *Hub) release() {
+	u := h.up
+	h.stopping = true
+	if h.statusTimer != nil {
+		h.statusTimer.Stop()
+	}
+	if h.sock.fd >= 0 {
+		_ = h.loop.Unregister(h.sock.tok)
+		unix.Close(h.sock.fd) // the file is the new process's: not removed
+		h.sock.fd = -1
+	}
+	for _, w := range h.workers {
+		if w.tok.Valid() {
+			_ = h.loop.Unregister(w.tok)
+		}
+		unix.Close(w.fd)
+		w.closed = true
+		w.out.Reset()
+	}
+	clear(h.workers)
+	h.stats.workers.Store(0)
+	stop := func() { h.loop.Stop() }
+	if u != nil && u.marker == "" {
+		u.pg.Abandon()
+		stop()
+		return
+	}
+	// Our own TLS connection: read on (what comes is not delivered, we
+	// are stopping) so that the close is answered, then close it.
+	_ = u.pg.Resume()
+	h.stopTimer = h.loop.AfterFunc(5*time.Second, stop)
+	h.pg.Close(func() { h.stopTimer.Stop(); stop() })
+}
+
+// Takeover starts the hub from the state another hub hands over (Handover,
+// at the other end of conn) instead of binding and connecting: Start's
+// alternative for the new process of a hot upgrade. ctx bounds it. Once it
+// returns nil the hub serves; onLive runs just before the old process is
+// told so (write the pid file there). The returned map holds the extra
+// descriptors the old process handed over, by name; the caller owns them.
+func (h *Hub) Takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (extra map[string]int, err error) {
+	if !h.started.CompareAndSwap(false, true) {
+		return nil, errors.New("hub: Start or Takeover called twice")
+	}
+	// running: the loop goroutine runs (it closes done when it ends).
+	running := false
+	abort := func(err error) (map[string]int, error) {
+		_ = sendMsg(conn, upMsg{T: "abort", Reason: err.Error()}, nil)
+		if h.loop != nil {
+			h.loop.Stop()
+			if !running {
+				_ = h.loop.Run()
+				close(h.done)
+			}
+			<-h.done
+		} else {
+			close(h.done)
+		}
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	l, err := loop.New(loop.Options{Logger: h.log})
+	if err != nil {
+		return abort(fmt.Errorf("hub: %w", err))
+	}
+	h.loop = l
+	h.clk = h.newClock(l)
+	h.up = &upgrade{taking: true, listening: make(chan struct{})}
+	if err := sendMsg(conn, upMsg{T: "hello", PID: os.Getpid()}, nil); err != nil {
+		return abort(err)
+	}
+	m, fds, err := recvMsg(conn)
+	if err != nil {
+		return abort(err)
+	}
+	var tlsPG *listener.Conn
+	if m.T == "prepare" && m.Prepare != nil {
+		// TLS: a connection of our own LISTENs the union and the
+		// marker; the old process delivers up to the marker.
+		p := m.Prepare
+		cfg, err := h.listenerConfig()
+		if err != nil {
+			return abort(err)
+		}
+		u := h.up
+		tlsPG, err = listener.OpenForTakeover(ctx, l, cfg, p.Channels, p.Marker, func() {
+			// Everything before the marker was the old process's.
+			u.markerSeen = true
+			if u.live {
+				l.Post(func() { u.startDelivery() })
+			}
+		})
+		if err != nil {
+			return abort(fmt.Errorf("hub: upgrade: connect to postgres: %w", err))
+		}
+		h.pg = tlsPG
+		h.up.marker = p.Marker
+		running = true
+		go h.run()
+		select {
+		case <-h.up.listening:
+		case <-ctx.Done():
+			return abort(fmt.Errorf("hub: upgrade: LISTEN the union: %w", ctx.Err()))
+		}
+		sent := make(chan error, 1)
+		l.Post(func() { sent <- tlsPG.SendMarker(p.Marker) })
+		if err := <-sent; err != nil {
+			return abort(err)
+		}
+		if m, fds, err = recvMsg(conn); err != nil {
+			return abort(err)
+		}
+	}
+	if m.T != "state" || m.State == nil {
+		closeAll(fds)
+		return abort(fmt.Errorf("hub: upgrade: old process said %q, want state: %s", m.T, m.Reason))
+	}
+	adopted := make(chan error, 1)
+	adopt := func() { adopted <- h.adopt(m.State, fds) }
+	if running {
+		l.Post(adopt)
+	} else {
+		adopt()
+	}
+	if err := <-adopted; err != nil {
+		return abort(err) // adopt closed the descriptors
+	}
+	extra = make(map[string]int, len(m.State.Extra))
+	for name, i := range m.State.Extra {
+		extra[name] = fds[i]
+	}
+	// From here on the descriptors belong to the hub's structures; on
+	// an abort the process exits, which closes them.
+	if err := sendMsg(conn, upMsg{T: "ready"}, nil); err != nil {
+		return abort(err)
+	}
+	if m, _, err = recvMsg(conn); err != nil || m.T != "commit" {
+		if err == nil {
+			err = fmt.Errorf("old process said %q: %s", m.T, m.Reason)
+		}
+		// The old process serves on with its copies of everything.
+		return abort(fmt.Errorf("hub: upgrade: waiting for commit: %w", err))
+	}
+	live := make(chan struct{})
+	goLive := func() { h.goLive(); close(live) }
+	if running {
+		l.Post(goLive)
+	} else {
+		goLive()
+		running = true
+		go h.run()
+	}
+	<-live
+	if onLive != nil {
+		onLive()
+	}
+	if err := sendMsg(conn, upMsg{T: "serving"}, nil); err != nil {
+		h.log.Warn("upgrade: could not tell the old process", "reason", err)
+	}
+	return extra, nil
+}
+
+// run runs the loop and closes done when it stops.
+func (h *Hub) run() {
+	err := h.loop.Run()
+	h.err = err
+	close(h.done)
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// listenerConfig is the listener configuration Start's opener uses.
+func (h *Hub) listenerConfig() (listener.Config, error) {
+	cc := h.cfg.ConnConfig
+	if cc == nil {
+		var err error
+		if cc, err = listener.ParseConfig(h.cfg.DatabaseURL, h.cfg.ApplicationName); err != nil {
+			return listener.Config{}, err
+		}
+	}
+	return listener.Config{
+		ConnConfig:          cc,
+		HealthCheckInterval: h.cfg.HealthCheckInterval,
+		HealthCheckTimeout:  h.cfg.HealthCheckTimeout,
+		ReconnectMin:        h.cfg.ReconnectMin,
+		ReconnectMax:        h.cfg.ReconnectMax,
+		CommandTimeout:      h.cfg.CommandTimeout,
+		OnNotification:      h.onNotification,
+		OnHealth:            h.onHealth,
+		Logger:              h.log,
+	}, nil
+}
+
+// adopt rebuilds the handed state: the descriptors are ours, nothing is in
+// the loop yet but a paused Postgres connection. Loop goroutine (or before
+// the loop runs).
+func (h *Hub) adopt(st *handedHub, fds []int) error {
+	if st.Version != handedVersion {
+		closeAll(fds)
+		return fmt.Errorf("hub: upgrade: state version %d, this binary speaks %d", st.Version, handedVersion)
+	}
+	idx := []int{st.Socket.FD}
+	if st.Postgres != nil {
+		idx = append(idx, st.PGFD)
+	}
+	for _, hw := range st.Workers {
+		idx = append(idx, hw.FD)
+	}
+	for _, i := range st.Extra {
+		idx = append(idx, i)
+	}
+	for _, i := range idx {
+		if i < 0 || i >= len(fds) {
+			closeAll(fds)
+			return fmt.Errorf("hub: upgrade: descriptor %d of %d missing", i, len(fds))
+		}
+	}
+	if st.Postgres == nil && h.pg == nil {
+		closeAll(fds)
+		return errors.New("hub: upgrade: no Postgres connection handed over")
+	}
+	if st.Postgres != nil {
+		cfg, err := h.listenerConfig()
+		if err != nil {
+			closeAll(fds)
+			return err
+		}
+		ho := *st.Postgres
+		ho.FD = fds[st.PGFD]
+		c, err := listener.Adopt(h.loop, cfg, ho) // closes ho.FD on an error
+		if err != nil {
+			closeAll(slices.Delete(slices.Clone(fds), st.PGFD, st.PGFD+1))
+			return err
+		}
+		h.pg = c
+	}
+	pg := h.pg.(pgHandover) // a *listener.Conn either way
+	sock := fds[st.Socket.FD]
+	h.up.pg = pg
+	h.sock = listenSocket{path: st.Socket.Path, fd: sock, dev: st.Socket.Dev, ino: st.Socket.Ino}
+	h.healthy = st.Healthy
+	h.nextID = st.NextID
+	for _, c := range st.Channels {
+		h.channels[c.PG] = &channel{q: c.Q, pg: c.PG, state: stateListening, subs: make(map[*worker]struct{})}
+	}
+	for i := range st.Workers {
+		hw := &st.Workers[i]
+		w := h.adoptWorker(hw, fds[hw.FD])
+		h.workers[w.id] = w
+	}
+	h.stats.load(st.Stats)
+	h.stats.workers.Store(int64(len(h.workers)))
+	h.stats.channels.Store(int64(len(h.channels)))
+	h.stats.healthy.Store(h.healthy)
+	return nil
+}
+
+// adoptWorker rebuilds one worker from hw on descriptor fd.
+func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
+	w := &worker{id: hw.ID, fd: fd, pid: hw.PID, uid: hw.UID, unknownLogged: hw.Unknown}
+	prev := uint64(0)
+	for _, end := range hw.Ends {
+		if end > uint64(len(hw.Out)) || end <= prev {
+			break
+		}
+		_ = w.out.Append(hw.Out[prev:end]) // no cap yet: cannot fail
+		prev = end
+	}
+	w.out.Max = h.bufferMax()
+	if len(hw.Durable) > 0 {
+		w.durable = hw.Durable
+	}
+	for _, sp := range hw.Spans {
+		w.durableSpans = append(w.durableSpans, sp)
+		w.durableBytes += int(sp.end - sp.start)
+	}
+	if hw.StatusAt >= 0 {
+		w.statusAt, w.hasStatus = uint64(hw.StatusAt), true
+	}
+	// Only a partial frame: the old process decoded every whole one.
+	w.dec.Feed(hw.In)
+	for _, pg := range hw.Subs {
+		if ch := h.channels[pg]; ch != nil {
+			h.addSub(w, ch)
+		}
+	}
+	return w
+}
+
+// goLive is the commit on the new side: everything goes into the loop, the
+// bytes the old process could not send go first, and Postgres is read from
+// where the old process stopped. Loop goroutine (or before it runs).
+func (h *Hub) goLive() {
+	u := h.up
+	h.up = nil
+	h.rbuf = make([]byte, readSize)
+	h.loop.AfterIteration(h.flush)
+	h.loop.OnClose(h.onLoopClose)
+	h.stats.upgrades.Add(1)
+	var err error
+	if h.sock.tok, err = h.loop.Register(h.sock.fd, loop.Readable, h.onAcceptable); err != nil {
+		h.log.Error("upgrade: accept on the socket", "reason", err)
+	}
+	for _, w := range h.workers {
+		w.tok, err = h.loop.Register(w.fd, loop.Readable, func(ev loop.Events) { h.onWorkerEvent(w, ev) })
+		if err != nil {
+			h.closeWorker(w, reasonRegister, err)
+			continue
+		}
+		if w.out.Len() > 0 {
+			h.touch(w)
+		}
+	}
+	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
+	h.dropEmpty()
+	u.live = true
+	if u.marker == "" || u.markerSeen {
+		u.startDelivery()
+	} // else: the marker is still on its way; its arrival starts it
+	h.loop.Post(func() {}) // an iteration soon: its end flushes the workers
+	h.log.Info("upgrade: took over", "workers", len(h.workers), "channels", len(h.channels),
+		"healthy", h.healthy, "upgrades", h.stats.upgrades.Load())
+}
+
+// startDelivery lets the new process's Postgres connection deliver: from
+// the point the old one stopped at (plaintext) or from the marker (TLS).
+func (u *upgrade) startDelivery() {
+	_ = u.pg.Resume() // an error there is a lost connection: it reconnects
+	if u.marker != "" {
+		u.pg.Unlisten(u.marker, nil)
+	}
+}
+
+func sendMsg(conn *fdpass.Conn, m upMsg, fds []int) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("hub: upgrade: encode %s: %w", m.T, err)
+	}
+	if err := conn.Send(b, fds); err != nil {
+		return fmt.Errorf("hub: upgrade: send %s: %w", m.T, err)
+	}
+	return nil
+}
+
+func recvMsg(conn *fdpass.Conn) (upMsg, []int, error) {
+	b, fds, err := conn.Recv()
+	if err != nil {
+		return upMsg{}, nil, fmt.Errorf("hub: upgrade: %w", err)
+	}
+	var m upMsg
+	if err := json.Unmarshal(b, &m); err != nil {
+		closeAll(fds)
+		return upMsg{}, nil, fmt.Errorf("hub: upgrade: decode: %w", err)
+	}
+	return m, fds, nil
+}

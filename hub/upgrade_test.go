@@ -1,0 +1,137 @@
+package hub
+
+import (
+	"bytes"
+	"encoding/json"
+	"path/filepath"
+	"testing"
+
+	"github.com/listenhub/listenhub/frame"
+)
+
+// TestHandedWorkerRoundTrip: a worker's state survives encoding to JSON and
+// rebuilding in another hub: the unsent bytes frame by frame (the first one
+// partly written), the durable wakes still mergeable, the unsent status,
+// the partial inbound frame and the subscriptions.
+func TestHandedWorkerRoundTrip(t *testing.T) {
+	cfg := Config{SocketPath: filepath.Join(t.TempDir(), "s")}
+	old, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := &channel{q: "a", pg: "a", state: stateListening, subs: map[*worker]struct{}{}}
+	old.channels["a"] = ch
+	w := &worker{id: 7, fd: 3, pid: 42, uid: 1000}
+	w.out.Max = old.bufferMax()
+	old.addSub(w, ch)
+
+	wake := frame.AppendWake(nil, "x", []byte("first"), true)
+	if err := w.out.Append(wake); err != nil {
+		t.Fatal(err)
+	}
+	w.out.Discard(5) // the kernel took part of the first frame
+	old.enqueueDurable(w, "a", frame.AppendWake(nil, "a", nil, false))
+	old.sendStatus(w)
+	old.enqueue(w, frame.AppendWake(nil, "x", []byte("second"), true))
+	sub := frame.AppendSub(nil, "b")
+	w.dec.Feed(sub[:len(sub)-3]) // a partial inbound frame
+	if _, ok, _ := w.dec.Next(); ok {
+		t.Fatal("partial frame decoded")
+	}
+
+	hw := handWorker(w, 2)
+	b, err := json.Marshal(hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back handedWorker
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+
+	nh, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nch := &channel{q: "a", pg: "a", state: stateListening, subs: map[*worker]struct{}{}}
+	nh.channels["a"] = nch
+	nw := nh.adoptWorker(&back, 9)
+
+	if nw.id != 7 || nw.fd != 9 || nw.pid != 42 || nw.uid != 1000 {
+		t.Errorf("identity: id %d fd %d pid %d uid %d", nw.id, nw.fd, nw.pid, nw.uid)
+	}
+	oa, ob := w.out.Peek()
+	na, nb := nw.out.Peek()
+	if want, got := append(append([]byte{}, oa...), ob...), append(append([]byte{}, na...), nb...); !bytes.Equal(got, want) {
+		t.Errorf("unsent bytes differ:\n got %q\nwant %q", got, want)
+	}
+	if nw.out.Frames() != w.out.Frames() || nw.out.Frames() != 4 {
+		t.Errorf("frames: %d, old %d, want 4", nw.out.Frames(), w.out.Frames())
+	}
+	if nw.pendingDurable() != 1 || nw.durableBytes != w.durableBytes {
+		t.Errorf("durable: %d pending, %d bytes; want 1, %d", nw.pendingDurable(), nw.durableBytes, w.durableBytes)
+	}
+	if !nw.hasStatus {
+		t.Error("the unsent status was not carried over")
+	}
+	if nw.subs.get("a") != nch || len(nch.subs) != 1 {
+		t.Error("subscription not rebuilt")
+	}
+	// A durable wake for a still merges into the handed one.
+	before := nh.stats.durableCoalesced.Load()
+	nh.enqueueDurable(nw, "a", frame.AppendWake(nil, "a", nil, false))
+	if nh.stats.durableCoalesced.Load() != before+1 {
+		t.Error("a durable wake after the hand-over did not merge into the handed one")
+	}
+	// The rest of the partial inbound frame completes it.
+	nw.dec.Feed(sub[len(sub)-3:])
+	m, ok, err := nw.dec.Next()
+	if err != nil || !ok || m.T != "sub" || m.Q != "b" {
+		t.Errorf("inbound frame after the hand-over: %+v %v %v", m, ok, err)
+	}
+	// Written out, the bytes make whole frames: the partial first one's
+	// rest, then the others.
+	var dec frame.Decoder
+	dec.Feed(wake[:5])
+	dec.Feed(append(append([]byte{}, na...), nb...))
+	var types []string
+	for {
+		m, ok, err := dec.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		types = append(types, m.T)
+	}
+	if got := len(types); got != 4 {
+		t.Errorf("decoded %v, want 4 frames", types)
+	}
+}
+
+// TestHandedStateJSON: the hub state message survives JSON with every
+// field, descriptors as indexes.
+func TestHandedStateJSON(t *testing.T) {
+	st := handedHub{Version: handedVersion, Socket: handedSocket{FD: 0, Path: "/run/x.sock", Dev: 1, Ino: 2},
+		PGFD: 1, Healthy: true, NextID: 99, Stats: Stats{Accepts: 5, Upgrades: 3},
+		Channels: []handedChannel{{Q: "q", PG: "p.q"}},
+		Workers:  []handedWorker{{ID: 1, FD: 2, Subs: []string{"p.q"}, Out: []byte{1, 2}, Ends: []uint64{2}, Spans: []span{{0, 2}}, StatusAt: -1}},
+		Extra:    map[string]int{"metrics": 3}}
+	b, err := json.Marshal(upMsg{T: "state", State: &st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m upMsg
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(m.State)
+	want, _ := json.Marshal(&st)
+	if !bytes.Equal(got, want) {
+		t.Errorf("round trip:\n got %s\nwant %s", got, want)
+	}
+	if m.State.Workers[0].Spans[0] != (span{0, 2}) {
+		t.Errorf("span: %+v", m.State.Workers[0].Spans[0])
+	}
+}

@@ -1,0 +1,342 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/loop"
+)
+
+// A hot upgrade (docs/design.md, "Lifecycle") moves the LISTEN connection to
+// a new process without losing or duplicating a notification.
+//
+// Plaintext: the old process waits for a quiet point (WhenIdle: nothing
+// pending, nothing in flight, the set LISTENed), stops reading there and
+// hands the socket over as is (Detach): the descriptor, the backend pid, the
+// set and the bytes it read but could not parse yet (the start of a partial
+// message). The new process Adopts it and, once told to, Resumes reading
+// where the old one stopped; the kernel held whatever arrived meanwhile.
+//
+// TLS (or any connection without a descriptor to hand over): the record
+// layer's state cannot move, so the new process opens its own connection,
+// LISTENs the union plus a marker channel (OpenForTakeover) and sends one
+// NOTIFY on the marker (SendMarker). Postgres delivers notifications to
+// every listener in the order of its queue, so the marker splits the stream
+// exactly: the old process (which LISTENs the marker too, PauseAtMarker)
+// delivers everything before it and stops reading at it; the new one drops
+// everything before it and delivers everything after.
+
+// handover is a Conn's upgrade state. The zero value is "no upgrade".
+type handover struct {
+	// holding: an upgrade waits for a quiet point; no health probe is
+	// sent meanwhile (its answer would be in flight at the hand-over).
+	holding bool
+	idle    func() // WhenIdle's callback, run once at the quiet point
+	// paused: nothing is read or parsed; what arrives waits in the kernel
+	// (descriptor) or in rbuf (bridge).
+	paused bool
+	// detached: the descriptor is out of the loop (Detach), still open.
+	detached bool
+	// marker: a notification on this channel pauses the Conn and runs
+	// onMarker; while skip is set, every notification before it is
+	// dropped (the old process delivers those).
+	marker   string
+	skip     bool
+	onMarker func()
+}
+
+// Handover is the LISTEN connection as it moves to another process.
+type Handover struct {
+	// FD is the connection's socket. It is not part of the JSON: it
+	// travels as SCM_RIGHTS.
+	FD         int `json:"-"`
+	BackendPID uint32
+	// Channels is the set LISTENed on the connection.
+	Channels []string
+	// Unread are bytes read from the socket and not parsed yet.
+	Unread []byte
+}
+
+// ErrNoDescriptor is returned by Detach for a connection the loop does not
+// drive from a descriptor (TLS): use the marker hand-over instead.
+var ErrNoDescriptor = errors.New("listener: connection has no descriptor to hand over")
+
+// CanDetach reports whether the connection can be handed over as a
+// descriptor (plaintext) rather than by the marker hand-over.
+func (c *Conn) CanDetach() bool {
+	_, ok := c.tr.(*fdTransport)
+	return ok && c.state == stateUp
+}
+
+// WhenIdle runs done on the loop once the connection is up, healthy, and has
+// no command pending or in flight: the quiet point of a hand-over. From now
+// on no health probe is sent while nothing is in flight (CancelHold ends
+// that). The caller must stop issuing commands meanwhile. done runs from the
+// end of an iteration, never inside WhenIdle.
+func (c *Conn) WhenIdle(done func()) {
+	c.ho.holding = true
+	c.ho.idle = done
+	c.kick()
+}
+
+// CancelHold forgets a WhenIdle that has not fired, and lets health probes
+// go out again.
+func (c *Conn) CancelHold() {
+	c.ho.holding = false
+	c.ho.idle = nil
+}
+
+// kick makes sure another loop iteration comes, whose end checks for idle.
+func (c *Conn) kick() {
+	if !c.kicked {
+		c.kicked = true
+		if c.l.Post(func() { c.kicked = false }) != nil {
+			c.kicked = false
+		}
+	}
+}
+
+// checkIdle is called at the end of every iteration (from flush).
+func (c *Conn) checkIdle() {
+	if c.ho.idle == nil || c.state != stateUp || !c.healthy || len(c.pending) > 0 || len(c.inflight) > 0 {
+		return
+	}
+	if t, ok := c.tr.(*fdTransport); ok && len(t.out) > 0 {
+		return
+	}
+	f := c.ho.idle
+	c.ho.idle = nil
+	f()
+}
+
+// Pause stops reading and parsing. Bytes already read and not parsed stay
+// in the buffer; the health check stops (a paused connection hears nothing).
+func (c *Conn) Pause() {
+	if c.ho.paused {
+		return
+	}
+	c.ho.paused = true
+	if c.hc != nil {
+		c.hc.Stop()
+		c.hc = nil
+	}
+	if t, ok := c.tr.(*fdTransport); ok && t.tok.Valid() {
+		_ = c.l.Modify(t.tok, t.interest())
+	}
+}
+
+// Resume undoes Pause (and Detach, whose descriptor goes back into the
+// loop): what waited is parsed, then reading goes on. The hold ends too,
+// and a marker not reached yet is forgotten (an upgrade rolled back).
+func (c *Conn) Resume() error {
+	c.CancelHold()
+	c.ho.marker, c.ho.skip, c.ho.onMarker = "", false, nil
+	if !c.ho.paused {
+		return nil
+	}
+	c.ho.paused = false
+	if c.state != stateUp {
+		return nil
+	}
+	if t, ok := c.tr.(*fdTransport); ok {
+		if c.ho.detached {
+			c.ho.detached = false
+			if err := t.start(c, c.gen); err != nil {
+				c.fail(fmt.Errorf("resume: %w", err))
+				return err
+			}
+		}
+		if err := c.l.Modify(t.tok, t.interest()); err != nil {
+			c.fail(fmt.Errorf("resume: %w", err))
+			return err
+		}
+	}
+	c.lastRx = c.l.Now()
+	c.probeSince = time.Time{}
+	if c.hc == nil {
+		c.hc = c.l.AfterFunc(c.cfg.HealthCheckInterval, c.healthTick)
+	}
+	if c.rend > c.rpos {
+		c.received()
+	}
+	return nil
+}
+
+// Detach pauses the connection and takes its descriptor out of the loop,
+// still open, and returns what another process needs to Adopt it. Call it
+// at the quiet point (from the WhenIdle callback). Resume puts it back;
+// Abandon closes this process's copy for good.
+func (c *Conn) Detach() (Handover, error) {
+	t, ok := c.tr.(*fdTransport)
+	if !ok || c.state != stateUp {
+		return Handover{}, ErrNoDescriptor
+	}
+	if len(c.pending) > 0 || len(c.inflight) > 0 || len(t.out) > 0 {
+		return Handover{}, errors.New("listener: detach: a command is in flight")
+	}
+	c.Pause()
+	if t.tok.Valid() {
+		if err := c.l.Unregister(t.tok); err != nil {
+			return Handover{}, fmt.Errorf("listener: detach: %w", err)
+		}
+		t.tok = loop.Token{}
+	}
+	c.ho.detached = true
+	h := Handover{FD: t.fd, BackendPID: t.pid, Unread: append([]byte(nil), c.rbuf[c.rpos:c.rend]...)}
+	for ch := range c.set {
+		h.Channels = append(h.Channels, ch)
+	}
+	return h, nil
+}
+
+// Abandon drops the connection without a word to the server: another
+// process owns it now (Detach) or has its own (the marker hand-over with a
+// descriptor). This process's copy of the descriptor is closed; the
+// session goes on. Every later call is a no-op; Close still runs its done.
+func (c *Conn) Abandon() {
+	if c.state == stateClosed {
+		return
+	}
+	c.CancelHold()
+	if t, ok := c.tr.(*fdTransport); ok {
+		if t.tok.Valid() {
+			_ = c.l.Unregister(t.tok)
+			t.tok = loop.Token{}
+		}
+		unix.Close(t.fd)
+		t.fd = -1
+		c.tr = nil
+	}
+	c.state = stateClosing
+	c.failWaiting(ErrClosed)
+	c.finishClose()
+}
+
+// Adopt makes a Conn of a connection another process Detached: it starts
+// paused (Resume starts reading) and healthy, with h.Channels as its set.
+// Call it on the loop goroutine or before the loop runs; it takes
+// ownership of h.FD.
+func Adopt(l *loop.Loop, cfg Config, h Handover) (*Conn, error) {
+	if h.FD < 0 {
+		return nil, errors.New("listener: adopt: no descriptor")
+	}
+	if err := unix.SetNonblock(h.FD, true); err != nil {
+		unix.Close(h.FD)
+		return nil, fmt.Errorf("listener: adopt: %w", os.NewSyscallError("fcntl(O_NONBLOCK)", err))
+	}
+	c := newConn(l, cfg)
+	for _, ch := range h.Channels {
+		c.set[ch] = struct{}{}
+	}
+	if len(h.Unread) > len(c.rbuf) {
+		c.rbuf = make([]byte, len(h.Unread))
+	}
+	c.rend = copy(c.rbuf, h.Unread)
+	tr := &fdTransport{fd: h.FD, pid: h.BackendPID}
+	l.AfterIteration(c.flush)
+	l.OnClose(c.loopStopped)
+	c.gen++
+	if err := tr.start(c, c.gen); err != nil {
+		tr.discard()
+		return nil, fmt.Errorf("listener: adopt: %w", err)
+	}
+	c.tr = tr
+	c.pid = tr.pid
+	c.state = stateUp
+	c.healthy = true
+	c.lastRx = l.Now()
+	c.Pause()
+	c.log.Info("listener: adopted", "pid", c.pid, "channels", len(c.set))
+	return c, nil
+}
+
+// OpenForTakeover opens a connection of this process's own for the marker
+// hand-over: channels and marker are LISTENed on connect (OnHealth(true)
+// says when), every notification before the one on marker is dropped, and
+// at it the Conn pauses and onMarker runs. Resume starts the delivery.
+func OpenForTakeover(ctx context.Context, l *loop.Loop, cfg Config, channels []string, marker string, onMarker func()) (*Conn, error) {
+	if cfg.ConnConfig == nil {
+		return nil, errors.New("listener: Config.ConnConfig is nil (use ParseConfig)")
+	}
+	if err := ValidChannel(marker); err != nil {
+		return nil, err
+	}
+	c := newConn(l, cfg)
+	for _, ch := range channels {
+		c.set[ch] = struct{}{}
+	}
+	c.set[marker] = struct{}{}
+	c.ho.marker, c.ho.skip, c.ho.onMarker = marker, true, onMarker
+	tr, err := dial(ctx, c.cfg.ConnConfig)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.begin(tr); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// PauseAtMarker makes the Conn pause at the first notification on marker
+// (which it must LISTEN) and run done then. Notifications before it are
+// delivered as usual.
+func (c *Conn) PauseAtMarker(marker string, done func()) {
+	c.ho.marker, c.ho.skip, c.ho.onMarker = marker, false, done
+}
+
+// SendMarker sends NOTIFY marker. Its answer is not waited for: the marker's
+// arrival is what the hand-over waits for.
+func (c *Conn) SendMarker(marker string) error {
+	if err := ValidChannel(marker); err != nil {
+		return err
+	}
+	if c.state != stateUp {
+		return fmt.Errorf("listener: send marker: connection %s", c.state)
+	}
+	c.send(&query{kind: queryProbe}, appendQuery(nil, appendQuoted([]byte("NOTIFY "), marker)))
+	return nil
+}
+
+// markerFilter is called for every notification while a marker is set; it
+// reports whether the notification is swallowed.
+func (c *Conn) markerFilter(ch []byte) bool {
+	if string(ch) == c.ho.marker {
+		c.ho.marker, c.ho.skip = "", false
+		c.Pause()
+		if f := c.ho.onMarker; f != nil {
+			c.ho.onMarker = nil
+			f()
+		}
+		return true
+	}
+	return c.ho.skip
+}
+
+// hold keeps a chunk the bridge read while paused, behind what waits.
+func (c *Conn) hold(chunk []byte) {
+	if c.rend+len(chunk) > len(c.rbuf) {
+		nb := make([]byte, c.rend-c.rpos+len(chunk))
+		c.rend = copy(nb, c.rbuf[c.rpos:c.rend])
+		c.rpos = 0
+		c.rbuf = nb
+	}
+	c.rend += copy(c.rbuf[c.rend:], chunk)
+}
+
+// interest is what the loop should watch the socket for: nothing while
+// paused but for unsent bytes.
+func (t *fdTransport) interest() loop.Events {
+	ev := loop.Readable
+	if t.c != nil && t.c.ho.paused {
+		ev = 0
+	}
+	if len(t.out) > 0 {
+		ev |= loop.Writable
+	}
+	return ev
+}

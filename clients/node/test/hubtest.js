@@ -86,14 +86,25 @@ class Hub {
     }
   }
 
-  // Connects and waits for the first frame (the status sent on connect).
+  // Connects and reads until a status healthy:true (the hub accepts before
+  // its Postgres connection is up and then says false), so that tests start
+  // from a hub that reports healthy on connect.
   _probe() {
     return new Promise((resolve) => {
       const s = net.createConnection({ path: this.socket });
+      const dec = new frame.Decoder();
+      s.setTimeout(2000, () => s.destroy());
       s.on('error', () => resolve(false));
-      s.on('data', () => {
-        s.destroy();
-        resolve(true);
+      s.on('close', () => resolve(false));
+      s.on('data', (d) => {
+        dec.feed(d);
+        for (let m = dec.next(); m; m = dec.next()) {
+          if (m.t === 'status' && m.healthy === true) {
+            s.destroy();
+            resolve(true);
+            return;
+          }
+        }
       });
     });
   }

@@ -83,18 +83,31 @@ class Hub:
         while True:
             if self.proc.poll() is not None:
                 raise AssertionError("listenhub exited early (%s):\n%s" % (self.proc.returncode, self.output()))
-            try:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                    s.settimeout(TIMEOUT)
-                    s.connect(self.socket)
-                    hdr = s.recv(4, socket.MSG_WAITALL)
-                    if len(hdr) == 4:
-                        return
-            except OSError:
-                pass
+            if self._healthy(deadline):
+                return
             if time.monotonic() > deadline:
                 raise AssertionError("listenhub not ready:\n" + self.output())
             time.sleep(0.01)
+
+    def _healthy(self, deadline):
+        """Connects and reads until a status healthy:true (the hub accepts
+        before its Postgres connection is up and then says false), so that
+        tests start from a hub that reports healthy on connect."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(max(0.1, deadline - time.monotonic()))
+                s.connect(self.socket)
+                dec = _frame.Decoder()
+                while True:
+                    data = s.recv(65536)
+                    if not data:
+                        return False
+                    dec.feed(data)
+                    for m in iter(dec.next, None):
+                        if m["t"] == "status" and m.get("healthy") is True:
+                            return True
+        except OSError:
+            return False
 
     def output(self):
         with open(self.log_path, "rb") as f:

@@ -57,7 +57,7 @@ func needDB(t testing.TB) *pgtest.Cluster {
 	dbOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		db, dbErr = pgtest.Start(ctx, pgtest.Options{})
+		db, dbErr = pgtest.Start(ctx, pgtest.Options{SSL: true}) // SSL: the TLS upgrade test
 	})
 	if dbErr != nil {
 		t.Fatal(dbErr)

@@ -107,6 +107,9 @@ func (u *upgrader) run(ctx context.Context) bool {
 		return false
 	}
 	u.log.Info("upgrade: handed over", "new_pid", cmd.Process.Pid, "took", time.Since(start).Round(time.Microsecond))
+	// From the main process: systemd accepts MAINPID= from it whatever
+	// NotifyAccess says.
+	notifyMainPID(cmd.Process.Pid)
 	return true
 }
 
@@ -138,9 +141,10 @@ func takeover(ctx context.Context, h *hub.Hub, conn *fdpass.Conn, timeout time.D
 	return metrics, nil
 }
 
-// notifyMainPID tells systemd that this process is the service's main
-// process now (MAINPID=). HOOK: wired to the sd_notify package once it is
-// on main; until then a no-op.
+// notifyMainPID tells systemd that pid is the service's main process now
+// (MAINPID=): the old process says it before it exits, the new one once it
+// serves (accepted with NotifyAccess=all). HOOK: wired to the sd_notify
+// package once it is on main; until then a no-op.
 var notifyMainPID = func(pid int) {}
 
 // writePIDFile writes this process's pid to path atomically (a temporary

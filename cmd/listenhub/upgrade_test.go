@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,10 @@ type upHub struct {
 	logPath string
 	app     string
 	seen    []int // every serving pid, for the cleanup
+	// firstDone is closed when the process the test started has exited,
+	// firstErr its Wait result.
+	firstDone chan struct{}
+	firstErr  error
 }
 
 // startUpHub copies the binary into a directory of the test's (so that a
@@ -43,7 +48,8 @@ func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
 	t.Helper()
 	dir := t.TempDir()
 	u := &upHub{t: t, bin: filepath.Join(dir, "listenhub"), socket: filepath.Join(dir, "hub.sock"),
-		pidFile: filepath.Join(dir, "hub.pid"), logPath: filepath.Join(dir, "hub.log"), app: testApp(t)}
+		pidFile: filepath.Join(dir, "hub.pid"), logPath: filepath.Join(dir, "hub.log"), app: testApp(t),
+		firstDone: make(chan struct{})}
 	copyFile(t, hubBinary(t), u.bin)
 	logf, err := os.OpenFile(u.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -60,7 +66,7 @@ func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go cmd.Wait()
+	go func() { u.firstErr = cmd.Wait(); close(u.firstDone) }()
 	u.seen = append(u.seen, cmd.Process.Pid)
 	t.Cleanup(func() {
 		for _, pid := range u.seen {
@@ -72,6 +78,21 @@ func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
 	})
 	testutil.WaitFor(t, timeout, "the pid file", func() bool { return u.pid() == cmd.Process.Pid })
 	return u
+}
+
+// metricsAddr is the address the hub logged for --metrics-addr.
+func (u *upHub) metricsAddr() string {
+	u.t.Helper()
+	re := regexp.MustCompile(`"msg":"metrics listening","addr":"([^"]+)"`)
+	var addr string
+	testutil.WaitFor(u.t, timeout, "the metrics address in the log", func() bool {
+		if m := re.FindStringSubmatch(u.log()); m != nil {
+			addr = m[1]
+			return true
+		}
+		return false
+	})
+	return addr
 }
 
 func copyFile(t *testing.T, from, to string) {
@@ -391,9 +412,9 @@ func (s *subscriber) finish(t *testing.T) int {
 // subscribing all along. Every worker gets every number exactly once and
 // never sees EOF, every sub is acked, the serving pid changes every time,
 // and the hub never holds more than 2 backends (1 at the end).
-func runUpgrades(t *testing.T, dbURL string, upgrades int) {
+func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string) {
 	c := needDB(t)
-	u := startUpHub(t, dbURL)
+	u := startUpHub(t, dbURL, "--metrics-addr", "127.0.0.1:0")
 	const q = "upgrade_stream"
 	workers := make([]*seqWorker, 20)
 	for i := range workers {
@@ -419,6 +440,7 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int) {
 		})
 	}
 	waitProgress("wakes before the first upgrade")
+	addr := u.metricsAddr()
 	pids := []int{u.pid()}
 	var tookMax, tookSum time.Duration
 	for i := 0; i < upgrades; i++ {
@@ -430,6 +452,30 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int) {
 		tookSum += took
 		tookMax = max(tookMax, took)
 		waitProgress(fmt.Sprintf("wakes from the new process after upgrade %d", i+1))
+		if i == 0 {
+			select {
+			case <-u.firstDone:
+			case <-time.After(timeout):
+				t.Fatal("the first hub did not exit")
+			}
+			if u.firstErr != nil {
+				t.Fatalf("the first hub exited with %v after the upgrade, want 0", u.firstErr)
+			}
+		}
+	}
+	if n := strings.Count(u.log(), `"postgres":"`+wantPG+`"`); n != upgrades {
+		t.Errorf("%d of %d hand-overs logged postgres %q", n, upgrades, wantPG)
+	}
+	// The metrics listener moved along, and the counters with it.
+	m := scrape(t, addr)
+	if m["listenhub_upgrades_total"] != float64(upgrades) {
+		t.Errorf("listenhub_upgrades_total %v, want %d", m["listenhub_upgrades_total"], upgrades)
+	}
+	if m["listenhub_accepts_total"] < float64(len(workers)+1) {
+		t.Errorf("listenhub_accepts_total %v: the counters were not carried over", m["listenhub_accepts_total"])
+	}
+	if m["listenhub_workers"] != float64(len(workers)+1) {
+		t.Errorf("listenhub_workers %v, want %d", m["listenhub_workers"], len(workers)+1)
 	}
 	sent := nf.finish(t)
 	acked := subs.finish(t)
@@ -482,7 +528,7 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int) {
 }
 
 func TestUpgradeUnderLoad(t *testing.T) {
-	runUpgrades(t, needDB(t).URL(), 10)
+	runUpgrades(t, needDB(t).URL(), 10, "descriptor")
 }
 
 // TestUpgradeFailingBinary replaces the binary at the hub's path with a
@@ -528,4 +574,16 @@ func TestUpgradeFailingBinary(t *testing.T) {
 		n, _, _, _ := w.state()
 		return n == 2
 	})
+}
+
+// TestUpgradeTLS is TestUpgradeUnderLoad with the hub on TLS to Postgres:
+// the new process opens its own connection, so at most 2 backends exist
+// during an upgrade, and the marker NOTIFY splits the stream between the
+// two without a loss or a duplicate.
+func TestUpgradeTLS(t *testing.T) {
+	u := needDB(t).TLSURL()
+	if u == "" {
+		t.Skip("the test cluster has no TLS")
+	}
+	runUpgrades(t, u, 5, "new connection")
 }

@@ -4,15 +4,50 @@
 // share one hub connection.
 //
 // Each process embeds one client.Failover (the hub while it is there, its
-// own Postgres LISTEN after the hub fails) and one client.Mux in front of
-// it, so that a thousand browsers watching the same channel cost the
-// process one subscription and the host one Postgres backend.
+// own Postgres LISTEN while the hub is away, and the hub again once it is
+// back) and one client.Mux in front of it, so that a thousand browsers
+// watching the same channel cost the process one subscription and the host
+// one Postgres backend.
 //
 //	go run ./examples/sse --socket /run/listenhub/listenhub.sock \
 //	    --database-url postgres://app@db/app --addr 127.0.0.1:8080
 //
 // then open http://127.0.0.1:8080/?q=chat and run, in psql,
-// NOTIFY chat, 'hello'.
+// NOTIFY chat, 'hello'. Stop the hub and start it again: the page shows the
+// process going to its own connection and coming back.
+//
+// # Endpoints
+//
+// GET / is the page. GET /healthz answers 200 "ok (hub)" or "ok (local)"
+// while wakes flow, 503 otherwise.
+//
+// GET /events?q=NAME is a Server-Sent Events stream (text/event-stream) of
+// the wakes of the subscription name NAME (required; the Postgres channel
+// is --channel-prefix + NAME + --channel-suffix). 400 for a missing or
+// invalid name, 503 when no listener can subscribe it. Every data line is
+// one line of JSON:
+//
+//	event: ready  data: {"q":"chat","mode":"hub"}
+//	    first, once the subscription is acked: every NOTIFY committed
+//	    after the browser saw it reaches the stream. mode is where wakes
+//	    come from now: "hub" (the shared hub) or "local" (this process's
+//	    own Postgres connection). It also sets the EventSource's retry
+//	    delay (retry: 2000).
+//	event: wake   data: {"q":"chat","p":"hello","durable":false}
+//	    a NOTIFY. p is the payload (absent for a durable wake, a NOTIFY
+//	    without payload, which says "something changed, re-read"; one is
+//	    also sent after each change of mode, to cover what a change may
+//	    have missed).
+//	event: mode   data: {"mode":"local"}
+//	    the process changed where its wakes come from: "local" when the
+//	    hub failed, "hub" when it is back. Sent only on a change after
+//	    ready.
+//	event: gone   data: "reason"
+//	    the stream is closed by the server (this browser fell too far
+//	    behind, or the process has no listener left); the EventSource
+//	    reconnects, and anything sent meanwhile may be missing.
+//	: heartbeat
+//	    a comment every 15 s of silence, for proxies with idle timeouts.
 package main
 
 import (
@@ -29,6 +64,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,6 +94,8 @@ type config struct {
 	Addr          string
 	ChannelPrefix string
 	ChannelSuffix string
+	MinLocal      time.Duration
+	OneWay        bool
 }
 
 func main() {
@@ -88,6 +126,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"the hub's --channel-prefix, used by the fallback listener (env LISTENHUB_CHANNEL_PREFIX)")
 	fs.StringVar(&cfg.ChannelSuffix, "channel-suffix", os.Getenv("LISTENHUB_CHANNEL_SUFFIX"),
 		"the hub's --channel-suffix, used by the fallback listener (env LISTENHUB_CHANNEL_SUFFIX)")
+	fs.DurationVar(&cfg.MinLocal, "min-local", client.DefaultMinLocal,
+		"least time on the fallback connection before returning to the hub")
+	fs.BoolVar(&cfg.OneWay, "one-way", false,
+		"stay on the fallback connection once the hub failed, until restarted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -123,30 +165,88 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // app is the server: one Failover listener and one Mux for the process.
 type app struct {
-	l   *client.Failover
-	mux *client.Mux
-	log *slog.Logger
+	l     *client.Failover
+	mux   *client.Mux
+	modes *modeWatch
+	log   *slog.Logger
 }
 
 func newApp(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	mux := client.NewMux(client.MuxOptions{Logger: log})
+	modes := newModeWatch()
 	l, err := client.NewFailover(ctx, client.FailoverOptions{
 		SocketPath:      cfg.Socket,
 		DatabaseURL:     cfg.DatabaseURL,
 		ApplicationName: "listenhub-sse-local",
 		ChannelPrefix:   cfg.ChannelPrefix,
 		ChannelSuffix:   cfg.ChannelSuffix,
+		MinLocal:        cfg.MinLocal,
+		OneWay:          cfg.OneWay,
 		OnWake:          mux.HandleWake,
 		OnFailover: func(reason error) {
 			log.Warn("hub lost, listening on our own Postgres connection", "reason", reason)
+			modes.set(client.ModeLocal)
+		},
+		OnFailback: func() {
+			log.Info("hub back, our own Postgres connection closed")
+			modes.set(client.ModeHub)
 		},
 		Logger: log,
 	})
 	if err != nil {
 		return nil, err
 	}
+	modes.initial(l.Mode())
 	mux.Bind(l)
-	return &app{l: l, mux: mux, log: log}, nil
+	return &app{l: l, mux: mux, modes: modes, log: log}, nil
+}
+
+// modeWatch tells the streams when the process's wakes change source. Its
+// context is cancelled (and replaced) on every change, so that a stream
+// waiting for a wake can wait for a change too, without a goroutine.
+type modeWatch struct {
+	mu      sync.Mutex
+	mode    client.Mode
+	touched bool // a callback has set mode: initial must not overwrite it
+	changed context.Context
+	cancel  context.CancelFunc
+}
+
+func newModeWatch() *modeWatch {
+	w := &modeWatch{}
+	w.changed, w.cancel = context.WithCancel(context.Background())
+	return w
+}
+
+// initial records the mode the Failover started in, unless a swap that
+// happened meanwhile has already said something newer.
+func (w *modeWatch) initial(m client.Mode) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.touched {
+		w.mode = m
+	}
+}
+
+// set is called from the Failover's callbacks, in the order of the swaps.
+// It never blocks.
+func (w *modeWatch) set(m client.Mode) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.touched = true
+	if m == w.mode {
+		return
+	}
+	w.mode = m
+	w.cancel()
+	w.changed, w.cancel = context.WithCancel(context.Background())
+}
+
+// get returns the mode and a context that ends at its next change.
+func (w *modeWatch) get() (client.Mode, context.Context) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mode, w.changed
 }
 
 // Close ends every stream and the listener.
@@ -212,10 +312,12 @@ type event struct {
 	Durable bool   `json:"durable"`
 }
 
-// events streams the wakes of ?q= as Server-Sent Events:
+// events streams the wakes of ?q= as Server-Sent Events (the package doc
+// lists the events):
 //
 //	event: ready   data: {"q":"chat","mode":"hub"}   once subscribed (acked)
 //	event: wake    data: {"q":"chat","p":"hello","durable":false}
+//	event: mode    data: {"mode":"local"}            on each change of mode
 //	: heartbeat                                       every 15 s when idle
 //
 // The data is JSON, one line, so a payload with newlines survives the SSE
@@ -255,13 +357,25 @@ func (a *app) events(w http.ResponseWriter, r *http.Request) {
 		}
 		return rc.Flush() == nil
 	}
-	ready, _ := json.Marshal(map[string]string{"q": q, "mode": a.l.Mode().String()})
+	sent, _ := a.modes.get()
+	ready, _ := json.Marshal(map[string]string{"q": q, "mode": sent.String()})
 	if !send("retry: %d\nevent: ready\ndata: %s\n\n", retryMillis, ready) {
 		return
 	}
 	for {
+		mode, changed := a.modes.get()
+		if mode != sent {
+			data, _ := json.Marshal(map[string]string{"mode": mode.String()})
+			if !send("event: mode\ndata: %s\n\n", data) {
+				return
+			}
+			sent = mode
+		}
+		// Wait for a wake, the heartbeat, or a change of mode.
 		wctx, cancel := context.WithTimeout(ctx, heartbeatInterval)
+		stop := context.AfterFunc(changed, cancel)
 		wake, err := sub.Next(wctx)
+		stop()
 		cancel()
 		switch {
 		case err == nil:
@@ -269,12 +383,14 @@ func (a *app) events(w http.ResponseWriter, r *http.Request) {
 			if !send("event: wake\ndata: %s\n\n", data) {
 				return
 			}
-		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		case ctx.Err() != nil:
+			return // the browser left, or the server is shutting down
+		case changed.Err() != nil:
+			// The mode changed: the loop's top sends it.
+		case errors.Is(err, context.DeadlineExceeded):
 			if !send(": heartbeat\n\n") {
 				return
 			}
-		case ctx.Err() != nil:
-			return // the browser left, or the server is shutting down
 		default:
 			// The subscription was closed under us (this browser fell
 			// behind, or the listener died): end the stream and let the

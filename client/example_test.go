@@ -34,18 +34,7 @@ func exampleSetup() (socket, databaseURL string, notify func(channel, payload st
 		log.Fatal(err)
 	}
 	socket = filepath.Join(dir, "listenhub.sock")
-	h, err := hub.New(hub.Config{
-		SocketPath:      socket,
-		DatabaseURL:     db.URL(),
-		ApplicationName: "listenhub-example",
-		Logger:          slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := h.Start(context.Background()); err != nil {
-		log.Fatal(err)
-	}
+	stopHub := startExampleHub(socket, db.URL())
 	notify = func(channel, payload string) {
 		if err := db.Notify(context.Background(), channel, payload); err != nil {
 			log.Fatal(err)
@@ -57,12 +46,45 @@ func exampleSetup() (socket, databaseURL string, notify func(channel, payload st
 			return
 		}
 		stopped = true
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h.Stop(ctx)
+		stopHub()
 		os.RemoveAll(dir)
 	}
 	return socket, db.URL(), notify, stop
+}
+
+// restartExampleHub starts a hub again on the socket of an exampleSetup
+// whose stop was called; its stop stops it and removes the directory.
+func restartExampleHub(socket, databaseURL string) (stop func()) {
+	dir := filepath.Dir(socket)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		log.Fatal(err)
+	}
+	stopHub := startExampleHub(socket, databaseURL)
+	return func() {
+		stopHub()
+		os.RemoveAll(dir)
+	}
+}
+
+// startExampleHub starts a hub on socket in this process; stop stops it.
+func startExampleHub(socket, databaseURL string) (stop func()) {
+	h, err := hub.New(hub.Config{
+		SocketPath:      socket,
+		DatabaseURL:     databaseURL,
+		ApplicationName: "listenhub-example",
+		Logger:          slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := h.Start(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		h.Stop(ctx)
+	}
 }
 
 // The hub client alone: subscribe, then receive every NOTIFY on the channel
@@ -134,6 +156,52 @@ func ExampleNewFailover() {
 	// via the hub
 	// mode: local - durable wake for invoices true
 	// via our own connection
+}
+
+// A Failover returns to a hub that is back: once the restarted hub has
+// acked every name, it closes its own connection, calls OnFailback and
+// delivers a durable wake per name (NOTIFYs committed during the swap may
+// arrive twice, none is lost).
+func ExampleFailoverOptions_failback() {
+	socket, databaseURL, notify, stop := exampleSetup()
+	defer stop()
+	ctx := context.Background()
+
+	wakes := make(chan client.Wake, 64)
+	modes := make(chan string, 4)
+	f, err := client.NewFailover(ctx, client.FailoverOptions{
+		SocketPath:  socket,
+		DatabaseURL: databaseURL,
+		MinLocal:    100 * time.Millisecond, // default 5s: no flapping
+		OnWake:      func(w client.Wake) { wakes <- w },
+		OnFailover:  func(error) { modes <- "failed over" },
+		OnFailback:  func() { modes <- "back on the hub" },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Subscribe(ctx, "invoices"); err != nil {
+		log.Fatal(err)
+	}
+
+	stop() // the hub goes away...
+	fmt.Println(<-modes, "- mode:", f.Mode())
+	<-wakes // the failover's durable wake
+
+	// ...and a new one starts on the same socket.
+	stopAgain := restartExampleHub(socket, databaseURL)
+	defer stopAgain()
+	fmt.Println(<-modes, "- mode:", f.Mode())
+	w := <-wakes
+	fmt.Println("durable wake for", w.Q, w.Durable)
+	notify("invoices", "via the hub again")
+	fmt.Println((<-wakes).Payload)
+	// Output:
+	// failed over - mode: local
+	// back on the hub - mode: hub
+	// durable wake for invoices true
+	// via the hub again
 }
 
 // With no hub at all, a Failover listens locally from the start and says

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -565,4 +566,64 @@ func TestFailbackAfterHubAbsence(t *testing.T) {
 	h.restart()
 	h.accept().expect(t, "sub", "a")
 	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+}
+
+// recPlain records the LISTENs it is asked for and, like the connection,
+// dispatches the notifications that arrive before a command's answer
+// (queued by the test) before returning it.
+type recPlain struct {
+	l       *Local
+	mu      sync.Mutex
+	listens []string
+	inbound []string // payloads on channel "a", delivered at the next command
+}
+
+func (p *recPlain) Listen(_ context.Context, ch string) error {
+	p.mu.Lock()
+	p.listens = append(p.listens, ch)
+	in := p.inbound
+	p.inbound = nil
+	p.mu.Unlock()
+	for _, payload := range in {
+		p.l.onNotification("a", payload)
+	}
+	return nil
+}
+func (p *recPlain) Unlisten(context.Context, string) error { return nil }
+func (p *recPlain) Close() error                           { return nil }
+
+// Local.sync is a round trip on the connection (a LISTEN of a channel
+// already listened to) and returns only after what arrived before its
+// answer was handed to OnWake: what a fail-back waits for before closing
+// the local listener.
+func TestLocalSync(t *testing.T) {
+	rec := &recorder{}
+	l := newLocalWith(LocalOptions{OnWake: rec.onWake})
+	p := &recPlain{l: l}
+	l.start(p)
+	defer l.Close()
+	ctx := context.Background()
+	if err := l.sync(ctx); err != nil { // nothing listened: nothing to wait for
+		t.Fatal(err)
+	}
+	if len(p.listens) != 0 {
+		t.Fatalf("sync with nothing listened sent %v", p.listens)
+	}
+	if err := l.Subscribe(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.inbound = []string{"in flight"}
+	p.mu.Unlock()
+	if err := l.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !rec.has("wake a in flight") {
+		t.Fatal("sync returned before the notification that preceded its answer was delivered")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !slices.Equal(p.listens, []string{"a", "a"}) {
+		t.Fatalf("LISTENs %v, want the subscribe's and the sync's", p.listens)
+	}
 }

@@ -168,7 +168,10 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // recorded set and waits for every ack, while the local listener keeps
 // delivering. Only then does it swap the hub client in and close the local
 // listener: make before break, so a NOTIFY committed in the overlap may be
-// delivered twice (by both), and none is lost. Then it calls OnFailback and
+// delivered twice (by both), and none is lost (a round trip on the local
+// connection after the last ack lets a NOTIFY committed just before the
+// hub's LISTEN, which only the local listener gets, arrive before it is
+// closed). Then it calls OnFailback and
 // delivers one durable wake per recorded name. An attempt that fails — no
 // hub, a hub that is not healthy, a nack, an ack timeout, EOF — is
 // abandoned: the local listener stays, the Failover tries again later.
@@ -677,6 +680,7 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 	f.log.Info("listenhub: hub is back, subscribing it before leaving the local listener", "socket", f.opts.SocketPath)
 
 	acked := make(map[string]struct{})
+	drained := false
 	for {
 		f.mu.Lock()
 		if f.err != nil {
@@ -684,6 +688,21 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 			return true
 		}
 		todo := missing(f.subs, acked)
+		if len(todo) == 0 && !drained {
+			f.mu.Unlock()
+			// A NOTIFY committed just before the hub's LISTEN of its
+			// name reaches only the local listener: let it arrive
+			// before the local listener is closed.
+			if s, ok := local.(interface{ sync(context.Context) error }); ok {
+				ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+				if err := s.sync(ctx); err != nil {
+					f.log.Debug("listenhub: local listener not drained before the fail-back", "reason", err)
+				}
+				cancel()
+			}
+			drained = true
+			continue // names subscribed meanwhile need their acks first
+		}
 		if len(todo) == 0 {
 			if !c.Healthy() {
 				f.mu.Unlock()
@@ -718,6 +737,7 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 		if err := f.subscribeAll(c, todo, acked); err != nil {
 			return giveUp("subscribe", err)
 		}
+		drained = false
 	}
 }
 

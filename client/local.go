@@ -110,6 +110,7 @@ type Local struct {
 type localOp struct {
 	q      string
 	listen bool
+	sync   bool       // a round trip only: see Local.sync
 	reply  chan error // cap 1; nil for unlisten
 }
 
@@ -214,6 +215,34 @@ func (l *Local) unlistenQueuedLocked(q string) bool {
 	return false
 }
 
+// sync returns once every notification the server sent before it answered
+// a round trip made now has been handed to OnWake: a LISTEN of a channel
+// already listened to (a no-op for Postgres), whose answer the connection
+// reads after anything sent before it, dispatching on the way. Failover
+// calls it before closing a Local it leaves for the hub, so that a NOTIFY
+// committed just before the hub's LISTEN, and so only on its way here, is
+// not dropped by the Close. With nothing listened to there is nothing to
+// wait for.
+func (l *Local) sync(ctx context.Context) error {
+	l.mu.Lock()
+	if l.err != nil {
+		err := l.err
+		l.mu.Unlock()
+		return err
+	}
+	reply := make(chan error, 1)
+	l.queueLocked(localOp{sync: true, reply: reply})
+	l.mu.Unlock()
+	select {
+	case err := <-reply:
+		return err
+	case <-l.done:
+		return l.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Unsubscribe queues an UNLISTEN of q's channel; it never blocks.
 func (l *Local) Unsubscribe(q string) {
 	l.mu.Lock()
@@ -298,6 +327,13 @@ func (l *Local) opLoop() {
 			op := l.ops[0]
 			l.ops = l.ops[1:]
 			skip := op.listen == l.listening[op.q]
+			if op.sync {
+				skip = true
+				for q := range l.listening {
+					op.q, op.listen, skip = q, true, false
+					break
+				}
+			}
 			l.mu.Unlock()
 			var err error
 			if !skip {

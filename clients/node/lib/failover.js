@@ -1,7 +1,8 @@
 'use strict';
 
 // Failover: the hub while it works, this process's own LISTEN connection
-// after its first failure. Same rules as the Go client's client.Failover.
+// while it does not, and the hub again once it is back. Same rules as the Go
+// client's client.Failover.
 
 const frame = require('./frame');
 const { connect, DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT } = require('./client');
@@ -11,6 +12,20 @@ const { ClosedError, ConnError, FailoverError, InvalidNameError, SlowConsumerErr
 
 const HUB = 'hub';
 const LOCAL = 'local';
+
+// Least time on the local listener before the hub is tried again: a hub
+// that keeps failing costs at most one hub -> local -> hub trip per this.
+const DEFAULT_MIN_LOCAL = 5000;
+// Wait after a failed fail-back attempt, doubling up to the max.
+const DEFAULT_PROBE_INTERVAL = 1000;
+const DEFAULT_PROBE_MAX_INTERVAL = 30000;
+// Each wait between attempts is scaled by a random factor in [0.8, 1.2], so
+// that the processes of a host do not all knock on a restarted hub at once.
+const PROBE_JITTER = 0.2;
+// Sub frames a fail-back has in flight at once.
+const FAILBACK_PARALLEL = 64;
+
+const jitter = (ms) => ms * (1 - PROBE_JITTER + 2 * PROBE_JITTER * Math.random());
 
 // A listener that uses the hub while it can and its own Postgres connection
 // after that. Make one with Failover.create(socketPath, opts).
@@ -25,10 +40,22 @@ const LOCAL = 'local';
 // LISTENs are gone, durable readers re-read; an ephemeral payload sent in
 // that gap is lost (as in a hub reconnect to Postgres).
 //
-// The swap is one-way: a Failover never goes back to the hub. A subscribe
-// that meets the failure waits for the swap and is answered by the local
-// listener; if the local listener cannot be built the Failover is dead with
-// a FailoverError.
+// Fail-back (unless oneWay): in local mode it tries the hub again, minLocal
+// after the swap, then with backoff (probeInterval doubling to
+// probeMaxInterval, with jitter). An attempt connects a second hub client,
+// waits (up to the ack timeout) for it to report healthy, subscribes the
+// whole recorded set and waits for every ack, while the local listener
+// keeps delivering; only then does it swap the hub in and close the local
+// listener (make before break: a NOTIFY in the overlap may be delivered
+// twice, none is lost), call onFailback() and deliver one durable wake per
+// recorded name. A failed attempt is abandoned and retried later; back on
+// the hub, the cycle can repeat. oneWay keeps pgbus's rule: once local,
+// local until close(). During a fail-back both listeners deliver wakes;
+// statuses come from the current one only.
+//
+// A subscribe that meets the failure waits for the swap and is answered by
+// the local listener; if the local listener cannot be built the Failover is
+// dead with a FailoverError.
 class Failover {
   constructor(socketPath, opts) {
     this.socketPath = socketPath;
@@ -52,6 +79,8 @@ class Failover {
     this._local = null;
     this._subs = new Set();
     this._swap = null; // the failover's promise while it runs
+    this._cand = null; // a fail-back's hub client until swapped in or given up
+    this._failbackTimer = null;
     this.err = null;
     this.done = new Promise((resolve) => {
       this._resolveDone = resolve;
@@ -62,20 +91,13 @@ class Failover {
   // then pg's PG* variables), channelPrefix, channelSuffix (the hub's),
   // applicationName ("listenhub-local"), ackTimeout, writeTimeout,
   // connectTimeout (ms), localTimeout (ms, 10000), peerCheck, allowedUids,
-  // onWake, onStatus, onFailover(reason), maxPending.
+  // oneWay (false), minLocal (ms, 5000), probeInterval (ms, 1000),
+  // probeMaxInterval (ms, 30000), onWake, onStatus, onFailover(reason),
+  // onFailback(), maxPending.
   static async create(socketPath, opts = {}) {
     const f = new Failover(socketPath, opts);
-    let hub;
     try {
-      hub = await connect(socketPath, {
-        onWake: (w) => f._deliver(w),
-        onStatus: (h) => f._deliver(status(h)),
-        ackTimeout: opts.ackTimeout || DEFAULT_ACK_TIMEOUT,
-        writeTimeout: opts.writeTimeout || DEFAULT_WRITE_TIMEOUT,
-        connectTimeout: opts.connectTimeout || DEFAULT_CONNECT_TIMEOUT,
-        peerCheck: opts.peerCheck,
-        allowedUids: opts.allowedUids,
-      });
+      f._hub = await f._newHub(true);
     } catch (e) {
       if (!(e instanceof ConnError)) throw e;
       let local;
@@ -87,15 +109,37 @@ class Failover {
       f._mode = LOCAL;
       f.reason = e;
       f._local = local;
-      f._watchLocal(local);
       f._deliver(status(local.healthy()));
-      return f;
+      f._startLocal(local);
     }
-    f._hub = hub;
-    hub.done.then((err) => {
-      if (!(err instanceof ClosedError)) f._startFailover(err);
-    });
     return f;
+  }
+
+  // A hub client whose statuses are delivered only while it is the current
+  // one; c._lh.healthy resolves at its first healthy status.
+  async _newHub(current) {
+    const state = { current };
+    state.healthy = new Promise((resolve) => {
+      state.resolveHealthy = resolve;
+    });
+    const opts = this._opts;
+    const c = await connect(this.socketPath, {
+      onWake: (w) => this._deliver(w),
+      onStatus: (h) => {
+        if (h) state.resolveHealthy(true);
+        if (state.current) this._deliver(status(h));
+      },
+      ackTimeout: opts.ackTimeout || DEFAULT_ACK_TIMEOUT,
+      writeTimeout: opts.writeTimeout || DEFAULT_WRITE_TIMEOUT,
+      connectTimeout: opts.connectTimeout || DEFAULT_CONNECT_TIMEOUT,
+      peerCheck: opts.peerCheck,
+      allowedUids: opts.allowedUids,
+    });
+    c._lh = state;
+    c.done.then((err) => {
+      if (!(err instanceof ClosedError)) this._startFailover(c, err);
+    });
+    return c;
   }
 
   // "hub" or "local": where wakes come from now.
@@ -109,30 +153,32 @@ class Failover {
   async subscribe(q, opts = {}) {
     const problem = frame.nameProblem(q);
     if (problem) throw new InvalidNameError(q, problem);
-    if (this.err) throw this.err;
-    this._subs.add(q); // before the call: a failover meanwhile includes q
-    if (this._mode === HUB && !this._swap) {
-      const hub = this._hub;
+    for (;;) {
+      if (this.err) throw this.err;
+      this._subs.add(q); // before the call: a swap meanwhile includes q
+      if (this._swap) {
+        await this._swap;
+        continue;
+      }
+      const cur = this._mode === HUB ? this._hub : this._local;
       try {
-        await hub.subscribe(q, opts);
+        await (this._mode === HUB ? cur.subscribe(q, opts) : cur.subscribe(q));
         return;
       } catch (e) {
         if (e instanceof InvalidNameError) {
           this._subs.delete(q);
           throw e;
         }
-        if (!hub.err) throw e; // this caller's abort; the hub client is fine
-        if (hub.err instanceof ClosedError) throw this.err || e;
-        this._startFailover(hub.err);
+        if (cur === this._hub && cur.err && !(cur.err instanceof ClosedError)) {
+          this._startFailover(cur, cur.err);
+          continue;
+        }
+        if (!this.err && cur.err instanceof ClosedError && cur !== this._hub && cur !== this._local) {
+          continue; // replaced by a swap meanwhile: subscribe the new one
+        }
+        if (cur.err || this.err) throw this.err || e;
+        throw e; // this caller's abort, or a local LISTEN that failed; the listener lives
       }
-    }
-    if (this._swap) await this._swap;
-    if (this.err) throw this.err;
-    try {
-      await this._local.subscribe(q);
-    } catch (e) {
-      if (e instanceof InvalidNameError) this._subs.delete(q);
-      throw e;
     }
   }
 
@@ -165,8 +211,8 @@ class Failover {
   close() {
     if (this.err) return;
     this.err = new ClosedError();
-    if (this._hub) this._hub.close();
-    if (this._local) this._local.close();
+    for (const x of [this._hub, this._local, this._cand]) if (x) x.close();
+    clearTimeout(this._failbackTimer);
     this._sink.end();
     this._resolveDone(this.err);
   }
@@ -175,8 +221,8 @@ class Failover {
     return this.done;
   }
 
-  _startFailover(reason) {
-    if (this.err || this._mode === LOCAL || this._swap) return;
+  _startFailover(hub, reason) {
+    if (this.err || this._mode !== HUB || this._hub !== hub || this._swap) return;
     this._swap = this._failover(reason);
   }
 
@@ -220,17 +266,125 @@ class Failover {
     this._mode = LOCAL;
     this.reason = reason;
     this._local = local;
+    this._hub = null;
     this._swap = null;
-    this._watchLocal(local);
-    if (this._opts.onFailover) {
-      try {
-        this._opts.onFailover(reason);
-      } catch (e) {
-        process.emitWarning(`listenhub: onFailover threw: ${e && e.stack ? e.stack : e}`);
-      }
-    }
+    this._call(this._opts.onFailover, reason);
     this._deliver(status(local.healthy()));
     for (const q of recorded) this._deliver(wake(q, null));
+    this._startLocal(local);
+  }
+
+  // local is current: watch it, and try the hub again.
+  _startLocal(local) {
+    this._watchLocal(local);
+    if (this._opts.oneWay) return;
+    const o = this._opts;
+    let wait = o.minLocal ?? DEFAULT_MIN_LOCAL;
+    let next = o.probeInterval || DEFAULT_PROBE_INTERVAL;
+    const top = Math.max(o.probeMaxInterval || DEFAULT_PROBE_MAX_INTERVAL, next);
+    let attempt = 0;
+    const schedule = () => {
+      this._failbackTimer = setTimeout(async () => {
+        attempt++;
+        if (await this._failback(local, attempt)) return;
+        wait = jitter(next);
+        next = Math.min(2 * next, top);
+        schedule();
+      }, wait);
+    };
+    schedule();
+  }
+
+  // One attempt to return to the hub; true means stop trying (back on the
+  // hub, local no longer current, or dead).
+  async _failback(local, attempt) {
+    if (this.err || this._swap || this._mode !== LOCAL || this._local !== local) return true;
+    let cand;
+    try {
+      cand = await this._newHub(false);
+    } catch (e) {
+      void attempt;
+      return false;
+    }
+    if (this.err) {
+      cand.close();
+      return true;
+    }
+    this._cand = cand;
+    let swapped = false;
+    let recorded;
+    try {
+      let timer;
+      const healthy = await Promise.race([
+        cand._lh.healthy,
+        cand.done.then(() => false),
+        new Promise((resolve) => {
+          timer = setTimeout(() => resolve(false), cand.ackTimeout);
+        }),
+      ]);
+      clearTimeout(timer);
+      if (!healthy || cand.err) return false;
+      const acked = new Set();
+      for (;;) {
+        if (this.err) return true;
+        const todo = [...this._subs].filter((q) => !acked.has(q)).sort();
+        if (todo.length === 0) {
+          if (!cand.healthy()) return false;
+          for (const q of acked) if (!this._subs.has(q)) cand.unsubscribe(q);
+          recorded = [...this._subs].sort();
+          this._mode = HUB;
+          this.reason = null;
+          this._hub = cand;
+          this._local = null;
+          this._cand = null;
+          cand._lh.current = true;
+          swapped = true;
+          break;
+        }
+        const err = await this._subscribeAll(cand, todo, acked);
+        if (err) return false;
+      }
+    } finally {
+      if (!swapped) {
+        if (this._cand === cand) this._cand = null;
+        cand.close();
+      }
+    }
+    local.close(); // break, after make
+    this._call(this._opts.onFailback);
+    this._deliver(status(cand.healthy()));
+    for (const q of recorded) this._deliver(wake(q, null));
+    return true;
+  }
+
+  // Subscribes c to todo, FAILBACK_PARALLEL at a time; the acked names join
+  // acked, invalid ones are forgotten; the first other error is returned.
+  async _subscribeAll(c, todo, acked) {
+    let first = null;
+    let i = 0;
+    const worker = async () => {
+      while (i < todo.length && !first) {
+        const q = todo[i++];
+        try {
+          await c.subscribe(q);
+          acked.add(q);
+        } catch (e) {
+          if (e instanceof InvalidNameError) this._subs.delete(q);
+          else first = first || e;
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(FAILBACK_PARALLEL, todo.length) }, worker));
+    return first;
+  }
+
+  _call(cb, ...args) {
+    if (!cb || this.err) return;
+    try {
+      cb(...args);
+    } catch (e) {
+      process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
+    }
   }
 
   _watchLocal(local) {
@@ -243,8 +397,8 @@ class Failover {
     if (this.err) return;
     this._deliver(status(false));
     this.err = err;
-    if (this._hub) this._hub.close();
-    if (this._local) this._local.close();
+    clearTimeout(this._failbackTimer);
+    for (const x of [this._hub, this._local, this._cand]) if (x) x.close();
     this._sink.end();
     this._resolveDone(err);
   }
@@ -266,4 +420,4 @@ class Failover {
   }
 }
 
-module.exports = { Failover, HUB, LOCAL };
+module.exports = { Failover, HUB, LOCAL, DEFAULT_MIN_LOCAL, DEFAULT_PROBE_INTERVAL, DEFAULT_PROBE_MAX_INTERVAL };

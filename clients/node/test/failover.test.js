@@ -34,8 +34,8 @@ async function setup(t) {
     t.after(() => f.close());
     return f;
   };
-  const hub = async () => {
-    const h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX });
+  const hub = async (socket = '') => {
+    const h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, socket });
     t.after(() => h.kill());
     return h;
   };
@@ -83,6 +83,52 @@ test('hub killed: fails over to a local LISTEN', { skip }, async (t) => {
 
   f.close();
   await waitFor('the local backend gone', async () => (await db.backends(app)) === 0);
+});
+
+test('hub back: fails back, and fails over again', { skip }, async (t) => {
+  const { db, col, app, failover, hub, notify } = await setup(t);
+  const h = await hub();
+  let failbacks = 0;
+  const f = await failover(h.socket, { minLocal: 200, probeInterval: 100, onFailback: () => failbacks++ });
+  await f.subscribe('jobs');
+  await h.kill();
+  await waitFor('local mode', () => f.mode() === listenhub.LOCAL);
+  await col.wait('the durable wake of the failover', (s) => s.count('jobs', null, true) === 1);
+  assert.equal(await db.backends(app), 1);
+  await f.subscribe('while-local'); // recorded: the fail-back subscribes it on the hub too
+
+  // A new hub on the same socket (the old file is stale).
+  const h2 = await hub(h.socket);
+  await waitFor('back on the hub', () => f.mode() === listenhub.HUB);
+  assert.equal(failbacks, 1);
+  assert.equal(f.reason, null);
+  // One durable wake per name after the fail-back as well.
+  await col.wait('the durable wakes of the fail-back', (s) => s.count('jobs', null, true) === 2 && s.count('while-local', null, true) === 1);
+  // Make before break: the local listener is closed after the swap.
+  await waitFor('the local backend gone', async () => (await db.backends(app)) === 0);
+  await notify('while-local', 'via-new-hub');
+  await col.wait('a wake through the new hub', (s) => s.has('while-local', 'via-new-hub', false));
+  assert.equal(f.healthy(), true);
+
+  // The cycle repeats.
+  await h2.kill();
+  await waitFor('local mode again', () => f.mode() === listenhub.LOCAL);
+  await col.wait('the durable wake of the second failover', (s) => s.count('jobs', null, true) === 3);
+});
+
+test('oneWay stays local', { skip }, async (t) => {
+  const { db, app, failover, hub } = await setup(t);
+  const h = await hub();
+  const f = await failover(h.socket, { oneWay: true, minLocal: 50, probeInterval: 50 });
+  await f.subscribe('jobs');
+  await h.kill();
+  await waitFor('local mode', () => f.mode() === listenhub.LOCAL);
+  await hub(h.socket);
+  // Without oneWay this fails back within about 100 ms (the test above);
+  // twenty times that without it is the one-way rule.
+  await new Promise((r) => setTimeout(r, 2000));
+  assert.equal(f.mode(), listenhub.LOCAL);
+  assert.equal(await db.backends(app), 1);
 });
 
 test('no hub at start: local mode at once', { skip }, async (t) => {

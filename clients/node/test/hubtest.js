@@ -54,10 +54,10 @@ function tmpDir(prefix) {
 // One `listenhub serve` on its own socket. Kill it with kill() (SIGKILL:
 // workers see EOF).
 class Hub {
-  static async start(name, { prefix = '', suffix = '' } = {}) {
+  static async start(name, { prefix = '', suffix = '', socket = '' } = {}) {
     const h = new Hub();
     h.dir = tmpDir('lhnode-');
-    h.socket = path.join(h.dir, 'hub.sock');
+    h.socket = socket || path.join(h.dir, 'hub.sock');
     h.app = ('lhnode-' + name.replace(/[^a-zA-Z0-9]+/g, '-')).slice(0, 60);
     h.prefix = prefix;
     h.suffix = suffix;

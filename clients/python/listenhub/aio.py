@@ -23,7 +23,15 @@ from .errors import (
     ListenhubError,
     NackError,
 )
-from .failover import HUB, LOCAL
+from .failover import (
+    DEFAULT_MIN_LOCAL,
+    DEFAULT_PROBE_INTERVAL,
+    DEFAULT_PROBE_MAX_INTERVAL,
+    FAILBACK_PARALLEL,
+    HUB,
+    LOCAL,
+    jitter,
+)
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
 
 log = logging.getLogger("listenhub")
@@ -420,15 +428,17 @@ class _AsyncLocal:
 
 class AsyncFailover:
     """Failover for asyncio: the AsyncClient while the hub works, a local
-    psycopg LISTEN connection after its first failure; the same rules as
-    listenhub.Failover (one-way swap, one durable wake per name after it).
-    Make one with ``await AsyncFailover.create(socket_path, ...)``. The
-    local listener is the synchronous Local on its own thread, its events
-    handed to the loop in order."""
+    psycopg LISTEN connection while it does not, the hub again once it is
+    back; the same rules as listenhub.Failover (see there: failover, one
+    durable wake per name after each swap, fail-back make-before-break
+    unless one_way). Make one with ``await AsyncFailover.create(socket_path,
+    ...)``. The local listener is the synchronous Local on its own thread,
+    its events handed to the loop in order."""
 
     def __init__(self, socket_path, kw):
         self.socket_path = socket_path
         self._kw = kw
+        self.ack_timeout = kw.get("ack_timeout") or DEFAULT_ACK_TIMEOUT
         self._local_args = dict(
             database_url_=kw.get("database_url"),
             channel_prefix=kw.get("channel_prefix", ""),
@@ -437,13 +447,14 @@ class AsyncFailover:
             command_timeout=kw.get("local_timeout", DEFAULT_LOCAL_TIMEOUT),
         )
         self._sink = _AsyncSink(kw.get("on_wake"), kw.get("on_status"), kw.get("max_pending", DEFAULT_MAX_PENDING))
-        self._on_failover = kw.get("on_failover")
         self._mode = HUB
         self.reason = None
         self._hub = None
         self._local = None
+        self._cand = None
         self._subs = set()
         self._swap = None  # the failover task while it runs
+        self._failback_task = None
         self.err = None
         self.done = asyncio.Event()
         self._cb_lock = asyncio.Lock()  # one callback at a time across hub and local
@@ -463,36 +474,31 @@ class AsyncFailover:
         local_timeout=DEFAULT_LOCAL_TIMEOUT,
         peer_check=True,
         allowed_uids=(),
+        one_way=False,
+        min_local=DEFAULT_MIN_LOCAL,
+        probe_interval=DEFAULT_PROBE_INTERVAL,
+        probe_max_interval=DEFAULT_PROBE_MAX_INTERVAL,
         on_wake=None,
         on_status=None,
         on_failover=None,
+        on_failback=None,
         max_pending=DEFAULT_MAX_PENDING,
     ):
         kw = dict(locals())
         del kw["cls"], kw["socket_path"]
         f = cls(socket_path, kw)
         try:
-            hub = await connect(
-                socket_path,
-                on_wake=f._deliver,
-                on_status=lambda h: f._deliver(Status(h)),
-                ack_timeout=ack_timeout,
-                write_timeout=write_timeout,
-                connect_timeout=connect_timeout,
-                peer_check=peer_check,
-                allowed_uids=allowed_uids,
-            )
+            f._hub = await f._new_hub(current=True)
         except ConnError as e:
             log.warning("listenhub: hub unreachable (%s), listening locally", e)
             try:
-                f._local = await _AsyncLocal.create(f._local_event, f._local_died, f._local_args)
+                local = await _AsyncLocal.create(f._local_event, f._local_died, f._local_args)
             except Exception as le:
                 raise FailoverError(e, le) from le
-            f._mode, f.reason = LOCAL, e
-            await f._deliver(Status(f._local.healthy()))
+            f._mode, f.reason, f._local = LOCAL, e, local
+            await f._deliver(Status(local.healthy()))
+            f._start_local(local)
             return f
-        f._hub = hub
-        asyncio.get_running_loop().create_task(f._watch_hub(hub))
         return f
 
     def mode(self):
@@ -503,30 +509,27 @@ class AsyncFailover:
         problem = _frame.name_problem(q)
         if problem:
             raise InvalidNameError(q, problem)
-        if self.err is not None:
-            raise self.err
-        self._subs.add(q)
-        if self._mode == HUB and self._swap is None:
-            hub = self._hub
+        while True:
+            if self.err is not None:
+                raise self.err
+            self._subs.add(q)
+            if self._swap is not None:
+                await asyncio.shield(self._swap)
+                continue
+            cur = self._hub if self._mode == HUB else self._local
             try:
-                await hub.subscribe(q)
+                await cur.subscribe(q)
                 return
             except InvalidNameError:
                 self._subs.discard(q)
                 raise
             except ListenhubError as e:
-                if isinstance(hub.err, ClosedError):
-                    raise self.err or e
-                self._start_failover(hub.err)
-        if self._swap is not None:
-            await asyncio.shield(self._swap)
-        if self.err is not None:
-            raise self.err
-        try:
-            await self._local.subscribe(q)
-        except InvalidNameError:
-            self._subs.discard(q)
-            raise
+                if self._mode == HUB and cur is self._hub and cur.err is not None and not isinstance(cur.err, ClosedError):
+                    self._start_failover(cur, cur.err)
+                    continue
+                if self.err is None and cur is not self._hub and cur is not self._local:
+                    continue  # replaced by a swap meanwhile: subscribe the new one
+                raise self.err or e
 
     def unsubscribe(self, q):
         self._subs.discard(q)
@@ -553,10 +556,11 @@ class AsyncFailover:
             return
         self.err = ClosedError()
         self.done.set()
-        if self._hub is not None:
-            self._hub.close()
-        if self._local is not None:
-            self._local.close()
+        for x in (self._hub, self._local, self._cand):
+            if x is not None:
+                x.close()
+        if self._failback_task is not None:
+            self._failback_task.cancel()
         self._sink.end()
 
     async def wait(self):
@@ -571,13 +575,39 @@ class AsyncFailover:
 
     # --- internals -----------------------------------------------------------
 
+    async def _new_hub(self, current):
+        """A hub client whose statuses are delivered only while it is the
+        current one; c._lh_healthy is set at its first healthy status."""
+        kw = self._kw
+        state = {"current": current, "healthy": asyncio.Event()}
+
+        async def on_status(h):
+            if h:
+                state["healthy"].set()
+            if state["current"]:
+                await self._deliver(Status(h))
+
+        c = await connect(
+            self.socket_path,
+            on_wake=self._deliver,
+            on_status=on_status,
+            ack_timeout=self.ack_timeout,
+            write_timeout=kw["write_timeout"],
+            connect_timeout=kw["connect_timeout"],
+            peer_check=kw["peer_check"],
+            allowed_uids=kw["allowed_uids"],
+        )
+        c._lh_state = state
+        asyncio.get_running_loop().create_task(self._watch_hub(c))
+        return c
+
     async def _watch_hub(self, hub):
         await hub.done.wait()
         if not isinstance(hub.err, ClosedError):
-            self._start_failover(hub.err)
+            self._start_failover(hub, hub.err)
 
-    def _start_failover(self, reason):
-        if self.err is not None or self._mode == LOCAL or self._swap is not None:
+    def _start_failover(self, hub, reason):
+        if self.err is not None or self._mode != HUB or self._hub is not hub or self._swap is not None:
             return
         self._swap = asyncio.get_running_loop().create_task(self._failover(reason))
 
@@ -614,13 +644,104 @@ class AsyncFailover:
         for q in listened - self._subs:
             local.unsubscribe(q)
         recorded = sorted(self._subs)
-        self._mode, self.reason, self._local, self._swap = LOCAL, reason, local, None
+        self._mode, self.reason, self._local, self._hub, self._swap = LOCAL, reason, local, None, None
         log.info("listenhub: local listener active, %d subscriptions", len(recorded))
-        if self._on_failover is not None:
-            await _run_callback(self._on_failover, reason)
+        on_failover = self._kw.get("on_failover")
+        if on_failover is not None:
+            await _run_callback(on_failover, reason)
         await self._deliver(Status(local.healthy()))
         for q in recorded:
             await self._deliver(Wake(q, None, True))
+        self._start_local(local)
+
+    def _start_local(self, local):
+        if not self._kw.get("one_way"):
+            self._failback_task = asyncio.get_running_loop().create_task(self._failback_loop(local))
+
+    async def _failback_loop(self, local):
+        wait = self._kw["min_local"]
+        nxt = self._kw["probe_interval"]
+        top = max(self._kw["probe_max_interval"], nxt)
+        attempt = 0
+        while True:
+            await asyncio.sleep(wait)
+            attempt += 1
+            if await self._failback(local, attempt):
+                return
+            wait = jitter(nxt)
+            nxt = min(2 * nxt, top)
+
+    async def _failback(self, local, attempt):
+        if self.err is not None or self._swap is not None or self._mode != LOCAL or self._local is not local:
+            return True
+        try:
+            cand = await self._new_hub(current=False)
+        except ConnError as e:
+            log.debug("listenhub: fail-back attempt %d: %s", attempt, e)
+            return False
+        if self.err is not None:
+            cand.close()
+            return True
+        self._cand = cand
+        swapped = False
+        try:
+            try:
+                await asyncio.wait_for(cand._lh_state["healthy"].wait(), self.ack_timeout)
+            except asyncio.TimeoutError:
+                return False
+            if cand.err is not None:
+                return False
+            log.info("listenhub: hub is back, subscribing it before leaving the local listener")
+            acked = set()
+            while True:
+                if self.err is not None:
+                    return True
+                todo = self._subs - acked
+                if not todo:
+                    if not cand.healthy():
+                        return False
+                    for q in acked - self._subs:
+                        cand.unsubscribe(q)
+                    recorded = sorted(self._subs)
+                    self._mode, self.reason, self._hub, self._local, self._cand = HUB, None, cand, None, None
+                    cand._lh_state["current"] = True
+                    swapped = True
+                    break
+                err = await self._subscribe_all(cand, sorted(todo), acked)
+                if err is not None:
+                    log.debug("listenhub: fail-back attempt %d: %s", attempt, err)
+                    return False
+        finally:
+            if not swapped:
+                if self._cand is cand:
+                    self._cand = None
+                cand.close()
+        local.close()  # break, after make
+        log.info("listenhub: back on the hub, local listener closed (attempt %d)", attempt)
+        on_failback = self._kw.get("on_failback")
+        if on_failback is not None:
+            await _run_callback(lambda _: on_failback(), None)
+        await self._deliver(Status(cand.healthy()))
+        for q in recorded:
+            await self._deliver(Wake(q, None, True))
+        return True
+
+    async def _subscribe_all(self, c, todo, acked):
+        sem = asyncio.Semaphore(FAILBACK_PARALLEL)
+        first = []
+
+        async def one(q):
+            async with sem:
+                try:
+                    await c.subscribe(q)
+                    acked.add(q)
+                except InvalidNameError:
+                    self._subs.discard(q)
+                except ListenhubError as e:
+                    first.append(e)
+
+        await asyncio.gather(*(one(q) for q in todo))
+        return first[0] if first else None
 
     async def _die(self, err):
         if self.err is not None:
@@ -628,10 +749,11 @@ class AsyncFailover:
         self.err = err
         self.done.set()
         log.error("listenhub: no listener left: %s", err)
-        if self._hub is not None:
-            self._hub.close()
-        if self._local is not None:
-            self._local.close()
+        for x in (self._hub, self._local, self._cand):
+            if x is not None:
+                x.close()
+        if self._failback_task is not None and self._failback_task is not asyncio.current_task():
+            self._failback_task.cancel()
         await self._deliver(Status(False), force=True)
         self._sink.end()
 

@@ -1,7 +1,10 @@
 """Failover: the hub while it works, this process's own LISTEN connection
-after its first failure. Same rules as the Go client's client.Failover."""
+after its failure, and back to the hub once it returns. Same rules as the Go
+client's client.Failover."""
 
+import concurrent.futures
 import logging
+import random
 import threading
 
 from . import _frame
@@ -13,33 +16,58 @@ from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
 HUB = "hub"
 LOCAL = "local"
 
+#: Least time on the local listener before the hub is tried again: a hub
+#: that keeps failing costs at most one hub -> local -> hub trip per this.
+DEFAULT_MIN_LOCAL = 5.0
+#: Wait after a failed fail-back attempt, doubling up to the max.
+DEFAULT_PROBE_INTERVAL = 1.0
+DEFAULT_PROBE_MAX_INTERVAL = 30.0
+#: Each wait between attempts is scaled by a random factor in [0.8, 1.2], so
+#: that the processes of a host do not all knock on a restarted hub at once.
+PROBE_JITTER = 0.2
+#: Sub frames a fail-back has in flight at once.
+FAILBACK_PARALLEL = 64
+
 log = logging.getLogger("listenhub")
 
 
+def jitter(d):
+    return d * (1 - PROBE_JITTER + 2 * PROBE_JITTER * random.random())
+
+
 class Failover:
-    """A listener that uses the hub while it can and its own Postgres
-    connection after that.
+    """A listener that uses the hub while it can, its own Postgres
+    connection while it cannot, and the hub again once it is back.
 
-    It records the subscription set. On the hub client's first failure —
-    connect refused or socket missing (at start: local mode from the start),
-    ack timeout, a nack other than an invalid name, EOF (hub gone, or this
-    process evicted as a slow consumer), a stalled write — it opens a Local
-    listener (psycopg), LISTENs the recorded set (channel = prefix + q +
-    suffix, quoted identifiers), swaps it in, and then delivers one durable
-    wake per recorded name: NOTIFYs committed between the hub's failure and
-    the local LISTENs are lost, durable readers re-read; an ephemeral
-    payload sent in that gap is gone (as in a hub reconnect to Postgres).
+    It records the subscription set. On the hub client's failure — connect
+    refused or socket missing (at start: local mode from the start), ack
+    timeout, a nack other than an invalid name, EOF (hub gone, or this
+    process evicted as a slow consumer), a stalled write — it reports
+    Status(False), opens a Local listener (psycopg), LISTENs the recorded
+    set (channel = prefix + q + suffix, quoted identifiers), swaps it in,
+    calls on_failover(reason) and delivers one durable wake per recorded
+    name: NOTIFYs committed between the hub's failure and the local LISTENs
+    are lost, durable readers re-read; an ephemeral payload sent in that gap
+    is gone (as in a hub reconnect to Postgres).
 
-    The swap happens once and is one-way: a Failover never goes back to the
-    hub (a restarted hub serves the processes started after it; this one
-    keeps its own connection until it exits).
+    Fail-back (unless one_way): in local mode it tries the hub again,
+    min_local after the swap, then with backoff (probe_interval doubling to
+    probe_max_interval, with jitter). An attempt connects a second hub
+    client, waits (up to the ack timeout) for it to report healthy,
+    subscribes the whole recorded set and waits for every ack, while the
+    local listener keeps delivering; only then does it swap the hub in and
+    close the local listener (make before break: a NOTIFY in the overlap may
+    be delivered twice, none is lost), call on_failback() and deliver one
+    durable wake per recorded name. A failed attempt is abandoned and
+    retried later. Back on the hub, the cycle can repeat. one_way=True keeps
+    pgbus's rule: once local, local until close().
 
     A subscribe that meets the failure waits for the swap and subscribes the
     local listener; if the local listener cannot be built, the Failover is
     dead with a FailoverError. Delivery: on_wake(Wake)/on_status(bool)
     callbacks (one call at a time across hub and local), or events()/get().
-    on_failover(reason), when given, is called once after the swap (not
-    when the hub was absent at start).
+    During a fail-back both listeners deliver wakes; statuses come from the
+    current one only.
     """
 
     def __init__(
@@ -56,12 +84,25 @@ class Failover:
         local_timeout=DEFAULT_LOCAL_TIMEOUT,
         peer_check=True,
         allowed_uids=(),
+        one_way=False,
+        min_local=DEFAULT_MIN_LOCAL,
+        probe_interval=DEFAULT_PROBE_INTERVAL,
+        probe_max_interval=DEFAULT_PROBE_MAX_INTERVAL,
         on_wake=None,
         on_status=None,
         on_failover=None,
+        on_failback=None,
         max_pending=DEFAULT_MAX_PENDING,
     ):
         self.socket_path = socket_path
+        self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
+        self._hub_args = dict(
+            ack_timeout=self.ack_timeout,
+            write_timeout=write_timeout,
+            connect_timeout=connect_timeout,
+            peer_check=peer_check,
+            allowed_uids=allowed_uids,
+        )
         self._local_args = dict(
             database_url_=database_url,
             channel_prefix=channel_prefix,
@@ -71,31 +112,30 @@ class Failover:
             on_wake=self._local_wake,
             on_status=self._local_status,
         )
+        self.one_way = one_way
+        self.min_local = min_local
+        self.probe_interval = probe_interval
+        self.probe_max_interval = max(probe_max_interval, probe_interval)
         self._sink = Sink(on_wake, on_status, max_pending)
         self._on_failover = on_failover
+        self._on_failback = on_failback
         self._dispatch = threading.Lock()  # one callback at a time across hub and local
         self._mu = threading.Lock()
         self._mode = HUB
         self.reason = None
         self._hub = None
+        self._hub_state = None
         self._local = None
+        self._cand = None  # a fail-back's hub client until swapped in or given up
         self._subs = set()
         self._swapping = False
-        self._settled = threading.Event()  # a swap ended, or death: waiters look again
+        self._settled = threading.Event()  # set while no failover runs
+        self._settled.set()
         self.err = None
         self.done = threading.Event()
 
         try:
-            hub = Client(
-                socket_path,
-                on_wake=self._hub_wake,
-                on_status=self._hub_status,
-                ack_timeout=ack_timeout,
-                write_timeout=write_timeout,
-                connect_timeout=connect_timeout,
-                peer_check=peer_check,
-                allowed_uids=allowed_uids,
-            )
+            hub, state = self._new_hub(current=True)
         except ConnError as e:
             log.warning("listenhub: hub unreachable (%s), listening locally", e)
             try:
@@ -104,12 +144,11 @@ class Failover:
                 raise FailoverError(e, le) from le
             with self._mu:
                 self._mode, self.reason, self._local = LOCAL, e, local
-            self._settled.set()
-            self._watch(local, self._local_died)
             self._deliver(Status(local.healthy()))
+            self._start_local(local)
             return
         with self._mu:
-            self._hub = hub
+            self._hub, self._hub_state = hub, state
         self._watch(hub, self._hub_died)
 
     # --- API -----------------------------------------------------------------
@@ -128,38 +167,37 @@ class Failover:
         problem = _frame.name_problem(q)
         if problem:
             raise InvalidNameError(q, problem)
-        with self._mu:
-            if self.err is not None:
-                raise self.err
-            self._subs.add(q)  # before the call: a failover meanwhile includes q
-            hub = self._hub
-            in_hub = self._mode == HUB and not self._swapping
-        if in_hub:
+        while True:
+            with self._mu:
+                if self.err is not None:
+                    raise self.err
+                self._subs.add(q)  # before the call: a swap meanwhile includes q
+                mode, swapping, hub, local = self._mode, self._swapping, self._hub, self._local
+            if swapping:
+                if not self._settled.wait(timeout):
+                    raise TimeoutError("listenhub: failover not finished in time")
+                continue
+            cur = hub if mode == HUB else local
             try:
-                hub.subscribe(q, timeout)
+                cur.subscribe(q, timeout)
                 return
             except InvalidNameError:
                 self._forget(q)
                 raise
             except TimeoutError:
-                raise  # this caller's timeout; the hub client is fine
+                raise  # this caller's timeout; the listener is fine
             except ListenhubError as e:
-                if isinstance(hub.err, ClosedError):
+                if not isinstance(cur.err, ClosedError):
+                    if mode == HUB and cur.err is not None:
+                        self._begin_failover(cur, cur.err, in_thread=True)
+                        continue
+                    raise
+                with self._mu:
+                    replaced = self.err is None and cur is not self._hub and cur is not self._local
+                if not replaced:
                     raise self.err or e
-                # The watcher starts the same failover; whoever is first
-                # does it, the other waits.
-                threading.Thread(target=self._failover, args=(hub.err,), daemon=True).start()
-        if not self._settled.wait(timeout):
-            raise TimeoutError("listenhub: failover not finished in time")
-        with self._mu:
-            local, err = self._local, self.err
-        if err is not None:
-            raise err
-        try:
-            local.subscribe(q, timeout)
-        except InvalidNameError:
-            self._forget(q)
-            raise
+                # Closed by a swap (a fail-back closing the local listener):
+                # subscribe the new current one.
 
     def unsubscribe(self, q):
         """Drops q from the recorded set and the current listener. Never
@@ -198,12 +236,11 @@ class Failover:
                 return
             self.err = ClosedError()
             self.done.set()
-            hub, local = self._hub, self._local
+            hub, local, cand = self._hub, self._local, self._cand
         self._settled.set()
-        if hub is not None:
-            hub.close()
-        if local is not None:
-            local.close()
+        for x in (hub, local, cand):
+            if x is not None:
+                x.close()
         self._sink.end()
 
     def wait(self, timeout=None):
@@ -218,18 +255,33 @@ class Failover:
 
     # --- internals -----------------------------------------------------------
 
+    def _new_hub(self, current):
+        """A hub client whose statuses are delivered only while it is the
+        current one (state["current"]); state["healthy"] is set at its
+        first healthy status."""
+        state = {"current": current, "healthy": threading.Event()}
+
+        def on_status(h):
+            if h:
+                state["healthy"].set()
+            if state["current"]:
+                self._deliver(Status(h))
+
+        c = Client(self.socket_path, on_wake=self._deliver, on_status=on_status, **self._hub_args)
+        return c, state
+
     def _watch(self, listener, then):
         def run():
             listener.done.wait()
-            then(listener.err)
+            then(listener, listener.err)
 
         threading.Thread(target=run, name="listenhub-failover-watch", daemon=True).start()
 
-    def _hub_died(self, err):
+    def _hub_died(self, hub, err):
         if not isinstance(err, ClosedError):
-            self._failover(err)
+            self._begin_failover(hub, err, in_thread=False)
 
-    def _local_died(self, err):
+    def _local_died(self, local, err):
         if not isinstance(err, ClosedError):
             self._die(FailoverError(self.reason, err))
 
@@ -237,23 +289,31 @@ class Failover:
         with self._mu:
             self._subs.discard(q)
 
-    def _failover(self, reason):
+    def _begin_failover(self, hub, reason, in_thread):
+        """Starts the failover from hub (once: a concurrent caller, or a hub
+        that is no longer current, does nothing)."""
         with self._mu:
-            if self.err is not None or self._mode == LOCAL:
+            if self.err is not None or self._mode != HUB or self._hub is not hub or self._swapping:
                 return
-            if self._swapping:
-                wait = True
-            else:
-                wait = False
-                self._swapping = True
-        if wait:
-            self._settled.wait()
-            return
+            self._swapping = True
+            self._settled.clear()
+        if in_thread:
+            threading.Thread(target=self._failover, args=(reason,), daemon=True).start()
+        else:
+            self._failover(reason)
+
+    def _end_swap(self):
+        with self._mu:
+            self._swapping = False
+        self._settled.set()
+
+    def _failover(self, reason):
         log.warning("listenhub: hub failed (%s), failing over to a local listener", reason)
         self._deliver(Status(False))
         try:
             local = Local(**self._local_args)
         except Exception as e:
+            self._end_swap()
             self._die(FailoverError(reason, e))
             return
         listened = set()
@@ -264,13 +324,11 @@ class Failover:
                 if not todo and not closed:
                     extra = listened - self._subs
                     recorded = sorted(self._subs)
-                    self._mode, self.reason, self._local, self._swapping = LOCAL, reason, local, False
+                    self._mode, self.reason, self._local, self._hub, self._hub_state = LOCAL, reason, local, None, None
                     break
             if closed:
                 local.close()
-                with self._mu:
-                    self._swapping = False
-                self._settled.set()
+                self._end_swap()
                 return
             for q in sorted(todo):
                 try:
@@ -280,39 +338,136 @@ class Failover:
                     continue
                 except Exception as e:
                     local.close()
+                    self._end_swap()
                     self._die(FailoverError(reason, "subscribe %r: %s" % (q, e)))
                     return
                 listened.add(q)
-        self._settled.set()
+        self._end_swap()
         for q in extra:
             local.unsubscribe(q)
-        self._watch(local, self._local_died)
         log.info("listenhub: local listener active, %d subscriptions", len(recorded))
         if self._on_failover is not None:
-            with self._dispatch:
-                try:
-                    self._on_failover(reason)
-                except Exception:
-                    log.exception("listenhub: on_failover raised")
+            self._call(self._on_failover, reason)
         self._deliver(Status(local.healthy()))
         for q in recorded:
             self._deliver(Wake(q, None, True))
+        self._start_local(local)
+
+    def _start_local(self, local):
+        """local is current: watch it, and try the hub again."""
+        self._watch(local, self._local_died)
+        if not self.one_way:
+            threading.Thread(target=self._failback_loop, args=(local,), name="listenhub-failback", daemon=True).start()
+
+    def _failback_loop(self, local):
+        wait, nxt, attempt = self.min_local, self.probe_interval, 0
+        while True:
+            if self.done.wait(wait):
+                return
+            attempt += 1
+            if self._failback(local, attempt):
+                return
+            wait = jitter(nxt)
+            nxt = min(2 * nxt, self.probe_max_interval)
+
+    def _failback(self, local, attempt):
+        """One attempt to return to the hub; True means stop trying (back on
+        the hub, local no longer current, or dead)."""
+        with self._mu:
+            if self.err is not None or self._swapping or self._mode != LOCAL or self._local is not local:
+                return True
+        try:
+            cand, state = self._new_hub(current=False)
+        except ConnError as e:
+            log.debug("listenhub: fail-back attempt %d: %s", attempt, e)
+            return False
+        swapped = False
+        try:
+            with self._mu:
+                if self.err is not None:
+                    return True
+                self._cand = cand
+            if not state["healthy"].wait(self.ack_timeout) or cand.err is not None:
+                log.debug("listenhub: fail-back attempt %d: hub not healthy", attempt)
+                return False
+            log.info("listenhub: hub is back, subscribing it before leaving the local listener")
+            acked = set()
+            while True:
+                with self._mu:
+                    if self.err is not None:
+                        return True
+                    todo = self._subs - acked
+                    if not todo:
+                        if not cand.healthy():
+                            return False
+                        for q in acked - self._subs:
+                            cand.unsubscribe(q)
+                        recorded = sorted(self._subs)
+                        self._mode, self.reason, self._hub, self._hub_state = HUB, None, cand, state
+                        self._local, self._cand = None, None
+                        state["current"] = True
+                        swapped = True
+                        break
+                err = self._subscribe_all(cand, sorted(todo), acked)
+                if err is not None:
+                    log.debug("listenhub: fail-back attempt %d: %s", attempt, err)
+                    return False
+        finally:
+            if not swapped:
+                with self._mu:
+                    if self._cand is cand:
+                        self._cand = None
+                cand.close()
+        self._watch(cand, self._hub_died)
+        local.close()  # break, after make
+        log.info("listenhub: back on the hub, local listener closed (attempt %d)", attempt)
+        if self._on_failback is not None:
+            self._call(self._on_failback)
+        self._deliver(Status(cand.healthy()))
+        for q in recorded:
+            self._deliver(Wake(q, None, True))
+        return True
+
+    def _subscribe_all(self, c, todo, acked):
+        """Subscribes c to todo, FAILBACK_PARALLEL at a time; the acked names
+        join acked, invalid ones are forgotten; the first other error is
+        returned (c is dead then)."""
+        first = None
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(FAILBACK_PARALLEL, len(todo))) as ex:
+            futs = [(q, ex.submit(c.subscribe, q)) for q in todo]
+            for q, fut in futs:
+                try:
+                    fut.result()
+                    acked.add(q)
+                except InvalidNameError:
+                    self._forget(q)
+                except Exception as e:
+                    first = first or e
+        return first
 
     def _die(self, err):
         with self._mu:
-            if self.err is None:
-                self.err = err
-                self.done.set()
-                log.error("listenhub: no listener left: %s", err)
-            self._swapping = False
-            hub, local = self._hub, self._local
+            if self.err is not None:
+                return
+            self.err = err
+            self.done.set()
+            log.error("listenhub: no listener left: %s", err)
+            hub, local, cand = self._hub, self._local, self._cand
         self._settled.set()
-        if hub is not None:
-            hub.close()
-        if local is not None:
-            local.close()
+        for x in (hub, local, cand):
+            if x is not None:
+                x.close()
         self._deliver(Status(False), force=True)
         self._sink.end()
+
+    def _call(self, cb, *args):
+        with self._dispatch:
+            if self.err is not None:
+                return
+            try:
+                cb(*args)
+            except Exception:
+                log.exception("listenhub: callback raised")
 
     def _deliver(self, ev, force=False):
         cb = self._sink.callback(ev)
@@ -331,12 +486,6 @@ class Failover:
                 cb(ev if isinstance(ev, Wake) else ev.healthy)
             except Exception:
                 log.exception("listenhub: callback raised")
-
-    def _hub_wake(self, w):
-        self._deliver(w)
-
-    def _hub_status(self, healthy):
-        self._deliver(Status(healthy))
 
     def _local_wake(self, w):
         self._deliver(w)

@@ -166,6 +166,27 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         self.notify("later", "new")
         await next_matching(f, lambda e: e == Wake("later", "new", False), "a wake for a name subscribed in local mode")
 
+    async def test_hub_back_fails_back(self):
+        hub = Hub(self.name, prefix=PREFIX, suffix=SUFFIX)
+        self.addCleanup(hub.close)
+        failbacks = []
+        f = await self.failover(hub.socket, min_local=0.2, probe_interval=0.1, on_failback=lambda: failbacks.append(True))
+        await f.subscribe("jobs")
+        hub.kill()
+        await next_matching(f, lambda e: e == Wake("jobs", None, True), "the durable wake of the failover")
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        hub2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=hub.socket)
+        self.addCleanup(hub2.close)
+        await next_matching(f, lambda e: e == Wake("jobs", None, True), "the durable wake of the fail-back")
+        self.assertEqual(f.mode(), listenhub.HUB)
+        self.assertEqual(failbacks, [True])
+        self.notify("jobs", "via-new-hub")
+        await next_matching(f, lambda e: e == Wake("jobs", "via-new-hub", False), "a wake through the new hub")
+        deadline = asyncio.get_running_loop().time() + TIMEOUT
+        while self.db.backends(self.app) != 0:
+            self.assertLess(asyncio.get_running_loop().time(), deadline, "the local backend is still there")
+            await asyncio.sleep(0.02)
+
     async def test_no_hub_at_start_is_local_mode_at_once(self):
         f = await self.failover(os.path.join(tempfile.mkdtemp(), "absent.sock"))
         self.assertEqual(f.mode(), listenhub.LOCAL)

@@ -3,6 +3,7 @@ client goes on with its own LISTEN connection."""
 
 import os
 import tempfile
+import time
 import unittest
 
 import listenhub
@@ -92,6 +93,53 @@ class FailoverTest(unittest.TestCase):
 
         f.close()
         wait_for("the local backend gone", lambda: self.db.backends(self.app) == 0)
+
+    def test_hub_back_fails_back_and_fails_over_again(self):
+        h = self.hub()
+        failbacks = []
+        f = self.failover(h.socket, min_local=0.2, probe_interval=0.1, on_failback=lambda: failbacks.append(True))
+        f.subscribe("jobs")
+        h.kill()
+        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        self.col.wait("the durable wake of the failover", lambda s: s.count(Wake("jobs", None, True)) == 1)
+        self.assertEqual(self.db.backends(self.app), 1)
+        f.subscribe("while-local")  # recorded: the fail-back subscribes it on the hub too
+
+        # A new hub on the same socket (the old file is stale).
+        h2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
+        self.addCleanup(h2.close)
+        wait_for("back on the hub", lambda: f.mode() == listenhub.HUB)
+        self.assertEqual(failbacks, [True])
+        self.assertIsNone(f.reason)
+        # One durable wake per name after the fail-back as well.
+        self.col.wait(
+            "the durable wakes of the fail-back",
+            lambda s: s.count(Wake("jobs", None, True)) == 2 and s.count(Wake("while-local", None, True)) == 1,
+        )
+        # Make before break: the local listener is closed after the swap.
+        wait_for("the local backend gone", lambda: self.db.backends(self.app) == 0)
+        self.notify("while-local", "via-new-hub")
+        self.col.wait("a wake through the new hub", lambda s: Wake("while-local", "via-new-hub", False) in s.wakes)
+        self.assertTrue(f.healthy())
+
+        # The cycle repeats.
+        h2.kill()
+        wait_for("local mode again", lambda: f.mode() == listenhub.LOCAL)
+        self.col.wait("the durable wake of the second failover", lambda s: s.count(Wake("jobs", None, True)) == 3)
+
+    def test_one_way_stays_local(self):
+        h = self.hub()
+        f = self.failover(h.socket, one_way=True, min_local=0.05, probe_interval=0.05)
+        f.subscribe("jobs")
+        h.kill()
+        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        h2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
+        self.addCleanup(h2.close)
+        # Without one_way this fails back within about 0.1 s (the test
+        # above); twenty times that without it is the one-way rule.
+        time.sleep(2)
+        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(self.db.backends(self.app), 1)
 
     def test_no_hub_at_start_is_local_mode_at_once(self):
         path = os.path.join(tempfile.mkdtemp(), "absent.sock")

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -18,14 +20,17 @@ import (
 const censusApp = "listenhub-census"
 
 // runCensus prints how many backends carry the hub's application_name: 1 per
-// host with a hub, against one per worker without.
+// host with a hub, against one per worker without. The line says what was
+// counted (`backends with application_name "listenhub": 1`); --json prints
+// {"application_name":"listenhub","backends":1} for scripts.
 func runCensus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("census")
 	databaseURL := fs.String("database-url", "", "PostgreSQL URL or key=value DSN (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
 	appName := fs.String("application-name", hub.DefaultApplicationName, "application_name to count")
+	asJSON := fs.Bool("json", false, `print {"application_name":NAME,"backends":N}`)
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			printUsage(stdout, fs, "census --database-url URL [--application-name NAME]")
+			printUsage(stdout, fs, "census", true)
 		}
 		return flagError(stderr, "census", err)
 	}
@@ -55,6 +60,19 @@ func runCensus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "listenhub census: unexpected result")
 		return 1
 	}
-	fmt.Fprintln(stdout, string(res.Rows[0][0]))
+	n, err := strconv.Atoi(string(res.Rows[0][0]))
+	if err != nil {
+		fmt.Fprintf(stderr, "listenhub census: unexpected count %q\n", res.Rows[0][0])
+		return 1
+	}
+	if *asJSON {
+		b, _ := json.Marshal(struct {
+			ApplicationName string `json:"application_name"`
+			Backends        int    `json:"backends"`
+		}{*appName, n})
+		fmt.Fprintf(stdout, "%s\n", b)
+		return 0
+	}
+	fmt.Fprintf(stdout, "backends with application_name %q: %d\n", *appName, n)
 	return 0
 }

@@ -76,15 +76,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.databaseURL, "database-url", "", "use this PostgreSQL server (default: start a throwaway cluster, removed on exit)")
 	fs.IntVar(&cfg.workers, "workers", 8, "worker processes subscribing through the hub")
 	fs.IntVar(&cfg.rate, "rate", 200, "NOTIFYs per second")
-	fs.DurationVar(&cfg.duration, "duration", 0, "stop after this long, counted from the first report (default: run until Ctrl-C)")
-	const synopsis = "demo [--workers N] [--rate N] [--duration D] [--database-url URL]"
+	fs.Var((*durationValue)(&cfg.duration), "duration", "stop after this long, counted from the first report (default: run until Ctrl-C)")
 	// The demo reads no environment variables: with DATABASE_URL set in
 	// a shell, a demo must still not write to that database unasked.
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stdout, "usage: listenhub %s\n\nflags:\n", synopsis)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
+			printUsage(stdout, fs, "demo", false)
 		}
 		return flagError(stderr, "demo", err)
 	}
@@ -199,10 +196,9 @@ func (d *demo) run(ctx context.Context) error {
 	for i := range d.cfg.workers {
 		w, err := startDemoWorker(exe, i, []string{
 			"--socket", sock,
-			"--database-url", url,
 			"--channel", d.channel,
 			"--application-name", d.localApp,
-		}, d.errw, ready, exited, d.addLatencies)
+		}, url, d.errw, ready, exited, d.addLatencies)
 		if err != nil {
 			return err
 		}
@@ -403,8 +399,14 @@ func (w *demoWorker) mode() string {
 	return w.curMode
 }
 
-func startDemoWorker(exe string, id int, args []string, stderr io.Writer, ready chan<- string, exited chan<- *demoWorker, lat func([]int64)) (*demoWorker, error) {
+// demoWorkerURLEnv carries the database URL to a demo worker: in its
+// environment, which only its own user can read, not in its argv, which
+// every user sees in ps.
+const demoWorkerURLEnv = "LISTENHUB_DEMO_WORKER_DATABASE_URL"
+
+func startDemoWorker(exe string, id int, args []string, url string, stderr io.Writer, ready chan<- string, exited chan<- *demoWorker, lat func([]int64)) (*demoWorker, error) {
 	cmd := exec.Command(exe, append([]string{"demo-worker"}, args...)...)
+	cmd.Env = append(os.Environ(), demoWorkerURLEnv+"="+url)
 	// Its own process group: a Ctrl-C in the terminal reaches the demo
 	// only, which then stops the workers in order. Pdeathsig and the
 	// stdin pipe make a worker exit if the demo dies without cleanup.
@@ -558,7 +560,6 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 
 	fs := newFlagSet("demo-worker")
 	socket := fs.String("socket", "", "hub socket")
-	databaseURL := fs.String("database-url", "", "Postgres for the fallback listener")
 	channel := fs.String("channel", "", "subscription name")
 	appName := fs.String("application-name", client.DefaultLocalApplicationName, "application_name of the fallback listener")
 	if err := fs.Parse(args); err != nil {
@@ -567,6 +568,7 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *socket == "" || *channel == "" {
 		return flagError(stderr, "demo-worker", errors.New("--socket and --channel are required"))
 	}
+	databaseURL := os.Getenv(demoWorkerURLEnv) // the fallback listener's Postgres
 
 	var (
 		mu  sync.Mutex
@@ -596,7 +598,7 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
 		SocketPath:      *socket,
-		DatabaseURL:     *databaseURL,
+		DatabaseURL:     databaseURL,
 		ApplicationName: *appName,
 		OnWake:          onWake,
 		OnFailover: func(reason error) {

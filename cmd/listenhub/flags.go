@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -51,7 +52,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 			return
 		}
 		if e := fs.Set(f.Name, v); e != nil {
-			err = fmt.Errorf("invalid value %q for %s: %v", v, env, e)
+			err = fmt.Errorf("invalid value %q for %s: %w", v, env, e)
 		}
 	})
 	return err
@@ -65,22 +66,113 @@ func isSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
-// printUsage writes the command's synopsis and flags.
-func printUsage(w io.Writer, fs *flag.FlagSet, synopsis string) {
-	fmt.Fprintf(w, "usage: listenhub %s\n\nflags (each also read from %s<NAME>, e.g. %s):\n", synopsis, envPrefix, envName("socket"))
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+// printUsage writes the command's synopsis and flags; fromEnv says
+// whether the command reads its flags from the environment too
+// (parseFlags).
+func printUsage(w io.Writer, fs *flag.FlagSet, cmd string, fromEnv bool) {
+	fmt.Fprintf(w, "usage: listenhub %s\n\n", synopsis(cmd))
+	if fromEnv {
+		// The example is the flag most often set that way.
+		var example string
+		for _, name := range []string{"socket", "metrics-addr", "database-url"} {
+			if fs.Lookup(name) != nil {
+				example = name
+				break
+			}
+		}
+		fs.VisitAll(func(f *flag.Flag) {
+			if example == "" {
+				example = f.Name
+			}
+		})
+		fmt.Fprintf(w, "flags (each also read from %s<NAME>, e.g. %s):\n", envPrefix, envName(example))
+	} else {
+		fmt.Fprint(w, "flags:\n")
+	}
+	printDefaults(w, fs)
 }
 
-// flagError turns a Parse error into the one line a bad flag prints.
+// printDefaults is flag.PrintDefaults with the --name spelling the
+// documentation uses (the flag package accepts both).
+func printDefaults(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		switch f.Value.(type) {
+		case *durationValue:
+			name = "duration"
+		case *uidList:
+			name = "uids"
+		}
+		line := "  --" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+		if !isZeroDefault(f.DefValue) {
+			if isStringFlag(f) {
+				line += fmt.Sprintf(" (default %q)", f.DefValue)
+			} else {
+				line += fmt.Sprintf(" (default %v)", f.DefValue)
+			}
+		}
+		fmt.Fprintln(w, line)
+	})
+}
+
+func isZeroDefault(v string) bool {
+	switch v {
+	case "", "0", "false", "0s":
+		return true
+	}
+	return false
+}
+
+func isStringFlag(f *flag.Flag) bool {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return false
+	}
+	_, ok = g.Get().(string)
+	return ok
+}
+
+// flagError turns a Parse error into the one line a bad flag prints, with
+// flags spelled --name as the documentation does.
 func flagError(stderr io.Writer, cmd string, err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	fmt.Fprintf(stderr, "listenhub %s: %v (see listenhub %s -h)\n", cmd, err, cmd)
+	msg := dashes.ReplaceAllString(err.Error(), "$1 --$2")
+	fmt.Fprintf(stderr, "listenhub %s: %s (see listenhub %s -h)\n", cmd, msg, cmd)
 	return 2
 }
+
+// dashes finds the flag package's "-name" in its error messages.
+var dashes = regexp.MustCompile(`(not defined:|needs an argument:|for flag|for) -([a-zA-Z])`)
+
+// durationValue is a time.Duration flag whose error says what a duration
+// looks like: "5" is the likeliest mistake, and the flag package's own
+// message for it is "parse error".
+type durationValue time.Duration
+
+func durationFlag(fs *flag.FlagSet, name string, def time.Duration, usage string) *time.Duration {
+	p := new(time.Duration)
+	*p = def
+	fs.Var((*durationValue)(p), name, usage)
+	return p
+}
+
+func (d *durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("invalid duration %q: use a unit, e.g. 5s or 500ms", s)
+	}
+	*d = durationValue(v)
+	return nil
+}
+
+func (d *durationValue) String() string { return time.Duration(*d).String() }
+func (d *durationValue) Get() any       { return time.Duration(*d) }
 
 // uidList is the value of --allow-uid: comma-separated uids, repeatable.
 type uidList []int

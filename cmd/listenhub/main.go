@@ -1,10 +1,11 @@
 // Command listenhub runs the hub that shares one PostgreSQL LISTEN connection
 // among the worker processes of a host, and a few tools around it.
 //
-//	listenhub serve  --database-url URL --socket PATH [flags]   run the hub
-//	listenhub tail   --socket PATH Q [Q…]                        subscribe, print each frame as a JSON line
-//	listenhub census --database-url URL                          count this hub's backends
-//	listenhub demo   [--workers N] [--database-url URL]          hub, workers and a notifier on a throwaway cluster
+//	listenhub serve --database-url URL --socket PATH [flags]
+//	listenhub tail --socket PATH Q [Q...]
+//	listenhub status --metrics-addr ADDR [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]
+//	listenhub census --database-url URL [--application-name NAME] [--json]
+//	listenhub demo [--workers N] [--rate N] [--duration D] [--database-url URL]
 //	listenhub version
 //
 // Every command is a function run(ctx, args, stdout, stderr) int, so the
@@ -16,7 +17,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/debug"
+	"strings"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -27,21 +30,57 @@ func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `usage:
-  listenhub serve  --database-url URL --socket PATH [flags]   run the hub
-  listenhub tail   --socket PATH Q [Q...]                      subscribe, print each frame as a JSON line
-  listenhub census --database-url URL                          count this hub's backends (pg_stat_activity by application_name)
-  listenhub demo   [--workers N] [--database-url URL]          hub, N workers and a notifier; a throwaway cluster without a URL
-  listenhub version
+// command is one line of the usage. The synopsis is printed by the top-level
+// usage, by `listenhub COMMAND -h` and in the README's command list; a test
+// holds the three to the same text and to the flags each command has.
+type command struct {
+	name, synopsis, summary string
+}
 
-Run "listenhub COMMAND -h" for the flags of a command.
-`
+var commands = []command{
+	{"serve", "serve --database-url URL --socket PATH [flags]",
+		"run the hub"},
+	{"tail", "tail --socket PATH Q [Q...]",
+		"subscribe to each Q, print every frame the hub sends as a JSON line"},
+	{"status", "status --metrics-addr ADDR [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]",
+		"the workers and channels of a running hub, from its --metrics-addr"},
+	{"census", "census --database-url URL [--application-name NAME] [--json]",
+		"count the hub's backends (pg_stat_activity by application_name)"},
+	{"demo", "demo [--workers N] [--rate N] [--duration D] [--database-url URL]",
+		"hub, N worker processes and a notifier; a throwaway cluster without a URL"},
+	{"version", "version",
+		"print the version, VCS revision and Go version of this binary"},
+}
+
+// synopsis returns the synopsis of the named command.
+func synopsis(name string) string {
+	for _, c := range commands {
+		if c.name == name {
+			return c.synopsis
+		}
+	}
+	panic("listenhub: no command " + name)
+}
+
+// commandList is the command block of the usage (and of the README).
+func commandList() string {
+	var b strings.Builder
+	for _, c := range commands {
+		fmt.Fprintf(&b, "listenhub %s\n    %s\n", c.synopsis, c.summary)
+	}
+	return b.String()
+}
+
+func usage() string {
+	return "usage: listenhub COMMAND [flags]\n\n" + commandList() +
+		"\nRun \"listenhub COMMAND -h\" for the flags of a command.\n"
+}
 
 // run dispatches a command line (without the program name) and returns the
 // exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
 	switch args[0] {
@@ -49,6 +88,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runServe(ctx, args[1:], stdout, stderr)
 	case "tail":
 		return runTail(ctx, args[1:], stdout, stderr)
+	case "status":
+		return runStatus(ctx, args[1:], stdout, stderr)
 	case "census":
 		return runCensus(ctx, args[1:], stdout, stderr)
 	case "demo":
@@ -56,22 +97,79 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "demo-worker": // hidden: a worker process of the demo (demo.go)
 		return runDemoWorker(ctx, args[1:], stdout, stderr)
 	case "version", "-version", "--version":
-		fmt.Fprintln(stdout, "listenhub", versionString())
-		return 0
+		return runVersion(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, usage())
 		return 0
 	}
-	fmt.Fprintf(stderr, "listenhub: unknown command %q (want serve, tail, census or version)\n", args[0])
+	names := make([]string, 0, len(commands)+1)
+	for _, c := range commands {
+		names = append(names, c.name)
+	}
+	names = append(names, "help")
+	fmt.Fprintf(stderr, "listenhub: unknown command %q (want %s or %s)\n\n%s", args[0],
+		strings.Join(names[:len(names)-1], ", "), names[len(names)-1], usage())
 	return 2
 }
 
-func versionString() string {
+func runVersion(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+			fmt.Fprintf(stdout, "usage: listenhub %s\n", synopsis("version"))
+			return 0
+		}
+		return flagError(stderr, "version", fmt.Errorf("unexpected argument %q", args[0]))
+	}
+	fmt.Fprintln(stdout, "listenhub", versionString())
+	return 0
+}
+
+// buildInfo is what this binary knows about its own build: for
+// listenhub_build_info and `listenhub version`.
+type buildInfo struct {
+	version   string // -ldflags version, else the module version ("(devel)" for a plain source build)
+	revision  string // VCS revision, "+dirty" when built from a modified tree; "unknown" without VCS stamping
+	goVersion string
+}
+
+func readBuildInfo() buildInfo {
+	b := buildInfo{version: "(devel)", revision: "unknown", goVersion: runtime.Version()}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			b.version = bi.Main.Version
+		}
+		var rev string
+		var dirty bool
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+		if rev != "" {
+			b.revision = rev
+			if dirty {
+				b.revision += "+dirty"
+			}
+		}
+	}
 	if version != "" {
-		return version
+		b.version = version
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
+	return b
+}
+
+// versionString is the one line `listenhub version` prints after the name,
+// e.g. "v1.2.0 (revision 5f0c2d1e9a7b, go1.26.8)".
+func versionString() string {
+	b := readBuildInfo()
+	rev := b.revision
+	if i := strings.IndexByte(rev, '+'); i > 12 {
+		rev = rev[:12] + rev[i:]
+	} else if len(rev) > 12 && i < 0 {
+		rev = rev[:12]
 	}
-	return "devel"
+	return fmt.Sprintf("%s (revision %s, %s)", b.version, rev, b.goVersion)
 }

@@ -59,12 +59,15 @@ func writeMetrics(buf *bytes.Buffer, s hub.Stats) {
 }
 
 // metricsHandler serves /metrics and /healthz from h.Stats(), which is safe
-// from the HTTP server's goroutines.
+// from the HTTP server's goroutines, and the JSON endpoints of
+// introspect.go.
 func metricsHandler(h *hub.Hub) http.Handler {
 	mux := http.NewServeMux()
+	registerIntrospection(mux, h)
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		var buf bytes.Buffer
 		writeMetrics(&buf, h.Stats())
+		writeMoreMetrics(&buf, h.FanoutLatency(), h.AckLatency())
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		w.Write(buf.Bytes())
 	})

@@ -99,7 +99,7 @@ func serveFlagDefaults(t *testing.T) map[string]string {
 	if code := runServe(context.Background(), []string{"-h"}, &out, &errw); code != 0 {
 		t.Fatalf("serve -h exited %d: %s", code, errw.String())
 	}
-	flagLine := regexp.MustCompile(`^  -([a-z0-9-]+)( \S+)?$`)
+	flagLine := regexp.MustCompile(`^  --([a-z0-9-]+)( \S+)?$`)
 	defRE := regexp.MustCompile(`\(default ([^)]*)\)$`)
 	defaults := map[string]string{}
 	var cur string

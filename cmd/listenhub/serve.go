@@ -38,22 +38,21 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		durableLimit  = fs.Int("durable-queue-limit", hub.DefaultDurableQueueLimit, "pending durable wakes per worker before new ones are dropped")
 		hardLimit     = fs.Int("hard-queue-limit", hub.DefaultHardQueueLimit, "pending frames per worker, durable wakes aside, before it is evicted")
 		hardBytes     = fs.Int("hard-queue-bytes", hub.DefaultHardQueueBytes, "pending bytes per worker, durable wakes aside, before it is evicted")
-		statusIvl     = fs.Duration("status-interval", hub.DefaultStatusInterval, "status is re-sent to every worker every 5 intervals")
-		hcInterval    = fs.Duration("health-check-interval", hub.DefaultHealthCheckInterval, "probe an idle Postgres connection this often")
-		hcTimeout     = fs.Duration("health-check-timeout", hub.DefaultHealthCheckTimeout, "a probe unanswered this long means the connection is dead")
-		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics and /healthz on this address, e.g. 127.0.0.1:9187 (off when empty)")
+		statusIvl     = durationFlag(fs, "status-interval", hub.DefaultStatusInterval, "status is re-sent to every worker every 5 intervals")
+		hcInterval    = durationFlag(fs, "health-check-interval", hub.DefaultHealthCheckInterval, "probe an idle Postgres connection this often")
+		hcTimeout     = durationFlag(fs, "health-check-timeout", hub.DefaultHealthCheckTimeout, "a probe unanswered this long means the connection is dead")
+		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics, /healthz and the JSON endpoints of listenhub status on this address, e.g. 127.0.0.1:9187 (off when empty)")
 		logFormat     = fs.String("log-format", "text", "log format: text or json")
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
 		pidFile       = fs.String("pid-file", "", "keep the pid of the process serving (it changes with every upgrade) in this file")
 		upTimeout     = fs.Duration("upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
 		allowUIDs     uidList
-		synopsis      = "serve --database-url URL --socket PATH [flags]"
 		databaseGiven bool
 	)
 	fs.Var(&allowUIDs, "allow-uid", "uids allowed to connect, comma-separated or repeated (default: the hub's own uid and root)")
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			printUsage(stdout, fs, synopsis)
+			printUsage(stdout, fs, "serve", true)
 		}
 		return flagError(stderr, "serve", err)
 	}

@@ -24,14 +24,11 @@ import (
 // a few hundred bytes in that time is wedged, and tail says so.
 const tailWriteTimeout = 5 * time.Second
 
-const tailUsage = `usage: listenhub tail --socket PATH Q [Q...]
-
+const tailDescription = `
 Connects to the hub, subscribes to each Q and prints every frame the hub
 sends (ack, nack, wake, status, and any unknown type) as one compact JSON
 line on stdout, exactly as received. Exits 0 on SIGINT/SIGTERM and 1 when
 the hub closes the connection.
-
-flags:
 `
 
 // runTail is `listenhub tail`: a debugging tool that speaks the wire
@@ -41,13 +38,8 @@ flags:
 // when the hub closes the connection or cannot be reached or sends a
 // malformed frame, 2 for a usage error.
 func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	socket := fs.String("socket", os.Getenv("LISTENHUB_SOCKET"), "hub socket `path` (env LISTENHUB_SOCKET)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, tailUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet("tail")
+	socket := fs.String("socket", os.Getenv(envName("socket")), "hub socket `path`")
 	// Flags may come after the names too (`tail jobs --socket /run/x`);
 	// everything after "--" is a name, even one that starts with "-".
 	var qs, literal []string
@@ -60,9 +52,10 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return 0
+				printUsage(stdout, fs, "tail", true)
+				fmt.Fprint(stdout, tailDescription)
 			}
-			return 2
+			return flagError(stderr, "tail", err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -73,14 +66,10 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	qs = append(qs, literal...)
 	if *socket == "" {
-		fmt.Fprintln(stderr, "listenhub tail: --socket is required (or LISTENHUB_SOCKET)")
-		fs.Usage()
-		return 2
+		return flagError(stderr, "tail", errors.New("--socket is required (or "+envName("socket")+")"))
 	}
 	if len(qs) == 0 {
-		fmt.Fprintln(stderr, "listenhub tail: give at least one subscription name")
-		fs.Usage()
-		return 2
+		return flagError(stderr, "tail", errors.New("give at least one subscription name"))
 	}
 
 	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/listenhub/listenhub/hub"
+)
+
+// The JSON endpoints of --metrics-addr that `listenhub status` reads:
+//
+//	GET /status                               the summary (no loop round trip: atomics)
+//	GET /workers?limit=N&offset=N&sort=F      a page of hub.WorkerList
+//	GET /channels?limit=N&offset=N&sort=F     a page of hub.ChannelList
+//
+// limit defaults to hub.DefaultListLimit and may not exceed
+// hub.MaxListLimit; a bad parameter is a 400 with {"error": "..."}. The
+// snapshot is taken on the hub's loop, bounded by introspectTimeout.
+
+// introspectTimeout bounds the wait for the hub's loop to take a snapshot.
+const introspectTimeout = 5 * time.Second
+
+// statusJSON is the body of /status.
+type statusJSON struct {
+	Healthy       bool      `json:"healthy"`
+	Workers       int64     `json:"workers"`
+	Channels      int64     `json:"channels"` // LISTENed now
+	PID           int       `json:"pid"`
+	StartedAt     time.Time `json:"started_at"`
+	UptimeSeconds float64   `json:"uptime_seconds"`
+	Version       string    `json:"version"`
+	Revision      string    `json:"revision"`
+	GoVersion     string    `json:"go_version"`
+	WakesReceived uint64    `json:"wakes_received"`
+	FramesSent    uint64    `json:"frames_sent"`
+	Evictions     uint64    `json:"evictions"`
+}
+
+// registerIntrospection adds the JSON endpoints to the metrics server.
+func registerIntrospection(mux *http.ServeMux, h *hub.Hub) {
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		s := h.Stats()
+		b := readBuildInfo()
+		start := processStart()
+		writeJSON(w, http.StatusOK, statusJSON{
+			Healthy: s.PostgresHealthy, Workers: s.Workers, Channels: s.Channels,
+			PID: os.Getpid(), StartedAt: start, UptimeSeconds: time.Since(start).Seconds(),
+			Version: b.version, Revision: b.revision, GoVersion: b.goVersion,
+			WakesReceived: s.WakesReceived, FramesSent: s.FramesSent, Evictions: s.Evictions,
+		})
+	})
+	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, r *http.Request) {
+		serveList(w, r, h.Workers)
+	})
+	mux.HandleFunc("GET /channels", func(w http.ResponseWriter, r *http.Request) {
+		serveList(w, r, h.Channels)
+	})
+}
+
+func serveList[T any](w http.ResponseWriter, r *http.Request, list func(context.Context, hub.ListOptions) (T, error)) {
+	var o hub.ListOptions
+	q := r.URL.Query()
+	for _, p := range []struct {
+		name string
+		v    *int
+	}{{"limit", &o.Limit}, {"offset", &o.Offset}} {
+		s := q.Get(p.name)
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			writeJSONError(w, http.StatusBadRequest, fmt.Errorf("%s=%q: not a number", p.name, s))
+			return
+		}
+		*p.v = n
+	}
+	if o.Limit == 0 && q.Get("limit") != "" {
+		writeJSONError(w, http.StatusBadRequest, fmt.Errorf("limit=0: want 1..%d", hub.MaxListLimit))
+		return
+	}
+	o.Sort = q.Get("sort")
+	ctx, cancel := context.WithTimeout(r.Context(), introspectTimeout)
+	defer cancel()
+	v, err := list(ctx, o)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, v)
+	case errors.Is(err, hub.ErrNotRunning):
+		writeJSONError(w, http.StatusServiceUnavailable, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		writeJSONError(w, http.StatusGatewayTimeout, fmt.Errorf("the hub's loop did not answer within %v", introspectTimeout))
+	case r.Context().Err() != nil:
+		// The client went away; nobody reads the answer.
+	default:
+		writeJSONError(w, http.StatusBadRequest, err) // ListOptions refused
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeJSONError(w, http.StatusInternalServerError, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+func writeJSONError(w http.ResponseWriter, code int, err error) {
+	b, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{err.Error()})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}

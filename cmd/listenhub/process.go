@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The standard process_* series, read from /proc/self the way the
+// Prometheus Go client (procfs) reads them, so that dashboards built for
+// any Go service work for the hub without a dependency on that client.
+
+// userHZ is the kernel's USER_HZ, the unit of the times in /proc/self/stat:
+// 100 on every Linux the hub runs on (procfs assumes the same).
+const userHZ = 100
+
+// procStat is what /proc/self/stat says about this process.
+type procStat struct {
+	cpuSeconds float64 // utime + stime
+	vsize      float64 // bytes
+	rss        float64 // bytes
+	startTime  float64 // unix seconds
+}
+
+func readProcStat() (procStat, error) {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return procStat{}, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces
+	// and parentheses itself: the fields that follow start after the
+	// last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procStat{}, fmt.Errorf("/proc/self/stat: no ')' in %q", b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state): field N is f[N-3].
+	if len(f) < 22 {
+		return procStat{}, fmt.Errorf("/proc/self/stat: %d fields", len(f)+2)
+	}
+	num := func(field int) float64 {
+		v, _ := strconv.ParseFloat(f[field-3], 64)
+		return v
+	}
+	st := procStat{
+		cpuSeconds: (num(14) + num(15)) / userHZ,
+		vsize:      num(23),
+		rss:        num(24) * float64(os.Getpagesize()),
+	}
+	bt, err := bootTime()
+	if err != nil {
+		return procStat{}, err
+	}
+	st.startTime = bt + num(22)/userHZ
+	return st, nil
+}
+
+// bootTime is btime of /proc/stat, which does not change.
+var bootTime = sync.OnceValues(func() (float64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("/proc/stat: no btime")
+})
+
+// processStart is when this process started: process_start_time_seconds,
+// and the uptime `listenhub status` shows. Read once; the clock at package
+// initialisation stands in if /proc cannot say.
+var processStart = sync.OnceValue(func() time.Time {
+	if st, err := readProcStat(); err == nil {
+		sec := int64(st.startTime)
+		return time.Unix(sec, int64((st.startTime-float64(sec))*1e9))
+	}
+	return initTime
+})
+
+var initTime = time.Now()
+
+// openFDs counts /proc/self/fd, the directory's own descriptor included, as
+// procfs does.
+func openFDs() (int, error) {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return 0, err
+	}
+	defer d.Close()
+	n := 0
+	for {
+		names, err := d.Readdirnames(1024)
+		n += len(names)
+		if err != nil || len(names) == 0 {
+			break
+		}
+	}
+	return n, nil
+}
+
+// writeProcessMetrics writes the process_* families; a series whose source
+// cannot be read is left out rather than reported as 0.
+func writeProcessMetrics(buf *bytes.Buffer) {
+	st, err := readProcStat()
+	if err == nil {
+		writeSample(buf, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", st.cpuSeconds)
+	}
+	if n, err := openFDs(); err == nil {
+		writeSample(buf, "process_open_fds", "gauge", "Number of open file descriptors.", float64(n))
+	}
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil {
+		writeSample(buf, "process_max_fds", "gauge", "Maximum number of open file descriptors.", float64(lim.Cur))
+	}
+	if err == nil {
+		writeSample(buf, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", st.vsize)
+		writeSample(buf, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", st.rss)
+		writeSample(buf, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", st.startTime)
+	}
+}

@@ -188,16 +188,42 @@ func TestDemo(t *testing.T) {
 }
 
 // TestDemoDatabaseURL runs the demo against a server it does not own: it
-// must use it, and leave it running with none of the demo's backends.
+// must use it, and leave it running with none of the demo's backends. The
+// URL's password reaches the worker processes through their environment,
+// never their argv (which every user of the host can read).
 func TestDemoDatabaseURL(t *testing.T) {
 	c := needDB(t) // the package's shared cluster
 	t.Setenv(demoWorkerEnv, "1")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
+	url := c.URL()
+	const secret = "demo-pw-not-in-argv"
+	if !c.External() {
+		// The throwaway cluster trusts every local connection: a
+		// password in the URL is carried and ignored.
+		url = strings.Replace(url, "postgres://postgres@", "postgres://postgres:"+secret+"@", 1)
+	}
+	workerProcs := make(chan []demoWorkerProc, 1)
+	demoDone := make(chan struct{})
+	go func() { workerProcs <- watchDemoWorkers(demoDone) }()
+
 	var out, errw syncBuffer
 	const workers = 2
-	code := runDemo(ctx, []string{"--database-url", c.URL(), "--workers", strconv.Itoa(workers), "--duration", "2s"}, &out, &errw)
+	code := runDemo(ctx, []string{"--database-url", url, "--workers", strconv.Itoa(workers), "--duration", "2s"}, &out, &errw)
+	close(demoDone)
+	procs := <-workerProcs
+	if len(procs) != workers {
+		t.Errorf("saw %d demo-worker processes, want %d", len(procs), workers)
+	}
+	for _, p := range procs {
+		if strings.Contains(p.cmdline, url) || strings.Contains(p.cmdline, secret) || strings.Contains(p.cmdline, "--database-url") {
+			t.Errorf("demo-worker %d argv carries the database URL: %q", p.pid, p.cmdline)
+		}
+		if !strings.Contains(p.environ, demoWorkerURLEnv+"="+url+"\x00") {
+			t.Errorf("demo-worker %d: no %s=<the URL> in its environment", p.pid, demoWorkerURLEnv)
+		}
+	}
 	t.Logf("demo output:\n%s", out.String())
 	if code != 0 {
 		t.Fatalf("demo exited %d; stderr:\n%s", code, errw.String())
@@ -223,6 +249,50 @@ func TestDemoDatabaseURL(t *testing.T) {
 	}
 	if n != 0 {
 		t.Errorf("%d demo backends left on the server", n)
+	}
+}
+
+// demoWorkerProc is a demo-worker child of this test process, as /proc
+// shows it to other users (argv) and to its own (environment).
+type demoWorkerProc struct {
+	pid              int
+	cmdline, environ string
+}
+
+// watchDemoWorkers records the demo-worker children of this process until
+// done is closed.
+func watchDemoWorkers(done <-chan struct{}) []demoWorkerProc {
+	seen := map[int]demoWorkerProc{}
+	for {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || seen[pid].pid != 0 {
+				continue
+			}
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				continue
+			}
+			f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+			if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) {
+				continue
+			}
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+			if bytes.Contains(cmd, []byte("demo-worker")) && len(env) > 0 {
+				seen[pid] = demoWorkerProc{pid, strings.ReplaceAll(string(cmd), "\x00", " "), string(env)}
+			}
+		}
+		select {
+		case <-done:
+			var out []demoWorkerProc
+			for _, p := range seen {
+				out = append(out, p)
+			}
+			return out
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 

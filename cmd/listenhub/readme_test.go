@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/listenhub/listenhub/hub"
 )
 
 const readmePath = "../../README.md"
@@ -90,51 +92,82 @@ func firstCode(cell string) string {
 	return ""
 }
 
-// serveFlagDefaults runs `serve -h` and parses its flag list (the standard
-// flag.PrintDefaults layout): flag name → default as printed, "" when the
-// flag's default is its zero value (PrintDefaults leaves it out then).
-func serveFlagDefaults(t *testing.T) map[string]string {
+// helpFlag is one flag as `listenhub CMD -h` prints it.
+type helpFlag struct {
+	def   string // the default as printed, "" when it is the zero value
+	usage string // the usage text, without the "(default …)" printDefaults adds
+}
+
+// commandHelp runs `listenhub CMD -h` and parses it: the synopsis of its
+// first line and the flag list (printDefaults' layout).
+func commandHelp(t *testing.T, cmd string) (synopsis string, flags map[string]helpFlag) {
 	t.Helper()
 	var out, errw bytes.Buffer
-	if code := runServe(context.Background(), []string{"-h"}, &out, &errw); code != 0 {
-		t.Fatalf("serve -h exited %d: %s", code, errw.String())
+	if code := run(context.Background(), []string{cmd, "-h"}, &out, &errw); code != 0 {
+		t.Fatalf("%s -h exited %d: %s", cmd, code, errw.String())
+	}
+	first, _, _ := strings.Cut(out.String(), "\n")
+	synopsis, ok := strings.CutPrefix(first, "usage: listenhub ")
+	if !ok {
+		t.Fatalf("%s -h: first line %q, want usage: listenhub …", cmd, first)
 	}
 	flagLine := regexp.MustCompile(`^  --([a-z0-9-]+)( \S+)?$`)
-	defRE := regexp.MustCompile(`\(default ([^)]*)\)$`)
-	defaults := map[string]string{}
+	defRE := regexp.MustCompile(` \(default ([^)]*)\)$`)
+	flags = map[string]helpFlag{}
 	var cur string
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
 		line := sc.Text()
+		if strings.HasPrefix(line, "  -") && !strings.HasPrefix(line, "  --") {
+			t.Errorf("%s -h prints %q: flags are spelled --name", cmd, line)
+		}
 		if m := flagLine.FindStringSubmatch(line); m != nil {
 			cur = m[1]
-			defaults[cur] = ""
+			flags[cur] = helpFlag{}
 			continue
 		}
-		if cur != "" && strings.HasPrefix(line, "    \t") {
-			if m := defRE.FindStringSubmatch(line); m != nil {
+		if u, ok := strings.CutPrefix(line, "    \t"); ok && cur != "" {
+			f := flags[cur]
+			if m := defRE.FindStringSubmatch(u); m != nil {
 				v := m[1]
-				if u, err := strconv.Unquote(v); err == nil {
-					v = u
+				if uq, err := strconv.Unquote(v); err == nil {
+					v = uq
 				}
-				defaults[cur] = v
+				f.def = v
+				u = strings.TrimSuffix(u, m[0])
 			}
+			f.usage = u
+			flags[cur] = f
 		}
 	}
-	if len(defaults) < 10 {
-		t.Fatalf("parsed only %d flags from serve -h:\n%s", len(defaults), out.String())
-	}
-	return defaults
+	return synopsis, flags
 }
 
-// TestREADMEServeFlags fails when the README's flag table and `serve`
+// serveFlagDefaults returns serve's flags with their defaults.
+func serveFlagDefaults(t *testing.T) map[string]helpFlag {
+	t.Helper()
+	_, flags := commandHelp(t, "serve")
+	if len(flags) < 10 {
+		t.Fatalf("parsed only %d flags from serve -h", len(flags))
+	}
+	return flags
+}
+
+// helpAside is the trailing remark of a usage text that the README's
+// environment and default columns say instead.
+var helpAside = regexp.MustCompile(` \((env |default: |required\)|off when empty\))[^()]*\)?$`)
+
+// TestREADMEServeFlags fails when the README's flag table and `serve -h`
 // disagree: a flag missing from either side, a wrong environment variable,
-// or a wrong default.
+// a wrong default, or a meaning that does not say what -h says (markdown
+// aside; the environment and default remarks of -h are the table's other
+// columns).
 func TestREADMEServeFlags(t *testing.T) {
 	flags := serveFlagDefaults(t)
 	rows := markdownTable(t, readmeSection(t, readREADME(t), "### `serve` flags"),
 		[]string{"flag", "environment", "default", "meaning"})
 	seen := map[string]bool{}
+	markdown := strings.NewReplacer("`", "", "**", "")
 	for _, r := range rows {
 		name := strings.TrimPrefix(firstCode(r[0]), "--")
 		if name == "" || seen[name] {
@@ -142,7 +175,7 @@ func TestREADMEServeFlags(t *testing.T) {
 			continue
 		}
 		seen[name] = true
-		def, ok := flags[name]
+		f, ok := flags[name]
 		if !ok {
 			t.Errorf("README documents --%s, which serve does not have", name)
 			continue
@@ -153,12 +186,15 @@ func TestREADMEServeFlags(t *testing.T) {
 		// A non-zero default must appear as the cell's first code span;
 		// a zero default must not look like a value (the cell says
 		// "empty", "off", "required" or what the hub does instead).
-		if got := firstCode(r[2]); got != def {
-			if def == "" {
+		if got := firstCode(r[2]); got != f.def {
+			if f.def == "" {
 				t.Errorf("README: --%s has no default, the table says `%s`", name, got)
 			} else {
-				t.Errorf("README: --%s defaults to %q, the table says %q", name, def, got)
+				t.Errorf("README: --%s defaults to %q, the table says %q", name, f.def, got)
 			}
+		}
+		if help, doc := helpAside.ReplaceAllString(f.usage, ""), markdown.Replace(r[3]); help != doc {
+			t.Errorf("README: --%s means\n  %q in the table,\n  %q in serve -h", name, doc, help)
 		}
 	}
 	for name := range flags {
@@ -169,7 +205,8 @@ func TestREADMEServeFlags(t *testing.T) {
 }
 
 // TestREADMEMetrics fails when the README's metrics table and /metrics
-// disagree.
+// disagree: every family the exposition writes, in its order, with its
+// type.
 func TestREADMEMetrics(t *testing.T) {
 	rows := markdownTable(t, readmeSection(t, readREADME(t), "### Metrics"),
 		[]string{"metric", "type", "meaning"})
@@ -177,15 +214,24 @@ func TestREADMEMetrics(t *testing.T) {
 	for _, r := range rows {
 		doc = append(doc, firstCode(r[0])+" "+r[1])
 	}
-	for _, m := range metrics {
-		code = append(code, m.name+" "+m.typ)
+	var buf bytes.Buffer
+	writeMetrics(&buf, hub.Stats{})
+	writeMoreMetrics(&buf, hub.Histogram{Bounds: hub.FanoutLatencyBounds}, hub.Histogram{Bounds: hub.AckLatencyBounds})
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			code = append(code, f[2]+" "+f[3])
+		}
 	}
 	if !slices.Equal(doc, code) {
 		t.Errorf("README metrics table\n  %q\n/metrics serves\n  %q", doc, code)
 	}
 }
 
-// TestREADMECommands checks the two commands a fresh clone starts with.
+// TestREADMECommands checks the two commands a fresh clone starts with, and
+// holds the README's command list, the usage and every command's -h to the
+// same synopses: the list is the usage's, word for word; each command's -h
+// starts with its synopsis; and the flags a synopsis names are exactly the
+// flags the command has (serve's are in its table, checked above).
 func TestREADMECommands(t *testing.T) {
 	doc := readREADME(t)
 	for heading, want := range map[string]string{
@@ -201,13 +247,47 @@ func TestREADMECommands(t *testing.T) {
 		strings.Count(doc[:first], "\n## ") > 0 {
 		t.Errorf("README: \"Run it\" and \"Test it\" must be the first two sections")
 	}
-	// Every command the usage lists is in the README's command list.
 	cmds := readmeSection(t, doc, "## The commands")
-	for _, c := range []string{"serve", "tail", "census", "demo", "version"} {
-		if !strings.Contains(cmds, "listenhub "+c) {
-			t.Errorf("README command list lacks listenhub %s", c)
+	block, ok := codeBlock(cmds)
+	if !ok || block != commandList() {
+		t.Errorf("README's command list\n%s\nis not what listenhub help prints\n%s", block, commandList())
+	}
+	_, help, _ := runCmd([]string{"help"})
+	if !strings.Contains(help, commandList()) {
+		t.Errorf("listenhub help does not list every command:\n%s", help)
+	}
+	flagRE := regexp.MustCompile(`--([a-z0-9-]+)`)
+	for _, c := range commands {
+		syn, flags := commandHelp(t, c.name)
+		if syn != c.synopsis {
+			t.Errorf("%s -h says usage: listenhub %s; the command list says %s", c.name, syn, c.synopsis)
+		}
+		if c.name == "serve" {
+			continue
+		}
+		named := map[string]bool{}
+		for _, m := range flagRE.FindAllStringSubmatch(c.synopsis, -1) {
+			named[m[1]] = true
+			if _, ok := flags[m[1]]; !ok {
+				t.Errorf("the synopsis of %s names --%s, which %s -h lacks", c.name, m[1], c.name)
+			}
+		}
+		for f := range flags {
+			if !named[f] {
+				t.Errorf("%s has --%s, which its synopsis (the README's command list) lacks", c.name, f)
+			}
 		}
 	}
+}
+
+// codeBlock returns the body of the first fenced code block in text.
+func codeBlock(text string) (string, bool) {
+	_, rest, ok := strings.Cut(text, "```\n")
+	if !ok {
+		return "", false
+	}
+	body, _, ok := strings.Cut(rest, "```")
+	return body, ok
 }
 
 // TestREADMELinks checks the README's in-page anchors and relative links.

@@ -30,8 +30,8 @@ const stopTimeout = 10 * time.Second
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("serve")
 	var (
-		databaseURL   = fs.String("database-url", "", "PostgreSQL URL or key=value DSN (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-		socket        = fs.String("socket", "", "Unix socket path workers connect to (required)")
+		databaseURL   = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct (or session-pooled) connection (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
+		socket        = fs.String("socket", "", "Unix socket the workers connect to; created with mode 0600 (required)")
 		prefix        = fs.String("channel-prefix", "", "Postgres channel = prefix + Q + suffix (pgbus: pgmq.q_)")
 		suffix        = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
 		appName       = fs.String("application-name", hub.DefaultApplicationName, "application_name of the hub's backend, counted by census")
@@ -49,7 +49,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		allowUIDs     uidList
 		databaseGiven bool
 	)
-	fs.Var(&allowUIDs, "allow-uid", "uids allowed to connect, comma-separated or repeated (default: the hub's own uid and root)")
+	fs.Var(&allowUIDs, "allow-uid", "uids allowed to connect (checked with SO_PEERCRED), comma-separated or repeated (default: the hub's uid and root)")
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printUsage(stdout, fs, "serve", true)

@@ -148,6 +148,9 @@ type handedSocket struct {
 type handedChannel struct {
 	Q  string `json:"q"`
 	PG string `json:"pg"`
+	// Introspection counters (Hub.Channels); absent from an older hub.
+	Received  uint64 `json:"received,omitempty"`
+	Delivered uint64 `json:"delivered,omitempty"`
 }
 
 // handedWorker is one worker. Offsets are relative to the first unsent byte
@@ -165,6 +168,12 @@ type handedWorker struct {
 	Spans    []span            `json:"spans,omitempty"`
 	StatusAt int64             `json:"status_at"` // -1: no unsent status
 	Unknown  bool              `json:"unknown,omitempty"`
+	// Introspection (Hub.Workers): when it connected to the first hub,
+	// and its counters; absent from an older hub.
+	Connected int64  `json:"connected_ns,omitempty"` // unix nanoseconds
+	Sent      uint64 `json:"sent,omitempty"`
+	Coalesced uint64 `json:"coalesced,omitempty"`
+	Dropped   uint64 `json:"dropped,omitempty"`
 }
 
 // MarshalJSON and UnmarshalJSON keep span's fields unexported elsewhere.
@@ -406,7 +415,8 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 	}
 	u.handed = true
 	for _, ch := range h.channels {
-		st.Channels = append(st.Channels, handedChannel{Q: ch.q, PG: ch.pg})
+		st.Channels = append(st.Channels, handedChannel{Q: ch.q, PG: ch.pg,
+			Received: ch.wakesReceived, Delivered: ch.wakesDelivered})
 	}
 	ids := make([]uint64, 0, len(h.workers))
 	for id := range h.workers {
@@ -437,7 +447,8 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 // handWorker describes w, its descriptor at index fd.
 func handWorker(w *worker, fd int) handedWorker {
 	base := w.out.Written()
-	hw := handedWorker{ID: w.id, FD: fd, PID: w.pid, UID: w.uid, StatusAt: -1, Unknown: w.unknownLogged}
+	hw := handedWorker{ID: w.id, FD: fd, PID: w.pid, UID: w.uid, StatusAt: -1, Unknown: w.unknownLogged,
+		Connected: w.connectedAt.UnixNano(), Sent: w.framesSent, Coalesced: w.durableCoalesced, Dropped: w.durableDropped}
 	for _, ch := range w.subs.list {
 		hw.Subs = append(hw.Subs, ch.pg)
 	}
@@ -757,7 +768,8 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	h.healthy = st.Healthy
 	h.nextID = st.NextID
 	for _, c := range st.Channels {
-		h.channels[c.PG] = &channel{q: c.Q, pg: c.PG, state: stateListening, subs: make(map[*worker]struct{})}
+		h.channels[c.PG] = &channel{q: c.Q, pg: c.PG, state: stateListening, subs: make(map[*worker]struct{}),
+			wakesReceived: c.Received, wakesDelivered: c.Delivered}
 	}
 	for i := range st.Workers {
 		hw := &st.Workers[i]
@@ -773,7 +785,11 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 
 // adoptWorker rebuilds one worker from hw on descriptor fd.
 func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
-	w := &worker{id: hw.ID, fd: fd, pid: hw.PID, uid: hw.UID, unknownLogged: hw.Unknown}
+	w := &worker{id: hw.ID, fd: fd, pid: hw.PID, uid: hw.UID, unknownLogged: hw.Unknown,
+		connectedAt: time.Now(), framesSent: hw.Sent, durableCoalesced: hw.Coalesced, durableDropped: hw.Dropped}
+	if hw.Connected != 0 {
+		w.connectedAt = time.Unix(0, hw.Connected)
+	}
 	prev := uint64(0)
 	for _, end := range hw.Ends {
 		if end > uint64(len(hw.Out)) || end <= prev {

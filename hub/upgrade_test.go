@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/listenhub/listenhub/frame"
 )
@@ -21,7 +22,9 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 	}
 	ch := &channel{q: "a", pg: "a", state: stateListening, subs: map[*worker]struct{}{}}
 	old.channels["a"] = ch
-	w := &worker{id: 7, fd: 3, pid: 42, uid: 1000}
+	connected := time.Now().Add(-time.Hour)
+	w := &worker{id: 7, fd: 3, pid: 42, uid: 1000,
+		connectedAt: connected, framesSent: 11, durableCoalesced: 12, durableDropped: 13}
 	w.out.Max = old.bufferMax()
 	old.addSub(w, ch)
 
@@ -59,6 +62,11 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 
 	if nw.id != 7 || nw.fd != 9 || nw.pid != 42 || nw.uid != 1000 {
 		t.Errorf("identity: id %d fd %d pid %d uid %d", nw.id, nw.fd, nw.pid, nw.uid)
+	}
+	// What Hub.Workers shows carries over: connected since, counters.
+	if !nw.connectedAt.Equal(connected) || nw.framesSent != 11 || nw.durableCoalesced != 12 || nw.durableDropped != 13 {
+		t.Errorf("introspection: connected %v (want %v), sent %d, coalesced %d, dropped %d; want 11, 12, 13",
+			nw.connectedAt, connected, nw.framesSent, nw.durableCoalesced, nw.durableDropped)
 	}
 	oa, ob := w.out.Peek()
 	na, nb := nw.out.Peek()

@@ -44,8 +44,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics, /healthz and the JSON endpoints of listenhub status on this address, e.g. 127.0.0.1:9187 (off when empty)")
 		logFormat     = fs.String("log-format", "text", "log format: text or json")
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
-		pidFile       = fs.String("pid-file", "", "keep the pid of the process serving (it changes with every upgrade) in this file")
-		upTimeout     = fs.Duration("upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
+		pidFile       = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically; removed on a normal stop)")
+		upTimeout     = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
 		allowUIDs     uidList
 		databaseGiven bool
 	)

@@ -15,10 +15,13 @@
 // Listen/Unlisten-with-confirmation semantics on its own pgconn connection,
 // driven by a goroutine.
 //
-// Both batch the commands they are given into one multi-statement simple
-// Query, health-check an idle connection with an empty query, and on loss
+// Both batch the commands they are given into multi-statement simple
+// Queries, health-check an idle connection with an empty query, and on loss
 // reconnect with capped exponential backoff and jitter, re-LISTEN the whole
-// set in one query, and only then report healthy again.
+// set, and only then report healthy again. Conn bounds each batch so that
+// one query stays short however many channels the session listens to
+// (see targetBatchTime): a large set becomes healthy, and stays healthy
+// under the health check, after start and after every reconnect.
 package listener
 
 import (

@@ -67,6 +67,7 @@ type query struct {
 	cmds      []*command
 	completes int             // CommandCompletes received so far
 	err       *pgconn.PgError // the ErrorResponse of this query, if any
+	sent      time.Time       // when it was written (queryCommands)
 }
 
 // Conn is the loop-driven LISTEN connection. Every method, and every
@@ -93,11 +94,26 @@ type Conn struct {
 	// overtake them.
 	pending  []*command
 	inflight []*query
+	// expired counts the commands in pending that expired (waiting
+	// false) and were left there: removing one from the middle would cost
+	// O(len). flush skips them; the queue is compacted once they are half
+	// of it.
+	expired int
+	// expq holds the commands whose CommandTimeout runs, in deadline
+	// order (the timeout is the same for all, so that is the order they
+	// started in); expTimer fires for the first. An entry whose expiry
+	// was stopped (or restarted: a new entry) stays until its deadline
+	// passes and is skipped then.
+	expq     []expiry
+	expTimer *loop.Timer
 	// cmdInflight counts the queryCommands in inflight (0 or 1).
 	cmdInflight int
 	// isolate: send the next batch with only its first command (see
 	// settle).
 	isolate bool
+	// batchLimit is how many commands the next batch may carry: adapted
+	// to the measured duration of the batches before it (see adaptBatch).
+	batchLimit int
 	// resyncing counts the re-LISTENs of the current resync not yet
 	// confirmed; OnHealth(true) waits for it to reach zero.
 	resyncing int
@@ -145,8 +161,10 @@ type Conn struct {
 	// dialer replaces dial for reconnects in tests (a fake server).
 	dialer func(ctx context.Context) (transport, error)
 	// batches and probes count the command queries and health probes
-	// sent, for tests.
+	// sent, for tests; batchDone, when set, sees every answered batch
+	// and how long it took.
 	batches, probes int
+	batchDone       func(q *query, took time.Duration)
 }
 
 // Start returns at once with a Conn that connects in the background: the
@@ -217,6 +235,7 @@ func newConn(l *loop.Loop, cfg Config) *Conn {
 	}
 	c.log = c.cfg.Logger
 	c.backoff = c.cfg.ReconnectMin
+	c.batchLimit = initialBatch
 	return c
 }
 
@@ -306,58 +325,178 @@ func (c *Conn) later(done func(error), err error) {
 	}
 }
 
-// startExpiry bounds how long cmd waits for a connection.
+// expiry is one entry of Conn.expq: current while cmd.expiring and
+// cmd.deadline is still this deadline.
+type expiry struct {
+	cmd      *command
+	deadline time.Time
+}
+
+func (e expiry) current() bool { return e.cmd.expiring && e.cmd.deadline.Equal(e.deadline) }
+
+// startExpiry bounds how long cmd waits for a connection: O(1), one timer
+// for all of them.
 func (c *Conn) startExpiry(cmd *command) {
-	if c.cfg.CommandTimeout <= 0 || cmd.resync || cmd.expire != nil {
+	if c.cfg.CommandTimeout <= 0 || cmd.resync || cmd.expiring {
 		return
 	}
-	cmd.expire = c.l.AfterFunc(c.cfg.CommandTimeout, func() {
-		cmd.expire = nil
-		if !cmd.waiting {
-			return
+	cmd.expiring = true
+	cmd.deadline = time.Now().Add(c.cfg.CommandTimeout)
+	c.expq = append(c.expq, expiry{cmd, cmd.deadline})
+	if c.expTimer == nil {
+		c.expTimer = c.l.AfterFunc(c.cfg.CommandTimeout, c.expireDue)
+	}
+}
+
+// stopExpiry: cmd no longer waits for a connection. Its expq entry is
+// dropped when its deadline comes.
+func stopExpiry(cmd *command) { cmd.expiring = false }
+
+// stopAllExpiry forgets every expiry: the connection is up (commands wait
+// only for their turn, which the health check bounds) or nothing waits.
+func (c *Conn) stopAllExpiry() {
+	for _, e := range c.expq {
+		e.cmd.expiring = false
+	}
+	c.expq = nil
+	if c.expTimer != nil {
+		c.expTimer.Stop()
+		c.expTimer = nil
+	}
+}
+
+// expireChunk bounds the commands one timer pass expires, so that a crowd
+// of them (every worker's subs during an outage) cannot stall the loop: the
+// rest go in the next pass, after whatever else is ready.
+const expireChunk = 1024
+
+// expireDue fails the commands whose CommandTimeout has passed with
+// ErrCommandTimeout, at most expireChunk of them, and re-arms the timer for
+// the next deadline.
+func (c *Conn) expireDue() {
+	c.expTimer = nil
+	now := time.Now()
+	var due []*command
+	i := 0
+	for ; i < len(c.expq) && len(due) < expireChunk; i++ {
+		e := c.expq[i]
+		if !e.current() {
+			continue
 		}
-		c.removePending(cmd)
-		err := fmt.Errorf("%w (%s)", ErrCommandTimeout, c.cfg.CommandTimeout)
-		if c.lastErr != nil {
-			err = fmt.Errorf("%w (%s; last error: %v)", ErrCommandTimeout, c.cfg.CommandTimeout, c.lastErr)
+		if e.deadline.After(now) {
+			break
 		}
+		cmd := e.cmd
+		cmd.expiring = false
+		if cmd.waiting {
+			cmd.waiting = false
+			c.expired++
+			due = append(due, cmd)
+		}
+	}
+	clear(c.expq[:i])
+	c.expq = c.expq[i:]
+	if len(c.expq) == 0 {
+		c.expq = nil
+	} else {
+		wait := time.Duration(0)
+		if len(due) < expireChunk {
+			wait = max(c.expq[0].deadline.Sub(now), 0)
+		}
+		c.expTimer = c.l.AfterFunc(wait, c.expireDue)
+	}
+	if c.expired == len(c.pending) || c.expired > 64 && c.expired > len(c.pending)/2 {
+		c.compactPending()
+	}
+	if len(due) == 0 {
+		return
+	}
+	err := fmt.Errorf("%w (%s)", ErrCommandTimeout, c.cfg.CommandTimeout)
+	if c.lastErr != nil {
+		err = fmt.Errorf("%w (%s; last error: %v)", ErrCommandTimeout, c.cfg.CommandTimeout, c.lastErr)
+	}
+	for _, cmd := range due {
 		cmd.done(err)
-	})
-}
-
-func stopExpiry(cmd *command) {
-	if cmd.expire != nil {
-		cmd.expire.Stop()
-		cmd.expire = nil
 	}
 }
 
-func (c *Conn) removePending(cmd *command) {
-	cmd.waiting = false
-	if i := slices.Index(c.pending, cmd); i >= 0 {
-		c.pending = slices.Delete(c.pending, i, i+1)
+// compactPending drops the expired commands from pending, keeping the order.
+func (c *Conn) compactPending() {
+	kept := c.pending[:0]
+	for _, cmd := range c.pending {
+		if cmd.waiting {
+			kept = append(kept, cmd)
+		}
 	}
+	clear(c.pending[len(kept):])
+	c.pending = kept
+	if len(kept) == 0 {
+		c.pending = nil
+	}
+	c.expired = 0
 }
+
+// waitingCount is how many commands wait in pending.
+func (c *Conn) waitingCount() int { return len(c.pending) - c.expired }
 
 // maxBatchBytes bounds one batch query. The server accepts up to 1 GB, but a
 // bounded batch keeps the write and the server's parse small; more commands
 // simply go in the next batch.
 const maxBatchBytes = 256 << 10
 
+// Batch size. A LISTEN costs the server time proportional to the channels
+// its session already listens to (PostgreSQL up to at least 17 keeps them in
+// a list and searches it at commit), so one multi-statement query of many
+// LISTENs on a busy session can take seconds: measured on PostgreSQL 15,
+// 1,000 LISTENs take 16 ms with 1,000 channels already listened, 68 ms with
+// 10,000 and 250 ms with 50,000. The server says nothing until the whole
+// query has committed, and silence that long would look like a dead
+// connection to the health check. So a batch carries at most batchLimit
+// commands, adapted after every batch so that one query takes about
+// targetBatchTime: it halves (or more) when a batch was slow and doubles
+// when a full batch was fast. The rest waits its turn, in order, one query
+// in flight at a time.
+const (
+	targetBatchTime = 50 * time.Millisecond
+	initialBatch    = 256
+	minBatch        = 8
+	maxBatch        = 2048
+)
+
+// adaptBatch sets the next batch's bound from one answered batch of n
+// commands that took took (write to ReadyForQuery). Only a batch slower
+// than the target says the bound is too big, and only a full one that was
+// fast says it could grow: a small batch's time is mostly the round trip.
+func (c *Conn) adaptBatch(n int, took time.Duration) {
+	switch {
+	case n <= 0:
+	case took > targetBatchTime:
+		ideal := int(int64(n) * int64(targetBatchTime) / int64(took))
+		c.batchLimit = max(min(ideal, c.batchLimit), c.batchLimit/4, minBatch)
+	case n >= c.batchLimit && took < targetBatchTime/2:
+		c.batchLimit = min(2*c.batchLimit, maxBatch)
+	}
+}
+
 // flush sends the pending commands as one multi-statement query when the
 // connection is up and no batch is in flight. It is the AfterIteration
 // hook: everything queued during one iteration leaves in one write.
 func (c *Conn) flush() {
 	c.checkIdle()
-	if c.state != stateUp || c.cmdInflight > 0 || len(c.pending) == 0 {
+	if c.state != stateUp || c.cmdInflight > 0 || c.waitingCount() == 0 {
 		return
 	}
 	q := &query{kind: queryCommands}
 	buf, start := beginQuery(c.qbuf[:0])
-	n := 0
+	n := 0 // entries taken off pending, expired ones included
 	for _, cmd := range c.pending {
+		if !cmd.waiting {
+			c.expired--
+			n++
+			continue
+		}
 		if len(q.cmds) > 0 {
-			if len(buf)-start > maxBatchBytes || c.isolate {
+			if len(q.cmds) >= c.batchLimit || len(buf)-start > maxBatchBytes || c.isolate {
 				break
 			}
 			buf = append(buf, ';')
@@ -369,7 +508,10 @@ func (c *Conn) flush() {
 		n++
 	}
 	c.isolate = false
-	c.pending = slices.Delete(c.pending, 0, n)
+	// Off the front by reslicing: O(batch), not O(queue). append
+	// reallocates (copying only what is left) when the array runs out.
+	clear(c.pending[:n])
+	c.pending = c.pending[n:]
 	if len(c.pending) == 0 {
 		c.pending = nil // let a big queue's array go
 	}
@@ -379,6 +521,7 @@ func (c *Conn) flush() {
 		c.qbuf = nil // a one-off big batch: don't keep its buffer
 	}
 	c.batches++
+	q.sent = time.Now()
 	c.send(q, buf)
 }
 
@@ -417,12 +560,20 @@ func (c *Conn) install(tr transport) {
 	c.lastRx = c.l.Now()
 	c.probeSince = time.Time{}
 	c.hc = c.l.AfterFunc(c.cfg.HealthCheckInterval, c.healthTick)
+	// The waiting commands have their connection: from here they wait
+	// only for their turn.
+	c.stopAllExpiry()
+	if c.expired > 0 {
+		c.compactPending()
+	}
 	c.log.Info("listener: connected", "pid", c.pid, "tls", tr.isTLS(), "channels", len(c.set))
 
-	// Re-LISTEN the whole set first, in the same batch as whatever
-	// waited: one query, one write. Duplicates with pending LISTENs are
-	// harmless (LISTEN is idempotent); a pending UNLISTEN comes after
-	// the re-LISTEN and wins, as it should.
+	// Re-LISTEN the whole set first, then whatever waited, in bounded
+	// batches (see batchLimit): notifications for the channels already
+	// re-LISTENed are delivered while the later batches run, and
+	// OnHealth(true) waits for the last one. Duplicates with pending
+	// LISTENs are harmless (LISTEN is idempotent); a pending UNLISTEN
+	// comes after the re-LISTEN and wins, as it should.
 	if len(c.set) > 0 {
 		resync := make([]*command, 0, len(c.set)+len(c.pending))
 		for ch := range c.set {
@@ -482,11 +633,11 @@ func (c *Conn) fail(err error) {
 	// fresh one from the set.
 	kept := requeue
 	for _, cmd := range c.pending {
-		if !cmd.resync {
+		if !cmd.resync && cmd.waiting {
 			kept = append(kept, cmd)
 		}
 	}
-	c.pending = kept
+	c.pending, c.expired = kept, 0
 	c.isolate = false
 	c.state = stateDown
 	for _, cmd := range c.pending {
@@ -523,7 +674,7 @@ func (c *Conn) scheduleReconnect() {
 	d := c.backoff
 	d = d/2 + rand.N(d/2+1)
 	c.backoff = min(c.backoff*2, c.cfg.ReconnectMax)
-	if len(c.pending) > 0 {
+	if c.waitingCount() > 0 {
 		d = min(d, maxRetryWhileWaiting)
 	}
 	c.reconnectAt = time.Now().Add(d)
@@ -797,6 +948,11 @@ func (c *Conn) answered(q *query) {
 	}
 	c.cmdInflight--
 	cmds := q.cmds
+	took := time.Since(q.sent)
+	c.adaptBatch(len(cmds), took)
+	if c.batchDone != nil {
+		c.batchDone(q, took)
+	}
 	v, idx := settle(len(cmds), q.completes, q.err != nil)
 	var retry []*command
 	var done []*command // commands to report, in order
@@ -923,11 +1079,15 @@ func (c *Conn) failWaiting(err error) {
 		cmds = append(cmds, q.cmds...)
 		q.cmds, q.kind = nil, queryProbe
 	}
-	cmds = append(cmds, c.pending...)
-	c.pending, c.cmdInflight = nil, 0
+	for _, cmd := range c.pending {
+		if cmd.waiting { // not the expired ones: their done has run
+			cmds = append(cmds, cmd)
+		}
+	}
+	c.pending, c.expired, c.cmdInflight = nil, 0, 0
+	c.stopAllExpiry()
 	for _, cmd := range cmds {
 		cmd.waiting = false
-		stopExpiry(cmd)
 		if cmd.done != nil {
 			cmd.done(err)
 		}

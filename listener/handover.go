@@ -248,6 +248,7 @@ func Adopt(l *loop.Loop, cfg Config, h Handover) (*Conn, error) {
 	c.tr = tr
 	c.pid = tr.pid
 	c.state = stateUp
+	c.everUp = true // a refused reconnect is retried, not fatal
 	c.healthy = true
 	c.lastRx = l.Now()
 	c.Pause()

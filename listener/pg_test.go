@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -167,6 +168,7 @@ type opts struct {
 	commandTimeout     time.Duration
 	reconnectMax       time.Duration
 	defaultApplication bool
+	logger             *slog.Logger // nil: testLogger()
 }
 
 func (v variant) open(t *testing.T, r *recorder, o opts) subject {

@@ -210,7 +210,13 @@ type startSubject struct {
 
 func startConn(t *testing.T, r *recorder, url string, o opts) *startSubject {
 	t.Helper()
-	cc, err := ParseConfig(url, testApp())
+	if o.app == "" {
+		o.app = testApp()
+	}
+	if o.logger == nil {
+		o.logger = testLogger()
+	}
+	cc, err := ParseConfig(url, o.app)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +246,7 @@ func startConn(t *testing.T, r *recorder, url string, o opts) *startSubject {
 		OnNotification: func(ch, p []byte) { r.note(string(ch), string(p)) },
 		OnHealth:       r.onHealth,
 		OnFatal:        func(err error) { s.fatal <- err },
-		Logger:         testLogger(),
+		Logger:         o.logger,
 	})
 	return s
 }

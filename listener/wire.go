@@ -5,11 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
-
-	"github.com/listenhub/listenhub/loop"
 )
 
 // The loop-driven connection parses the backend framing itself (1-byte type,
@@ -107,7 +106,10 @@ type command struct {
 	done    func(error) // nil for the internal re-LISTENs of a resync
 	resync  bool        // part of the re-LISTEN of the whole set after a reconnect
 	waiting bool        // in the pending queue (not sent, not finished)
-	expire  *loop.Timer // CommandTimeout, while waiting for a connection
+	// expiring: its CommandTimeout runs (it waits for a connection),
+	// ending at deadline. See Conn.expq.
+	expiring bool
+	deadline time.Time
 }
 
 // appendCommand appends one statement of a batch: `LISTEN "ch"`.

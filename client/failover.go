@@ -91,10 +91,11 @@ type FailoverOptions struct {
 	// LISTENs. Default DefaultLocalTimeout.
 	LocalTimeout time.Duration
 
-	// OneWay keeps pgbus's rule: after its first failover the Failover
-	// stays on its local listener until Close, and a restarted hub serves
-	// only the processes started after it. Default false: the Failover
-	// returns to the hub (see Failover).
+	// OneWay keeps pgbus's rule: once local (after a failover, or from
+	// the start when the hub was absent) the Failover stays on its local
+	// listener until Close, and a restarted hub serves only the processes
+	// started after it. Default false: the Failover returns to the hub
+	// (see Failover).
 	OneWay bool
 	// MinLocal is the least time in local mode before a fail-back is
 	// attempted, so that a hub that keeps failing cannot make the

@@ -99,7 +99,8 @@ type FailoverOptions struct {
 	OneWay bool
 	// MinLocal is the least time in local mode before a fail-back is
 	// attempted, so that a hub that keeps failing cannot make the
-	// Failover flap. Default DefaultMinLocal.
+	// Failover flap. The first attempt comes between MinLocal and 20%
+	// later, at random. Default DefaultMinLocal.
 	MinLocal time.Duration
 	// ProbeInterval and ProbeMaxInterval space the fail-back attempts
 	// after the first one (which comes MinLocal after the swap to local
@@ -162,8 +163,8 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // gap is gone, as with the hub's own reconnect to Postgres (docs/design.md,
 // "Semantics the hub guarantees", rule 7).
 //
-// Fail-back. In local mode it keeps trying the hub: first MinLocal after
-// the swap, then with backoff (ProbeInterval doubling to ProbeMaxInterval,
+// Fail-back. In local mode it keeps trying the hub: first MinLocal (up to
+// 20% more) after the swap, then with backoff (ProbeInterval doubling to ProbeMaxInterval,
 // with jitter). An attempt connects a second hub client, waits (up to
 // AckTimeout) for the hub to report healthy, subscribes it to the whole
 // recorded set and waits for every ack, while the local listener keeps
@@ -607,7 +608,10 @@ func (f *Failover) startLocal(local Listener) {
 // swap, then with jittered exponential backoff, until an attempt succeeds,
 // local is no longer current, or the Failover dies.
 func (f *Failover) failbackLoop(local Listener) {
-	t := time.NewTimer(f.opts.MinLocal)
+	// Up to 20% past MinLocal, never before it: the processes of a host
+	// failed over together and should not all come back together.
+	first := f.opts.MinLocal + time.Duration(probeJitter*rand.Float64()*float64(f.opts.MinLocal))
+	t := time.NewTimer(first)
 	defer t.Stop()
 	next := f.opts.ProbeInterval
 	for attempt := 1; ; attempt++ {
@@ -657,8 +661,16 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 		}
 	}()
 	giveUp := func(why string, err error) bool {
-		f.log.Debug("listenhub: fail-back attempt failed, staying local", "socket", f.opts.SocketPath,
-			"attempt", attempt, "why", why, "reason", err)
+		// No hub yet is the common case, every probe: debug. A hub that
+		// answers and is refused (not healthy, a nack, an ack timeout,
+		// EOF, a peer not allowed) is worth an operator's eye.
+		level := slog.LevelInfo
+		var peer *PeerError
+		if why == "connect" && !errors.As(err, &peer) {
+			level = slog.LevelDebug
+		}
+		f.log.Log(context.Background(), level, "listenhub: fail-back attempt failed, staying local",
+			"socket", f.opts.SocketPath, "attempt", attempt, "why", why, "reason", err)
 		return false
 	}
 

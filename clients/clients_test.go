@@ -7,7 +7,9 @@
 //	                     one for a failover test touches no other test)
 //	LHTEST_DATABASE_URL  the cluster
 //
-// in the environment, failing with their output on a non-zero exit. A
+// in the environment, failing with their output on a non-zero exit.
+// LISTENHUB_CLIENT_TEST_RUN=PATTERN runs only the matching tests (unittest
+// -k, node --test-name-pattern). A
 // missing interpreter or dependency (python3 with psycopg 3; node with
 // clients/node/node_modules from `npm ci`) skips, except under CI=true,
 // where it fails: a client suite that silently skips is one that never
@@ -117,7 +119,11 @@ func TestPython(t *testing.T) {
 	// -s tests: the helpers import as top-level modules; `-m` puts the
 	// working directory first on sys.path, so the package under test is
 	// the source tree's.
-	run(t, dir, py, "-m", "unittest", "discover", "-v", "-s", "tests")
+	args := []string{"-m", "unittest", "discover", "-v", "-s", "tests"}
+	if pat := os.Getenv("LISTENHUB_CLIENT_TEST_RUN"); pat != "" {
+		args = append(args, "-k", pat)
+	}
+	run(t, dir, py, args...)
 }
 
 func TestNode(t *testing.T) {
@@ -136,5 +142,9 @@ func TestNode(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no test files in %s/test (%v)", dir, err)
 	}
-	run(t, dir, node, append([]string{"--test", "--test-reporter=spec"}, files...)...)
+	args := []string{"--test", "--test-reporter=spec"}
+	if pat := os.Getenv("LISTENHUB_CLIENT_TEST_RUN"); pat != "" {
+		args = append(args, "--test-name-pattern", pat)
+	}
+	run(t, dir, node, append(args, files...)...)
 }

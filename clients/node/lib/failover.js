@@ -25,6 +25,13 @@ const PROBE_JITTER = 0.2;
 // Sub frames a fail-back has in flight at once.
 const FAILBACK_PARALLEL = 64;
 
+function withTimeout(promise, ms) {
+  let timer;
+  return Promise.race([promise, new Promise((_, reject) => (timer = setTimeout(() => reject(new Error('timed out')), ms)))]).finally(() =>
+    clearTimeout(timer),
+  );
+}
+
 const jitter = (ms) => ms * (1 - PROBE_JITTER + 2 * PROBE_JITTER * Math.random());
 
 // A listener that uses the hub while it can and its own Postgres connection
@@ -47,7 +54,10 @@ const jitter = (ms) => ms * (1 - PROBE_JITTER + 2 * PROBE_JITTER * Math.random()
 // whole recorded set and waits for every ack, while the local listener
 // keeps delivering; only then does it swap the hub in and close the local
 // listener (make before break: a NOTIFY in the overlap may be delivered
-// twice, none is lost), call onFailback() and deliver one durable wake per
+// twice, none is lost; a round trip on the local connection after the last
+// ack lets a NOTIFY committed just before the hub's LISTEN, which only the
+// local listener gets, arrive before it is closed), call onFailback() and
+// deliver one durable wake per
 // recorded name. A failed attempt is abandoned and retried later; back on
 // the hub, the cycle can repeat. oneWay keeps pgbus's rule: once local,
 // local until close(). During a fail-back both listeners deliver wakes;
@@ -325,9 +335,17 @@ class Failover {
       clearTimeout(timer);
       if (!healthy || cand.err) return false;
       const acked = new Set();
+      let drained = false;
       for (;;) {
         if (this.err) return true;
         const todo = [...this._subs].filter((q) => !acked.has(q)).sort();
+        if (todo.length === 0 && !drained) {
+          // A NOTIFY committed just before the hub's LISTEN of its name
+          // reaches only the local listener: let it arrive before closing.
+          await withTimeout(local.sync(), cand.ackTimeout).catch(() => {});
+          drained = true;
+          continue; // names subscribed meanwhile need their acks first
+        }
         if (todo.length === 0) {
           if (!cand.healthy()) return false;
           for (const q of acked) if (!this._subs.has(q)) cand.unsubscribe(q);
@@ -343,6 +361,7 @@ class Failover {
         }
         const err = await this._subscribeAll(cand, todo, acked);
         if (err) return false;
+        drained = false;
       }
     } finally {
       if (!swapped) {

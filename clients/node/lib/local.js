@@ -116,6 +116,22 @@ class Local {
     return this._op(q, true);
   }
 
+  // A round trip on the connection, in order after every LISTEN and
+  // UNLISTEN queued before it: every notification the server sent before it
+  // has been delivered when it resolves (a fail-back drains the local
+  // listener so before closing it).
+  sync() {
+    if (this.err) return Promise.reject(this.err);
+    const run = async () => {
+      if (this.err) throw this.err;
+      if (this._connected) await withTimeout(this._connected, this.commandTimeout, 'local round trip');
+      await withTimeout(this._conn.query('SELECT 1'), this.commandTimeout, 'local round trip');
+    };
+    const p = this._chain.then(run);
+    this._chain = p.catch(() => {});
+    return p;
+  }
+
   // Queues an UNLISTEN of q's channel; never blocks.
   unsubscribe(q) {
     if (this.err) return;

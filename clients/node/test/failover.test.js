@@ -116,6 +116,41 @@ test('hub back: fails back, and fails over again', { skip }, async (t) => {
   await col.wait('the durable wake of the second failover', (s) => s.count('jobs', null, true) === 3);
 });
 
+test('fail-back loses no NOTIFY', { skip }, async (t) => {
+  const { col, failover, hub } = await setup(t);
+  const h = await hub();
+  const f = await failover(h.socket, { minLocal: 200, probeInterval: 100 });
+  await f.subscribe('stream');
+  await h.kill();
+  await waitFor('local mode', () => f.mode() === listenhub.LOCAL);
+  // NOTIFYs committed back to back across the whole fail-back, from a
+  // connection of their own.
+  const pumpDb = await DB.open();
+  t.after(() => pumpDb.close());
+  const sent = [];
+  let stop = false;
+  const pump = (async () => {
+    for (let i = 0; !stop; i++) {
+      await pumpDb.notify(PREFIX + 'stream' + SUFFIX, String(i));
+      sent.push(String(i));
+    }
+  })();
+  try {
+    await hub(h.socket);
+    await waitFor('back on the hub', () => f.mode() === listenhub.HUB);
+    const n = sent.length;
+    await waitFor('NOTIFYs after the fail-back', () => sent.length > n + 100);
+  } finally {
+    stop = true;
+    await pump;
+  }
+  await col.wait('every committed payload', (s) => {
+    const got = new Set(s.wakes.map((w) => w.payload));
+    return sent.every((p) => got.has(p));
+  });
+  assert.ok(sent.length > 100);
+});
+
 test('oneWay stays local', { skip }, async (t) => {
   const { db, app, failover, hub } = await setup(t);
   const h = await hub();

@@ -418,6 +418,9 @@ class _AsyncLocal:
     def unsubscribe(self, q):
         self.local.unsubscribe(q)
 
+    async def sync(self, timeout):
+        await self._loop.run_in_executor(None, self.local.sync, timeout)
+
     def healthy(self):
         return self.local.healthy()
 
@@ -693,10 +696,20 @@ class AsyncFailover:
                 return False
             log.info("listenhub: hub is back, subscribing it before leaving the local listener")
             acked = set()
+            drained = False
             while True:
                 if self.err is not None:
                     return True
                 todo = self._subs - acked
+                if not todo and not drained:
+                    # A NOTIFY committed just before the hub's LISTEN reaches
+                    # only the local listener: let it arrive before closing.
+                    try:
+                        await local.sync(self.ack_timeout)
+                    except Exception as e:
+                        log.debug("listenhub: local listener not drained before the fail-back: %s", e)
+                    drained = True
+                    continue
                 if not todo:
                     if not cand.healthy():
                         return False
@@ -711,6 +724,7 @@ class AsyncFailover:
                 if err is not None:
                     log.debug("listenhub: fail-back attempt %d: %s", attempt, err)
                     return False
+                drained = False
         finally:
             if not swapped:
                 if self._cand is cand:

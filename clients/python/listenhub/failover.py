@@ -57,7 +57,10 @@ class Failover:
     subscribes the whole recorded set and waits for every ack, while the
     local listener keeps delivering; only then does it swap the hub in and
     close the local listener (make before break: a NOTIFY in the overlap may
-    be delivered twice, none is lost), call on_failback() and deliver one
+    be delivered twice, none is lost; a round trip on the local connection
+    after the last ack lets a NOTIFY committed just before the hub's LISTEN,
+    which only the local listener gets, arrive before it is closed), call
+    on_failback() and deliver one
     durable wake per recorded name. A failed attempt is abandoned and
     retried later. Back on the hub, the cycle can repeat. one_way=True keeps
     pgbus's rule: once local, local until close().
@@ -392,7 +395,22 @@ class Failover:
                 return False
             log.info("listenhub: hub is back, subscribing it before leaving the local listener")
             acked = set()
+            drained = False
             while True:
+                with self._mu:
+                    if self.err is not None:
+                        return True
+                    todo = self._subs - acked
+                if not todo and not drained:
+                    # A NOTIFY committed just before the hub's LISTEN of its
+                    # name reaches only the local listener: let it arrive
+                    # before the local listener is closed.
+                    try:
+                        local.sync(self.ack_timeout)
+                    except Exception as e:
+                        log.debug("listenhub: local listener not drained before the fail-back: %s", e)
+                    drained = True
+                    continue  # names subscribed meanwhile need their acks first
                 with self._mu:
                     if self.err is not None:
                         return True
@@ -412,6 +430,7 @@ class Failover:
                 if err is not None:
                     log.debug("listenhub: fail-back attempt %d: %s", attempt, err)
                     return False
+                drained = False
         finally:
             if not swapped:
                 with self._mu:

@@ -132,6 +132,23 @@ class Local:
         if op.err is not None:
             raise op.err
 
+    def sync(self, timeout=None):
+        """A round trip on the connection, in order after every LISTEN and
+        UNLISTEN queued before it: every notification the server sent before
+        it has been delivered when it returns (a fail-back drains the local
+        listener so before closing it)."""
+        reply = threading.Event()
+        with self._mu:
+            if self.err is not None:
+                raise self.err
+            op = _Op(None, None, reply)
+            self._ops.append(op)
+        self._kick()
+        if not reply.wait(self.command_timeout if timeout is None else timeout):
+            raise TimeoutError("listenhub: local round trip not done in time")
+        if op.err is not None:
+            raise op.err
+
     def _unlisten_queued(self, q):
         for op in reversed(self._ops):
             if op.q == q:
@@ -255,8 +272,10 @@ class Local:
                 if self.err is not None or not self._ops:
                     return
                 op = self._ops[0]
-                skip = op.listen == (op.q in self._listening)
-            if not skip:
+                skip = op.q is not None and op.listen == (op.q in self._listening)
+            if op.q is None:
+                self._conn.execute("SELECT 1")  # sync(): notifications before it are delivered
+            elif not skip:
                 verb = "LISTEN " if op.listen else "UNLISTEN "
                 try:
                     self._conn.execute(verb + _frame.quote_ident(self.channel(op.q)))
@@ -267,7 +286,7 @@ class Local:
             with self._mu:
                 if self._ops and self._ops[0] is op:
                     self._ops.popleft()
-                if op.err is None:
+                if op.err is None and op.q is not None:
                     if op.listen:
                         self._listening.add(op.q)
                     else:

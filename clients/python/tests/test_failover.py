@@ -3,6 +3,7 @@ client goes on with its own LISTEN connection."""
 
 import os
 import tempfile
+import threading
 import time
 import unittest
 
@@ -126,6 +127,45 @@ class FailoverTest(unittest.TestCase):
         h2.kill()
         wait_for("local mode again", lambda: f.mode() == listenhub.LOCAL)
         self.col.wait("the durable wake of the second failover", lambda s: s.count(Wake("jobs", None, True)) == 3)
+
+    def test_failback_loses_no_notify(self):
+        h = self.hub()
+        f = self.failover(h.socket, min_local=0.2, probe_interval=0.1)
+        f.subscribe("stream")
+        h.kill()
+        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        # NOTIFYs committed back to back across the whole fail-back.
+        stop = threading.Event()
+        sent = []
+
+        def pump():
+            db = DB()
+            try:
+                i = 0
+                while not stop.is_set():
+                    db.notify(PREFIX + "stream" + SUFFIX, str(i))
+                    sent.append(str(i))
+                    i += 1
+            finally:
+                db.close()
+
+        t = threading.Thread(target=pump)
+        t.start()
+        try:
+            h2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
+            self.addCleanup(h2.close)
+            wait_for("back on the hub", lambda: f.mode() == listenhub.HUB)
+            n = len(sent)
+            wait_for("NOTIFYs after the fail-back", lambda: len(sent) > n + 100)
+        finally:
+            stop.set()
+            t.join()
+        want = set(sent)
+        self.col.wait(
+            "every committed payload",
+            lambda s: want <= {w.payload for w in s.wakes},
+        )
+        self.assertGreater(len(want), 100)
 
     def test_one_way_stays_local(self):
         h = self.hub()

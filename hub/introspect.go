@@ -275,9 +275,12 @@ func (h *Hub) listChannels(o ListOptions) ChannelList {
 // bounded heap (worst at the root): O(n log k) time and k entries of
 // storage, however many workers the hub holds.
 func topK[T any](n int, o ListOptions, less func(a, b T) bool, each func(add func(T))) []T {
-	k := min(o.Offset+o.Limit, n)
-	if o.Offset >= k {
+	if o.Offset >= n {
 		return nil
+	}
+	k := n
+	if o.Limit < n-o.Offset { // not o.Offset+o.Limit < n: that can overflow
+		k = o.Offset + o.Limit
 	}
 	heap := make([]T, 0, k)
 	// worse reports whether heap[i] ranks after heap[j]: the root is the

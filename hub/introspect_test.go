@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -129,6 +130,12 @@ func TestWorkersListing(t *testing.T) {
 	}
 	if p := e.workers(ListOptions{Offset: 9}); len(p.Workers) != 0 || p.Workers == nil || p.Total != 5 {
 		t.Errorf("offset 9: %+v, want an empty (non-nil) page and total 5", p)
+	}
+	if p := e.workers(ListOptions{Offset: math.MaxInt, Limit: MaxListLimit}); len(p.Workers) != 0 || p.Total != 5 {
+		t.Errorf("offset MaxInt: %+v, want an empty page and total 5", p)
+	}
+	if p := e.workers(ListOptions{Offset: 3, Limit: MaxListLimit}); !slices.Equal(workerIDs(p), []uint64{4, 5}) {
+		t.Errorf("offset 3, limit max: %v, want [4 5]", workerIDs(p))
 	}
 	// Sorting: largest first, ties by id.
 	if got := workerIDs(e.workers(ListOptions{Sort: "subscriptions", Limit: 3})); !slices.Equal(got, []uint64{5, 4, 3}) {

@@ -130,7 +130,10 @@ func TestServeIntrospectionEndpoints(t *testing.T) {
 	if code, body := getBody(t, h.addr, "/workers?limit=10000", nil); code != 200 {
 		t.Errorf("limit=10000: %d %s", code, body)
 	}
-	for _, q := range []string{"limit=10001", "limit=0", "limit=-1", "limit=many", "offset=-1", "sort=bogus"} {
+	if code, body := getBody(t, h.addr, "/workers?offset=9223372036854775807&limit=10000", &page); code != 200 || len(page.Workers) != 0 || page.Total != 4 {
+		t.Errorf("offset=MaxInt64: %d %s", code, body)
+	}
+	for _, q := range []string{"limit=10001", "limit=0", "limit=-1", "limit=many", "offset=-1", "offset=9223372036854775808", "sort=bogus"} {
 		code, body := getBody(t, h.addr, "/workers?"+q, nil)
 		var e struct{ Error string }
 		if code != 400 || json.Unmarshal([]byte(body), &e) != nil || e.Error == "" {

@@ -13,6 +13,7 @@ package main
 //
 //	ready hub           subscribed (acked); "hub" or "local"
 //	mode local          failed over to its own LISTEN connection
+//	mode hub            failed back to the hub once it was back
 //	l 412034 398201     receive latencies in nanoseconds since the last line
 //
 // The notifier's payload is "SEQ UNIXNANO": each worker computes the latency
@@ -604,6 +605,10 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		OnFailover: func(reason error) {
 			fmt.Fprintf(stderr, "listenhub demo-worker %d: hub failed (%s); listening on its own connection\n", os.Getpid(), oneLine(reason))
 			emit("mode local")
+		},
+		OnFailback: func() {
+			fmt.Fprintf(stderr, "listenhub demo-worker %d: hub back; its own connection closed\n", os.Getpid())
+			emit("mode hub")
 		},
 	})
 	if err != nil {

@@ -209,7 +209,7 @@ func TestClientNackInvalidNameKeepsClient(t *testing.T) {
 func TestClientInvalidNameLocally(t *testing.T) {
 	h := newFakeHub(t, false)
 	c := dialFake(t, h, nil, Options{})
-	for _, q := range []string{strings.Repeat("x", 64), "a\x00b"} {
+	for _, q := range []string{strings.Repeat("x", 64), "a\x00b", "a\xffb", "\xed\xa0\x80"} {
 		if err := c.Subscribe(context.Background(), q); !errors.Is(err, ErrInvalidName) {
 			t.Fatalf("Subscribe(%q) = %v, want ErrInvalidName", q, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ErrClosed is the error of a Listener or Subscription that was closed by
@@ -127,6 +128,12 @@ func checkName(q string) error {
 	}
 	if strings.IndexByte(q, 0) >= 0 {
 		return fmt.Errorf("listenhub client: %q: %w: contains NUL", q, ErrInvalidName)
+	}
+	if !utf8.ValidString(q) {
+		// The frame would carry U+FFFD in its place, and the hub's ack
+		// (or nack) would name a different string than q: refused here,
+		// with a reason, rather than left to time out.
+		return fmt.Errorf("listenhub client: %q: %w: not valid UTF-8", q, ErrInvalidName)
 	}
 	return nil
 }

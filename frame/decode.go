@@ -199,6 +199,9 @@ func (f *fields) message(body []byte) (Message, error) {
 			return Message{}, wrongType(keyQ, fq.kind)
 		}
 		first, firstDst = fq, &m.Q
+		if fq.esc || fq.high {
+			m.QNotUTF8 = !exactUTF8(body[fq.start:fq.end])
+		}
 		switch typ {
 		case TypeNack:
 			// A nack without a reason is still a refusal; null reads as
@@ -385,6 +388,38 @@ func unit(raw []byte, i int) (r rune, n int, verbatim bool) {
 	default: // '"', '\\', '/'
 		return rune(e), 2, false
 	}
+}
+
+// exactUTF8 reports whether the JSON string contents raw, which the scanner
+// has validated, stand for a string that is valid UTF-8: no byte outside
+// valid UTF-8 and no \u escape of a surrogate outside a valid pair. Where it
+// is false, unescaping put U+FFFD in place of what the sender wrote.
+func exactUTF8(raw []byte) bool {
+	for i := 0; i < len(raw); {
+		c := raw[i]
+		if c < utf8.RuneSelf && c != '\\' {
+			i++
+			continue
+		}
+		if c == '\\' && raw[i+1] != 'u' {
+			i += 2
+			continue
+		}
+		r, n, verbatim := unit(raw, i)
+		if r == utf8.RuneError {
+			// U+FFFD itself, written as such or as \ufffd, is fine; a
+			// replacement is not.
+			if c == '\\' {
+				if n != 6 || hex4(raw[i+2:]) != utf8.RuneError {
+					return false
+				}
+			} else if !verbatim {
+				return false
+			}
+		}
+		i += n
+	}
+	return true
 }
 
 // hex4 reads the 4 hex digits the scanner has checked are there.

@@ -2,19 +2,27 @@ package frame
 
 import "encoding/binary"
 
-// keepCap is the largest buffer a Decoder keeps once it has handed out every
-// byte it was fed. Workers send a few small frames (sub, unsub) now and then,
-// so a small buffer is reused for good; a buffer that grew for a burst or a
-// large frame is dropped, so that an idle connection holds little memory.
+// keepCap is the largest buffer a Decoder keeps between frames. Workers send
+// a few small frames (sub, unsub) now and then, so a small buffer is reused
+// while they do; a buffer that grew for a burst or a large frame is dropped
+// (or its remainder moved to a small one) as soon as the large frame is
+// decoded, and Release drops even the small one of an idle peer.
 const keepCap = 4 << 10
 
 // Decoder splits a byte stream into frames and decodes them. It is fed the
 // bytes as they come off the socket, in chunks of any size (one byte at a
 // time works), and yields whole messages.
 //
-// The zero value is ready to use. A Decoder is not safe for concurrent use;
-// the hub keeps one per worker on its loop thread.
+// The zero value is ready to use and accepts bodies up to MaxLen. A Decoder
+// is not safe for concurrent use; the hub keeps one per worker on its loop
+// thread.
 type Decoder struct {
+	// Max, when positive and below MaxLen, is the largest body accepted
+	// instead of MaxLen. The hub reads workers with a far lower limit
+	// than the protocol's (a legitimate sub is a few hundred bytes), so
+	// that a peer cannot make it hold megabytes of a partial frame.
+	Max int
+
 	// buf[r:] holds the bytes fed and not yet decoded: at most one partial
 	// frame plus whatever complete frames the last Feed brought.
 	buf []byte
@@ -24,14 +32,33 @@ type Decoder struct {
 	err error
 }
 
+// limit is the largest body this decoder accepts.
+func (d *Decoder) limit() uint32 {
+	if d.Max > 0 && d.Max < MaxLen {
+		return uint32(d.Max)
+	}
+	return MaxLen
+}
+
 // Feed appends a copy of b to the bytes waiting to be decoded, so the caller
 // may reuse b at once (a socket read buffer). Call Next until it reports
 // ok=false after each Feed. After Next has returned an error, Feed discards
 // its input: nothing more will be decoded, and a hostile peer must not be
 // able to make the buffer grow.
+//
+// A header announcing a body above the limit that b completes is refused
+// here, before b is copied: the error is then what the next Next returns.
 func (d *Decoder) Feed(b []byte) {
 	if d.err != nil || len(b) == 0 {
 		return
+	}
+	if have := len(d.buf) - d.r; have < 4 && have+len(b) >= 4 {
+		var hdr [4]byte
+		copy(hdr[copy(hdr[:], d.buf[d.r:]):], b)
+		if n := binary.BigEndian.Uint32(hdr[:]); n > d.limit() {
+			d.fail(&Error{Err: ErrTooLarge, Offset: -1, Length: n, Limit: d.limit()})
+			return
+		}
 	}
 	switch {
 	case d.r == len(d.buf):
@@ -47,9 +74,10 @@ func (d *Decoder) Feed(b []byte) {
 
 // Next decodes the next frame. ok is false, with a nil error, when the next
 // frame is not complete yet: Feed more bytes and call again. A header whose
-// length is above MaxLen is an error (matching ErrTooLarge) as soon as its 4
-// bytes are in, before anything is allocated for the body; a bad body is an
-// error matching ErrMalformed (see Decode). Errors are sticky.
+// length is above the limit (MaxLen, or Max) is an error (matching
+// ErrTooLarge) as soon as its 4 bytes are in, before anything is allocated
+// for the body; a bad body is an error matching ErrMalformed (see Decode).
+// Errors are sticky.
 //
 // The message's strings are copies: they stay valid after the next Feed.
 func (d *Decoder) Next() (m Message, ok bool, err error) {
@@ -61,8 +89,8 @@ func (d *Decoder) Next() (m Message, ok bool, err error) {
 		return Message{}, false, nil
 	}
 	n := binary.BigEndian.Uint32(avail)
-	if n > MaxLen {
-		return Message{}, false, d.fail(&Error{Err: ErrTooLarge, Offset: -1, Length: n})
+	if lim := d.limit(); n > lim {
+		return Message{}, false, d.fail(&Error{Err: ErrTooLarge, Offset: -1, Length: n, Limit: lim})
 	}
 	if uint64(len(avail)-4) < uint64(n) {
 		return Message{}, false, nil
@@ -72,11 +100,19 @@ func (d *Decoder) Next() (m Message, ok bool, err error) {
 	if err != nil {
 		return Message{}, false, d.fail(err)
 	}
-	if d.r == len(d.buf) {
+	switch rest := len(d.buf) - d.r; {
+	case rest == 0:
 		if cap(d.buf) > keepCap {
 			d.buf = nil
 		}
 		d.buf, d.r = d.buf[:0], 0
+	case cap(d.buf) > keepCap && rest <= keepCap/2:
+		// A large buffer with little left in it (the start of the next
+		// frame after a large one): keep the rest in a small buffer, so
+		// that a large frame's storage does not outlive it.
+		small := make([]byte, rest, keepCap)
+		copy(small, d.buf[d.r:])
+		d.buf, d.r = small, 0
 	}
 	return m, true, nil
 }
@@ -89,6 +125,18 @@ func (d *Decoder) Buffered() int { return len(d.buf) - d.r }
 // Feed or Next. A hot upgrade hands them to the new process, which Feeds them
 // to its own Decoder before the first byte it reads itself.
 func (d *Decoder) Unread() []byte { return d.buf[d.r:] }
+
+// Cap returns the size of the buffer the decoder holds: what it costs in
+// memory beyond the struct, Buffered or more.
+func (d *Decoder) Cap() int { return cap(d.buf) }
+
+// Release drops the decoder's buffer if it holds no undecoded byte, so that
+// an idle peer costs no buffer at all. The next Feed allocates a new one.
+func (d *Decoder) Release() {
+	if d.r == len(d.buf) {
+		d.buf, d.r = nil, 0
+	}
+}
 
 func (d *Decoder) fail(err error) error {
 	d.err = err

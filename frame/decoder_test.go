@@ -20,7 +20,12 @@ type streamResult struct {
 // decodeStream feeds stream to a fresh Decoder in chunks of the sizes next
 // returns, calling Next after every Feed as the hub does.
 func decodeStream(stream []byte, next func() int) streamResult {
-	var d Decoder
+	return decodeStreamMax(stream, 0, next)
+}
+
+// decodeStreamMax is decodeStream with a Decoder whose Max is limit.
+func decodeStreamMax(stream []byte, limit int, next func() int) streamResult {
+	d := Decoder{Max: limit}
 	var res streamResult
 	for len(stream) > 0 && res.err == "" {
 		n := min(max(next(), 1), len(stream))
@@ -303,5 +308,88 @@ func TestDecoderCompaction(t *testing.T) {
 		if res := decodeStream(stream, func() int { return 1 + r.IntN(2*keepCap) }); !sameResult(res, streamResult{msgs: msgs}) {
 			t.Fatalf("%d messages, err %q", len(res.msgs), res.err)
 		}
+	}
+}
+
+// A Decoder with a lower Max refuses a larger header as soon as it is in,
+// whether it comes whole, split, or after complete frames, and without
+// copying what follows it in the same Feed.
+func TestDecoderMax(t *testing.T) {
+	const max = 64 << 10
+	for _, n := range []uint32{max + 1, MaxLen, MaxLen + 1} {
+		var d Decoder
+		d.Max = max
+		chunk := append(header(n), make([]byte, 60<<10)...)
+		d.Feed(chunk)
+		if cap(d.buf) != 0 {
+			t.Fatalf("length %d: Feed copied %d bytes of a refused frame", n, cap(d.buf))
+		}
+		_, ok, err := d.Next()
+		var fe *Error
+		if ok || !errors.Is(err, ErrTooLarge) || !errors.As(err, &fe) || fe.Length != n || fe.Limit != max {
+			t.Fatalf("length %d: ok %v err %#v", n, ok, err)
+		}
+		if want := "above the limit 65536"; !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %q does not say %q", err, want)
+		}
+	}
+	// Split header, and a header after a complete frame in one chunk.
+	stream := AppendSub(nil, "a")
+	stream = append(stream, header(max+1)...)
+	stream = append(stream, "xxxx"...)
+	for _, chunk := range []int{1, 2, 3, len(stream)} {
+		res := decodeStreamMax(stream, max, func() int { return chunk })
+		if len(res.msgs) != 1 || res.msgs[0] != (Message{T: "sub", Q: "a"}) || !strings.Contains(res.err, "above the limit") {
+			t.Fatalf("chunks of %d: %#v", chunk, res)
+		}
+	}
+	// Exactly max is fine.
+	body := `{"t":"sub","q":"big"}`
+	body += strings.Repeat(" ", max-len(body))
+	frame := append(header(max), body...)
+	res := decodeStreamMax(frame, max, func() int { return 4096 })
+	if len(res.msgs) != 1 || res.err != "" {
+		t.Fatalf("a body of exactly Max: %#v", res)
+	}
+	// Max above MaxLen does not raise the protocol's limit.
+	d := Decoder{Max: 2 * MaxLen}
+	d.Feed(header(MaxLen + 1))
+	if _, _, err := d.Next(); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "above MaxLen") {
+		t.Fatalf("Max above MaxLen: %v", err)
+	}
+}
+
+// A large frame's buffer does not outlive it, even when the start of the
+// next frame came in the same chunk; Release drops the small buffer of an
+// idle decoder, and never undecoded bytes.
+func TestDecoderGivesBackMemory(t *testing.T) {
+	big := AppendWake(nil, "chat", bytes.Repeat([]byte("x"), 16*keepCap), true)
+	next := AppendSub(nil, "after")
+	var d Decoder
+	d.Feed(append(big, next[:7]...))
+	if _, ok, err := d.Next(); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if d.Buffered() != 7 || cap(d.buf) > keepCap {
+		t.Fatalf("after the large frame: %d buffered, cap %d", d.Buffered(), cap(d.buf))
+	}
+	d.Release()
+	if d.Buffered() != 7 {
+		t.Fatalf("Release dropped undecoded bytes")
+	}
+	d.Feed(next[7:])
+	if m, ok, err := d.Next(); !ok || err != nil || m.Q != "after" {
+		t.Fatal(m, ok, err)
+	}
+	if cap(d.buf) == 0 {
+		t.Fatal("a small buffer is kept between frames until Release")
+	}
+	d.Release()
+	if cap(d.buf) != 0 {
+		t.Fatalf("Release kept %d bytes", cap(d.buf))
+	}
+	d.Feed(next)
+	if m, ok, err := d.Next(); !ok || err != nil || m.Q != "after" {
+		t.Fatal("after Release:", m, ok, err)
 	}
 }

@@ -65,11 +65,19 @@ type Message struct {
 	Healthy bool
 	// Error is why a subscription was refused (nack).
 	Error string
+	// QNotUTF8 is true when the "q" the peer sent was not valid UTF-8: it
+	// held bytes that are not UTF-8, or a \u escape of a surrogate that is
+	// not half of a pair. Q then holds U+FFFD in their place, as
+	// encoding/json decodes them, and is not the name the peer meant: an
+	// ack for Q would never match the peer's own name. The hub refuses
+	// such a sub with nack. The encoders never produce such a frame (they
+	// write U+FFFD), so it does not survive a round trip.
+	QNotUTF8 bool
 }
 
 var (
 	// ErrTooLarge matches (errors.Is) the error for a frame header whose
-	// length is above MaxLen. It is reported as soon as the 4 header bytes
+	// length is above MaxLen (or a Decoder's Max). It is reported as soon as the 4 header bytes
 	// are in, before anything is allocated for the body.
 	ErrTooLarge = errors.New("frame: body length above MaxLen")
 	// ErrMalformed matches (errors.Is) the error for a body that is not a
@@ -94,12 +102,18 @@ type Error struct {
 	Offset int
 	// Length is the body length the header announced (ErrTooLarge only).
 	Length uint32
+	// Limit is the largest body the reader accepted (ErrTooLarge only):
+	// MaxLen, or a Decoder's lower Max.
+	Limit uint32
 }
 
 func (e *Error) Error() string {
 	if e.Err == ErrTooLarge {
-		return "frame: body length " + strconv.FormatUint(uint64(e.Length), 10) +
-			" above MaxLen " + strconv.Itoa(MaxLen)
+		s := "frame: body length " + strconv.FormatUint(uint64(e.Length), 10)
+		if e.Limit == 0 || e.Limit == MaxLen {
+			return s + " above MaxLen " + strconv.Itoa(MaxLen)
+		}
+		return s + " above the limit " + strconv.FormatUint(uint64(e.Limit), 10)
 	}
 	s := e.Err.Error() + ": " + e.Reason
 	if e.Offset >= 0 {

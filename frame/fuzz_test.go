@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -41,7 +42,9 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("header %d for a %d-byte body", n, len(frame)-4)
 			}
 			m2, err := Decode(frame[4:])
-			if err != nil || m2 != m {
+			want := m
+			want.QNotUTF8 = false // the encoders write U+FFFD
+			if err != nil || m2 != want {
 				t.Fatalf("round trip of %#v: %q decodes to %#v, %v", m, frame[4:], m2, err)
 			}
 		}
@@ -60,6 +63,22 @@ func FuzzDecode(f *testing.F) {
 		for _, chunk := range []int{1, 3, 7} {
 			if got := decodeStream(data, func() int { return chunk }); !sameResult(got, whole) {
 				t.Fatalf("stream %q in chunks of %d: %#v; whole: %#v", data, chunk, got, whole)
+			}
+		}
+
+		// With a lower Max: the same frames up to the first one above it,
+		// then ErrTooLarge; chunking changes nothing there either.
+		const max = 32
+		lim := decodeStreamMax(data, max, func() int { return len(data) })
+		if k := len(lim.msgs); k > len(whole.msgs) || !sameResult(streamResult{msgs: lim.msgs}, streamResult{msgs: whole.msgs[:k]}) {
+			t.Fatalf("stream %q with Max %d: %#v; without: %#v", data, max, lim, whole)
+		}
+		if lim.err != whole.err && !strings.Contains(lim.err, "above the limit 32") {
+			t.Fatalf("stream %q with Max %d: error %q; without: %q", data, max, lim.err, whole.err)
+		}
+		for _, chunk := range []int{1, 5} {
+			if got := decodeStreamMax(data, max, func() int { return chunk }); !sameResult(got, lim) {
+				t.Fatalf("stream %q with Max %d in chunks of %d: %#v; whole: %#v", data, max, chunk, got, lim)
 			}
 		}
 	})

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // This file holds the oracles the tests compare the hand-written codec with:
@@ -97,6 +99,7 @@ func refDecode(body []byte) (m Message, ok bool) {
 			return Message{}, false
 		}
 		m.Q = q
+		m.QNotUTF8 = refNotUTF8(body)
 		switch t {
 		case TypeNack:
 			switch e := obj["error"].(type) {
@@ -125,6 +128,55 @@ func refDecode(body []byte) (m Message, ok bool) {
 		m.Q, _ = obj["q"].(string)
 	}
 	return m, true
+}
+
+// refNotUTF8 is the oracle for Message.QNotUTF8: whether the last "q" of
+// the object body, as written, is not valid UTF-8 (a byte outside UTF-8, or
+// a \u escape of a surrogate not in a high-low pair). It collects the
+// string as UTF-16 code units and bytes, the way a reader of the JSON text
+// sees it, independently of the decoder's unescaper.
+func refNotUTF8(body []byte) bool {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		panic(err)
+	}
+	raw := obj["q"]
+	raw = raw[1 : len(raw)-1]
+	var units []rune // code units; -1 stands for a non-surrogate
+	for i := 0; i < len(raw); {
+		switch {
+		case raw[i] == '\\' && raw[i+1] == 'u':
+			u, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 16)
+			if err != nil {
+				panic(err)
+			}
+			units = append(units, rune(u))
+			i += 6
+		case raw[i] == '\\':
+			units = append(units, -1)
+			i += 2
+		default:
+			r, n := utf8.DecodeRune(raw[i:])
+			if r == utf8.RuneError && n == 1 {
+				return true
+			}
+			units = append(units, -1)
+			i += n
+		}
+	}
+	for i := 0; i < len(units); i++ {
+		u := units[i]
+		switch {
+		case 0xd800 <= u && u < 0xdc00:
+			if i+1 == len(units) || units[i+1] < 0xdc00 || units[i+1] >= 0xe000 {
+				return true
+			}
+			i++
+		case 0xdc00 <= u && u < 0xe000:
+			return true
+		}
+	}
+	return false
 }
 
 // valid is s with every byte that is not part of valid UTF-8 replaced by

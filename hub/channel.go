@@ -3,6 +3,7 @@ package hub
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -90,9 +91,29 @@ func (h *Hub) channelName(q string) (string, error) {
 		return "", errors.New("invalid channel: contains NUL")
 	}
 	if !utf8.ValidString(pg) {
-		return "", errors.New("invalid channel: not valid UTF-8")
+		return "", errNotUTF8
 	}
 	return pg, nil
+}
+
+// errNotUTF8 refuses a name that is not valid UTF-8 (or that the worker
+// sent as such: see frame.Message.QNotUTF8).
+var errNotUTF8 = errors.New("invalid channel: not valid UTF-8")
+
+// The nack texts of the caps (DESIGN.md, "Limits (v2)").
+const (
+	nackTooManySubs     = "too many subscriptions"
+	nackTooManyChannels = "too many channels"
+)
+
+// refuseSub answers a sub with nack, logging it (rate-limited, the name
+// cut).
+func (h *Hub) refuseSub(w *worker, q, reason string) {
+	if h.logOK(logRefusedSub, slog.LevelInfo) {
+		h.logLine(logRefusedSub, slog.LevelInfo, "sub refused", "worker", w.id, "pid", w.pid,
+			"q", logName(q), "reason", reason)
+	}
+	h.sendNack(w, q, reason)
 }
 
 // subscribe handles {"t":"sub"}: routing table first, LISTEN second, ack
@@ -100,23 +121,34 @@ func (h *Hub) channelName(q string) (string, error) {
 func (h *Hub) subscribe(w *worker, q string) {
 	pg, err := h.channelName(q)
 	if err != nil {
-		h.log.Info("sub refused", "worker", w.id, "pid", w.pid, "q", q, "reason", err)
-		h.sendNack(w, q, err.Error())
+		h.refuseSub(w, q, err.Error())
+		return
+	}
+	// A sub of a name already held is an answer owed, not a new
+	// subscription; either way waiting answers count, so that a worker
+	// cannot grow a waiter list by repeating a sub whose LISTEN is in
+	// flight.
+	if w.waiting >= h.cfg.MaxSubscriptions || w.subs.get(q) == nil && w.subs.len() >= h.cfg.MaxSubscriptions {
+		h.refuseSub(w, q, nackTooManySubs)
 		return
 	}
 	ch := h.channels[pg]
 	if ch == nil {
+		if len(h.channels) >= h.cfg.MaxChannels {
+			h.refuseSub(w, q, nackTooManyChannels)
+			return
+		}
 		ch = &channel{q: q, pg: pg, subs: make(map[*worker]struct{})}
 		h.channels[pg] = ch
 		h.addSub(w, ch)
-		ch.waiters = append(ch.waiters, waiter{w, h.loop.Now()})
+		h.addWaiter(ch, w)
 		h.listen(ch)
 		return
 	}
 	h.addSub(w, ch)
 	if ch.unlistenFailed {
 		ch.unlistenFailed = false
-		ch.waiters = append(ch.waiters, waiter{w, h.loop.Now()})
+		h.addWaiter(ch, w)
 		h.listen(ch) // a fresh LISTEN makes the state certain again
 		return
 	}
@@ -126,7 +158,24 @@ func (h *Hub) subscribe(w *worker, q string) {
 	}
 	// LISTEN or UNLISTEN in flight, or the connection is down: the
 	// answer comes when Postgres has LISTENed (again).
+	h.addWaiter(ch, w)
+}
+
+func (h *Hub) addWaiter(ch *channel, w *worker) {
 	ch.waiters = append(ch.waiters, waiter{w, h.loop.Now()})
+	w.waiting++
+}
+
+// takeWaiters empties ch's waiter list and returns it, for answering:
+// taken out first, because an answer may evict its worker, and eviction
+// edits the waiter list.
+func takeWaiters(ch *channel) []waiter {
+	ws := ch.waiters
+	ch.waiters = nil
+	for _, x := range ws {
+		x.w.waiting--
+	}
+	return ws
 }
 
 func (h *Hub) addSub(w *worker, ch *channel) {
@@ -154,6 +203,8 @@ func (h *Hub) dropSub(w *worker, ch *channel) {
 	for _, x := range ch.waiters {
 		if x.w != w {
 			ws = append(ws, x)
+		} else {
+			w.waiting--
 		}
 	}
 	clear(ch.waiters[len(ws):])
@@ -193,11 +244,7 @@ func (h *Hub) listenDone(ch *channel, err error) {
 	if err != nil {
 		h.log.Warn("LISTEN failed", "q", ch.q, "channel", ch.pg, "subscribers", len(ch.subs), "reason", err)
 		reason := "LISTEN failed: " + err.Error()
-		// Taken out first: a nack may evict its worker, and eviction
-		// edits the waiter list.
-		ws := ch.waiters
-		ch.waiters = nil
-		for _, x := range ws {
+		for _, x := range takeWaiters(ch) {
 			if !x.w.closed {
 				h.sendNack(x.w, ch.q, reason)
 			}
@@ -247,11 +294,7 @@ func (h *Hub) unlistenDone(ch *channel, err error) {
 
 // ackWaiters answers every waiter of a listening channel.
 func (h *Hub) ackWaiters(ch *channel) {
-	// Taken out first: an ack may evict its worker, and eviction edits
-	// the waiter list.
-	ws := ch.waiters
-	ch.waiters = nil
-	for _, x := range ws {
+	for _, x := range takeWaiters(ch) {
 		if !x.w.closed {
 			h.sendAck(x.w, ch.q, x.at)
 		}
@@ -262,12 +305,17 @@ func (h *Hub) ackWaiters(ch *channel) {
 // sub waited for it.
 func (h *Hub) sendAck(w *worker, q string, subAt time.Time) {
 	h.scratch = frame.AppendAck(h.scratch[:0], q)
-	if h.enqueue(w, h.scratch) {
+	if h.enqueueControl(w, h.scratch) {
 		h.ackLatency.observe(time.Since(subAt), 1)
 	}
 }
 
+// sendNack refuses a sub; every nack is counted here, where it is decided.
 func (h *Hub) sendNack(w *worker, q, reason string) {
+	if w.closed {
+		return
+	}
+	h.stats.nacks.Add(1)
 	h.scratch = frame.AppendNack(h.scratch[:0], q, reason)
-	h.enqueue(w, h.scratch)
+	h.enqueueControl(w, h.scratch)
 }

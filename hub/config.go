@@ -19,6 +19,26 @@ const (
 	DefaultHealthCheckInterval = 250 * time.Millisecond
 	DefaultHealthCheckTimeout  = time.Second
 	DefaultAcceptBatch         = 64
+	DefaultMaxWorkers          = 10000
+	DefaultMaxSubscriptions    = 10000
+	DefaultMaxChannels         = 50000
+	DefaultFrameTimeout        = 10 * time.Second
+
+	// MaxInboundFrame (64 KiB) is the largest frame body the hub reads
+	// from a worker. A worker only ever sends sub and unsub, a few hundred
+	// bytes at most (a name that fits a Postgres channel, fully escaped),
+	// so the protocol's 4 MiB (frame.MaxLen, which the client side keeps
+	// for wakes) would only let a peer make the hub hold megabytes of a
+	// partial frame. A larger length header severs the connection before
+	// its body is buffered.
+	MaxInboundFrame = 64 << 10
+
+	// FDReserve is how many descriptors below RLIMIT_NOFILE the hub never
+	// spends on workers: the Postgres reconnect (a socket, DNS), the
+	// metrics server and its scrapes, log files and an upgrade's handover
+	// need them, and none of those may fail with EMFILE because workers
+	// took every descriptor.
+	FDReserve = 64
 
 	// DefaultHardQueueBytes (8 MiB) is the byte half of the hard limit.
 	// A NOTIFY payload is at most 8000 bytes, so a frame is at most about
@@ -36,6 +56,10 @@ const (
 	// {"t":"wake","q":"…","p":null} with a name of at most maxChannelBytes
 	// bytes, each of which JSON may spell in 6 (\u00XX, \ufffd).
 	maxDurableFrame = 4 + len(`{"t":"wake","q":""`) + 6*maxChannelBytes + len(`,"p":null}`)
+
+	// maxAckFrame bounds one ack frame the same way: every acked name is
+	// a valid channel name.
+	maxAckFrame = 4 + len(`{"t":"ack","q":""}`) + 6*maxChannelBytes
 )
 
 // Config configures a Hub. The zero value of every field but SocketPath (and
@@ -96,6 +120,29 @@ type Config struct {
 	// listening socket, so an accept storm cannot starve fanout.
 	// Default 64.
 	AcceptBatch int
+
+	// MaxWorkers caps the connected workers. A connection past it is
+	// accepted and closed at once (the worker falls back to its own
+	// LISTEN), counted in Stats.ConnectionsRefused and logged. The cap in
+	// force is lower when RLIMIT_NOFILE is: the descriptors open at Start
+	// and FDReserve more are never spent on workers, so that neither the
+	// Postgres reconnect nor the metrics server fails with EMFILE.
+	// Default 10,000.
+	MaxWorkers int
+	// MaxSubscriptions caps the subscriptions of one worker (and its subs
+	// still waiting for an answer). A sub past it is refused with
+	// nack "too many subscriptions"; the connection stays. Default 10,000.
+	MaxSubscriptions int
+	// MaxChannels caps the channels the hub LISTENs to (the union, with
+	// those whose LISTEN or UNLISTEN is in flight). A sub that would add
+	// one past it is refused with nack "too many channels"; the
+	// connection stays. Default 50,000.
+	MaxChannels int
+	// FrameTimeout bounds how long a worker may take to send one frame:
+	// a frame still incomplete after it severs the connection, so that a
+	// peer cannot hold a partial frame (up to MaxInboundFrame bytes) for
+	// ever. Default 10s.
+	FrameTimeout time.Duration
 }
 
 // withDefaults returns a copy of c with zero fields defaulted, or an error
@@ -130,6 +177,10 @@ func (c Config) withDefaults() (Config, error) {
 		defInt(&c.HardQueueLimit, DefaultHardQueueLimit, "HardQueueLimit"),
 		defInt(&c.HardQueueBytes, DefaultHardQueueBytes, "HardQueueBytes"),
 		defInt(&c.AcceptBatch, DefaultAcceptBatch, "AcceptBatch"),
+		defInt(&c.MaxWorkers, DefaultMaxWorkers, "MaxWorkers"),
+		defInt(&c.MaxSubscriptions, DefaultMaxSubscriptions, "MaxSubscriptions"),
+		defInt(&c.MaxChannels, DefaultMaxChannels, "MaxChannels"),
+		defDur(&c.FrameTimeout, DefaultFrameTimeout, "FrameTimeout"),
 		defDur(&c.StatusInterval, DefaultStatusInterval, "StatusInterval"),
 		defDur(&c.HealthCheckInterval, DefaultHealthCheckInterval, "HealthCheckInterval"),
 		defDur(&c.HealthCheckTimeout, DefaultHealthCheckTimeout, "HealthCheckTimeout"),

@@ -45,6 +45,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/loop"
 )
@@ -127,8 +129,26 @@ type Hub struct {
 	sock         listenSocket
 	acceptPaused bool
 	acceptTimer  *loop.Timer
-	pauseLogged  time.Time // when an accept pause was last logged at warn
 	allow        map[uint32]struct{}
+	// maxWorkers is the worker cap in force: Config.MaxWorkers, lowered
+	// at Start to what RLIMIT_NOFILE leaves after the descriptors open
+	// then and FDReserve.
+	maxWorkers int
+	// spareFD is a descriptor held (on /dev/null) for the moment accept
+	// fails with EMFILE anyway (descriptors taken by something else than
+	// workers): closed, it lets the hub accept and close the waiting
+	// connections, so that they are refused at once instead of hanging
+	// in the backlog; then it is taken again. -1 when not held.
+	spareFD int
+
+	logBuckets [numLogKinds]logBucket
+
+	// partials are the workers holding an incomplete inbound frame, each
+	// at its partialIdx; the frame timer severs those whose frame started
+	// more than FrameTimeout ago. Only they are looked at, so the timer
+	// costs nothing while nobody is sending.
+	partials   []*worker
+	frameTimer *loop.Timer
 
 	workers  map[uint64]*worker
 	nextID   uint64
@@ -173,6 +193,9 @@ func New(cfg Config) (*Hub, error) {
 		channels: make(map[string]*channel),
 		iov:      make([][]byte, 2),
 		sock:     listenSocket{fd: -1},
+		spareFD:  -1,
+		// Lowered by Start to what the descriptor limit allows.
+		maxWorkers: c.MaxWorkers,
 
 		fanoutLatency: newHistogram(FanoutLatencyBounds),
 		ackLatency:    newHistogram(AckLatencyBounds),
@@ -233,6 +256,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	}
 	h.sock = sock
 	h.rbuf = make([]byte, readSize)
+	h.budgetFDs()
 	// Open connected and authenticated: the hub starts healthy. The
 	// listener's first OnHealth(true), once its connection is installed
 	// on the loop, is then no change; a loss before that is.
@@ -242,7 +266,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	l.OnClose(h.onLoopClose)
 	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
 	h.log.Info("hub started", "socket", h.cfg.SocketPath, "application_name", h.cfg.ApplicationName,
-		"healthy", h.healthy)
+		"healthy", h.healthy, "max_workers", h.maxWorkers)
 	go func() {
 		err := l.Run()
 		h.err = err
@@ -322,6 +346,9 @@ func (h *Hub) shutdown() {
 	if h.acceptTimer != nil {
 		h.acceptTimer.Stop()
 	}
+	if h.frameTimer != nil {
+		h.frameTimer.Stop()
+	}
 	for _, w := range h.workers {
 		// One last try for frames already produced; never wait for it.
 		if !w.armed {
@@ -352,6 +379,10 @@ func (h *Hub) onLoopClose() {
 	h.closed = true
 	h.stopping = true
 	h.closeSocket()
+	if h.spareFD >= 0 {
+		unix.Close(h.spareFD)
+		h.spareFD = -1
+	}
 	for _, w := range h.workers {
 		if !w.closed {
 			h.closeWorker(w, reasonHubStopping, nil)
@@ -373,8 +404,13 @@ func (h *Hub) onStatusTick() {
 		w.wasActive, w.active = w.active, false
 		if !w.out.Retain {
 			w.out.Release() // no-op while bytes are pending
+			w.dec.Release() // likewise while a frame is partial
+			if len(w.exempt) == 0 && cap(w.exempt) > len(w.exemptBuf) {
+				w.exempt = w.exemptBuf[:0]
+			}
 		}
 	}
+	h.flushSuppressed()
 	if h.ticks%statusEvery != 0 {
 		return
 	}

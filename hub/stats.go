@@ -21,6 +21,11 @@ type Stats struct {
 	// over. The process that takes over counts it, and every counter is
 	// carried over the hand-over, so the series goes on across upgrades.
 	Upgrades uint64
+	Nacks    uint64 // listenhub_nacks_total: nack frames sent (each refused sub once)
+	// ConnectionsRefused is listenhub_connections_refused_total: connections
+	// accepted and closed at once, past MaxWorkers (or the descriptor
+	// budget) or from a peer whose uid is not allowed.
+	ConnectionsRefused uint64
 }
 
 // counters are written by the loop goroutine only and read by Stats from any
@@ -37,6 +42,8 @@ type counters struct {
 	postgresReconnects atomic.Uint64
 	accepts            atomic.Uint64
 	upgrades           atomic.Uint64
+	nacks              atomic.Uint64
+	refused            atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -53,6 +60,8 @@ func (c *counters) snapshot() Stats {
 		PostgresReconnects: c.postgresReconnects.Load(),
 		Accepts:            c.accepts.Load(),
 		Upgrades:           c.upgrades.Load(),
+		Nacks:              c.nacks.Load(),
+		ConnectionsRefused: c.refused.Load(),
 	}
 }
 
@@ -71,4 +80,6 @@ func (c *counters) load(s Stats) {
 	c.postgresReconnects.Store(s.PostgresReconnects)
 	c.accepts.Store(s.Accepts)
 	c.upgrades.Store(s.Upgrades)
+	c.nacks.Store(s.Nacks)
+	c.refused.Store(s.ConnectionsRefused)
 }

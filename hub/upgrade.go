@@ -165,8 +165,9 @@ type handedWorker struct {
 	Out      []byte            `json:"out,omitempty"`  // produced, not sent
 	Ends     []uint64          `json:"ends,omitempty"` // frame ends in Out
 	Durable  map[string]uint64 `json:"durable,omitempty"`
-	Spans    []span            `json:"spans,omitempty"`
-	StatusAt int64             `json:"status_at"` // -1: no unsent status
+	Spans    []span            `json:"spans,omitempty"`   // durable wakes in Out
+	Answers  []span            `json:"answers,omitempty"` // acks, nacks, status in Out
+	StatusAt int64             `json:"status_at"`         // -1: no unsent status
 	Unknown  bool              `json:"unknown,omitempty"`
 	// Introspection (Hub.Workers): when it connected to the first hub,
 	// and its counters; absent from an older hub.
@@ -466,9 +467,14 @@ func handWorker(w *worker, fd int) handedWorker {
 			hw.Durable[q] = start - base
 		}
 	}
-	w.pendingDurable()
-	for _, sp := range w.durableSpans[w.durableHead:] {
-		hw.Spans = append(hw.Spans, span{max(sp.start, base) - base, sp.end - base})
+	w.advance()
+	for _, sp := range w.exempt[w.exemptHead:] {
+		rel := span{start: max(sp.start, base) - base, end: sp.end - base}
+		if sp.durable {
+			hw.Spans = append(hw.Spans, rel)
+		} else {
+			hw.Answers = append(hw.Answers, rel)
+		}
 	}
 	if w.hasStatus && w.statusAt >= base && w.statusAt < w.out.Appended() {
 		hw.StatusAt = int64(w.statusAt - base)
@@ -785,11 +791,13 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 
 // adoptWorker rebuilds one worker from hw on descriptor fd.
 func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
-	w := &worker{id: hw.ID, fd: fd, pid: hw.PID, uid: hw.UID, unknownLogged: hw.Unknown,
+	w := &worker{id: hw.ID, fd: fd, pid: hw.PID, uid: hw.UID, unknownLogged: hw.Unknown, partialIdx: -1,
 		connectedAt: time.Now(), framesSent: hw.Sent, durableCoalesced: hw.Coalesced, durableDropped: hw.Dropped}
 	if hw.Connected != 0 {
 		w.connectedAt = time.Unix(0, hw.Connected)
 	}
+	w.exempt = w.exemptBuf[:0]
+	w.dec.Max = MaxInboundFrame
 	prev := uint64(0)
 	for _, end := range hw.Ends {
 		if end > uint64(len(hw.Out)) || end <= prev {
@@ -802,9 +810,23 @@ func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
 	if len(hw.Durable) > 0 {
 		w.durable = hw.Durable
 	}
-	for _, sp := range hw.Spans {
-		w.durableSpans = append(w.durableSpans, sp)
-		w.durableBytes += int(sp.end - sp.start)
+	// Durable wakes and answers, merged back into one list in ring order.
+	ds, as := hw.Spans, hw.Answers
+	for len(ds) > 0 || len(as) > 0 {
+		if len(as) == 0 || len(ds) > 0 && ds[0].start < as[0].start {
+			sp := ds[0]
+			ds = ds[1:]
+			sp.durable = true
+			w.exempt = append(w.exempt, sp)
+			w.durableN++
+			w.durableBytes += int(sp.end - sp.start)
+			continue
+		}
+		sp := as[0]
+		as = as[1:]
+		w.exempt = append(w.exempt, sp)
+		w.controlN++
+		w.controlBytes += int(sp.end - sp.start)
 	}
 	if hw.StatusAt >= 0 {
 		w.statusAt, w.hasStatus = uint64(hw.StatusAt), true
@@ -842,7 +864,11 @@ func (h *Hub) goLive() {
 		if w.out.Len() > 0 {
 			h.touch(w)
 		}
+		if w.dec.Buffered() > 0 {
+			h.frameStarted(w, h.loop.Now()) // the frame timeout starts afresh
+		}
 	}
+	h.budgetFDs()
 	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
 	h.dropEmpty()
 	u.live = true

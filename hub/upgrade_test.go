@@ -124,7 +124,7 @@ func TestHandedStateJSON(t *testing.T) {
 	st := handedHub{Version: handedVersion, Socket: handedSocket{FD: 0, Path: "/run/x.sock", Dev: 1, Ino: 2},
 		PGFD: 1, Healthy: true, NextID: 99, Stats: Stats{Accepts: 5, Upgrades: 3},
 		Channels: []handedChannel{{Q: "q", PG: "p.q"}},
-		Workers:  []handedWorker{{ID: 1, FD: 2, Subs: []string{"p.q"}, Out: []byte{1, 2}, Ends: []uint64{2}, Spans: []span{{0, 2}}, StatusAt: -1}},
+		Workers:  []handedWorker{{ID: 1, FD: 2, Subs: []string{"p.q"}, Out: []byte{1, 2}, Ends: []uint64{2}, Spans: []span{{start: 0, end: 2}}, Answers: []span{{start: 2, end: 4}}, StatusAt: -1}},
 		Extra:    map[string]int{"metrics": 3}}
 	b, err := json.Marshal(upMsg{T: "state", State: &st})
 	if err != nil {
@@ -139,7 +139,7 @@ func TestHandedStateJSON(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("round trip:\n got %s\nwant %s", got, want)
 	}
-	if m.State.Workers[0].Spans[0] != (span{0, 2}) {
+	if m.State.Workers[0].Spans[0] != (span{start: 0, end: 2}) || m.State.Workers[0].Answers[0] != (span{start: 2, end: 4}) {
 		t.Errorf("span: %+v", m.State.Workers[0].Spans[0])
 	}
 }

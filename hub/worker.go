@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -18,14 +17,15 @@ import (
 type closeReason uint8
 
 const (
-	reasonPeerClosed  closeReason = iota + 1 // EOF from the worker
-	reasonReadError                          // read(2) failed
-	reasonWriteError                         // write(2) failed (EPIPE, ECONNRESET, ...)
-	reasonProtocol                           // malformed frame (rule 9)
-	reasonEvicted                            // backlog over the hard limit (rule 3)
-	reasonNotAllowed                         // peer uid not in AllowUIDs
-	reasonHubStopping                        // Stop
-	reasonRegister                           // the loop refused the fd
+	reasonPeerClosed   closeReason = iota + 1 // EOF from the worker
+	reasonReadError                           // read(2) failed
+	reasonWriteError                          // write(2) failed (EPIPE, ECONNRESET, ...)
+	reasonProtocol                            // malformed frame (rule 9)
+	reasonEvicted                             // backlog over the hard limit (rule 3)
+	reasonNotAllowed                          // peer uid not in AllowUIDs
+	reasonHubStopping                         // Stop
+	reasonRegister                            // the loop refused the fd
+	reasonFrameTimeout                        // a frame incomplete for FrameTimeout
 )
 
 func (r closeReason) String() string {
@@ -46,6 +46,8 @@ func (r closeReason) String() string {
 		return "hub stopping"
 	case reasonRegister:
 		return "register failed"
+	case reasonFrameTimeout:
+		return "frame timeout"
 	}
 	return fmt.Sprintf("closeReason(%d)", uint8(r))
 }
@@ -84,19 +86,40 @@ type worker struct {
 	// subs are this worker's subscriptions.
 	subs subSet
 
+	// waiting counts this worker's entries in channel waiter lists: subs
+	// owed an answer. MaxSubscriptions caps it, so that repeating a sub
+	// while its LISTEN is in flight cannot grow a waiter list for ever.
+	waiting int
+
+	// partialSince is when the incomplete frame in dec started arriving;
+	// partialIdx is the worker's index in Hub.partials, -1 when dec holds
+	// no partial frame.
+	partialSince time.Time
+	partialIdx   int
+
 	// durable maps a subscription name to the ring offset where this
 	// worker's latest durable wake for it starts. While out.Written() is
 	// not past that offset the wake is wholly unsent, and a new durable
 	// wake for the same name merges into it (rule 4).
 	durable map[string]uint64
-	// durableSpans are the ring offsets of the durable wakes not fully
-	// written, oldest first from durableHead: their number is what
-	// DurableQueueLimit caps. durableBytes is the sum of their lengths.
-	// The hard limits judge the rest of the backlog: durable wakes have
-	// their own bound and never cause an eviction (rule 4).
-	durableSpans []span
-	durableHead  int
+	// exempt are the ring offsets of the frames not fully written that the
+	// hard limits do not judge, oldest first from exemptHead: durable
+	// wakes (DurableQueueLimit caps their number; rule 4: they never
+	// cause an eviction) and answers (ack, nack, status: their number is
+	// bounded by the worker's subscriptions, and a worker that subscribes
+	// MaxSubscriptions names at once must not be evicted by its own
+	// acks). durableN/durableBytes and controlN/controlBytes count them by
+	// kind. The hard limits judge the rest of the backlog: ephemeral
+	// wakes.
+	exempt     []span
+	exemptHead int
+	// exemptBuf is exempt's storage while it holds no more than this:
+	// the status sent on connect and the odd ack need no allocation.
+	exemptBuf    [2]span
+	durableN     int
 	durableBytes int
+	controlN     int
+	controlBytes int
 
 	// statusAt is the ring offset of the latest status frame (hasStatus
 	// once one was queued), so a periodic re-send can skip a worker whose
@@ -121,45 +144,59 @@ func (w *worker) logAttrs() []any {
 }
 
 // span is one frame's place in the ring, as absolute offsets.
-type span struct{ start, end uint64 }
+type span struct {
+	start, end uint64
+	durable    bool // a durable wake; else an answer (ack, nack, status)
+}
+
+// advance forgets the exempt frames written in full.
+func (w *worker) advance() {
+	written := w.out.Written()
+	for w.exemptHead < len(w.exempt) && w.exempt[w.exemptHead].end <= written {
+		sp := w.exempt[w.exemptHead]
+		if sp.durable {
+			w.durableN--
+			w.durableBytes -= int(sp.end - sp.start)
+		} else {
+			w.controlN--
+			w.controlBytes -= int(sp.end - sp.start)
+		}
+		w.exemptHead++
+	}
+	if w.exemptHead == len(w.exempt) {
+		// Drained: reuse the storage, or give back a large one.
+		if cap(w.exempt) > 64 {
+			w.exempt = w.exemptBuf[:0]
+		} else {
+			w.exempt = w.exempt[:0]
+		}
+		w.exemptHead = 0
+	} else if w.exemptHead > len(w.exempt)/2 && w.exemptHead > 16 {
+		n := copy(w.exempt, w.exempt[w.exemptHead:])
+		w.exempt = w.exempt[:n]
+		w.exemptHead = 0
+	}
+}
 
 // pendingDurable returns the number of durable wakes not fully written.
 func (w *worker) pendingDurable() int {
-	written := w.out.Written()
-	for w.durableHead < len(w.durableSpans) && w.durableSpans[w.durableHead].end <= written {
-		sp := w.durableSpans[w.durableHead]
-		w.durableBytes -= int(sp.end - sp.start)
-		w.durableHead++
-	}
-	if w.durableHead == len(w.durableSpans) {
-		// Drained: reuse the storage, or give back a large one.
-		if cap(w.durableSpans) > 64 {
-			w.durableSpans = nil
-		} else {
-			w.durableSpans = w.durableSpans[:0]
-		}
-		w.durableHead = 0
-		w.durableBytes = 0
-	} else if w.durableHead > len(w.durableSpans)/2 && w.durableHead > 16 {
-		n := copy(w.durableSpans, w.durableSpans[w.durableHead:])
-		w.durableSpans = w.durableSpans[:n]
-		w.durableHead = 0
-	}
-	return len(w.durableSpans) - w.durableHead
+	w.advance()
+	return w.durableN
 }
 
 // backlog returns the frames and bytes pending for w other than durable
-// wakes: what the hard limits judge.
+// wakes and answers: what the hard limits judge.
 func (w *worker) backlog() (frames, bytes int) {
-	d := w.pendingDurable()
-	db := w.durableBytes
-	if d > 0 {
+	w.advance()
+	n := w.durableN + w.controlN
+	eb := w.durableBytes + w.controlBytes
+	if n > 0 {
 		// The oldest one may be partly written already.
-		if s, wr := w.durableSpans[w.durableHead].start, w.out.Written(); s < wr {
-			db -= int(wr - s)
+		if s, wr := w.exempt[w.exemptHead].start, w.out.Written(); s < wr {
+			eb -= int(wr - s)
 		}
 	}
-	return w.out.Frames() - d, w.out.Len() - db
+	return w.out.Frames() - n, w.out.Len() - eb
 }
 
 // onAcceptable accepts up to AcceptBatch connections. Level-triggered: more
@@ -178,13 +215,24 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 			return
 		case unix.EINTR, unix.ECONNABORTED:
 			// The peer gave up before we got to it; next one.
-		case unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM:
+		case unix.EMFILE, unix.ENFILE:
+			// Out of descriptors, though workers are capped below the
+			// limit: something else holds them. Refuse what waits
+			// (with the spare descriptor) rather than leave it hanging
+			// in the backlog; without the spare, pause.
+			if !h.shedWithSpare() {
+				h.pauseAccept(err)
+			}
+			return
+		case unix.ENOBUFS, unix.ENOMEM:
 			// Level-triggered readiness would bring us straight back:
 			// stop listening for a moment instead of spinning.
 			h.pauseAccept(err)
 			return
 		default:
-			h.log.Error("accept failed", "reason", os.NewSyscallError("accept4", err))
+			if h.logOK(logAccept, slog.LevelError) {
+				h.logLine(logAccept, slog.LevelError, "accept failed", "reason", os.NewSyscallError("accept4", err))
+			}
 			h.pauseAccept(err)
 			return
 		}
@@ -192,15 +240,10 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 }
 
 func (h *Hub) pauseAccept(err error) {
-	// Out of descriptors lasts; say so at warn once per 10s, not every
-	// pause.
-	level := slog.LevelDebug
-	if now := h.loop.Now(); now.Sub(h.pauseLogged) >= 10*time.Second {
-		h.pauseLogged = now
-		level = slog.LevelWarn
+	if h.logOK(logAccept, slog.LevelWarn) {
+		h.logLine(logAccept, slog.LevelWarn, "accept paused", "reason", os.NewSyscallError("accept4", err),
+			"pause", acceptPause, "workers", len(h.workers))
 	}
-	h.log.Log(context.Background(), level, "accept paused", "reason", os.NewSyscallError("accept4", err),
-		"pause", acceptPause, "workers", len(h.workers))
 	h.acceptPaused = true
 	if err := h.loop.Modify(h.sock.tok, 0); err != nil {
 		h.log.Error("pause accept", "reason", err)
@@ -217,39 +260,43 @@ func (h *Hub) pauseAccept(err error) {
 	})
 }
 
-// admit takes an accepted connection: checks the peer, registers it, and
-// queues the current status (rule 6: sent on connect).
+// admit takes an accepted connection: checks the worker cap and the peer,
+// registers it, and queues the current status (rule 6: sent on connect).
 func (h *Hub) admit(fd int) {
 	h.stats.accepts.Add(1)
+	if len(h.workers) >= h.maxWorkers {
+		// Closed at once: the worker sees EOF and falls back to its own
+		// LISTEN, which beats waiting for an answer that cannot come.
+		h.refuse(fd, "too many workers", "workers", len(h.workers), "max_workers", h.maxWorkers)
+		return
+	}
 	h.nextID++
-	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1, connectedAt: h.loop.Now()}
+	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1, partialIdx: -1, connectedAt: h.loop.Now()}
+	w.exempt = w.exemptBuf[:0]
 	w.out.Max = h.bufferMax()
+	w.dec.Max = MaxInboundFrame
 	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 	if err != nil {
-		h.log.Warn("worker refused: no peer credentials", "worker", w.id, "fd", fd,
-			"reason", os.NewSyscallError("getsockopt SO_PEERCRED", err))
-		unix.Close(fd)
+		h.refuse(fd, "no peer credentials", "worker", w.id, "fd", fd,
+			"error", os.NewSyscallError("getsockopt SO_PEERCRED", err))
 		return
 	}
 	w.pid, w.uid = cred.Pid, int32(cred.Uid)
 	if _, ok := h.allow[cred.Uid]; !ok {
-		h.log.Warn("worker refused: uid not allowed", "worker", w.id, "pid", cred.Pid, "uid", cred.Uid,
-			"reason", reasonNotAllowed)
-		unix.Close(fd)
+		h.refuse(fd, reasonNotAllowed.String(), "worker", w.id, "pid", cred.Pid, "uid", cred.Uid)
 		return
 	}
 	w.tok, err = h.loop.Register(fd, loop.Readable, func(ev loop.Events) { h.onWorkerEvent(w, ev) })
 	if err != nil {
-		h.log.Error("worker refused", "worker", w.id, "pid", w.pid, "reason", err)
-		unix.Close(fd)
+		h.refuse(fd, "register failed", "worker", w.id, "pid", w.pid, "error", err)
 		return
 	}
 	h.workers[w.id] = w
 	h.stats.workers.Add(1)
-	// Guarded: a log call's arguments allocate even when the level is off,
-	// and this line runs on every connect.
-	if h.log.Enabled(context.Background(), slog.LevelInfo) {
-		h.log.Info("worker connected", "worker", w.id, "pid", w.pid, "uid", w.uid, "fd", fd)
+	// Guarded (logOK allocates nothing): a log call's arguments allocate
+	// even when the level is off, and this line runs on every connect.
+	if h.logOK(logConnect, slog.LevelInfo) {
+		h.logLine(logConnect, slog.LevelInfo, "worker connected", "worker", w.id, "pid", w.pid, "uid", w.uid, "fd", fd)
 	}
 	h.sendStatus(w)
 }
@@ -288,26 +335,51 @@ func (h *Hub) read(w *worker) {
 		return
 	}
 	w.dec.Feed(h.rbuf[:n])
+	decoded := false
 	for !w.closed {
 		m, ok, err := w.dec.Next()
 		if err != nil {
 			h.stats.protocolErrors.Add(1)
-			h.log.Warn("worker sent a malformed frame; closing it", append(w.logAttrs(), "reason", err)...)
+			if h.logOK(logProtocol, slog.LevelWarn) {
+				h.logLine(logProtocol, slog.LevelWarn, "worker sent a malformed frame; closing it",
+					append(w.logAttrs(), "reason", err)...)
+			}
 			h.closeWorker(w, reasonProtocol, err)
 			return
 		}
 		if !ok {
-			return
+			break
 		}
+		decoded = true
 		h.handle(w, &m)
+	}
+	if w.closed {
+		return
+	}
+	// A frame incomplete for FrameTimeout severs the worker: the clock
+	// starts with the read that began the frame.
+	switch {
+	case w.dec.Buffered() == 0:
+		h.frameDone(w)
+	case decoded || w.partialIdx < 0:
+		h.frameStarted(w, h.loop.Now())
 	}
 }
 
 func (h *Hub) handle(w *worker, m *frame.Message) {
 	switch m.T {
 	case "sub":
+		if m.QNotUTF8 {
+			// Decoded with U+FFFD in it, the name is not the one the
+			// worker meant: an ack for it would never match.
+			h.refuseSub(w, m.Q, errNotUTF8.Error())
+			return
+		}
 		h.subscribe(w, m.Q)
 	case "unsub":
+		if m.QNotUTF8 {
+			return // never subscribed: its sub was refused
+		}
 		h.unsubscribe(w, m.Q)
 	default:
 		// Unknown (or hub-to-worker) types are skipped: a newer client
@@ -319,8 +391,9 @@ func (h *Hub) handle(w *worker, m *frame.Message) {
 		}
 		// Guarded: this runs per frame, and the arguments allocate even
 		// when the level is off.
-		if h.log.Enabled(context.Background(), level) {
-			h.log.Log(context.Background(), level, "worker sent an unknown frame type; skipped", append(w.logAttrs(), "type", m.T)...)
+		if h.logOK(logUnknownType, level) {
+			h.logLine(logUnknownType, level, "worker sent an unknown frame type; skipped",
+				append(w.logAttrs(), "type", logName(m.T))...)
 		}
 	}
 }
@@ -334,10 +407,10 @@ func (h *Hub) touch(w *worker) {
 	}
 }
 
-// enqueue queues a frame that must not be dropped (ephemeral wake, ack,
-// nack, status). Past either hard limit the worker is evicted: a wedged
-// worker degrades itself, never its siblings, and never the Postgres reader.
-// It reports whether the frame was queued.
+// enqueue queues an ephemeral wake, which must not be dropped. Past either
+// hard limit the worker is evicted: a wedged worker degrades itself, never
+// its siblings, and never the Postgres reader. It reports whether the frame
+// was queued.
 func (h *Hub) enqueue(w *worker, b []byte) bool {
 	if w.closed {
 		return false
@@ -396,9 +469,43 @@ func (h *Hub) overLimit(w *worker) string {
 
 // bufferMax is the byte cap of a worker's ring: the hard byte limit for
 // the frames it judges, plus room for DurableQueueLimit durable wakes of
-// the largest size, which it does not judge.
+// the largest size and for an ack to MaxSubscriptions subscriptions (and
+// as many more answers again), which it does not judge. Nothing is
+// allocated up front: the ring grows on demand.
 func (h *Hub) bufferMax() int {
-	return h.cfg.HardQueueBytes + h.cfg.DurableQueueLimit*maxDurableFrame
+	return h.cfg.HardQueueBytes + h.cfg.DurableQueueLimit*maxDurableFrame + 2*h.cfg.MaxSubscriptions*maxAckFrame
+}
+
+// enqueueControl queues an answer (ack, nack, status). Answers do not count
+// against the hard limits: a worker that subscribes MaxSubscriptions names
+// at once gets as many acks in one iteration, and must not be evicted by
+// them. What bounds them is the ring's cap (bufferMax), which has room for
+// twice that many acks: only a worker that keeps sending subs without
+// reading a single answer fills it, and is evicted then. It reports whether
+// the frame was queued.
+func (h *Hub) enqueueControl(w *worker, b []byte) bool {
+	if w.closed {
+		return false
+	}
+	start := w.out.Appended()
+	err := w.out.Append(b)
+	if err != nil && !w.armed {
+		h.write(w) // as in fits: judged on what the kernel refused
+		if w.closed {
+			return false
+		}
+		start = w.out.Appended()
+		err = w.out.Append(b)
+	}
+	if err != nil {
+		h.evict(w, "answers")
+		return false
+	}
+	w.exempt = append(w.exempt, span{start: start, end: w.out.Appended()})
+	w.controlN++
+	w.controlBytes += len(b)
+	h.touch(w)
+	return true
 }
 
 // enqueueDurable queues a durable wake for subscription q, coalescing it
@@ -436,7 +543,8 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) bool {
 		w.durable = make(map[string]uint64)
 	}
 	w.durable[q] = start
-	w.durableSpans = append(w.durableSpans, span{start, w.out.Appended()})
+	w.exempt = append(w.exempt, span{start: start, end: w.out.Appended(), durable: true})
+	w.durableN++
 	w.durableBytes += len(b)
 	h.touch(w)
 	return true
@@ -448,7 +556,7 @@ func (h *Hub) sendStatus(w *worker) {
 	}
 	at := w.out.Appended()
 	h.scratch = frame.AppendStatus(h.scratch[:0], h.healthy)
-	h.enqueue(w, h.scratch)
+	h.enqueueControl(w, h.scratch)
 	if !w.closed {
 		w.statusAt, w.hasStatus = at, true
 	}
@@ -456,9 +564,11 @@ func (h *Hub) sendStatus(w *worker) {
 
 func (h *Hub) evict(w *worker, limit string) {
 	h.stats.evictions.Add(1)
-	h.log.Warn("worker evicted: outbound backlog over the hard limit", append(w.logAttrs(),
-		"limit", limit, "frames", w.out.Frames(), "bytes", w.out.Len(),
-		"hard_queue_limit", h.cfg.HardQueueLimit, "hard_queue_bytes", h.cfg.HardQueueBytes)...)
+	if h.logOK(logEvicted, slog.LevelWarn) {
+		h.logLine(logEvicted, slog.LevelWarn, "worker evicted: outbound backlog over the hard limit", append(w.logAttrs(),
+			"limit", limit, "frames", w.out.Frames(), "bytes", w.out.Len(),
+			"hard_queue_limit", h.cfg.HardQueueLimit, "hard_queue_bytes", h.cfg.HardQueueBytes)...)
+	}
 	h.closeWorker(w, reasonEvicted, nil)
 }
 
@@ -554,25 +664,28 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 		return
 	}
 	w.closed = true
+	h.frameDone(w)
 	for w.subs.len() > 0 {
 		h.dropSub(w, w.subs.list[w.subs.len()-1])
 	}
 	if !h.closed {
 		_ = h.loop.Unregister(w.tok)
 	}
-	unix.Close(w.fd)
-	w.out.Reset()
-	w.durable, w.durableSpans = nil, nil
-	w.subs.reset()
-	w.durableHead, w.durableBytes = 0, 0
+	// Counted gone before the close: a peer that saw EOF sees the gauge.
 	delete(h.workers, w.id)
 	h.stats.workers.Add(-1)
-	if !h.log.Enabled(context.Background(), slog.LevelInfo) {
+	unix.Close(w.fd)
+	w.out.Reset()
+	w.dec = frame.Decoder{}
+	w.durable, w.exempt = nil, nil
+	w.subs.reset()
+	w.exemptHead, w.durableN, w.durableBytes, w.controlN, w.controlBytes = 0, 0, 0, 0, 0
+	if !h.logOK(logDisconnect, slog.LevelInfo) {
 		return // as in admit: the arguments would allocate for nothing
 	}
 	attrs := append(w.logAttrs(), "reason", reason)
 	if err != nil {
 		attrs = append(attrs, "error", err)
 	}
-	h.log.Info("worker disconnected", attrs...)
+	h.logLine(logDisconnect, slog.LevelInfo, "worker disconnected", attrs...)
 }

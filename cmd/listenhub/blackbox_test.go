@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -49,6 +50,8 @@ var designMetrics = []string{
 	"listenhub_postgres_reconnects_total",
 	"listenhub_accepts_total",
 	"listenhub_upgrades_total",
+	"listenhub_nacks_total",
+	"listenhub_connections_refused_total",
 	"listenhub_fanout_latency_seconds",
 	"listenhub_ack_latency_seconds",
 	"listenhub_build_info",
@@ -402,9 +405,9 @@ func TestBlackboxProtocol(t *testing.T) {
 	w1.send(split[2:9])
 	w1.send(split[9:])
 	w1.expect(bbAck("g"))
-	// A frame of exactly 4 MiB is allowed.
+	// A frame of exactly 64 KiB (the most a worker may send) is allowed.
 	body := `{"t":"sub","q":"big"}`
-	body += strings.Repeat(" ", frame.MaxLen-len(body))
+	body += strings.Repeat(" ", hub.MaxInboundFrame-len(body))
 	w1.send(rawBody(body))
 	w1.expect(bbAck("big"))
 	pgExec(t, n, "NOTIFY "+pg("big"))
@@ -428,6 +431,7 @@ func TestBlackboxMalformedSeversOne(t *testing.T) {
 		name  string
 		input []byte
 	}{
+		{"length over 64 KiB", header(hub.MaxInboundFrame + 1)},
 		{"length over 4 MiB", header(frame.MaxLen + 1)},
 		{"length 0xffffffff", []byte{0xff, 0xff, 0xff, 0xff}},
 		{"zero-length frame", header(0)},

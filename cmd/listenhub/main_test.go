@@ -775,9 +775,11 @@ func (p *proc) cpuTicks() int {
 	return u + s
 }
 
-// Out of descriptors (EMFILE): the hub pauses accepting instead of spinning
-// on a readiness it cannot serve, keeps serving the workers it has, and
-// admits the waiting ones once descriptors free up.
+// Out of descriptors (EMFILE) though under its worker cap (the limit was
+// lowered under it): the hub refuses the waiting connections at once with
+// its spare descriptor (they see EOF and fall back, rather than hang in the
+// backlog), counts them, does not spin, keeps serving the workers it has,
+// and admits new ones once descriptors free up.
 func TestServeEMFILE(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, nil)
@@ -796,7 +798,8 @@ func TestServeEMFILE(t *testing.T) {
 		admitted[i] = dialWorker(t, path)
 	}
 	admitted[0].sub("emfile")
-	// These connect (the backlog takes them) but cannot be accepted.
+	// These connect (the backlog takes them), but there is no descriptor
+	// to serve them with.
 	waiting := make([]*net.UnixConn, 5)
 	for i := range waiting {
 		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
@@ -806,8 +809,25 @@ func TestServeEMFILE(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		waiting[i] = c
 	}
-	testutil.WaitFor(t, timeout, "accept paused in the log", func() bool {
-		return strings.Contains(p.stderr.String(), `"msg":"accept paused"`)
+	// Each is served (a descriptor was still free: base may count one the
+	// ready probe was closing) or refused at once with EOF; none hangs.
+	refused := 0
+	for _, c := range waiting {
+		c.SetReadDeadline(time.Now().Add(timeout))
+		n, err := c.Read(make([]byte, 64))
+		switch {
+		case n == 0 && err != nil && !errors.Is(err, os.ErrDeadlineExceeded):
+			refused++
+		case n > 0:
+		default:
+			t.Fatalf("a connection past the descriptor limit: read %d bytes, %v; want a status or EOF", n, err)
+		}
+	}
+	if refused < 2 {
+		t.Fatalf("%d of %d connections past the descriptor limit refused", refused, len(waiting))
+	}
+	testutil.WaitFor(t, timeout, "refusals in the log", func() bool {
+		return strings.Contains(p.stderr.String(), `"msg":"worker connections refused: out of file descriptors"`)
 	})
 	cpu0, t0 := p.cpuTicks(), time.Now()
 	time.Sleep(time.Second) // measure a second of EMFILE
@@ -823,12 +843,11 @@ func TestServeEMFILE(t *testing.T) {
 	for _, w := range admitted {
 		w.c.Close()
 	}
-	for i, c := range waiting { // now they get in
-		w := &worker{t: t, c: c, buf: make([]byte, 4096)}
-		if i < 3 {
-			w.expect("status")
-		}
+	for _, c := range waiting {
+		c.Close()
 	}
+	testutil.WaitFor(t, timeout, "every worker gone", func() bool { return p.fds() <= base })
+	dialWorker(t, path) // now one gets in
 	unix.Prlimit(p.pid(), unix.RLIMIT_NOFILE, &old, nil)
 }
 

@@ -41,6 +41,10 @@ var metrics = []metric{
 		func(s *hub.Stats) float64 { return float64(s.Accepts) }},
 	{"listenhub_upgrades_total", "counter", "Hot upgrades taken over (counted by the new process; counters carry over).",
 		func(s *hub.Stats) float64 { return float64(s.Upgrades) }},
+	{"listenhub_nacks_total", "counter", "Subscriptions refused with nack.",
+		func(s *hub.Stats) float64 { return float64(s.Nacks) }},
+	{"listenhub_connections_refused_total", "counter", "Worker connections closed at accept: past --max-workers, out of descriptors, or uid not allowed.",
+		func(s *hub.Stats) float64 { return float64(s.ConnectionsRefused) }},
 }
 
 func b2f(b bool) float64 {

@@ -41,6 +41,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		statusIvl     = durationFlag(fs, "status-interval", hub.DefaultStatusInterval, "status is re-sent to every worker every 5 intervals")
 		hcInterval    = durationFlag(fs, "health-check-interval", hub.DefaultHealthCheckInterval, "probe an idle Postgres connection this often")
 		hcTimeout     = durationFlag(fs, "health-check-timeout", hub.DefaultHealthCheckTimeout, "a probe unanswered this long means the connection is dead")
+		maxWorkers    = fs.Int("max-workers", hub.DefaultMaxWorkers, "connected workers; past it a connection is accepted and closed at once (lowered to what RLIMIT_NOFILE leaves)")
+		maxSubs       = fs.Int("max-subscriptions", hub.DefaultMaxSubscriptions, "subscriptions per worker; past it a sub is nacked \"too many subscriptions\"")
+		maxChannels   = fs.Int("max-channels", hub.DefaultMaxChannels, "channels LISTENed by the hub; past it a sub is nacked \"too many channels\"")
+		frameTimeout  = durationFlag(fs, "frame-timeout", hub.DefaultFrameTimeout, "a worker's frame still incomplete this long after its first byte severs the connection")
 		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics, /healthz and the JSON endpoints of listenhub status on this address, e.g. 127.0.0.1:9187 (off when empty)")
 		logFormat     = fs.String("log-format", "text", "log format: text or json")
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -68,6 +72,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		positiveInt("durable-queue-limit", *durableLimit),
 		positiveInt("hard-queue-limit", *hardLimit),
 		positiveInt("hard-queue-bytes", *hardBytes),
+		positiveInt("max-workers", *maxWorkers),
+		positiveInt("max-subscriptions", *maxSubs),
+		positiveInt("max-channels", *maxChannels),
+		positiveDuration("frame-timeout", *frameTimeout),
 		positiveDuration("status-interval", *statusIvl),
 		positiveDuration("health-check-interval", *hcInterval),
 		positiveDuration("health-check-timeout", *hcTimeout),
@@ -102,6 +110,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		StatusInterval:      *statusIvl,
 		HealthCheckInterval: *hcInterval,
 		HealthCheckTimeout:  *hcTimeout,
+		MaxWorkers:          *maxWorkers,
+		MaxSubscriptions:    *maxSubs,
+		MaxChannels:         *maxChannels,
+		FrameTimeout:        *frameTimeout,
 		AllowUIDs:           allowUIDs,
 		Logger:              log,
 	})

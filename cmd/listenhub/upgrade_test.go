@@ -414,7 +414,10 @@ func (s *subscriber) finish(t *testing.T) int {
 // and the hub never holds more than 2 backends (1 at the end).
 func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string) {
 	c := needDB(t)
-	u := startUpHub(t, dbURL, "--metrics-addr", "127.0.0.1:0")
+	// The subscriber takes a new name every round trip for as long as the
+	// test runs: past the default caps those would be nacked.
+	u := startUpHub(t, dbURL, "--metrics-addr", "127.0.0.1:0",
+		"--max-subscriptions", "1000000", "--max-channels", "1000000")
 	const q = "upgrade_stream"
 	workers := make([]*seqWorker, 20)
 	for i := range workers {

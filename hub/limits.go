@@ -1,0 +1,156 @@
+package hub
+
+import (
+	"log/slog"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// budgetFDs sets the worker cap in force and takes the spare descriptor.
+// Called by Start once the hub's own descriptors (loop, socket, Postgres)
+// are open (and by an upgrade's new process once it has taken over): every descriptor open now stays open, FDReserve more are kept
+// for the Postgres reconnect, the metrics server and the like, and workers
+// get at most what is left of RLIMIT_NOFILE (the soft limit, which the Go
+// runtime raises to the hard one at start).
+func (h *Hub) budgetFDs() {
+	h.maxWorkers = h.cfg.MaxWorkers
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < 1<<31 {
+		// Workers handed over by an upgrade are open already, and are
+		// what the budget is for.
+		open := openFDs() - len(h.workers)
+		left := int(rl.Cur) - open - FDReserve - 1 // 1: the spare
+		if left < h.maxWorkers {
+			h.maxWorkers = max(left, 1)
+			h.log.Warn("worker cap lowered by RLIMIT_NOFILE", "max_workers", h.maxWorkers,
+				"configured", h.cfg.MaxWorkers, "rlimit_nofile", rl.Cur, "open_fds", open, "fd_reserve", FDReserve)
+		}
+	}
+	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		h.spareFD = fd
+	}
+}
+
+// openFDs counts the process's open descriptors (/proc/self/fd), or
+// guesses 16 where that cannot be read.
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 16
+	}
+	return len(ents) - 1 // the directory read itself
+}
+
+// refuse closes a connection the hub will not serve, counting and logging
+// it (rate-limited).
+func (h *Hub) refuse(fd int, why string, attrs ...any) {
+	h.stats.refused.Add(1) // before the close: a peer seeing EOF sees the count
+	unix.Close(fd)
+	if h.logOK(logRefusedConn, slog.LevelWarn) {
+		h.logLine(logRefusedConn, slog.LevelWarn, "worker connection refused", append(attrs, "reason", why)...)
+	}
+}
+
+// shedWithSpare is accept under EMFILE/ENFILE: it gives the spare
+// descriptor back, accepts and closes up to a batch of waiting connections
+// with it (each counted as refused), and takes the spare again. It reports
+// whether the spare was there to do it; without it the caller pauses
+// accepting instead.
+func (h *Hub) shedWithSpare() bool {
+	if h.spareFD < 0 {
+		return false
+	}
+	unix.Close(h.spareFD)
+	h.spareFD = -1
+	shed := 0
+	for ; shed < h.cfg.AcceptBatch; shed++ {
+		fd, _, err := unix.Accept4(h.sock.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		if err != nil {
+			break
+		}
+		h.stats.accepts.Add(1)
+		h.stats.refused.Add(1)
+		unix.Close(fd)
+	}
+	if fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+		h.spareFD = fd
+	}
+	if h.logOK(logRefusedConn, slog.LevelWarn) {
+		h.logLine(logRefusedConn, slog.LevelWarn, "worker connections refused: out of file descriptors",
+			"refused", shed, "workers", len(h.workers), "max_workers", h.maxWorkers)
+	}
+	return shed > 0
+}
+
+// frameStarted and frameDone track the workers with an incomplete inbound
+// frame (see Hub.partials).
+func (h *Hub) frameStarted(w *worker, now time.Time) {
+	w.partialSince = now
+	if w.partialIdx >= 0 {
+		return
+	}
+	w.partialIdx = len(h.partials)
+	h.partials = append(h.partials, w)
+	if h.frameTimer == nil && !h.stopping {
+		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
+	}
+}
+
+func (h *Hub) frameDone(w *worker) {
+	i := w.partialIdx
+	if i < 0 {
+		return
+	}
+	last := len(h.partials) - 1
+	h.partials[i] = h.partials[last]
+	h.partials[i].partialIdx = i
+	h.partials[last] = nil
+	h.partials = h.partials[:last]
+	w.partialIdx = -1
+	if len(h.partials) == 0 && cap(h.partials) > 1024 {
+		h.partials = nil // a flood's worth of slots is not kept
+	}
+}
+
+// frameSweep is how often partial frames are checked: a tenth of
+// FrameTimeout, so that one is severed at most 10% late, and at most a
+// second.
+func (h *Hub) frameSweep() time.Duration {
+	return min(max(h.cfg.FrameTimeout/10, time.Millisecond), time.Second)
+}
+
+// onFrameTimer severs the workers whose incomplete frame is older than
+// FrameTimeout, and runs again while any partial frame is left.
+func (h *Hub) onFrameTimer() {
+	h.frameTimer = nil
+	if h.stopping {
+		return
+	}
+	if h.up != nil {
+		// An upgrade is handing the workers over: none may be closed
+		// under it. Look again later (the new process starts afresh).
+		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
+		return
+	}
+	now := h.loop.Now()
+	for i := 0; i < len(h.partials); {
+		w := h.partials[i]
+		if now.Sub(w.partialSince) < h.cfg.FrameTimeout {
+			i++
+			continue
+		}
+		h.stats.protocolErrors.Add(1)
+		if h.logOK(logProtocol, slog.LevelWarn) {
+			h.logLine(logProtocol, slog.LevelWarn, "worker sent an incomplete frame for too long; closing it",
+				append(w.logAttrs(), "reason", reasonFrameTimeout, "buffered", w.dec.Buffered(),
+					"frame_timeout", h.cfg.FrameTimeout)...)
+		}
+		h.closeWorker(w, reasonFrameTimeout, nil) // takes it out of partials
+	}
+	if len(h.partials) > 0 {
+		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
+	}
+}

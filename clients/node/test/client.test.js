@@ -138,6 +138,22 @@ test('a nack not about the name kills the client', async (t) => {
   assert.ok(c.err instanceof listenhub.NackError);
 });
 
+test('a stalled write kills the client', async (t) => {
+  const fake = await FakeHub.start('deaf');
+  t.after(() => fake.close());
+  const c = await listenhub.connect(fake.socket, { writeTimeout: 300, ackTimeout: 60000 });
+  t.after(() => c.close());
+  // Each call queues a sub frame (about 80 bytes) that is never answered:
+  // far more bytes than the socket buffers hold, for a hub that never reads.
+  const pending = [];
+  for (let i = 0; i < 10000; i++) pending.push(c.subscribe('n'.repeat(50) + String(i).padStart(5, '0')));
+  const err = await c.wait();
+  assert.ok(err instanceof listenhub.ConnError, String(err));
+  assert.equal(err.op, 'write');
+  // Every waiting subscribe gets the client's error.
+  await assert.rejects(pending[0], (e) => e === err);
+});
+
 test('a missing socket is a dial error', async () => {
   await assert.rejects(listenhub.connect(path.join(tmpDir('lhnode-'), 'none.sock')), (e) => e instanceof listenhub.ConnError && e.op === 'dial');
 });

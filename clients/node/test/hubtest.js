@@ -167,7 +167,7 @@ class Collector {
 
 // A socket that speaks the protocol badly on purpose: a healthy status,
 // then every sub answered with nothing ("silent") or with a nack that is not
-// about the name ("nack").
+// about the name ("nack"), or nothing read at all ("deaf").
 class FakeHub {
   static async start(mode) {
     const f = new FakeHub();
@@ -179,6 +179,10 @@ class FakeHub {
       c.on('error', () => {});
       c.on('close', () => f.conns.delete(c));
       c.write(frame.encode({ t: 'status', healthy: true }));
+      if (mode === 'deaf') {
+        c.pause(); // never read
+        return;
+      }
       const dec = new frame.Decoder();
       c.on('data', (d) => {
         dec.feed(d);

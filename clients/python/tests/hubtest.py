@@ -185,8 +185,8 @@ class Collector:
 class FakeHub:
     """A socket that speaks the protocol badly on purpose: sends a healthy
     status, then answers every sub with nothing ("silent") or with a nack
-    that is not about the name ("nack"). For the rules a real hub cannot be
-    made to break on demand."""
+    that is not about the name ("nack"), or never reads at all ("deaf"). For
+    the rules a real hub cannot be made to break on demand."""
 
     def __init__(self, mode):
         self.dir = tempfile.mkdtemp(prefix="lhpy-fake-")
@@ -212,6 +212,10 @@ class FakeHub:
     def _serve(self, c):
         try:
             c.sendall(_frame.encode({"t": "status", "healthy": True}))
+            if self.mode == "deaf":
+                while not self._stop:
+                    time.sleep(0.05)
+                return
             dec = _frame.Decoder()
             while True:
                 data = c.recv(65536)

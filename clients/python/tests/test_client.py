@@ -124,6 +124,24 @@ class FakeHubTest(unittest.TestCase):
             c.subscribe("q")
         self.assertIsInstance(c.err, listenhub.NackError)
 
+    def test_stalled_write_kills_the_client(self):
+        f = self.fake("deaf")
+        c = listenhub.connect(f.socket, write_timeout=0.3, ack_timeout=60)
+        self.addCleanup(c.close)
+        # Each call queues a sub frame (about 80 bytes) and gives up waiting
+        # at once: far more bytes than the socket buffers hold, for a hub
+        # that never reads.
+        for i in range(10000):
+            try:
+                c.subscribe("n" * 50 + "%05d" % i, timeout=0)
+            except TimeoutError:
+                pass
+            except listenhub.ConnError:
+                break  # dead already
+        err = c.wait(TIMEOUT)
+        self.assertIsInstance(err, listenhub.ConnError)
+        self.assertEqual(err.op, "write")
+
     def test_missing_socket_is_a_dial_error(self):
         with self.assertRaises(listenhub.ConnError) as cm:
             listenhub.connect(os.path.join(tempfile.mkdtemp(), "none.sock"))

@@ -98,6 +98,8 @@ class Local:
         self._in_handler = False
         self._closing = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._pipe_mu = threading.Lock()  # no kick into a closed (or reused) fd
+        self._pipe_open = True
         self._thread = threading.Thread(target=self._run, name="listenhub-local", daemon=True)
         self._thread.start()
 
@@ -213,10 +215,13 @@ class Local:
         return True
 
     def _kick(self):
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
+        with self._pipe_mu:
+            if not self._pipe_open:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass  # full: a kick is pending anyway
 
     def _drain_kick(self):
         try:
@@ -236,8 +241,10 @@ class Local:
                 self._conn.close()
             except Exception:
                 pass
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            with self._pipe_mu:
+                self._pipe_open = False
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     def _loop(self):
         import psycopg

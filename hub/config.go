@@ -65,8 +65,19 @@ const (
 // Config configures a Hub. The zero value of every field but SocketPath (and
 // a database to connect to) means the default documented on the field.
 type Config struct {
-	// SocketPath is where the hub listens for workers. Required.
+	// SocketPath is where the hub listens for workers. Required unless
+	// Listener is set.
 	SocketPath string
+
+	// Listener, when set, is a Unix stream socket bound and listening
+	// already, accepted on instead of binding SocketPath: the socket a
+	// systemd socket unit passes (LISTEN_FDS), so that workers can connect
+	// before the hub runs and between two hubs. The hub accepts on a
+	// duplicate of it (the caller may close Listener after Start) and
+	// never removes its file, which belongs to whoever bound it. An empty
+	// SocketPath is filled in from the socket's address; a SocketPath that
+	// names another file is an error.
+	Listener *os.File
 
 	// DatabaseURL is a libpq connection string or URL. Empty means the
 	// libpq PG* environment variables (pgconn.ParseConfig("")).
@@ -143,13 +154,22 @@ type Config struct {
 	// peer cannot hold a partial frame (up to MaxInboundFrame bytes) for
 	// ever. Default 10s.
 	FrameTimeout time.Duration
+
+	// Report, when set, is called on the loop goroutine with the hub's
+	// Stats once the socket accepts, on every change of Postgres health,
+	// and every ReportInterval until the hub stops. It must not block.
+	// Running on the loop is the point: a wedged loop stops the reports,
+	// so the systemd watchdog can be pinged from here (serve does).
+	Report func(Stats)
+	// ReportInterval is the period of Report. Default StatusInterval.
+	ReportInterval time.Duration
 }
 
 // withDefaults returns a copy of c with zero fields defaulted, or an error
 // naming the first invalid field.
 func (c Config) withDefaults() (Config, error) {
-	if c.SocketPath == "" {
-		return c, errors.New("hub: config: SocketPath is required")
+	if c.SocketPath == "" && c.Listener == nil {
+		return c, errors.New("hub: config: SocketPath (or Listener) is required")
 	}
 	if c.ApplicationName == "" {
 		c.ApplicationName = DefaultApplicationName
@@ -187,10 +207,14 @@ func (c Config) withDefaults() (Config, error) {
 		defDur(&c.CommandTimeout, 5*time.Second, "CommandTimeout"),
 		defDur(&c.ReconnectMin, 0, "ReconnectMin"),
 		defDur(&c.ReconnectMax, 0, "ReconnectMax"),
+		defDur(&c.ReportInterval, 0, "ReportInterval"),
 	} {
 		if err != nil {
 			return c, err
 		}
+	}
+	if c.ReportInterval == 0 {
+		c.ReportInterval = c.StatusInterval
 	}
 	if c.HardQueueBytes < 64<<10 {
 		// One frame may carry an 8000-byte payload; a cap below a few

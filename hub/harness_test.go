@@ -105,6 +105,12 @@ type env struct {
 
 func newEnv(t *testing.T, mutate func(*Config)) *env {
 	t.Helper()
+	return newEnvPG(t, mutate, true)
+}
+
+// newEnvPG is newEnv with the fake Postgres side healthy or not at Start.
+func newEnvPG(t *testing.T, mutate func(*Config), healthy bool) *env {
+	t.Helper()
 	testutil.CheckFDs(t, 5*time.Second)
 	logs := &logBuf{}
 	cfg := Config{
@@ -120,7 +126,7 @@ func newEnv(t *testing.T, mutate func(*Config)) *env {
 	}
 	e := &env{t: t, h: h, clk: &fakeClock{}, logs: logs, path: cfg.SocketPath}
 	h.openPG = func(ctx context.Context, l *loop.Loop, h *Hub) (postgres, error) {
-		e.pg = &fakePG{l: l, healthy: true}
+		e.pg = &fakePG{l: l, healthy: healthy}
 		return e.pg, nil
 	}
 	h.newClock = func(*loop.Loop) clock { return e.clk }

@@ -119,6 +119,10 @@ type Hub struct {
 	stopOnce sync.Once
 	done     chan struct{} // closed when the loop has exited
 	err      error         // Run's result; written before done closes
+	// fatal is why the hub stopped itself (a Postgres configuration
+	// error). Written on the loop goroutine before Run returns, read
+	// after done closed.
+	fatal error
 
 	// Set once in Start, before the loop goroutine starts.
 	loop *loop.Loop
@@ -156,6 +160,11 @@ type Hub struct {
 	healthy  bool                // last health broadcast to workers
 	stopping bool
 	closed   bool // OnClose ran: every fd is gone
+
+	// connected: Postgres was healthy at least once. Until then no
+	// worker was acked, so the first healthy is no reconnect: nothing to
+	// resync, nothing to count.
+	connected bool
 
 	dirty   []*worker // workers with frames appended this iteration
 	rbuf    []byte    // shared read buffer
@@ -209,10 +218,11 @@ func New(cfg Config) (*Hub, error) {
 // Config returns the configuration in force, defaults filled in.
 func (h *Hub) Config() Config { return h.cfg }
 
-// Start connects to Postgres (an error if it cannot be reached), binds the
-// socket and starts the loop goroutine. A socket path held by a running hub
-// is an error and leaves that hub untouched; a stale socket file is
-// replaced. Start may be called once.
+// Start binds the socket (or takes over Config.Listener), starts the loop
+// goroutine and returns: from then on workers are accepted and told the
+// Postgres health. The Postgres side is opened by then too; see openPG. A
+// socket path held by a running hub is an error and leaves that hub
+// untouched; a stale socket file is replaced. Start may be called once.
 func (h *Hub) Start(ctx context.Context) (err error) {
 	if !h.started.CompareAndSwap(false, true) {
 		return errors.New("hub: Start called twice")
@@ -225,54 +235,86 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	// Refuse a live socket before touching Postgres: a second hub started
-	// by mistake must not even open a backend.
-	if err := checkSocket(h.cfg.SocketPath); err != nil {
-		return err
-	}
 	l, err := loop.New(loop.Options{Logger: h.log})
 	if err != nil {
 		return fmt.Errorf("hub: %w", err)
 	}
 	h.loop = l
 	h.clk = h.newClock(l)
-	pg, err := h.openPG(ctx, l, h)
-	if err != nil {
-		discardLoop(l)
-		return fmt.Errorf("hub: connect to postgres: %w", err)
+	// The socket first: a second hub started by mistake is refused before
+	// it opens a backend, and workers can connect while Postgres is still
+	// being reached.
+	var sock listenSocket
+	if h.cfg.Listener != nil {
+		sock, err = adoptSocket(h.cfg.Listener, h.cfg.SocketPath)
+		h.cfg.SocketPath = sock.path
+	} else {
+		sock, err = bindSocket(h.cfg.SocketPath)
 	}
-	h.pg = pg
-	sock, err := bindSocket(h.cfg.SocketPath)
 	if err != nil {
-		pg.Close(func() {})
 		discardLoop(l)
 		return err
 	}
 	if sock.tok, err = l.Register(sock.fd, loop.Readable, h.onAcceptable); err != nil {
 		sock.close()
-		pg.Close(func() {})
 		discardLoop(l)
 		return fmt.Errorf("hub: %w", err)
 	}
+	pg, err := h.openPG(ctx, l, h)
+	if err != nil {
+		sock.close()
+		discardLoop(l)
+		return fmt.Errorf("hub: connect to postgres: %w", err)
+	}
+	h.pg = pg
 	h.sock = sock
 	h.rbuf = make([]byte, readSize)
 	h.budgetFDs()
-	// Open connected and authenticated: the hub starts healthy. The
-	// listener's first OnHealth(true), once its connection is installed
-	// on the loop, is then no change; a loss before that is.
-	h.healthy = true
-	h.stats.healthy.Store(true)
+	// The listener's OnHealth(true), once its connection is installed on
+	// the loop with the set LISTENed, is a change only if it was not
+	// healthy already.
+	h.healthy = pg.Healthy()
+	h.connected = h.healthy
+	h.stats.healthy.Store(h.healthy)
 	l.AfterIteration(h.flush)
 	l.OnClose(h.onLoopClose)
 	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
-	h.log.Info("hub started", "socket", h.cfg.SocketPath, "application_name", h.cfg.ApplicationName,
-		"healthy", h.healthy, "max_workers", h.maxWorkers)
+	h.startReports()
+	h.log.Info("hub started", "socket", h.cfg.SocketPath, "inherited", sock.adopted,
+		"application_name", h.cfg.ApplicationName, "healthy", h.healthy, "max_workers", h.maxWorkers)
 	go func() {
-		err := l.Run()
-		h.err = err
+		h.err = l.Run()
 		close(h.done)
 	}()
 	return nil
+}
+
+// startReports starts Config.Report: once now (on the loop, soon) and every
+// ReportInterval. Before the loop runs or on it.
+func (h *Hub) startReports() {
+	if h.cfg.Report != nil {
+		h.loop.Post(h.report)
+		h.loop.Every(h.cfg.ReportInterval, h.report)
+	}
+}
+
+// report hands the current Stats to Config.Report, on the loop goroutine.
+func (h *Hub) report() {
+	if h.cfg.Report != nil && !h.closed {
+		h.cfg.Report(h.stats.snapshot())
+	}
+}
+
+// onFatal is called by the Postgres side, on the loop goroutine, for an
+// error no retry can fix (authentication failed, no such database): the
+// hub stops as Stop would, and Wait returns err.
+func (h *Hub) onFatal(err error) {
+	if h.stopping {
+		return
+	}
+	h.fatal = fmt.Errorf("hub: postgres: %w", err)
+	h.log.Error("postgres configuration error; stopping", "reason", err)
+	h.shutdown()
 }
 
 // discardLoop releases a loop that never ran.
@@ -284,8 +326,10 @@ func discardLoop(l *loop.Loop) {
 // Stop stops accepting, closes every worker (they see EOF), UNLISTENs,
 // closes the Postgres connection and removes the socket file. It waits for
 // all that until ctx is done; then it stops the loop anyway, closing every
-// descriptor, and returns ctx's error. Safe from any goroutine, more than
-// once.
+// descriptor, and returns ctx's error. A hub that stopped itself on a
+// Postgres configuration error is stopped already: Stop returns nil, and
+// Wait the reason. The socket file is not removed when the socket was
+// inherited (Config.Listener). Safe from any goroutine, more than once.
 func (h *Hub) Stop(ctx context.Context) error {
 	if !h.started.Load() || h.loop == nil {
 		return nil
@@ -308,11 +352,15 @@ func (h *Hub) Stop(ctx context.Context) error {
 // Done is closed when the hub has stopped (or failed to start).
 func (h *Hub) Done() <-chan struct{} { return h.done }
 
-// Wait blocks until the hub has stopped and returns the loop's error, nil
-// after a clean Stop.
+// Wait blocks until the hub has stopped and returns why: nil after a clean
+// Stop, the loop's error, or the Postgres configuration error (bad
+// password, no such database) that made the hub stop itself.
 func (h *Hub) Wait() error {
 	<-h.done
-	return h.err
+	if h.err != nil {
+		return h.err
+	}
+	return h.fatal
 }
 
 // Stats returns the current gauges and counters. Safe from any goroutine.
@@ -437,6 +485,7 @@ func (h *Hub) onHealth(healthy bool) {
 	}
 	h.healthy = healthy
 	h.stats.healthy.Store(healthy)
+	h.report()
 	if !healthy {
 		h.log.Warn("postgres connection lost; workers told healthy:false")
 		for _, w := range h.workers {
@@ -444,8 +493,14 @@ func (h *Hub) onHealth(healthy bool) {
 		}
 		return
 	}
-	h.stats.postgresReconnects.Add(1)
-	h.log.Info("postgres connection back; resyncing", "channels", len(h.channels))
+	first := !h.connected
+	h.connected = true
+	if first {
+		h.log.Info("postgres connected", "channels", len(h.channels), "workers", len(h.workers))
+	} else {
+		h.stats.postgresReconnects.Add(1)
+		h.log.Info("postgres connection back; resyncing", "channels", len(h.channels))
+	}
 	for _, w := range h.workers {
 		h.sendStatus(w)
 	}
@@ -460,6 +515,9 @@ func (h *Hub) onHealth(healthy bool) {
 			ch.unlistenFailed = false
 			h.unlisten(ch)
 		}
+	}
+	if first {
+		return // nobody was acked before: no NOTIFY can have been missed
 	}
 	for _, ch := range h.channels {
 		if len(ch.subs) == 0 {

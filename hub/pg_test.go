@@ -103,6 +103,9 @@ func newPGEnv(t testing.TB, mutate func(*Config)) *pgEnv {
 			t.Logf("hub log:\n%s", logs.String())
 		}
 	})
+	// Start returns once the socket accepts; Postgres is reached in the
+	// background. These tests begin from a connected hub.
+	testutil.WaitFor(t, timeout, "hub connected to postgres", func() bool { return h.Stats().PostgresHealthy })
 	return &pgEnv{t: t, h: h, db: c, app: app, path: cfg.SocketPath, logs: logs}
 }
 
@@ -464,16 +467,17 @@ func TestPGChurnFDs(t *testing.T) {
 	}
 }
 
-// A socket that cannot be bound after Postgres was reached: Start fails and
-// the backend it opened goes away.
-func TestPGBindFailureReleasesBackend(t *testing.T) {
+// A socket that cannot be bound: Start fails before Postgres is touched,
+// so no backend is ever opened.
+func TestPGBindFailureOpensNoBackend(t *testing.T) {
 	c := needDB(t)
 	app := "lh-bindfail"
+	logs := &logBuf{}
 	h, err := New(Config{
 		SocketPath:      filepath.Join(t.TempDir(), "missing-dir", "hub.sock"),
 		DatabaseURL:     c.URL(),
 		ApplicationName: app,
-		Logger:          slog.New(slog.NewTextHandler(&logBuf{}, nil)),
+		Logger:          slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -483,10 +487,13 @@ func TestPGBindFailureReleasesBackend(t *testing.T) {
 		t.Fatalf("Start: %v, want a bind error", err)
 	}
 	<-h.Done()
-	testutil.WaitFor(t, timeout, "no backend left", func() bool {
-		pids, err := c.BackendPIDs(context.Background(), app)
-		return err == nil && len(pids) == 0
-	})
+	if strings.Contains(logs.String(), "listener: connected") {
+		t.Fatalf("the listener connected although the bind failed:\n%s", logs.String())
+	}
+	pids, err := c.BackendPIDs(context.Background(), app)
+	if err != nil || len(pids) != 0 {
+		t.Fatalf("backends %v (%v), want none", pids, err)
+	}
 	if err := h.Stop(context.Background()); err != nil {
 		t.Fatalf("Stop after a failed Start: %v", err)
 	}

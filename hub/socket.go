@@ -33,6 +33,10 @@ type listenSocket struct {
 	// dev and ino identify the socket file this hub created, so that Stop
 	// removes it only if it is still ours.
 	dev, ino uint64
+	// adopted: the socket was handed to the hub (systemd socket
+	// activation), so its file belongs to whoever bound it and is never
+	// removed.
+	adopted bool
 }
 
 // ErrSocketInUse is wrapped by the error Start returns when another process
@@ -162,6 +166,64 @@ func tempSocketPath(path string) string {
 	return tmp
 }
 
+// adoptSocket takes over f, a socket bound and listening already (passed
+// by systemd socket activation): it must be a listening AF_UNIX stream
+// socket, checked here so that a socket unit with a TCP port or a datagram
+// socket is refused with the reason instead of failing on the first
+// accept. want, when not empty, must be the path it is bound to. The
+// descriptor is dup'ed (non-blocking, close-on-exec): f stays the caller's
+// to close.
+func adoptSocket(f *os.File, want string) (listenSocket, error) {
+	s := listenSocket{path: want, fd: -1, adopted: true}
+	raw := int(f.Fd())
+	check := func(opt int) (int, error) {
+		v, err := unix.GetsockoptInt(raw, unix.SOL_SOCKET, opt)
+		if err != nil {
+			return 0, fmt.Errorf("hub: inherited socket (fd %d): %w", raw, os.NewSyscallError("getsockopt", err))
+		}
+		return v, nil
+	}
+	dom, err := check(unix.SO_DOMAIN)
+	if err != nil {
+		return s, err
+	}
+	typ, err := check(unix.SO_TYPE)
+	if err != nil {
+		return s, err
+	}
+	acc, err := check(unix.SO_ACCEPTCONN)
+	if err != nil {
+		return s, err
+	}
+	if dom != unix.AF_UNIX || typ != unix.SOCK_STREAM || acc == 0 {
+		return s, fmt.Errorf("hub: inherited socket (fd %d) is not a listening Unix stream socket (family %d, type %d, listening %v); use ListenStream=/path", raw, dom, typ, acc != 0)
+	}
+	sa, err := unix.Getsockname(raw)
+	if err != nil {
+		return s, fmt.Errorf("hub: inherited socket (fd %d): %w", raw, os.NewSyscallError("getsockname", err))
+	}
+	var bound string
+	if u, ok := sa.(*unix.SockaddrUnix); ok {
+		bound = u.Name
+	}
+	if want != "" && bound != want {
+		return s, fmt.Errorf("hub: inherited socket (fd %d) is bound to %q, not the configured socket %s", raw, bound, want)
+	}
+	if want == "" {
+		s.path = bound
+	}
+	fd, err := unix.FcntlInt(uintptr(raw), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return s, fmt.Errorf("hub: inherited socket (fd %d): %w", raw, os.NewSyscallError("fcntl", err))
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return s, fmt.Errorf("hub: inherited socket (fd %d): %w", raw, os.NewSyscallError("fcntl", err))
+	}
+	s.fd = fd
+	return s, nil
+}
+
 // close closes the socket and removes its file, if the file is still the
 // one bind created.
 func (s *listenSocket) close() {
@@ -170,6 +232,9 @@ func (s *listenSocket) close() {
 	}
 	unix.Close(s.fd)
 	s.fd = -1
+	if s.adopted {
+		return
+	}
 	var st unix.Stat_t
 	if err := unix.Stat(s.path, &st); err == nil && st.Dev == s.dev && st.Ino == s.ino {
 		os.Remove(s.path)

@@ -143,6 +143,9 @@ type handedSocket struct {
 	FD       int    `json:"fd"`
 	Path     string `json:"path"`
 	Dev, Ino uint64
+	// Inherited: systemd's socket (Config.Listener); its file is never
+	// removed, by either process.
+	Inherited bool `json:"inherited,omitempty"`
 }
 
 type handedChannel struct {
@@ -402,7 +405,7 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 		NextID:  h.nextID,
 		Stats:   h.stats.snapshot(),
 		PGFD:    -1,
-		Socket:  handedSocket{FD: 0, Path: h.sock.path, Dev: h.sock.dev, Ino: h.sock.ino},
+		Socket:  handedSocket{FD: 0, Path: h.sock.path, Dev: h.sock.dev, Ino: h.sock.ino, Inherited: h.sock.adopted},
 	}
 	fds = append(fds, h.sock.fd)
 	if u.pg.CanDetach() {
@@ -770,8 +773,9 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	pg := h.pg.(pgHandover) // a *listener.Conn either way
 	sock := fds[st.Socket.FD]
 	h.up.pg = pg
-	h.sock = listenSocket{path: st.Socket.Path, fd: sock, dev: st.Socket.Dev, ino: st.Socket.Ino}
+	h.sock = listenSocket{path: st.Socket.Path, fd: sock, dev: st.Socket.Dev, ino: st.Socket.Ino, adopted: st.Socket.Inherited}
 	h.healthy = st.Healthy
+	h.connected = true // a connection was handed over: this is no first connect
 	h.nextID = st.NextID
 	for _, c := range st.Channels {
 		h.channels[c.PG] = &channel{q: c.Q, pg: c.PG, state: stateListening, subs: make(map[*worker]struct{}),
@@ -870,6 +874,7 @@ func (h *Hub) goLive() {
 	}
 	h.budgetFDs()
 	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
+	h.startReports()
 	h.dropEmpty()
 	u.live = true
 	if u.marker == "" || u.markerSeen {

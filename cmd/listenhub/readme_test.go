@@ -155,7 +155,7 @@ func serveFlagDefaults(t *testing.T) map[string]helpFlag {
 
 // helpAside is the trailing remark of a usage text that the README's
 // environment and default columns say instead.
-var helpAside = regexp.MustCompile(` \((env |default: |required\)|off when empty\))[^()]*\)?$`)
+var helpAside = regexp.MustCompile(` \((env |default: |required|off when empty\))[^()]*\)?$`)
 
 // TestREADMEServeFlags fails when the README's flag table and `serve -h`
 // disagree: a flag missing from either side, a wrong environment variable,

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/systemd"
 	"github.com/listenhub/listenhub/listener"
 )
 
@@ -31,7 +32,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := newFlagSet("serve")
 	var (
 		databaseURL   = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct (or session-pooled) connection (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-		socket        = fs.String("socket", "", "Unix socket the workers connect to; created with mode 0600 (required)")
+		socket        = fs.String("socket", "", "Unix socket the workers connect to; created with mode 0600, or the one systemd passes (LISTEN_FDS), whose path this must then be (required unless socket-activated)")
 		prefix        = fs.String("channel-prefix", "", "Postgres channel = prefix + Q + suffix (pgbus: pgmq.q_)")
 		suffix        = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
 		appName       = fs.String("application-name", hub.DefaultApplicationName, "application_name of the hub's backend, counted by census")
@@ -60,12 +61,34 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return flagError(stderr, "serve", err)
 	}
+	// SIGHUP is never fatal (Go's default would exit 129 and leave the
+	// socket file): SIGUSR2 is the upgrade, SIGTERM the stop, and a
+	// reload of the configuration is a restart, which the socket unit
+	// makes free. Caught before anything else can take time.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	databaseGiven = isSet(fs, "database-url")
 	if !databaseGiven && os.Getenv("DATABASE_URL") != "" {
 		*databaseURL = os.Getenv("DATABASE_URL")
 	}
 	bad := func(err error) int { return flagError(stderr, "serve", err) }
-	if *socket == "" {
+	// Socket activation: systemd bound the socket and passes it as fd 3.
+	activated, err := systemd.Listeners()
+	if err != nil {
+		fmt.Fprintf(stderr, "listenhub serve: %v\n", err)
+		return 1
+	}
+	if len(activated) > 1 {
+		fmt.Fprintf(stderr, "listenhub serve: systemd passed %d sockets (LISTEN_FDS); the hub takes one ListenStream=\n", len(activated))
+		return 1
+	}
+	var listenFile *os.File
+	if len(activated) == 1 {
+		listenFile = activated[0].File
+		defer listenFile.Close()
+	}
+	if *socket == "" && listenFile == nil {
 		return bad(errors.New("--socket is required"))
 	}
 	for _, err := range []error{
@@ -98,6 +121,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	app := cc.RuntimeParams["application_name"]
 
+	sd := newSDReporter(log)
+	defer sd.close()
+
 	h, err := hub.New(hub.Config{
 		SocketPath:          *socket,
 		ConnConfig:          cc,
@@ -116,6 +142,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		FrameTimeout:        *frameTimeout,
 		AllowUIDs:           allowUIDs,
 		Logger:              log,
+		Listener:            listenFile,
+		Report:              sd.hook(),
+		ReportInterval:      sd.interval,
 	})
 	if err != nil {
 		return bad(err)
@@ -187,7 +216,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "listenhub serve: %s\n", oneLine(err))
 		return 1
 	}
-	log.Info("listenhub serving", "version", versionString(), "socket", *socket, "host", cc.Host,
+	sd.ready()
+	log.Info("listenhub serving", "version", versionString(), "socket", h.Config().SocketPath,
+		"socket_activated", listenFile != nil, "host", cc.Host,
 		"port", cc.Port, "database", cc.Database, "user", cc.User, "application_name", app,
 		"channel_prefix", *prefix, "channel_suffix", *suffix)
 	if *pidFile != "" && inherited == nil {
@@ -209,14 +240,24 @@ wait:
 			if up.run(ctx) {
 				return 0 // the new process serves; the pid file is its
 			}
+		case <-hup:
+			log.Warn("SIGHUP ignored; send SIGUSR2 to upgrade, SIGTERM to stop")
 		case <-h.Done():
-			fmt.Fprintf(stderr, "listenhub serve: hub stopped unexpectedly: %v\n", h.Wait())
+			// A Postgres configuration error (Wait says which), or the
+			// loop failed.
+			why := "hub stopped unexpectedly"
+			if err := h.Wait(); err != nil {
+				why = oneLine(err)
+			}
+			sd.stopping("stopped: " + why)
+			fmt.Fprintf(stderr, "listenhub serve: %s\n", why)
 			return 1
 		}
 	}
 	if *pidFile != "" {
 		defer removePIDFile(*pidFile)
 	}
+	sd.stopping("stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	if srv != nil {

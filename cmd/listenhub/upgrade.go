@@ -15,6 +15,7 @@ import (
 
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/fdpass"
+	"github.com/listenhub/listenhub/internal/systemd"
 )
 
 // upgradeEnv names the descriptor through which the new process of a hot
@@ -69,7 +70,7 @@ func (u *upgrader) run(ctx context.Context) bool {
 		return false
 	}
 	cmd := exec.Command(u.exe, u.args...)
-	cmd.Env = append(withoutEnv(os.Environ(), upgradeEnv), upgradeEnv+"=3")
+	cmd.Env = append(upgradeChildEnv(os.Environ(), u.h.Config().SocketPath), upgradeEnv+"=3")
 	cmd.ExtraFiles = []*os.File{theirs} // descriptor 3
 	cmd.Stdin = os.Stdin
 	cmd.Stdout, cmd.Stderr = asFile(u.stdout, os.Stdout), asFile(u.stderr, os.Stderr)
@@ -143,9 +144,11 @@ func takeover(ctx context.Context, h *hub.Hub, conn *fdpass.Conn, timeout time.D
 
 // notifyMainPID tells systemd that pid is the service's main process now
 // (MAINPID=): the old process says it before it exits, the new one once it
-// serves (accepted with NotifyAccess=all). HOOK: wired to the sd_notify
-// package once it is on main; until then a no-op.
-var notifyMainPID = func(pid int) {}
+// serves (accepted with NotifyAccess=all). A variable, so that tests can
+// watch it; a no-op outside systemd.
+var notifyMainPID = func(pid int) {
+	_ = systemd.Notify("MAINPID=" + strconv.Itoa(pid))
+}
 
 // writePIDFile writes this process's pid to path atomically (a temporary
 // file in the same directory, then rename), so that a reader never sees a
@@ -169,6 +172,19 @@ func removePIDFile(path string) {
 	if err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(os.Getpid()) {
 		os.Remove(path)
 	}
+}
+
+// upgradeChildEnv is the environment of the new process. WATCHDOG_PID goes:
+// it names this process, and the new one, the main process from now on,
+// pings the watchdog itself. The socket path is passed along: a hub
+// started by systemd socket activation may have none on its command line,
+// and the new process gets the socket from the handover, not LISTEN_FDS.
+func upgradeChildEnv(env []string, socket string) []string {
+	env = withoutEnv(withoutEnv(env, upgradeEnv), "WATCHDOG_PID")
+	if socket != "" {
+		env = append(withoutEnv(env, envName("socket")), envName("socket")+"="+socket)
+	}
+	return env
 }
 
 func withoutEnv(env []string, name string) []string {

@@ -1,0 +1,396 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// fakeSystemd is the service manager's notify socket: a datagram socket
+// the test binds, named to the hub by NOTIFY_SOCKET.
+type fakeSystemd struct {
+	t    *testing.T
+	c    *net.UnixConn
+	path string
+}
+
+func newFakeSystemd(t *testing.T) *fakeSystemd {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	// As systemd does: the kernel tells which process sent each datagram.
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fakeSystemd{t: t, c: c, path: path}
+}
+
+// next returns the next datagram, failing the test after d.
+func (s *fakeSystemd) next(d time.Duration) string {
+	s.t.Helper()
+	m, _ := s.nextFrom(d)
+	return m
+}
+
+// nextFrom returns the next datagram and the pid of its sender.
+func (s *fakeSystemd) nextFrom(d time.Duration) (string, int) {
+	s.t.Helper()
+	buf, oob := make([]byte, 4096), make([]byte, 256)
+	s.c.SetReadDeadline(time.Now().Add(d))
+	n, oobn, _, _, err := s.c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		s.t.Fatalf("no notify datagram within %v: %v", d, err)
+	}
+	pid := 0
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+		for _, m := range msgs {
+			if cred, err := unix.ParseUnixCredentials(&m); err == nil {
+				pid = int(cred.Pid)
+			}
+		}
+	}
+	return string(buf[:n]), pid
+}
+
+// waitFor reads datagrams until one contains want, returning it.
+func (s *fakeSystemd) waitFor(want string, d time.Duration) string {
+	s.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			s.t.Fatalf("no notify datagram with %q within %v", want, d)
+		}
+		if m := s.next(left); strings.Contains(m, want) {
+			return m
+		}
+	}
+}
+
+// Type=notify: READY=1 once the socket accepts (a worker connecting right
+// then is served), STATUS= lines that follow the hub, WATCHDOG=1 every
+// WATCHDOG_USEC/2 from the hub's loop, and STOPPING=1 on SIGTERM.
+func TestServeSystemdNotify(t *testing.T) {
+	sd := newFakeSystemd(t)
+	path := sockPath(t)
+	needDB(t)
+	hubBinary(t) // built before the clock starts
+	start := time.Now()
+	p := serve(t, path, []string{"NOTIFY_SOCKET=" + sd.path, "WATCHDOG_USEC=400000"})
+	sd.waitFor("READY=1", timeout)
+	ready := time.Since(start)
+	w := dialWorker(t, path) // accepting the moment READY=1 is sent
+	w.sub("notify")
+	sd.waitFor("STATUS=serving 1 workers, postgres healthy", timeout)
+	// Watchdog pings every 200 ms: ten in well under the 15 s deadline,
+	// and never more than the 400 ms timeout apart on an idle machine
+	// (not asserted: the machine is shared).
+	pings, first := 0, time.Now()
+	for pings < 10 {
+		if strings.Contains(sd.next(timeout), "WATCHDOG=1") {
+			pings++
+		}
+	}
+	perPing := time.Since(first) / time.Duration(pings)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	m := sd.waitFor("STOPPING=1", timeout)
+	if !strings.Contains(m, "STATUS=stopping") {
+		t.Fatalf("stop datagram %q, want STATUS=stopping with it", m)
+	}
+	if code := p.exit(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	t.Logf("exec to READY=1: %v; watchdog pings every %v (WATCHDOG_USEC=400000)", ready, perPing)
+}
+
+// activated starts `listenhub serve` the way systemd does with a socket
+// unit: the listening socket as fd 3, LISTEN_FDS=1 and LISTEN_PID (and
+// WATCHDOG_PID, used when WATCHDOG_USEC is set) naming the hub's own pid (sh
+// sets them, then execs the hub in its place).
+func activated(t *testing.T, ln *os.File, env []string, args ...string) *proc {
+	t.Helper()
+	c := needDB(t)
+	p := &proc{t: t, app: testApp(t), stderr: &syncBuf{}, done: make(chan struct{})}
+	full := append([]string{"-c", `LISTEN_PID=$$ WATCHDOG_PID=$$ exec "$0" "$@"`, hubBinary(t),
+		"serve", "--log-format", "json", "--log-level", "debug", "--application-name", p.app}, args...)
+	if !hasFlag(args, "--database-url") {
+		full = append(full, "--database-url", c.URL())
+	}
+	p.cmd = exec.Command("/bin/sh", full...)
+	p.cmd.Env = append(cleanEnv(), append([]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=listenhub.socket"}, env...)...)
+	p.cmd.ExtraFiles = []*os.File{ln}
+	p.cmd.Stderr = p.stderr
+	p.cmd.Stdout = p.stderr
+	p.start()
+	return p
+}
+
+// listenUnix makes the listening socket a socket unit would, and returns
+// its file (the socket stays open, as in systemd, until the test ends).
+func listenUnix(t *testing.T, path string) *os.File {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	f, err := ln.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// Socket activation: a worker that connects before the hub exists is
+// served once it runs; the socket file belongs to systemd and stays after
+// SIGTERM; a worker connecting between two hubs waits in the backlog and is
+// served by the next one: a restart refuses nobody.
+func TestServeSocketActivation(t *testing.T) {
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	path := sockPath(t)
+	ln := listenUnix(t, path)
+	early := dialWorker0(t, path) // before any hub: queued by the kernel
+	p := activated(t, ln, nil)
+	early.expect("status")
+	early.sub("act")
+	late := dialWorker(t, path)
+	late.sub("act")
+	notify(t, "NOTIFY act, 'one'")
+	for _, w := range []*worker{early, late} {
+		if m := w.expect("wake"); m.P != "one" {
+			t.Fatalf("wake %+v", m)
+		}
+	}
+	if !strings.Contains(p.stderr.String(), `"socket_activated":true`) {
+		t.Fatalf("hub did not say it was socket-activated:\n%s", p.stderr.String())
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	early.eofWithin(timeout)
+	if code := p.exit(); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, p.stderr.String())
+	}
+	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("the activated socket's file is gone after SIGTERM: %v", err)
+	}
+	between := dialWorker0(t, path) // no hub now: connect still succeeds
+	p2 := activated(t, ln, nil)
+	between.expect("status")
+	between.sub("act")
+	notify(t, "NOTIFY act, 'two'")
+	if m := between.expect("wake"); m.P != "two" {
+		t.Fatalf("wake %+v", m)
+	}
+	p2.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p2.exit(); code != 0 {
+		t.Fatalf("second hub: exit %d", code)
+	}
+}
+
+// dialWorker0 connects without reading the status (nobody may be there to
+// send it yet).
+func dialWorker0(t *testing.T, path string) *worker {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &worker{t: t, c: c, buf: make([]byte, 4096)}
+}
+
+// A socket unit with the wrong kind of socket (TCP here) or a --socket
+// naming another file: one line, exit 1.
+func TestServeSocketActivationRefused(t *testing.T) {
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	f, err := tcp.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	path := sockPath(t)
+	for _, c := range []struct {
+		name string
+		ln   *os.File
+		args []string
+		want string
+	}{
+		{"tcp", f, nil, "not a listening Unix stream socket"},
+		{"other path", listenUnix(t, path), []string{"--socket", path + ".other"}, "not the configured socket"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := activated(t, c.ln, nil, c.args...)
+			if code := p.exit(); code != 1 {
+				t.Fatalf("exit %d, want 1:\n%s", code, p.stderr.String())
+			}
+			out := p.stderr.String()
+			if !strings.Contains(out, c.want) || strings.Count(out, "\n") != 1 {
+				t.Fatalf("said %q, want one line with %q", out, c.want)
+			}
+		})
+	}
+}
+
+// SIGHUP does not kill the hub (Go's default would, with exit 129 and the
+// socket file left behind): it is logged and the hub keeps serving.
+func TestServeSIGHUP(t *testing.T) {
+	path := sockPath(t)
+	p := serve(t, path, nil)
+	p.ready()
+	w := dialWorker(t, path)
+	w.sub("hup")
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	testutil.WaitFor(t, timeout, "SIGHUP logged", func() bool {
+		return strings.Contains(p.stderr.String(), "SIGHUP ignored; send SIGUSR2 to upgrade")
+	})
+	notify(t, "NOTIFY hup, 'still'")
+	if m := w.expect("wake"); m.P != "still" {
+		t.Fatalf("wake %+v", m)
+	}
+	dialWorker(t, path).sub("hup")
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.exit(); code != 0 {
+		t.Fatalf("exit %d after SIGHUP then SIGTERM", code)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket file after SIGTERM: %v", err)
+	}
+}
+
+// The units shown in the README are the ones in deploy/systemd, comments
+// and the descriptive [Unit] keys trimmed.
+func TestREADMEUnitsMatchDeploy(t *testing.T) {
+	doc := readmeSection(t, readREADME(t), "## Deployment")
+	for _, name := range []string{"listenhub.socket", "listenhub.service"} {
+		marker := "# deploy/systemd/" + name + " (comments trimmed)\n"
+		i := strings.Index(doc, marker)
+		if i < 0 {
+			t.Errorf("README Deployment shows no %q block", strings.TrimSpace(marker))
+			continue
+		}
+		block := doc[i+len(marker):]
+		block = block[:strings.Index(block, "```")]
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kept []string
+		for _, line := range strings.Split(string(b), "\n") {
+			switch {
+			case line == "", strings.HasPrefix(line, "#"),
+				strings.HasPrefix(line, "Description="), strings.HasPrefix(line, "Documentation="):
+				continue
+			case strings.HasPrefix(line, "[") && len(kept) > 0 && strings.HasPrefix(kept[len(kept)-1], "["):
+				kept[len(kept)-1] = line // the section before was left empty
+				continue
+			}
+			kept = append(kept, line)
+		}
+		var shown []string
+		for _, line := range strings.Split(block, "\n") {
+			if line != "" {
+				shown = append(shown, line)
+			}
+		}
+		if want, got := strings.Join(kept, "\n"), strings.Join(shown, "\n"); got != want {
+			t.Errorf("README's %s differs from deploy/systemd/%s:\n--- README\n%s\n--- deploy/systemd (trimmed)\n%s", name, name, got, want)
+		}
+	}
+}
+
+// A hot upgrade under systemd: a socket-activated, Type=notify hub with the
+// watchdog on gets SIGUSR2 (ExecReload=); the new process tells systemd
+// MAINPID= and READY=1, pings the watchdog itself (WATCHDOG_PID named the
+// old one), serves the worker that never saw EOF, and on SIGTERM leaves
+// systemd's socket file in place.
+func TestServeUpgradeUnderSystemd(t *testing.T) {
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	sd := newFakeSystemd(t)
+	path := sockPath(t)
+	ln := listenUnix(t, path)
+	pidFile := filepath.Join(t.TempDir(), "hub.pid")
+	p := activated(t, ln, []string{"NOTIFY_SOCKET=" + sd.path, "WATCHDOG_USEC=400000"}, "--pid-file", pidFile)
+	old := p.pid()
+	sd.waitFor("READY=1", timeout)
+	w := dialWorker(t, path)
+	w.sub("upg")
+	p.cmd.Process.Signal(syscall.SIGUSR2)
+	var newPID int
+	t.Cleanup(func() {
+		if newPID != 0 {
+			syscall.Kill(newPID, syscall.SIGKILL) // before p's cleanup, which waits for the shared stderr
+		}
+	})
+	saw := map[string]bool{}
+	deadline := time.Now().Add(30 * time.Second)
+	for !(saw["MAINPID"] && saw["READY"] && saw["WATCHDOG"]) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after SIGUSR2: saw %v; want MAINPID=, READY=1 and WATCHDOG=1 from the new process", saw)
+		}
+		m, from := sd.nextFrom(time.Until(deadline))
+		if newPID == 0 {
+			if b, err := os.ReadFile(pidFile); err == nil {
+				if n, _ := strconv.Atoi(strings.TrimSpace(string(b))); n != old {
+					newPID = n
+				}
+			}
+		}
+		if newPID == 0 || from == old {
+			continue
+		}
+		if from != newPID {
+			t.Fatalf("datagram %q from pid %d, neither the old (%d) nor the new (%d) hub", m, from, old, newPID)
+		}
+		saw["MAINPID"] = saw["MAINPID"] || strings.Contains(m, fmt.Sprintf("MAINPID=%d", newPID))
+		saw["READY"] = saw["READY"] || strings.Contains(m, "READY=1")
+		saw["WATCHDOG"] = saw["WATCHDOG"] || strings.Contains(m, "WATCHDOG=1")
+		if strings.Contains(m, "STOPPING=1") {
+			t.Fatalf("the new hub says %q", m)
+		}
+	}
+	testutil.WaitFor(t, timeout, "the old process to exit", func() bool { return !alive(old) })
+	notify(t, "NOTIFY upg, 'after'")
+	if m := w.expect("wake"); m.P != "after" {
+		t.Fatalf("wake %+v", m)
+	}
+	syscall.Kill(newPID, syscall.SIGTERM)
+	sd.waitFor("STOPPING=1", timeout)
+	w.eofWithin(timeout)
+	testutil.WaitFor(t, timeout, "the new process to exit", func() bool { return !alive(newPID) })
+	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("systemd's socket file after the upgraded hub stopped: %v", err)
+	}
+}

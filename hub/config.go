@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/listener"
 )
 
 // Defaults for the zero fields of a Config. They are docs/design.md's defaults.
@@ -81,7 +83,8 @@ type Config struct {
 
 	// DatabaseURL is a libpq connection string or URL. Empty means the
 	// libpq PG* environment variables (pgconn.ParseConfig("")).
-	// Ignored when ConnConfig is set.
+	// Ignored when ConnConfig is set; otherwise New parses it into
+	// ConnConfig.
 	DatabaseURL string
 	// ConnConfig, when set, is used as is (its application_name included).
 	ConnConfig *pgconn.Config
@@ -237,6 +240,16 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.ConnConfig == nil {
+		// Parsed here, not at connect time: the connection is made in
+		// the background after Start, and a string that cannot parse
+		// is a mistake to report at once.
+		cc, err := listener.ParseConfig(c.DatabaseURL, c.ApplicationName)
+		if err != nil {
+			return c, fmt.Errorf("hub: config: DatabaseURL: %w", err)
+		}
+		c.ConnConfig = cc
 	}
 	return c, nil
 }

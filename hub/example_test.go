@@ -22,8 +22,10 @@ func Example() {
 		log.Fatal(err)
 	}
 	if err := h.Start(context.Background()); err != nil {
-		log.Fatal(err) // Postgres unreachable, or another hub owns the socket
+		log.Fatal(err) // the socket cannot be bound, or another hub owns it
 	}
+	// Workers are accepted from here on; Postgres is reached in the
+	// background (healthy:false until then, retried while unreachable).
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 
@@ -32,7 +34,9 @@ func Example() {
 	select {
 	case <-ctx.Done():
 	case <-h.Done():
-		log.Printf("hub died: %v", h.Wait())
+		// Postgres refused the configuration (bad password, no such
+		// database): retrying cannot help.
+		log.Printf("hub stopped: %v", h.Wait())
 	}
 	log.Printf("served %d accepts", h.Stats().Accepts)
 	if err := h.Stop(context.Background()); err != nil {

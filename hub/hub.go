@@ -313,8 +313,7 @@ func (h *Hub) onFatal(err error) {
 		return
 	}
 	h.fatal = fmt.Errorf("hub: postgres: %w", err)
-	h.log.Error("postgres configuration error; stopping", "reason", err)
-	h.shutdown()
+	h.shutdown() // the listener logged the reason
 }
 
 // discardLoop releases a loop that never ran.

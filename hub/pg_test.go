@@ -2,8 +2,10 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -515,5 +517,50 @@ func TestPGOverTLS(t *testing.T) {
 	n, err := c.QueryInt(context.Background(), "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND application_name = $1", e.app)
 	if err != nil || n != 1 {
 		t.Fatalf("%d TLS backends for the hub (%v), want 1", n, err)
+	}
+}
+
+// Postgres refuses the configuration (here: no such database): the hub,
+// which accepts workers meanwhile, stops itself; a worker that got in sees
+// healthy:false then EOF, Wait says why, the socket file is gone and Stop
+// has nothing left to do.
+func TestPGConfigErrorEndsHub(t *testing.T) {
+	c := needDB(t)
+	cc, err := pgconn.ParseConfig(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "hub.sock")
+	h, err := New(Config{
+		SocketPath:  path,
+		DatabaseURL: fmt.Sprintf("postgres://postgres@%s:%d/no_such_db?sslmode=disable", cc.Host, cc.Port),
+		Logger:      slog.New(slog.NewTextHandler(&logBuf{}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v (a refused configuration is reported by Wait)", err)
+	}
+	// The server answers within milliseconds: the hub may be gone before
+	// this connects, which is fine; if it got in, it is told and closed.
+	if conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"}); err == nil {
+		w := &tw{t: t, c: conn, buf: make([]byte, 4096)}
+		defer conn.Close()
+		if m, err := w.read(timeout); err == nil && encode(m) != statusFalse {
+			t.Fatalf("first frame %s, want %s", encode(m), statusFalse)
+		}
+		w.eof()
+	}
+	err = h.Wait()
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "3D000" {
+		t.Fatalf("Wait: %v, want SQLSTATE 3D000", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket file: %v", err)
+	}
+	if err := h.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop after the hub stopped itself: %v", err)
 	}
 }

@@ -8,17 +8,15 @@ import (
 )
 
 // openListener is the production pgOpener: a listener.Conn driven by the
-// hub's loop, reporting notifications and health to the hub.
-func openListener(ctx context.Context, l *loop.Loop, h *Hub) (postgres, error) {
-	cc := h.cfg.ConnConfig
-	if cc == nil {
-		var err error
-		if cc, err = listener.ParseConfig(h.cfg.DatabaseURL, h.cfg.ApplicationName); err != nil {
-			return nil, err
-		}
-	}
-	c, err := listener.Open(ctx, l, listener.Config{
-		ConnConfig:          cc,
+// hub's loop, reporting notifications and health to the hub. It returns at
+// once: the connection is made in the background and retried for as long
+// as the server is unreachable (the hub serves meanwhile, healthy:false); a
+// configuration the server refuses (bad password, no such database) stops
+// the hub through onFatal. (A connection string that does not parse was
+// refused by New.)
+func openListener(_ context.Context, l *loop.Loop, h *Hub) (postgres, error) {
+	return listener.Start(l, listener.Config{
+		ConnConfig:          h.cfg.ConnConfig,
 		HealthCheckInterval: h.cfg.HealthCheckInterval,
 		HealthCheckTimeout:  h.cfg.HealthCheckTimeout,
 		ReconnectMin:        h.cfg.ReconnectMin,
@@ -26,10 +24,7 @@ func openListener(ctx context.Context, l *loop.Loop, h *Hub) (postgres, error) {
 		CommandTimeout:      h.cfg.CommandTimeout,
 		OnNotification:      h.onNotification,
 		OnHealth:            h.onHealth,
+		OnFatal:             h.onFatal,
 		Logger:              h.log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
+	}), nil
 }

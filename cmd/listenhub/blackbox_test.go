@@ -1012,7 +1012,7 @@ func TestBlackboxEnvironment(t *testing.T) {
 func TestBlackboxMetricsValues(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--status-interval", "1h")
-	p.ready() // one accept
+	p.ready() // one accept; one status frame, or two if Postgres was not reached yet
 	addr := p.metricsAddr()
 	waitMetric(t, addr, "listenhub_workers", 0)
 	n := notifier(t)
@@ -1020,6 +1020,7 @@ func TestBlackboxMetricsValues(t *testing.T) {
 	if m["listenhub_accepts_total"] != 1 || m["listenhub_channels"] != 0 || m["listenhub_postgres_healthy"] != 1 {
 		t.Fatalf("metrics at start: %v", m)
 	}
+	probe := m["listenhub_frames_sent_total"] // the probe is gone: final
 	ws := make([]*rawWorker, 3)
 	for i := range ws {
 		ws[i] = dialRawWorker(t, path)
@@ -1031,15 +1032,15 @@ func TestBlackboxMetricsValues(t *testing.T) {
 	if m["listenhub_workers"] != 3 || m["listenhub_accepts_total"] != 4 || m["listenhub_channels"] != 4 {
 		t.Fatalf("metrics with 3 workers on 4 channels: %v", m)
 	}
-	// Frames fully written: the ready probe's status, then a status and
-	// two acks per worker. (A frame is counted once write returned, which
-	// may be just after the worker read it: wait, don't sample.)
-	waitMetric(t, addr, "listenhub_frames_sent_total", 1+3*3)
+	// Frames fully written: the ready probe's, then a status and two
+	// acks per worker. (A frame is counted once write returned, which may
+	// be just after the worker read it: wait, don't sample.)
+	waitMetric(t, addr, "listenhub_frames_sent_total", probe+3*3)
 	pgExec(t, n, "NOTIFY shared, 'x'")
 	for _, w := range ws {
 		w.expect(bbWake("shared", sp("x")))
 	}
-	waitMetric(t, addr, "listenhub_frames_sent_total", 1+3*3+3)
+	waitMetric(t, addr, "listenhub_frames_sent_total", probe+3*3+3)
 	waitMetric(t, addr, "listenhub_wakes_received_total", 1)
 	ws[0].send(frame.AppendUnsub(nil, "own0")) // last subscriber: UNLISTEN
 	waitMetric(t, addr, "listenhub_channels", 3)

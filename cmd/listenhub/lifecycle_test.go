@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -13,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
+	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -71,6 +74,27 @@ func (s *fakeSystemd) nextFrom(d time.Duration) (string, int) {
 		}
 	}
 	return string(buf[:n]), pid
+}
+
+// waitAll reads datagrams until each of wants was in one, and returns when
+// each was first seen.
+func (s *fakeSystemd) waitAll(d time.Duration, wants ...string) map[string]time.Time {
+	s.t.Helper()
+	seen := map[string]time.Time{}
+	deadline := time.Now().Add(d)
+	for len(seen) < len(wants) {
+		left := time.Until(deadline)
+		if left <= 0 {
+			s.t.Fatalf("notify datagrams: saw %v of %q within %v", seen, wants, d)
+		}
+		m := s.next(left)
+		for _, w := range wants {
+			if _, ok := seen[w]; !ok && strings.Contains(m, w) {
+				seen[w] = time.Now()
+			}
+		}
+	}
+	return seen
 }
 
 // waitFor reads datagrams until one contains want, returning it.
@@ -392,5 +416,159 @@ func TestServeUpgradeUnderSystemd(t *testing.T) {
 	testutil.WaitFor(t, timeout, "the new process to exit", func() bool { return !alive(newPID) })
 	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("systemd's socket file after the upgraded hub stopped: %v", err)
+	}
+}
+
+// Postgres down when the hub starts (docs/design.md, Lifecycle: Start): the
+// hub accepts at once, workers are told healthy:false and their subs wait;
+// once the server is up they get healthy:true, then their acks, and a
+// NOTIFY arrives. One backend in the end.
+func TestServePostgresDownAtStart(t *testing.T) {
+	c := needDB(t)
+	if c.External() {
+		t.Skip("external database: cannot stop it")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Start(context.Background()) }) // for the tests after this one
+	sd := newFakeSystemd(t)
+	path := sockPath(t)
+	start := time.Now()
+	p := serve(t, path, []string{"NOTIFY_SOCKET=" + sd.path})
+	// The first STATUS= (from the hub's loop) and READY=1 (from serve
+	// once Start returned) may come in either order.
+	ready := sd.waitAll(timeout, "READY=1", "STATUS=serving 0 workers, waiting for postgres")["READY=1"].Sub(start)
+	ws := []*worker{dialWhenListening(t, p), dialWhenListening(t, p)}
+	for i, w := range ws {
+		if m := w.expect("status"); m.Healthy {
+			t.Fatal("healthy:true with Postgres down")
+		}
+		w.c.Write(frame.AppendSub(nil, "early"))
+		w.c.Write(frame.AppendSub(nil, fmt.Sprint("early", i)))
+	}
+	// Nothing but status while the server is down.
+	for _, w := range ws {
+		if m, err := w.read(300 * time.Millisecond); err == nil && m.T != "status" {
+			t.Fatalf("got %+v while Postgres is down", m)
+		}
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	up := time.Now()
+	var worst time.Duration
+	for i, w := range ws {
+		healthy := false
+		acks := map[string]bool{}
+		for len(acks) < 2 {
+			m, err := w.read(timeout)
+			if err != nil {
+				t.Fatalf("worker %d: %v after Postgres came up", i, err)
+			}
+			switch m.T {
+			case "status":
+				healthy = m.Healthy
+			case "ack":
+				if !healthy {
+					t.Fatalf("worker %d: ack %q before healthy:true", i, m.Q)
+				}
+				acks[m.Q] = true
+			default:
+				t.Fatalf("worker %d: got %+v, want status and acks", i, m)
+			}
+		}
+		worst = max(worst, time.Since(up))
+	}
+	notify(t, "NOTIFY early, 'after'")
+	for _, w := range ws {
+		if m := w.expect("wake"); m.Q != "early" || m.P != "after" {
+			t.Fatalf("wake %+v", m)
+		}
+	}
+	sd.waitFor("postgres healthy", timeout)
+	if n := census(t, p.app); n != 1 {
+		t.Fatalf("census %d, want 1", n)
+	}
+	t.Logf("exec to READY=1 with Postgres down: %v; Postgres accepting to the last ack: %v", ready, worst)
+}
+
+// A configuration the server refuses is fatal (docs/design.md, Lifecycle:
+// Start): a wrong password (a role that must authenticate, through a
+// pg_hba.conf line this test adds) or a database that does not exist makes
+// serve exit 1 within seconds with one line naming the reason and never
+// the password, and removes the socket.
+func TestServeConfigErrors(t *testing.T) {
+	c := needDB(t)
+	if c.External() {
+		t.Skip("external database: cannot edit pg_hba.conf")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hba := filepath.Join(c.Dir(), "data", "pg_hba.conf")
+	orig, err := os.ReadFile(hba)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const role = "lh_pw_role"
+	line := fmt.Sprintf("host all %s 127.0.0.1/32 scram-sha-256\nhost all %s ::1/128 scram-sha-256\n", role, role)
+	if err := os.WriteFile(hba, append([]byte(line), orig...), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.WriteFile(hba, orig, 0)
+		c.Exec(context.Background(), "SELECT pg_reload_conf()")
+	})
+	for _, sql := range []string{
+		"DROP ROLE IF EXISTS " + role,
+		"SET password_encryption = 'scram-sha-256'; CREATE ROLE " + role + " LOGIN PASSWORD 'right'",
+		"SELECT pg_reload_conf()",
+	} {
+		if err := c.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	cc, err := pgconn.ParseConfig(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPort := fmt.Sprintf("127.0.0.1:%d", cc.Port)
+	for _, tc := range []struct {
+		name, url, want string
+	}{
+		{"wrong password", "postgres://" + role + ":sekrit@" + hostPort + "/postgres?sslmode=disable", "28P01"},
+		{"unknown database", "postgres://postgres:sekrit@" + hostPort + "/no_such_db?sslmode=disable", "3D000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := sockPath(t)
+			start := time.Now()
+			p := serve(t, path, nil, "--database-url", tc.url, "--log-format", "text", "--log-level", "error")
+			if code := p.exit(); code != 1 {
+				t.Fatalf("exit %d, want 1", code)
+			}
+			took := time.Since(start)
+			out := p.stderr.String()
+			var mine []string
+			for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+				if strings.HasPrefix(l, "listenhub serve:") {
+					mine = append(mine, l)
+				}
+			}
+			if len(mine) != 1 || !strings.Contains(mine[0], tc.want) {
+				t.Fatalf("want one line with %s, got:\n%s", tc.want, out)
+			}
+			if strings.Contains(out, "sekrit") {
+				t.Fatalf("password in the output:\n%s", out)
+			}
+			if took > 10*time.Second {
+				t.Fatalf("exit after %v, want within seconds", took)
+			}
+			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("socket file left: %v", err)
+			}
+			t.Logf("exit 1 after %v: %s", took, mine[0])
+		})
 	}
 }

@@ -19,9 +19,9 @@ import (
 	"github.com/listenhub/listenhub/listener"
 )
 
-// connectTimeout bounds the first connection to Postgres when the
-// connection string sets no connect_timeout: an unreachable address must
-// end in one clear line, not a two-minute TCP timeout.
+// connectTimeout bounds the one-shot connections of the tools (census):
+// an unreachable address must end in one clear line, not a two-minute TCP
+// timeout. (serve retries in the background instead.)
 const connectTimeout = 15 * time.Second
 
 // stopTimeout bounds the graceful stop; past it descriptors are closed
@@ -198,18 +198,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		serveMetrics(ln)
 	}
 
-	startCtx := ctx
-	if cc.ConnectTimeout == 0 {
-		var cancel context.CancelFunc
-		startCtx, cancel = context.WithTimeout(ctx, connectTimeout)
-		defer cancel()
-	}
+	// Start returns once the socket accepts; Postgres is reached in the
+	// background (retried while unreachable; a refused configuration
+	// stops the hub, below).
 	if inherited != nil {
 		// Started by the take-over above.
-	} else if err := h.Start(startCtx); err != nil {
+	} else if err := h.Start(ctx); err != nil {
 		if ctx.Err() != nil {
-			// SIGTERM or SIGINT while still connecting: a requested
-			// stop, with nothing bound and nothing to clean up.
 			log.Info("signal received while starting; stopped")
 			return 0
 		}

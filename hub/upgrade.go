@@ -54,6 +54,7 @@ type pgHandover interface {
 	Detach() (listener.Handover, error)
 	Resume() error
 	Abandon()
+	Terminate(done func())
 	PauseAtMarker(marker string, done func())
 	SendMarker(marker string) error
 }
@@ -555,11 +556,11 @@ func (h *Hub) release() {
 		stop()
 		return
 	}
-	// Our own TLS connection: read on (what comes is not delivered, we
-	// are stopping) so that the close is answered, then close it.
-	_ = u.pg.Resume()
+	// Our own TLS connection: end the session and wait for the server
+	// to hang up, so that its backend is gone before this process is:
+	// whoever watches the count never sees three.
 	h.stopTimer = h.loop.AfterFunc(5*time.Second, stop)
-	h.pg.Close(func() { h.stopTimer.Stop(); stop() })
+	u.pg.Terminate(func() { h.stopTimer.Stop(); stop() })
 }
 
 // Takeover starts the hub from the state another hub hands over (Handover,

@@ -341,3 +341,36 @@ func (t *fdTransport) interest() loop.Events {
 	}
 	return ev
 }
+
+// Terminate ends the session and runs done (on the loop) once the server
+// has hung up, which it does after its backend left pg_stat_activity, or
+// after the health-check timeout. An upgrade closes the old process's own
+// TLS connection this way, so that the count of backends is back to one
+// before the old process is gone. Commands still waiting get ErrClosed.
+func (c *Conn) Terminate(done func()) {
+	if c.state != stateUp || c.tr == nil {
+		c.Close(done)
+		return
+	}
+	if done != nil {
+		c.closeDone = append(c.closeDone, done)
+	}
+	c.state = stateClosing
+	c.healthy = false // no OnHealth: the owner asked for this
+	if c.hc != nil {
+		c.hc.Stop()
+		c.hc = nil
+	}
+	c.failWaiting(ErrClosed)
+	// Read again (what comes is not delivered: the state is closing), so
+	// that the hang-up is seen.
+	c.ho = handover{}
+	if t, ok := c.tr.(*fdTransport); ok && t.tok.Valid() {
+		_ = c.l.Modify(t.tok, t.interest())
+	}
+	if err := c.tr.write(terminate); err != nil {
+		c.finishClose()
+		return
+	}
+	c.closeTimer = c.l.AfterFunc(c.cfg.HealthCheckTimeout, c.finishClose)
+}

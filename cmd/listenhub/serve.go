@@ -163,6 +163,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "listenhub serve: upgrade: %v\n", err)
 		return 1
 	}
+	predecessor := 0
+	if inherited != nil {
+		predecessor = os.Getppid() // the old process: it waits for us
+	}
 
 	// The metrics address is bound before the hub starts, so that a port
 	// in use is a startup error like the others. (An upgrade hands the
@@ -223,6 +227,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	up := &upgrader{exe: exe, args: append([]string{"serve"}, args...), timeout: *upTimeout, log: log,
 		stdout: stdout, stderr: stderr, h: h}
+	up.predecessor = predecessor
 
 wait:
 	for {

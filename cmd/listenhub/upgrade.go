@@ -56,6 +56,27 @@ type upgrader struct {
 	stderr  io.Writer
 	h       *hub.Hub
 	metrics net.Listener // handed over too, when set
+	// predecessor is the pid of the process this one took over from
+	// (its parent), until it has exited: an upgrade waits for that, so
+	// that no more than two hubs (and two backends) ever exist.
+	predecessor int
+}
+
+// waitPredecessor waits, at most the upgrade timeout, for the process this
+// one took over from to exit.
+func (u *upgrader) waitPredecessor() error {
+	if u.predecessor <= 0 {
+		return nil
+	}
+	deadline := time.Now().Add(u.timeout)
+	for os.Getppid() == u.predecessor {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the process this one took over from (pid %d) has not exited after %v", u.predecessor, u.timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	u.predecessor = 0
+	return nil
 }
 
 // run performs one upgrade and reports whether the new process took over
@@ -63,6 +84,10 @@ type upgrader struct {
 // hub serves on and the reason is logged.
 func (u *upgrader) run(ctx context.Context) bool {
 	start := time.Now()
+	if err := u.waitPredecessor(); err != nil {
+		u.log.Error("upgrade refused; serving on", "reason", err)
+		return false
+	}
 	u.log.Info("upgrade: starting the new process", "path", u.exe)
 	mine, theirs, err := fdpass.Pair()
 	if err != nil {

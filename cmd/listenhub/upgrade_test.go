@@ -73,7 +73,17 @@ func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		if t.Failed() {
-			t.Logf("listenhub log:\n%s", u.log())
+			// The upgrade lines and the tail: the whole log of 21
+			// workers coming and going buries the failure above it.
+			var keep []string
+			lines := strings.Split(u.log(), "\n")
+			for i, l := range lines {
+				if strings.Contains(l, "upgrade") || strings.Contains(l, `"level":"WARN"`) ||
+					strings.Contains(l, `"level":"ERROR"`) || i >= len(lines)-20 {
+					keep = append(keep, l)
+				}
+			}
+			t.Logf("listenhub log (upgrade lines, warnings, tail):\n%s", strings.Join(keep, "\n"))
 		}
 	})
 	testutil.WaitFor(t, timeout, "the pid file", func() bool { return u.pid() == cmd.Process.Pid })
@@ -269,6 +279,7 @@ func startSeqNotifier(t *testing.T, url, q string, pace time.Duration) *seqNotif
 		t.Fatal(err)
 	}
 	n := &seqNotifier{stop: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(func() { n.halt() })
 	go func() {
 		defer close(n.done)
 		defer pc.Close(context.Background())
@@ -291,10 +302,19 @@ func startSeqNotifier(t *testing.T, url, q string, pace time.Duration) *seqNotif
 	return n
 }
 
+// halt stops the notifier (once).
+func (n *seqNotifier) halt() {
+	select {
+	case <-n.stop:
+	default:
+		close(n.stop)
+	}
+	<-n.done
+}
+
 func (n *seqNotifier) finish(t *testing.T) int {
 	t.Helper()
-	close(n.stop)
-	<-n.done
+	n.halt()
 	if n.err != nil {
 		t.Fatalf("seqNotifier: %v", n.err)
 	}
@@ -320,6 +340,7 @@ func sampleBackends(t *testing.T, url, app string) *backendSampler {
 		t.Fatal(err)
 	}
 	s := &backendSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(func() { s.halt() })
 	sql := fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'", app)
 	go func() {
 		defer close(s.done)
@@ -345,10 +366,18 @@ func sampleBackends(t *testing.T, url, app string) *backendSampler {
 	return s
 }
 
+func (s *backendSampler) halt() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.done
+}
+
 func (s *backendSampler) finish(t *testing.T) (maxSeen, samples int) {
 	t.Helper()
-	close(s.stop)
-	<-s.done
+	s.halt()
 	if s.err != nil {
 		t.Fatal(s.err)
 	}
@@ -368,6 +397,7 @@ type subscriber struct {
 func startSubscriber(t *testing.T, socket string) *subscriber {
 	t.Helper()
 	s := &subscriber{w: dialSeqWorker(t, socket), stop: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(func() { s.halt() })
 	go func() {
 		defer close(s.done)
 		for i := 0; ; i++ {
@@ -397,6 +427,16 @@ func startSubscriber(t *testing.T, socket string) *subscriber {
 	return s
 }
 
+func (s *subscriber) halt() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	s.w.c.Close() // ends a wait for an ack
+	<-s.done
+}
+
 func (s *subscriber) finish(t *testing.T) int {
 	t.Helper()
 	close(s.stop)
@@ -418,7 +458,7 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string) {
 	// test runs: past the default caps those would be nacked.
 	u := startUpHub(t, dbURL, "--metrics-addr", "127.0.0.1:0",
 		"--max-subscriptions", "1000000", "--max-channels", "1000000")
-	const q = "upgrade_stream"
+	q := "stream_" + strings.ToLower(appSafe.ReplaceAllString(t.Name(), "_"))
 	workers := make([]*seqWorker, 20)
 	for i := range workers {
 		workers[i] = dialSeqWorker(t, u.socket, q)

@@ -55,7 +55,7 @@ def clean_env():
 class Hub:
     """One `listenhub serve` on its own socket in a temporary directory."""
 
-    def __init__(self, name, prefix="", suffix="", socket_path=None):
+    def __init__(self, name, prefix="", suffix="", socket_path=None, args=()):
         require_env()
         self.dir = tempfile.mkdtemp(prefix="lhpy-")
         self.socket = socket_path or os.path.join(self.dir, "hub.sock")
@@ -63,7 +63,7 @@ class Hub:
         self.prefix, self.suffix = prefix, suffix
         self.log_path = os.path.join(self.dir, "hub.log")
         self._log = open(self.log_path, "wb")
-        args = [
+        argv = [
             HUB_BIN, "serve",
             "--socket", self.socket,
             "--database-url", DATABASE_URL,
@@ -72,10 +72,11 @@ class Hub:
             "--log-level", "debug",
         ]
         if prefix:
-            args += ["--channel-prefix", prefix]
+            argv += ["--channel-prefix", prefix]
         if suffix:
-            args += ["--channel-suffix", suffix]
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=clean_env())
+            argv += ["--channel-suffix", suffix]
+        argv += list(args)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=clean_env())
         self._ready()
 
     def _ready(self):

@@ -181,6 +181,45 @@ class FailoverTest(unittest.TestCase):
         self.assertEqual(f.mode(), listenhub.LOCAL)
         self.assertEqual(self.db.backends(self.app), 1)
 
+    def test_eviction_fails_over(self):
+        # A small outbound cap: a process that stops reading is evicted by
+        # the hub, which it sees as EOF, and fails over.
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=["--hard-queue-limit", "16"])
+        self.addCleanup(h.close)
+        release = threading.Event()
+        self.addCleanup(release.set)
+        first = threading.Event()
+
+        def on_wake(w):
+            self.col.on_wake(w)
+            if not first.is_set():
+                first.set()
+                release.wait(TIMEOUT)  # stop reading: the hub's queue for us grows
+
+        self.app = ("lhpy-local-" + self.name)[:60]
+        f = listenhub.Failover(
+            h.socket,
+            database_url=DATABASE_URL,
+            channel_prefix=PREFIX,
+            channel_suffix=SUFFIX,
+            application_name=self.app,
+            on_wake=on_wake,
+            on_status=self.col.on_status,
+            min_local=60,
+        )
+        self.addCleanup(f.close)
+        f.subscribe("flood")
+        # Far more than the socket buffers and the 16-frame cap hold.
+        self.db.conn.execute(
+            "SELECT pg_notify(%s, i::text) FROM generate_series(1, 50000) i", (PREFIX + "flood" + SUFFIX,)
+        )
+        self.assertTrue(first.wait(TIMEOUT))
+        wait_for("the eviction in the hub's log", lambda: "evict" in h.output().lower())
+        release.set()
+        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.ConnError)
+        self.col.wait("the durable wake of the failover", lambda s: Wake("flood", None, True) in s.wakes)
+
     def test_no_hub_at_start_is_local_mode_at_once(self):
         path = os.path.join(tempfile.mkdtemp(), "absent.sock")
         f = self.failover(path)

@@ -117,6 +117,24 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
         self.assertIsInstance(c.err, listenhub.AckTimeoutError)
 
 
+    async def test_stalled_write_kills_the_client(self):
+        # Thousands of tasks: debug mode's per-task tracebacks would take
+        # seconds.
+        asyncio.get_running_loop().set_debug(False)
+        fake = FakeHub("deaf")
+        self.addCleanup(fake.close)
+        c = await aio.connect(fake.socket, write_timeout=0.3, ack_timeout=60)
+        self.addCleanup(c.close)
+        # Sub frames (about 80 bytes each) that are never answered: far more
+        # bytes than the socket buffers hold, for a hub that never reads.
+        subs = [asyncio.ensure_future(c.subscribe("n" * 50 + "%05d" % i)) for i in range(3000)]
+        err = await asyncio.wait_for(c.wait(), TIMEOUT)
+        self.assertIsInstance(err, listenhub.ConnError)
+        self.assertEqual(err.op, "write")
+        results = await asyncio.gather(*subs, return_exceptions=True)
+        self.assertIs(results[0], err)
+
+
 class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
     def setUp(self):
         require_env()

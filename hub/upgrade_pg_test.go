@@ -8,6 +8,7 @@ import (
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/fdpass"
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // TestHandoverRollback: a new process that takes the state and then dies
@@ -130,6 +131,138 @@ func TestHandoverRollback(t *testing.T) {
 				t.Error("the rollback is not logged")
 			}
 			// And it still stops normally.
+		})
+	}
+}
+
+// TestHandoverInProcess: a whole upgrade between two hubs of one process
+// (the descriptors still travel over SCM_RIGHTS). The worker's sub is
+// mid-flight when the upgrade starts (its LISTEN is held up by a stopped
+// backend), another sub and a NOTIFY arrive while the hub is frozen: the
+// worker gets both acks and every wake once, from whichever hub, without
+// an EOF, and the new hub serves on with the counters carried over.
+func TestHandoverInProcess(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		name := map[bool]string{false: "plaintext", true: "tls"}[tlsOn]
+		t.Run(name, func(t *testing.T) {
+			c := needDB(t)
+			url := c.URL()
+			if tlsOn {
+				if url = c.TLSURL(); url == "" {
+					t.Skip("no TLS")
+				}
+			}
+			env := newPGEnv(t, func(cfg *Config) { cfg.DatabaseURL = url })
+			w := env.dial()
+			w.sub("a")
+			w.expect(ack("a"))
+
+			pids, err := c.BackendPIDs(context.Background(), env.app)
+			if err != nil || len(pids) != 1 {
+				t.Fatalf("backends %v, %v", pids, err)
+			}
+			if err := c.Freeze(pids[0]); err != nil {
+				t.Fatal(err)
+			}
+			thawed := false
+			thaw := func() {
+				if !thawed {
+					thawed = true
+					if err := c.Thaw(pids[0]); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+			defer thaw()
+			w.sub("b") // its LISTEN waits for the stopped backend
+			testutil.WaitFor(t, timeout, "the LISTEN of b in flight", func() bool {
+				l, err := env.h.Channels(context.Background(), ListOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, ch := range l.Channels {
+					if ch.Name == "b" && ch.State == "listen-in-flight" && ch.Waiting == 1 {
+						return true
+					}
+				}
+				return false
+			})
+
+			fa, fb, err := fdpass.Pair()
+			if err != nil {
+				t.Fatal(err)
+			}
+			oldEnd, err := fdpass.New(fa)
+			fa.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer oldEnd.Close()
+			newEnd, err := fdpass.New(fb)
+			fb.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer newEnd.Close()
+
+			nh, err := New(env.h.Config())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				defer cancel()
+				if err := nh.Stop(ctx); err != nil {
+					t.Errorf("new hub: Stop: %v", err)
+				}
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			took := make(chan error, 1)
+			go func() {
+				_, err := nh.Takeover(ctx, newEnd, nil)
+				took <- err
+			}()
+			handed := make(chan error, 1)
+			go func() { handed <- env.h.Handover(ctx, oldEnd, nil) }()
+
+			// The old hub freezes; the sub in flight holds the quiet
+			// point back. Meanwhile a sub and a NOTIFY arrive.
+			testutil.WaitFor(t, timeout, "the old hub frozen", func() bool {
+				return strings.Contains(env.logs.String(), "new process is up; freezing")
+			})
+			w.sub("c")
+			env.exec(`NOTIFY a, 'during'`)
+			thaw()
+
+			if err := <-handed; err != nil {
+				t.Fatalf("Handover: %v", err)
+			}
+			if err := <-took; err != nil {
+				t.Fatalf("Takeover: %v", err)
+			}
+			select {
+			case <-env.h.Done():
+			case <-time.After(timeout):
+				t.Fatal("the old hub did not stop")
+			}
+			got := map[string]int{}
+			for i := 0; i < 3; i++ {
+				got[w.next()]++
+			}
+			for _, want := range []string{ack("b"), ack("c"), wake("a", ptr("during"))} {
+				if got[want] != 1 {
+					t.Fatalf("after the upgrade: %v; want %s once", got, want)
+				}
+			}
+			env.exec(`NOTIFY a, 'after'; NOTIFY b, 'after'; NOTIFY c, 'after'`)
+			w.expect(wake("a", ptr("after")), wake("b", ptr("after")), wake("c", ptr("after")))
+			w.none()
+			st := nh.Stats()
+			if st.Upgrades != 1 || st.Workers != 1 || st.Channels != 3 || st.Accepts < 1 {
+				t.Errorf("new hub stats %+v", st)
+			}
+			testutil.WaitFor(t, timeout, "one backend", func() bool { return env.backends() == 1 })
 		})
 	}
 }

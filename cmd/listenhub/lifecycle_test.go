@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -126,7 +129,7 @@ func TestServeSystemdNotify(t *testing.T) {
 	ready := time.Since(start)
 	w := dialWorker(t, path) // accepting the moment READY=1 is sent
 	w.sub("notify")
-	sd.waitFor("STATUS=serving 1 workers, postgres healthy", timeout)
+	sd.waitFor("STATUS=serving 1 worker, postgres healthy", timeout)
 	// Watchdog pings every 200 ms: ten in well under the 15 s deadline,
 	// and never more than the 400 ms timeout apart on an idle machine
 	// (not asserted: the machine is shared).
@@ -570,5 +573,44 @@ func TestServeConfigErrors(t *testing.T) {
 			}
 			t.Logf("exit 1 after %v: %s", took, mine[0])
 		})
+	}
+}
+
+// The STATUS= line says where the hub stands: before the first connection,
+// connected, and lost after having been connected; an unchanged line is not
+// sent again, but every report pings the watchdog when it is on.
+func TestSDReporterStatus(t *testing.T) {
+	sd := newFakeSystemd(t)
+	t.Setenv("NOTIFY_SOCKET", sd.path)
+	t.Setenv("WATCHDOG_USEC", "10000000")
+	t.Setenv("WATCHDOG_PID", "")
+	r := newSDReporter(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer r.close()
+	if r.hook() == nil || r.interval != time.Second {
+		t.Fatalf("hook %v, interval %v; want a hook every 1s (the watchdog's 5s is longer)", r.hook() != nil, r.interval)
+	}
+	for _, c := range []struct {
+		s    hub.Stats
+		want string
+	}{
+		{hub.Stats{}, "WATCHDOG=1\nSTATUS=serving 0 workers, waiting for postgres"},
+		{hub.Stats{Workers: 1}, "WATCHDOG=1\nSTATUS=serving 1 worker, waiting for postgres"},
+		{hub.Stats{Workers: 1}, "WATCHDOG=1"},
+		{hub.Stats{Workers: 3, PostgresHealthy: true}, "WATCHDOG=1\nSTATUS=serving 3 workers, postgres healthy"},
+		{hub.Stats{Workers: 3}, "WATCHDOG=1\nSTATUS=serving 3 workers, postgres down; reconnecting"},
+	} {
+		r.report(c.s)
+		if got := sd.next(timeout); got != c.want {
+			t.Fatalf("report(%+v) sent %q, want %q", c.s, got, c.want)
+		}
+	}
+	r.stopping("stopping")
+	if got := sd.next(timeout); got != "STOPPING=1\nSTATUS=stopping" {
+		t.Fatalf("stopping sent %q", got)
+	}
+	r.report(hub.Stats{Workers: 9, PostgresHealthy: true}) // after STOPPING=1: nothing
+	r.ready()
+	if got := sd.next(timeout); got != "READY=1" {
+		t.Fatalf("after stopping, a report sent %q", got)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -68,26 +69,30 @@ func (r *sdReporter) report(s hub.Stats) {
 		return
 	}
 	r.connected = r.connected || s.PostgresHealthy
+	workers := fmt.Sprintf("serving %d workers", s.Workers)
+	if s.Workers == 1 {
+		workers = "serving 1 worker"
+	}
 	var status string
 	switch {
 	case s.PostgresHealthy:
-		status = fmt.Sprintf("serving %d workers, postgres healthy", s.Workers)
+		status = workers + ", postgres healthy"
 	case !r.connected:
-		status = fmt.Sprintf("serving %d workers, waiting for postgres", s.Workers)
+		status = workers + ", waiting for postgres"
 	default:
-		status = fmt.Sprintf("serving %d workers, postgres down; reconnecting", s.Workers)
+		status = workers + ", postgres down; reconnecting"
 	}
-	msg := ""
+	var lines []string
 	if r.watchdog {
-		msg = "WATCHDOG=1\n"
+		lines = append(lines, "WATCHDOG=1")
 	}
 	if status != r.last {
-		msg += "STATUS=" + status
+		lines = append(lines, "STATUS="+status)
 	}
-	if msg == "" {
+	if len(lines) == 0 {
 		return
 	}
-	if r.send(msg) && status != r.last {
+	if r.send(strings.Join(lines, "\n")) && status != r.last {
 		r.last = status
 	}
 }

@@ -122,7 +122,8 @@ func (o Options) withDefaults() Options {
 // and Err says why at the moment it dies: Close (ErrClosed), a transport
 // failure (*ConnError: EOF, which is also what an eviction by the hub looks
 // like; a malformed frame; a stalled write), an ack timeout
-// (*AckTimeoutError), or a nack that is not about the name (*NackError).
+// (*AckTimeoutError), or a nack that is neither about the name nor a cap
+// (*NackError).
 //
 // A client runs two goroutines: the reader, which also runs the handlers,
 // and a writer, which owns the write side of the socket so that Subscribe
@@ -258,8 +259,9 @@ func newClient(conn net.Conn, path string, opts Options) *Client {
 // one name share one sub frame and all return its answer; one Unsubscribe
 // undoes any number of Subscribes (use a Mux to count subscribers).
 //
-// Errors: a refusal of the name (errors.Is(err, ErrInvalidName)) leaves the
-// client alive. Any other nack, the ack timeout, EOF or a write failure
+// Errors: a refusal of the name (errors.Is(err, ErrInvalidName)) or for one
+// of the hub's caps (errors.Is(err, ErrLimit)) leaves the client alive. Any
+// other nack, the ack timeout, EOF or a write failure
 // kills the client and is returned. After the client died (Close included),
 // Subscribe returns Err at once. If ctx ends first, Subscribe returns
 // ctx.Err() without killing the client and the subscription is abandoned:
@@ -542,7 +544,7 @@ func (c *Client) handle(m frame.Message) bool {
 		}
 		c.mu.Unlock()
 	case "nack":
-		err := &NackError{Q: m.Q, Reason: m.Error, InvalidName: invalidNameReason(m.Error)}
+		err := &NackError{Q: m.Q, Reason: m.Error, InvalidName: invalidNameReason(m.Error), Limit: limitReason(m.Error)}
 		c.mu.Lock()
 		s := c.subs[m.Q]
 		if s == nil || s.call == nil {
@@ -550,7 +552,7 @@ func (c *Client) handle(m frame.Message) bool {
 			c.log.Debug("listenhub client: nack without a pending sub", "q", m.Q, "reason", m.Error)
 			return true
 		}
-		if !err.InvalidName {
+		if !err.InvalidName && !err.Limit {
 			// Dead before the waiters wake: they see Done closed.
 			c.mu.Unlock()
 			c.fail(err)

@@ -206,6 +206,34 @@ func TestClientNackInvalidNameKeepsClient(t *testing.T) {
 	}
 }
 
+// A nack at one of the hub's caps is final for that subscribe and leaves the
+// client alive: the hub keeps the connection.
+func TestClientNackLimitKeepsClient(t *testing.T) {
+	h := newFakeHub(t, false)
+	c := dialFake(t, h, nil, Options{})
+	fc := h.accept()
+	for i, reason := range []string{"too many subscriptions", "too many channels"} {
+		q := fmt.Sprintf("q%d", i)
+		done := result(func() error { return c.Subscribe(context.Background(), q) })
+		fc.expect(t, "sub", q)
+		fc.nack(q, reason)
+		err := await(t, done)
+		var nack *NackError
+		if !errors.As(err, &nack) || !nack.Limit || nack.InvalidName || !errors.Is(err, ErrLimit) {
+			t.Fatalf("err = %#v, want a limit *NackError", err)
+		}
+		if c.Err() != nil || isDone(c.Done()) {
+			t.Fatalf("client died on a %q nack: %v", reason, c.Err())
+		}
+	}
+	done := result(func() error { return c.Subscribe(context.Background(), "ok") })
+	fc.expect(t, "sub", "ok")
+	fc.ack("ok")
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestClientInvalidNameLocally(t *testing.T) {
 	h := newFakeHub(t, false)
 	c := dialFake(t, h, nil, Options{})

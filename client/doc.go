@@ -49,8 +49,9 @@
 //
 // # Errors
 //
-// errors.Is(err, ErrInvalidName) for a name no channel can carry (harmless
-// to the listener); *NackError, *AckTimeoutError (ErrAckTimeout) and
+// errors.Is(err, ErrInvalidName) for a name no channel can carry and
+// errors.Is(err, ErrLimit) for a refusal at one of the hub's caps (both
+// harmless to the listener); *NackError, *AckTimeoutError (ErrAckTimeout) and
 // *ConnError for hub failures (at Dial, a *PeerError, errors.Is
 // ErrNotOurHub, when the socket's peer runs as a uid that is not allowed:
 // Options.AllowUIDs, by default this process's own uid and root);

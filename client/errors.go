@@ -20,6 +20,14 @@ var ErrClosed = errors.New("listenhub client: closed")
 // over because of it.
 var ErrInvalidName = errors.New("invalid subscription name")
 
+// ErrLimit matches (errors.Is) a refusal for one of the hub's caps: this
+// worker holds the most subscriptions the hub allows one connection, or the
+// hub LISTENs the most channels it allows. Like a name refusal it is final
+// for that subscribe and harmless for the transport: the hub keeps the
+// connection, the client stays alive and a Failover does not fail over (its
+// own connection would only move the load onto a backend of its own).
+var ErrLimit = errors.New("hub limit reached")
+
 // ErrAckTimeout matches (errors.Is) an *AckTimeoutError.
 var ErrAckTimeout = errors.New("ack timeout")
 
@@ -32,17 +40,22 @@ type NackError struct {
 	Q      string // the subscription name that was refused
 	Reason string // the hub's "error" field, verbatim
 	// InvalidName is true when the refusal is about the name (see
-	// ErrInvalidName); any other nack (LISTEN failed, Postgres down) kills
-	// the client.
+	// ErrInvalidName), Limit when it is one of the hub's caps (see
+	// ErrLimit); any other nack (LISTEN failed, Postgres down) kills the
+	// client.
 	InvalidName bool
+	Limit       bool
 }
 
 func (e *NackError) Error() string {
 	return fmt.Sprintf("listenhub client: hub refused %q: %s", e.Q, e.Reason)
 }
 
-// Is makes errors.Is(err, ErrInvalidName) true for a name refusal.
-func (e *NackError) Is(target error) bool { return target == ErrInvalidName && e.InvalidName }
+// Is makes errors.Is(err, ErrInvalidName) true for a name refusal and
+// errors.Is(err, ErrLimit) for a cap.
+func (e *NackError) Is(target error) bool {
+	return target == ErrInvalidName && e.InvalidName || target == ErrLimit && e.Limit
+}
 
 // AckTimeoutError says that the hub did not answer a sub within the ack
 // timeout. The client is dead after it: a hub that does not answer is wedged
@@ -136,6 +149,13 @@ func checkName(q string) error {
 		return fmt.Errorf("listenhub client: %q: %w: not valid UTF-8", q, ErrInvalidName)
 	}
 	return nil
+}
+
+// limitReason tells a cap's refusal from any other nack by the hub's
+// reason text: "too many subscriptions" (per worker) and "too many
+// channels" (the hub's union).
+func limitReason(reason string) bool {
+	return strings.HasPrefix(strings.ToLower(reason), "too many ")
 }
 
 // invalidNameReason tells a name refusal from any other nack by the hub's

@@ -383,7 +383,8 @@ func (f *Failover) Subscribe(ctx context.Context, q string) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrInvalidName) {
+		if errors.Is(err, ErrInvalidName) || errors.Is(err, ErrLimit) {
+			// Final for q, harmless for the listener: no failover.
 			f.forget(q)
 			return err
 		}

@@ -288,6 +288,19 @@ func TestFailoverOnNack(t *testing.T) {
 		t.Fatal("failed over on an invalid-name nack")
 	}
 
+	// A cap of the hub: refused, no failover either.
+	for _, reason := range []string{"too many subscriptions", "too many channels"} {
+		done = result(func() error { return f.Subscribe(context.Background(), "capped") })
+		fc.expect(t, "sub", "capped")
+		fc.nack("capped", reason)
+		if err := await(t, done); !errors.Is(err, ErrLimit) || errors.Is(err, ErrInvalidName) {
+			t.Fatalf("%s: Subscribe = %v, want ErrLimit", reason, err)
+		}
+		if f.Mode() != ModeHub || fl.count() != 0 {
+			t.Fatalf("failed over on a %q nack", reason)
+		}
+	}
+
 	// LISTEN failed at the hub: fail over, subscribe locally.
 	done = result(func() error { return f.Subscribe(context.Background(), "a") })
 	fc.expect(t, "sub", "a")

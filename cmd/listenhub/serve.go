@@ -114,7 +114,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	cc, err := listener.ParseConfig(*databaseURL, *appName)
 	if err != nil {
-		return bad(fmt.Errorf("--database-url: %v", oneLine(err)))
+		// A configuration error like a refused password or an unknown
+		// database (docs/design.md, Lifecycle): exit 1, not the usage
+		// status of a mistyped flag.
+		fmt.Fprintf(stderr, "listenhub serve: --database-url: %s\n", oneLine(err))
+		return 1
 	}
 	if isSet(fs, "application-name") {
 		cc.RuntimeParams["application_name"] = *appName // explicit wins over the URL

@@ -12,6 +12,7 @@ const {
   ClosedError,
   ConnError,
   InvalidNameError,
+  LimitError,
   NackError,
   SlowConsumerError,
 } = require('./errors');
@@ -267,13 +268,14 @@ class Client {
       case 'nack': {
         if (!s || !s.call) return;
         const reason = typeof m.error === 'string' ? m.error : '';
-        if (!frame.invalidNameReason(reason)) {
+        const limit = frame.limitReason(reason);
+        if (!limit && !frame.invalidNameReason(reason)) {
           this._die(new NackError(q, reason));
           return;
         }
         const c = s.call;
         s.call = null;
-        this._settle(c, new InvalidNameError(q, reason));
+        this._settle(c, new (limit ? LimitError : InvalidNameError)(q, reason));
         if (!s.active) this._subs.delete(q);
         return;
       }

@@ -28,6 +28,14 @@ class InvalidNameError extends ListenhubError {
   }
 }
 
+// The hub refused the subscription at one of its caps ("too many
+// subscriptions" for this connection, "too many channels" for the hub). Like
+// a name refusal it is final for that subscribe and harmless for the
+// transport: the hub keeps the connection, so the client stays alive and a
+// failover does not fail over (its own connection would only move the load
+// onto a backend of its own).
+class LimitError extends InvalidNameError {}
+
 // The hub refused a subscription for a reason other than the name (LISTEN
 // failed, its Postgres is down): the client is dead after it.
 class NackError extends ListenhubError {
@@ -77,6 +85,7 @@ module.exports = {
   ListenhubError,
   ClosedError,
   InvalidNameError,
+  LimitError,
   NackError,
   AckTimeoutError,
   ConnError,

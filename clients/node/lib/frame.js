@@ -93,6 +93,12 @@ function invalidNameReason(reason) {
   return r.startsWith('invalid') || r.includes('invalid channel') || r.includes('too long') || r.includes('contains nul');
 }
 
+// Tells a refusal at one of the hub's caps ("too many subscriptions", "too
+// many channels"): final for that subscribe, the connection stays.
+function limitReason(reason) {
+  return String(reason || '').toLowerCase().startsWith('too many ');
+}
+
 // A channel as a Postgres quoted identifier, every '"' doubled: no name can
 // inject SQL, and case is kept.
 function quoteIdent(channel) {
@@ -110,5 +116,6 @@ module.exports = {
   nameProblem,
   channelProblem,
   invalidNameReason,
+  limitReason,
   quoteIdent,
 };

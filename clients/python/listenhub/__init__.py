@@ -20,6 +20,7 @@ from .errors import (
     ConnError,
     FailoverError,
     InvalidNameError,
+    LimitError,
     ListenhubError,
     NackError,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "FailoverError",
     "HUB",
     "InvalidNameError",
+    "LimitError",
     "ListenhubError",
     "LOCAL",
     "Local",

@@ -117,6 +117,12 @@ def invalid_name_reason(reason):
     )
 
 
+def limit_reason(reason):
+    """Tells a refusal at one of the hub's caps ("too many subscriptions",
+    "too many channels"): final for that subscribe, the connection stays."""
+    return (reason or "").lower().startswith("too many ")
+
+
 def quote_ident(channel):
     """A channel as a Postgres quoted identifier, every '"' doubled: no name
     can inject SQL, and case is kept."""

@@ -20,6 +20,7 @@ from .errors import (
     ConnError,
     FailoverError,
     InvalidNameError,
+    LimitError,
     ListenhubError,
     NackError,
 )
@@ -311,12 +312,13 @@ class AsyncClient:
             if s is None or s.call is None:
                 log.debug("listenhub client: nack without a pending sub: %r %s", q, reason)
                 return
-            if not _frame.invalid_name_reason(reason):
+            limit = _frame.limit_reason(reason)
+            if not limit and not _frame.invalid_name_reason(reason):
                 self._die(NackError(q, reason))
                 return
             c, s.call = s.call, None
             c.timer.cancel()
-            c.fut.set_exception(InvalidNameError(q, reason))
+            c.fut.set_exception((LimitError if limit else InvalidNameError)(q, reason))
             c.fut.exception()
             if not s.active:
                 del self._subs[q]

@@ -16,6 +16,7 @@ from .errors import (
     ClosedError,
     ConnError,
     InvalidNameError,
+    LimitError,
     ListenhubError,
     NackError,
 )
@@ -400,11 +401,12 @@ class Client:
                         s.active = True
         elif t == "nack":
             reason = m.get("error") or ""
-            if _frame.invalid_name_reason(reason):
+            if _frame.invalid_name_reason(reason) or _frame.limit_reason(reason):
+                err_type = LimitError if _frame.limit_reason(reason) else InvalidNameError
                 with self._mu:
                     s = self._subs.get(q)
                     if s is not None and s.call is not None:
-                        self._resolve(s.call, InvalidNameError(q, reason))
+                        self._resolve(s.call, err_type(q, reason))
                         s.call = None
                         if not s.active:
                             del self._subs[q]

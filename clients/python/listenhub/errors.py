@@ -24,6 +24,15 @@ class InvalidNameError(ListenhubError):
         self.reason = reason
 
 
+class LimitError(InvalidNameError):
+    """The hub refused the subscription at one of its caps ("too many
+    subscriptions" for this connection, "too many channels" for the hub).
+    Like a name refusal it is final for that subscribe and harmless for the
+    transport: the hub keeps the connection, so the client stays alive and a
+    failover listener does not fail over (its own connection would only move
+    the load onto a backend of its own)."""
+
+
 class NackError(ListenhubError):
     """The hub refused a subscription for a reason other than the name (its
     LISTEN failed, its Postgres is down): the client is dead after it."""

@@ -166,7 +166,20 @@ type Config struct {
 	Report func(Stats)
 	// ReportInterval is the period of Report. Default StatusInterval.
 	ReportInterval time.Duration
+
+	// PostgresConnections is how many LISTEN connections the channel
+	// union is spread over, each channel on one of them (by a hash of its
+	// name). PostgreSQL scans a backend's channel list for every
+	// notification, so one backend holding tens of thousands of channels
+	// delivers far fewer NOTIFYs per second; a few connections each hold
+	// a share. The hub is healthy when all are. Default 1, at most
+	// MaxPostgresConnections.
+	PostgresConnections int
 }
+
+// MaxPostgresConnections bounds Config.PostgresConnections: each is a
+// backend, and the point of the hub is to use few.
+const MaxPostgresConnections = 64
 
 // withDefaults returns a copy of c with zero fields defaulted, or an error
 // naming the first invalid field.
@@ -204,6 +217,7 @@ func (c Config) withDefaults() (Config, error) {
 		defInt(&c.MaxSubscriptions, DefaultMaxSubscriptions, "MaxSubscriptions"),
 		defInt(&c.MaxChannels, DefaultMaxChannels, "MaxChannels"),
 		defDur(&c.FrameTimeout, DefaultFrameTimeout, "FrameTimeout"),
+		defInt(&c.PostgresConnections, 1, "PostgresConnections"),
 		defDur(&c.StatusInterval, DefaultStatusInterval, "StatusInterval"),
 		defDur(&c.HealthCheckInterval, DefaultHealthCheckInterval, "HealthCheckInterval"),
 		defDur(&c.HealthCheckTimeout, DefaultHealthCheckTimeout, "HealthCheckTimeout"),
@@ -218,6 +232,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ReportInterval == 0 {
 		c.ReportInterval = c.StatusInterval
+	}
+	if c.PostgresConnections > MaxPostgresConnections {
+		return c, fmt.Errorf("hub: config: PostgresConnections %d is above the maximum %d", c.PostgresConnections, MaxPostgresConnections)
 	}
 	if c.HardQueueBytes < 64<<10 {
 		// One frame may carry an 8000-byte payload; a cap below a few

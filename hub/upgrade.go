@@ -44,17 +44,20 @@ import (
 // notification stream between the two, so that at most two backends exist
 // and old's is closed at commit. See package listener, handover.go.
 
-// pgHandover is what the Postgres side must offer for an upgrade
-// (*listener.Conn does).
+// pgHandover is what the Postgres side must offer for an upgrade (*pgSet
+// does, for all its connections at once: each is handed over, or each
+// splits its stream at the marker).
 type pgHandover interface {
 	postgres
 	CanDetach() bool
 	WhenIdle(done func())
 	CancelHold()
-	Detach() (listener.Handover, error)
+	Detach() ([]listener.Handover, error)
 	Resume() error
 	Abandon()
 	Terminate(done func())
+	ListenMarker(marker string, done func(error))
+	UnlistenMarker(marker string)
 	PauseAtMarker(marker string, done func())
 	SendMarker(marker string) error
 }
@@ -136,6 +139,12 @@ type handedHub struct {
 	Channels []handedChannel    `json:"channels"`
 	Workers  []handedWorker     `json:"workers"`
 	Extra    map[string]int     `json:"extra,omitempty"`
+
+	// PGMore are the Postgres connections after the first
+	// (Config.PostgresConnections), in order, their descriptors at
+	// PGMoreFDs; absent from a hub with one connection.
+	PGMore    []listener.Handover `json:"pg_more,omitempty"`
+	PGMoreFDs []int               `json:"pg_more_fds,omitempty"`
 }
 
 const handedVersion = 1
@@ -338,7 +347,7 @@ func (h *Hub) freeze(frozen chan<- error, prepared chan<- upPrepare, snap chan<-
 	}
 	marker := fmt.Sprintf("listenhub_upgrade_%d_%d", os.Getpid(), time.Now().UnixNano())
 	h.up.marker = marker
-	pg.Listen(marker, func(err error) {
+	pg.ListenMarker(marker, func(err error) {
 		if h.up == nil || h.up.marker != marker {
 			return // rolled back meanwhile
 		}
@@ -410,13 +419,18 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 	}
 	fds = append(fds, h.sock.fd)
 	if u.pg.CanDetach() {
-		ho, err := u.pg.Detach()
+		hos, err := u.pg.Detach()
 		if err != nil {
 			return nil, nil, fmt.Errorf("hub: upgrade: %w", err)
 		}
-		st.Postgres = &ho
+		st.Postgres = &hos[0]
 		st.PGFD = len(fds)
-		fds = append(fds, ho.FD)
+		fds = append(fds, hos[0].FD)
+		for _, ho := range hos[1:] {
+			st.PGMore = append(st.PGMore, ho)
+			st.PGMoreFDs = append(st.PGMoreFDs, len(fds))
+			fds = append(fds, ho.FD)
+		}
 	}
 	u.handed = true
 	for _, ch := range h.channels {
@@ -520,7 +534,7 @@ func (h *Hub) thaw(cause error) {
 		h.log.Error("upgrade: resume postgres", "reason", err)
 	}
 	if u.marker != "" {
-		u.pg.Unlisten(u.marker, nil)
+		u.pg.UnlistenMarker(u.marker)
 	}
 	h.dropEmpty()
 }
@@ -606,7 +620,7 @@ func (h *Hub) Takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 	if err != nil {
 		return abort(err)
 	}
-	var tlsPG *listener.Conn
+	var tlsPG *pgSet
 	if m.T == "prepare" && m.Prepare != nil {
 		// TLS: a connection of our own LISTENs the union and the
 		// marker; the old process delivers up to the marker.
@@ -616,7 +630,7 @@ func (h *Hub) Takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 			return abort(err)
 		}
 		u := h.up
-		tlsPG, err = listener.OpenForTakeover(ctx, l, cfg, p.Channels, p.Marker, func() {
+		tlsPG, err = openSetForTakeover(ctx, l, h.cfg.PostgresConnections, cfg, p.Channels, p.Marker, func() {
 			// Everything before the marker was the old process's.
 			u.markerSeen = true
 			if u.live {
@@ -739,6 +753,11 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	idx := []int{st.Socket.FD}
 	if st.Postgres != nil {
 		idx = append(idx, st.PGFD)
+		idx = append(idx, st.PGMoreFDs...)
+	}
+	if len(st.PGMore) != len(st.PGMoreFDs) {
+		closeAll(fds)
+		return fmt.Errorf("hub: upgrade: %d more Postgres connections with %d descriptors", len(st.PGMore), len(st.PGMoreFDs))
 	}
 	for _, hw := range st.Workers {
 		idx = append(idx, hw.FD)
@@ -762,16 +781,36 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 			closeAll(fds)
 			return err
 		}
-		ho := *st.Postgres
-		ho.FD = fds[st.PGFD]
-		c, err := listener.Adopt(h.loop, cfg, ho) // closes ho.FD on an error
+		hos := append([]listener.Handover{*st.Postgres}, st.PGMore...)
+		pgFDs := append([]int{st.PGFD}, st.PGMoreFDs...)
+		// The channels stay where the old process put them: as many
+		// connections as it handed over, whatever this one's
+		// configuration says (a new count takes effect on a restart).
+		if len(hos) != h.cfg.PostgresConnections {
+			h.log.Warn("upgrade: keeping the handed-over number of Postgres connections",
+				"handed", len(hos), "configured", h.cfg.PostgresConnections)
+		}
+		adopted := 0
+		set, err := newPGSet(len(hos), cfg, true, func(i int, c listener.Config) (*listener.Conn, error) {
+			ho := hos[i]
+			ho.FD = fds[pgFDs[i]]
+			adopted = i + 1
+			return listener.Adopt(h.loop, c, ho) // closes ho.FD on an error
+		})
 		if err != nil {
-			closeAll(slices.Delete(slices.Clone(fds), st.PGFD, st.PGFD+1))
+			// The old process serves on with these backends: this
+			// process's copies go without a word to the server.
+			set.Abandon()
+			rest := slices.Clone(fds)
+			for _, i := range pgFDs[:adopted] {
+				rest[i] = -1 // closed by Adopt or by Abandon
+			}
+			closeAll(rest)
 			return err
 		}
-		h.pg = c
+		h.pg = set
 	}
-	pg := h.pg.(pgHandover) // a *listener.Conn either way
+	pg := h.pg.(pgHandover) // a *pgSet either way
 	sock := fds[st.Socket.FD]
 	h.up.pg = pg
 	h.sock = listenSocket{path: st.Socket.Path, fd: sock, dev: st.Socket.Dev, ino: st.Socket.Ino, adopted: st.Socket.Inherited}
@@ -891,7 +930,7 @@ func (h *Hub) goLive() {
 func (u *upgrade) startDelivery() {
 	_ = u.pg.Resume() // an error there is a lost connection: it reconnects
 	if u.marker != "" {
-		u.pg.Unlisten(u.marker, nil)
+		u.pg.UnlistenMarker(u.marker)
 	}
 }
 

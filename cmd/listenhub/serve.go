@@ -51,6 +51,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
 		pidFile       = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically; removed on a normal stop)")
 		upTimeout     = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
+		pgConns       = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
 		allowUIDs     uidList
 		databaseGiven bool
 	)
@@ -99,6 +100,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		positiveInt("max-subscriptions", *maxSubs),
 		positiveInt("max-channels", *maxChannels),
 		positiveDuration("frame-timeout", *frameTimeout),
+		positiveInt("postgres-connections", *pgConns),
 		positiveDuration("status-interval", *statusIvl),
 		positiveDuration("health-check-interval", *hcInterval),
 		positiveDuration("health-check-timeout", *hcTimeout),
@@ -149,6 +151,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Listener:            listenFile,
 		Report:              sd.hook(),
 		ReportInterval:      sd.interval,
+		PostgresConnections: *pgConns,
 	})
 	if err != nil {
 		return bad(err)

@@ -451,18 +451,27 @@ func (s *subscriber) finish(t *testing.T) int {
 // to 20 workers across 10 consecutive upgrades, with a subscriber
 // subscribing all along. Every worker gets every number exactly once and
 // never sees EOF, every sub is acked, the serving pid changes every time,
-// and the hub never holds more than 2 backends (1 at the end).
-func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string) {
+// and the hub never holds more than 2 backends (1 at the end). With k
+// Postgres connections (--postgres-connections) every one of them moves:
+// k backends at the end, at most 2k meanwhile, no reconnect, and a worker
+// subscribed (before the first upgrade) to channels spread over all k gets
+// a NOTIFY on each after the last.
+func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string, k int) {
 	c := needDB(t)
 	// The subscriber takes a new name every round trip for as long as the
 	// test runs: past the default caps those would be nacked.
 	u := startUpHub(t, dbURL, "--metrics-addr", "127.0.0.1:0",
-		"--max-subscriptions", "1000000", "--max-channels", "1000000")
+		"--max-subscriptions", "1000000", "--max-channels", "1000000", "--postgres-connections", strconv.Itoa(k))
 	q := "stream_" + strings.ToLower(appSafe.ReplaceAllString(t.Name(), "_"))
 	workers := make([]*seqWorker, 20)
 	for i := range workers {
 		workers[i] = dialSeqWorker(t, u.socket, q)
 	}
+	var spread []string
+	for i := range 4 * k {
+		spread = append(spread, fmt.Sprint(q, "_spread", i))
+	}
+	spreadW := dialSeqWorker(t, u.socket, spread...)
 	sampler := sampleBackends(t, c.URL(), u.app)
 	subs := startSubscriber(t, u.socket)
 	nf := startSeqNotifier(t, c.URL(), q, 2*time.Millisecond)
@@ -517,9 +526,19 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string) {
 	if m["listenhub_accepts_total"] < float64(len(workers)+1) {
 		t.Errorf("listenhub_accepts_total %v: the counters were not carried over", m["listenhub_accepts_total"])
 	}
-	if m["listenhub_workers"] != float64(len(workers)+1) {
-		t.Errorf("listenhub_workers %v, want %d", m["listenhub_workers"], len(workers)+1)
+	if m["listenhub_workers"] != float64(len(workers)+2) {
+		t.Errorf("listenhub_workers %v, want %d", m["listenhub_workers"], len(workers)+2)
 	}
+	if m["listenhub_postgres_reconnects_total"] != 0 {
+		t.Errorf("listenhub_postgres_reconnects_total %v: a connection was not handed over", m["listenhub_postgres_reconnects_total"])
+	}
+	for i, ch := range spread {
+		notify(t, fmt.Sprintf("NOTIFY %s, '%d'", ch, i))
+	}
+	testutil.WaitFor(t, timeout, "a wake on every spread channel", func() bool {
+		n, _, _, _ := spreadW.state()
+		return n == len(spread)
+	})
 	sent := nf.finish(t)
 	acked := subs.finish(t)
 	testutil.WaitFor(t, timeout, "every wake at every worker", func() bool {
@@ -548,18 +567,18 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string) {
 	}
 	// Only now: a sample taken before the old backends are gone may say
 	// 2, never more.
-	testutil.WaitFor(t, timeout, "one backend", func() bool { return census(t, u.app) == 1 })
+	testutil.WaitFor(t, timeout, fmt.Sprintf("%d backends", k), func() bool { return census(t, u.app) == k })
 	maxBackends, samples := sampler.finish(t)
-	if maxBackends > 2 {
-		t.Errorf("up to %d backends seen, want at most 2", maxBackends)
+	if maxBackends > 2*k {
+		t.Errorf("up to %d backends seen, want at most %d", maxBackends, 2*k)
 	}
 	if acked == 0 {
 		t.Error("the subscriber got no ack at all")
 	}
 	t.Logf("%d upgrades: signal → new pid serving avg %v, max %v; largest gap in the 2 ms stream %v; "+
-		"%d wakes to each of %d workers; %d subs acked meanwhile; backends max %d over %d samples, 1 at the end",
+		"%d wakes to each of %d workers; %d subs acked meanwhile; backends max %d over %d samples, %d at the end",
 		upgrades, (tookSum / time.Duration(upgrades)).Round(time.Millisecond), tookMax.Round(time.Millisecond),
-		gap.Round(time.Millisecond), sent, len(workers), acked, maxBackends, samples)
+		gap.Round(time.Millisecond), sent, len(workers), acked, maxBackends, samples, k)
 
 	// A normal stop of the last process removes the pid file it wrote.
 	last := u.pid()
@@ -571,7 +590,13 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string) {
 }
 
 func TestUpgradeUnderLoad(t *testing.T) {
-	runUpgrades(t, needDB(t).URL(), 10, "descriptor")
+	runUpgrades(t, needDB(t).URL(), 10, "descriptor", 1)
+}
+
+// TestUpgradeFourConnections: with --postgres-connections 4 an upgrade
+// hands over all four descriptors.
+func TestUpgradeFourConnections(t *testing.T) {
+	runUpgrades(t, needDB(t).URL(), 3, "descriptor", 4)
 }
 
 // TestUpgradeFailingBinary replaces the binary at the hub's path with a
@@ -628,5 +653,15 @@ func TestUpgradeTLS(t *testing.T) {
 	if u == "" {
 		t.Skip("the test cluster has no TLS")
 	}
-	runUpgrades(t, u, 5, "new connection")
+	runUpgrades(t, u, 5, "new connection", 1)
+}
+
+// TestUpgradeTLSFourConnections: under TLS each of the four connections
+// splits its stream at the marker.
+func TestUpgradeTLSFourConnections(t *testing.T) {
+	u := needDB(t).TLSURL()
+	if u == "" {
+		t.Skip("the test cluster has no TLS")
+	}
+	runUpgrades(t, u, 2, "new connection", 4)
 }

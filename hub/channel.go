@@ -242,7 +242,12 @@ func (h *Hub) listenDone(ch *channel, err error) {
 		return
 	}
 	if err != nil {
-		h.log.Warn("LISTEN failed", "q", ch.q, "channel", ch.pg, "subscribers", len(ch.subs), "reason", err)
+		// Rate-limited like a refused sub: a worker that piles up
+		// thousands of subs while Postgres is down makes thousands fail.
+		if h.logOK(logRefusedSub, slog.LevelWarn) {
+			h.logLine(logRefusedSub, slog.LevelWarn, "LISTEN failed", "q", logName(ch.q), "channel", logName(ch.pg),
+				"subscribers", len(ch.subs), "reason", err)
+		}
 		reason := "LISTEN failed: " + err.Error()
 		for _, x := range takeWaiters(ch) {
 			if !x.w.closed {
@@ -277,7 +282,9 @@ func (h *Hub) unlistenDone(ch *channel, err error) {
 		return
 	}
 	if err != nil {
-		h.log.Warn("UNLISTEN failed", "q", ch.q, "channel", ch.pg, "reason", err)
+		if h.logOK(logRefusedSub, slog.LevelWarn) {
+			h.logLine(logRefusedSub, slog.LevelWarn, "UNLISTEN failed", "q", logName(ch.q), "channel", logName(ch.pg), "reason", err)
+		}
 		if len(ch.subs) == 0 && !errors.Is(err, listener.ErrInvalidChannel) {
 			// The listener may still LISTEN to it (and re-LISTEN on
 			// reconnect): retry once the connection is back.

@@ -149,3 +149,30 @@ func (nt *notifier) flood(ctx context.Context, channel string, run int64, dur ti
 	r.Elapsed = time.Since(start)
 	return r, ctx.Err()
 }
+
+// floodMany sends back to back on one connection for dur, round-robin over
+// the channels prefix+0 … prefix+(n-1).
+func (nt *notifier) floodMany(ctx context.Context, prefix string, n int, run int64, dur time.Duration) (sendResult, error) {
+	if err := nt.ensure(ctx, 1); err != nil {
+		return sendResult{}, err
+	}
+	c := nt.conns[0]
+	names := make([]string, n)
+	for i := range names {
+		names[i] = prefix + strconv.Itoa(i)
+	}
+	var buf []byte
+	start := time.Now()
+	end := start.Add(dur)
+	r := sendResult{Conns: 1, Start: start.UnixNano()}
+	for i := 0; time.Now().Before(end) && ctx.Err() == nil; i++ {
+		buf = payload(buf, run, i, "")
+		if _, err := c.Exec(ctx, notifySQL, names[i%n], string(buf)); err != nil {
+			r.Errors++
+			continue
+		}
+		r.Sent++
+	}
+	r.Elapsed = time.Since(start)
+	return r, ctx.Err()
+}

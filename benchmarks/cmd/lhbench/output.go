@@ -85,14 +85,18 @@ func tables(r *Results) []*table {
 	}
 	if len(r.Paced) > 0 {
 		t := &table{title: "Paced latency: one NOTIFY every 10 ms, NOTIFY→receipt in the worker",
-			header: []string{"system", "N", "layout", "samples", "p50", "p95", "p99", "max", "lost", "evicted", "hub CPU", "p99 of each round", ""}}
+			header: []string{"system", "N", "layout", "samples", "p50", "p95", "p99", "max", "lost", "evicted", "hub CPU", "hub CPU/delivery", "p99 of each round", ""}}
 		for _, p := range r.Paced {
 			var rp []string
 			for _, v := range p.RoundP99 {
 				rp = append(rp, us(v))
 			}
+			per := "-"
+			if p.System != "direct" && p.Recv > 0 {
+				per = fmt.Sprintf("%.1f µs", p.CPU*1e6/float64(p.Recv))
+			}
 			t.add(p.System, p.N, p.Layout, p.Lat.Count, us(p.Lat.P50), us(p.Lat.P95), us(p.Lat.P99), us(p.Lat.Max), p.Lost, p.Evicted, cpuCol(p.CPU, p.CPUSys, p.System),
-				strings.Join(rp, " "), errCol(p.Err))
+				per, strings.Join(rp, " "), errCol(p.Err))
 		}
 		ts = append(ts, t)
 	}
@@ -144,6 +148,29 @@ func tables(r *Results) []*table {
 				ratio = x.With.P99 / x.Without.P99
 			}
 			t.add(x.System, us(x.Without.P50), us(x.Without.P99), us(x.With.P50), us(x.With.P99), fmt.Sprintf("%.2f×", ratio), x.SiblingsLost, x.WedgedEvicted, errCol(x.Err))
+		}
+		ts = append(ts, t)
+	}
+	if len(r.Channels) > 0 {
+		t := &table{title: fmt.Sprintf("Many channels: one subscriber holding C channels, a back-to-back notifier round-robin over them for %v", r.Params.FloodDur),
+			header: []string{"system", "channels", "backends", "LISTEN all", "NOTIFY/s sent", "delivered/s", "vs C=1000", "p50", "p99", "lost", "hub CPU/delivery", "backends CPU/delivery", ""}}
+		base := map[string]float64{}
+		for _, c := range r.Channels {
+			if c.Channels == 1000 && c.Err == "" {
+				base[c.System] = c.DeliveredPS
+			}
+		}
+		for _, c := range r.Channels {
+			per := "-"
+			if c.System != "direct" {
+				per = fmt.Sprintf("%.0f ns", c.ServerNsPerDelivery)
+			}
+			rel := "-"
+			if b := base[c.System]; b > 0 && c.Err == "" {
+				rel = fmt.Sprintf("%.0f%%", 100*c.DeliveredPS/b)
+			}
+			t.add(c.System, c.Channels, c.Backends, fmt.Sprintf("%.2fs", c.ListenSecs), si(c.NotifyPerSec), si(c.DeliveredPS), rel, us(c.Lat.P50), us(c.Lat.P99), c.Lost,
+				per, fmt.Sprintf("%.0f ns", c.BackendNsPerDelivery), errCol(c.Err))
 		}
 		ts = append(ts, t)
 	}
@@ -448,6 +475,33 @@ func evaluate(r *Results, _ func(string) *system) []Target {
 			fig = "gohub wins: " + strings.Join(wins, "; ")
 		}
 		add("the goroutine-per-connection hub loses on every row", cmp > 0, len(wins) == 0, fig)
+	}
+
+	// many channels: K=4 at 50,000 keeps >= 90% of its rate at 1,000
+	{
+		var at1k, at50k *ChannelsRow
+		for i := range r.Channels {
+			c := &r.Channels[i]
+			if c.System == "hub K=4" && c.Err == "" {
+				switch c.Channels {
+				case 1000:
+					at1k = c
+				case 50000:
+					at50k = c
+				}
+			}
+		}
+		fig := ""
+		if at1k != nil && at50k != nil {
+			fig = fmt.Sprintf("%s delivered/s at 50,000 vs %s at 1,000 (%.0f%%)", si(at50k.DeliveredPS), si(at1k.DeliveredPS), 100*at50k.DeliveredPS/max(at1k.DeliveredPS, 1))
+			for _, c := range r.Channels {
+				if c.System == "hub K=1" && c.Channels == 50000 && c.Err == "" {
+					fig += fmt.Sprintf("; K=1 at 50,000: %s", si(c.DeliveredPS))
+				}
+			}
+		}
+		add("50,000 channels, K=4: >= 90% of the NOTIFY rate at 1,000", at1k != nil && at50k != nil,
+			at1k != nil && at50k != nil && at50k.DeliveredPS >= 0.9*at1k.DeliveredPS, fig)
 	}
 	return ts
 }

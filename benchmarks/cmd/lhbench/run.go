@@ -48,6 +48,10 @@ type params struct {
 	SatOneProc     bool          `json:"saturation_one_proc"`
 	SatOneProcN    []int         `json:"saturation_one_proc_n"` // 1×N saturation layouts (full suite)
 	BigCensusProcs int           `json:"big_census_procs"`
+	ChannelsN      []int         `json:"channels_n,omitempty"` // the many-channels scenario's channel counts
+	// CPUs, when set, pins every server process (not the workers, not
+	// Postgres) to that many cores with taskset.
+	CPUs int `json:"server_cpus,omitempty"`
 }
 
 func fullParams() params {
@@ -58,6 +62,7 @@ func fullParams() params {
 		IdleN:     []int{1000, 10000},
 		WedgedDur: 4 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, SatOneProc: true, SatOneProcN: []int{64, 256}, BigCensusProcs: 8,
+		ChannelsN: []int{1000, 10000, 50000},
 	}
 }
 
@@ -70,6 +75,7 @@ func quickParams() params {
 		IdleN:     []int{1000},
 		WedgedDur: 2500 * time.Millisecond, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, BigCensusProcs: 8,
+		ChannelsN: []int{1000, 10000},
 	}
 }
 
@@ -105,7 +111,9 @@ func runMain(args []string) error {
 	quick := fs.Bool("quick", false, "the short suite (under 2 minutes)")
 	jsonOut := fs.String("json", "", "write all results to this file")
 	mdOut := fs.String("md", "", "write the tables as Markdown to this file")
-	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged")
+	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged,channels")
+	cpus := fs.Int("cpus", 0, "pin every server process to this many cores (taskset -c 0..N-1; 0: no pinning)")
+	channelsN := fs.String("channels", "", "override the many-channels scenario's channel counts (e.g. 1000,50000)")
 	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet)")
 	hubBin := fs.String("hub-bin", "", "use this listenhub binary instead of building ../cmd/listenhub")
 	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
@@ -119,6 +127,25 @@ func runMain(args []string) error {
 	p := fullParams()
 	if *quick {
 		p = quickParams()
+	}
+	p.CPUs = *cpus
+	if *channelsN != "" {
+		p.ChannelsN = nil
+		for _, s := range strings.Split(*channelsN, ",") {
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				return fmt.Errorf("--channels: %w", err)
+			}
+			p.ChannelsN = append(p.ChannelsN, n)
+		}
+	}
+	if *cpus > 0 {
+		if _, err := exec.LookPath("taskset"); err != nil {
+			return fmt.Errorf("--cpus needs taskset (util-linux): %w", err)
+		}
+		if *cpus > runtime.NumCPU() {
+			return fmt.Errorf("--cpus %d: the machine has %d", *cpus, runtime.NumCPU())
+		}
 	}
 	if *churnRate >= 0 {
 		p.ChurnCycleRate = *churnRate
@@ -207,7 +234,7 @@ func runMain(args []string) error {
 
 	self, _ := os.Executable()
 	for _, name := range strings.Split(*systems, ",") {
-		s := &system{name: name, dbURL: b.dbURL}
+		s := &system{name: name, dbURL: b.dbURL, cpus: p.CPUs}
 		switch name {
 		case "direct":
 			s.direct, s.appName = true, directAppName
@@ -252,6 +279,7 @@ func runMain(args []string) error {
 		{"churn", b.churn},
 		{"idle", b.idle},
 		{"wedged", b.wedged},
+		{"channels", b.channelsScenario},
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {

@@ -29,6 +29,7 @@ type Results struct {
 	Churn      []ChurnRow     `json:"churn"`
 	Idle       []IdleRow      `json:"idle"`
 	Wedged     []WedgedRow    `json:"wedged"`
+	Channels   []ChannelsRow  `json:"channels,omitempty"`
 	Targets    []Target       `json:"targets"`
 	Notes      []string       `json:"notes,omitempty"`
 	Durations  []scenarioTime `json:"durations"`

@@ -29,6 +29,7 @@ type system struct {
 	socket  string // set while running
 
 	argv     []string // server command, without --database-url/--socket
+	cpus     int      // when > 0, the server runs under taskset on cores 0..cpus-1
 	memstats string   // when set, --memstats path (the server answers SIGUSR1)
 	cmd      *exec.Cmd
 	log      *os.File
@@ -60,7 +61,12 @@ func (s *system) start(dir string) error {
 		profileSeq++
 		args = append(args, "--cpuprofile", filepath.Join(d, fmt.Sprintf("%s-%d.pprof", s.name, profileSeq)))
 	}
-	s.cmd = exec.Command(s.argv[0], args...)
+	if s.cpus > 0 {
+		args = append([]string{"-c", fmt.Sprintf("0-%d", s.cpus-1), s.argv[0]}, args...)
+		s.cmd = exec.Command("taskset", args...)
+	} else {
+		s.cmd = exec.Command(s.argv[0], args...)
+	}
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	var err error
 	s.log, err = os.OpenFile(filepath.Join(dir, s.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

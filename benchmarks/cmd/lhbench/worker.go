@@ -128,6 +128,7 @@ func workerMain(args []string) error {
 	channel := fs.String("channel", "bench", "subscription name")
 	nconns := fs.Int("conns", 1, "subscriptions held by this process")
 	parallel := fs.Int("parallel", 32, "connections opened at once")
+	nchannels := fs.Int("channels", 1, "with --conns 1: subscribe this many channels (--channel + 0, 1, …) on the one connection")
 	fs.Parse(args)
 
 	out := json.NewEncoder(os.Stdout)
@@ -155,6 +156,16 @@ func workerMain(args []string) error {
 		}
 	}
 	open := func(s *connStats) (func(), error) {
+		if *nchannels > 1 {
+			names := make([]string, *nchannels)
+			for i := range names {
+				names[i] = *channel + strconv.Itoa(i)
+			}
+			if *mode == "direct" {
+				return openDirectMany(ctx, *dbURL, names, s)
+			}
+			return openSocketMany(*socket, names, s)
+		}
 		if *mode == "direct" {
 			return openDirect(ctx, *dbURL, *channel, s)
 		}
@@ -420,6 +431,111 @@ func openDirect(ctx context.Context, url, channel string, s *connStats) (func(),
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		conn.Close(ctx)
 		return nil, err
+	}
+	go func() {
+		for {
+			n, err := conn.WaitForNotification(context.Background())
+			if err != nil {
+				s.markEOF()
+				return
+			}
+			s.wake([]byte(n.Payload), n.Payload != "", time.Now().UnixNano())
+		}
+	}()
+	return func() { conn.Close(context.Background()) }, nil
+}
+
+// openSocketMany subscribes names on one hub connection (the subs
+// pipelined, then every ack awaited) and reads frames in a goroutine.
+func openSocketMany(path string, names []string, s *connStats) (func(), error) {
+	c, err := dialUnix(path, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	werr := make(chan error, 1)
+	go func() {
+		var buf []byte
+		for i, q := range names {
+			buf = wire.AppendSub(buf, q)
+			if len(buf) > 32<<10 || i == len(names)-1 {
+				if _, err := c.Write(buf); err != nil {
+					werr <- err
+					return
+				}
+				buf = buf[:0]
+			}
+		}
+		werr <- nil
+	}()
+	r := wire.NewReader(c, 64<<10)
+	c.SetReadDeadline(time.Now().Add(5 * time.Minute))
+	for acks := 0; acks < len(names); {
+		body, err := r.Next()
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("waiting for %d acks (%d so far): %w", len(names), acks, err)
+		}
+		if _, _, ok := wire.FastWake(body); ok {
+			continue
+		}
+		m, err := wire.Decode(body)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		switch m.T {
+		case "nack":
+			c.Close()
+			return nil, fmt.Errorf("nack for %s: %s", m.Q, m.Error)
+		case "ack":
+			acks++
+		}
+	}
+	if err := <-werr; err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetReadDeadline(time.Time{})
+	go func() {
+		for {
+			body, err := r.Next()
+			if err != nil {
+				s.markEOF()
+				return
+			}
+			if !handleFrame(s, body, time.Now().UnixNano()) {
+				s.markEOF()
+				c.Close()
+				return
+			}
+		}
+	}()
+	return func() { c.Close() }, nil
+}
+
+// openDirectMany LISTENs names on one pgx connection, 1,000 per query.
+func openDirectMany(ctx context.Context, url string, names []string, s *connStats) (func(), error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = directAppName
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var sb strings.Builder
+	for i, q := range names {
+		sb.WriteString("LISTEN ")
+		sb.WriteString(pgx.Identifier{q}.Sanitize())
+		sb.WriteString(";")
+		if (i+1)%1000 == 0 || i == len(names)-1 {
+			if _, err := conn.Exec(ctx, sb.String()); err != nil {
+				conn.Close(ctx)
+				return nil, err
+			}
+			sb.Reset()
+		}
 	}
 	go func() {
 		for {

@@ -69,6 +69,27 @@ func (d *Decoder) Feed(b []byte) {
 		n := copy(d.buf, d.buf[d.r:])
 		d.buf, d.r = d.buf[:n], 0
 	}
+	if need := len(d.buf) + len(b); need > cap(d.buf) {
+		// Grow once to what the frame under way needs, when its header
+		// says: append's doubling would leave a large frame in a buffer
+		// up to twice its size, after copying it on the way.
+		size := max(need, 256)
+		if have := len(d.buf) - d.r; have+len(b) >= 4 {
+			var hdr [4]byte
+			copy(hdr[copy(hdr[:], d.buf[d.r:]):], b)
+			n := binary.BigEndian.Uint32(hdr[:])
+			if n > d.limit() {
+				// Fed again before Next saw the header: refuse now,
+				// never make room for it.
+				d.fail(&Error{Err: ErrTooLarge, Offset: -1, Length: n, Limit: d.limit()})
+				return
+			}
+			size = max(size, d.r+4+int(n))
+		}
+		grown := make([]byte, len(d.buf), size)
+		copy(grown, d.buf)
+		d.buf = grown
+	}
 	d.buf = append(d.buf, b...)
 }
 

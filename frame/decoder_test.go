@@ -393,3 +393,35 @@ func TestDecoderGivesBackMemory(t *testing.T) {
 		t.Fatal("after Release:", m, ok, err)
 	}
 }
+
+// A frame fed in pieces is held in one buffer of its own size, allocated
+// when its header arrives: not doubled on the way (a partial frame costs
+// its length, not up to twice that).
+func TestDecoderSizesBufferToFrame(t *testing.T) {
+	big := AppendWake(nil, "chat", bytes.Repeat([]byte("x"), 60<<10), true)
+	var d Decoder
+	d.Feed(big[:2])
+	for rest := big[2:]; len(rest) > 0; {
+		n := min(len(rest), 4<<10)
+		d.Feed(rest[:n])
+		rest = rest[n:]
+		if c := cap(d.buf); c != len(big) {
+			t.Fatalf("%d bytes to go: buffer cap %d, want the frame's %d", len(rest), c, len(big))
+		}
+	}
+	if _, ok, err := d.Next(); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	// A header over the limit fed twice before Next is refused, not
+	// made room for.
+	d = Decoder{Max: 1 << 10}
+	d.Feed(header(1 << 30)[:2])
+	d.Feed(header(1 << 30)[2:])
+	d.Feed(make([]byte, 100))
+	if cap(d.buf) > 64 {
+		t.Fatalf("buffer cap %d for a refused header", cap(d.buf))
+	}
+	if _, _, err := d.Next(); !errors.Is(err, ErrTooLarge) {
+		t.Fatal(err)
+	}
+}

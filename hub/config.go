@@ -35,6 +35,20 @@ const (
 	// its body is buffered.
 	MaxInboundFrame = 64 << 10
 
+	// MaxPartialBytes (64 MiB) bounds the partial inbound frames all
+	// workers hold together. Without it the bound would be MaxWorkers
+	// times MaxInboundFrame (640 MiB at the defaults). Past it, a worker
+	// whose partial frame is larger than 4 KiB is severed: the frames
+	// workers need (sub, unsub: a name of at most 63 bytes, escaped) are
+	// far below that, so the budget costs only peers that send what no
+	// worker has to. The worst case is then MaxPartialBytes plus
+	// MaxWorkers times smallFrame (64 MiB + 40 MiB at the defaults), on
+	// top of what each read brings.
+	MaxPartialBytes = 64 << 20
+
+	// smallFrame is the partial frame size MaxPartialBytes never cuts.
+	smallFrame = 4 << 10
+
 	// FDReserve is how many descriptors below RLIMIT_NOFILE the hub never
 	// spends on workers: the Postgres reconnect (a socket, DNS), the
 	// metrics server and its scrapes, log files and an upgrade's handover
@@ -152,6 +166,13 @@ type Config struct {
 	// one past it is refused with nack "too many channels"; the
 	// connection stays. Default 50,000.
 	MaxChannels int
+	// ReleaseMemory makes the hub give memory a burst took back to the OS
+	// once the burst is over (see memory.go): a goroutine off the loop
+	// forces a collection and debug.FreeOSMemory when the process is quiet
+	// and its heap holds far more than its live data. It acts on the whole
+	// process, so it is off unless asked for; listenhub serve turns it on.
+	ReleaseMemory bool
+
 	// FrameTimeout bounds how long a worker may take to send one frame:
 	// a frame still incomplete after it severs the connection, so that a
 	// peer cannot hold a partial frame (up to MaxInboundFrame bytes) for

@@ -153,6 +153,11 @@ type Hub struct {
 	// costs nothing while nobody is sending.
 	partials   []*worker
 	frameTimer *loop.Timer
+	// partialBytes is the sum of the partial frames' bytes the workers in
+	// partials hold (as of their last read), which maxPartial bounds
+	// (MaxPartialBytes; tests lower it).
+	partialBytes int
+	maxPartial   int
 
 	workers  map[uint64]*worker
 	nextID   uint64
@@ -205,6 +210,7 @@ func New(cfg Config) (*Hub, error) {
 		spareFD:  -1,
 		// Lowered by Start to what the descriptor limit allows.
 		maxWorkers: c.MaxWorkers,
+		maxPartial: MaxPartialBytes,
 
 		fanoutLatency: newHistogram(FanoutLatencyBounds),
 		ackLatency:    newHistogram(AckLatencyBounds),
@@ -286,6 +292,9 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 		h.err = l.Run()
 		close(h.done)
 	}()
+	if h.cfg.ReleaseMemory {
+		go h.returnMemory(memCheckEvery)
+	}
 	return nil
 }
 

@@ -104,6 +104,8 @@ func (h *Hub) frameDone(w *worker) {
 	if i < 0 {
 		return
 	}
+	h.partialBytes -= w.partialBytes
+	w.partialBytes = 0
 	last := len(h.partials) - 1
 	h.partials[i] = h.partials[last]
 	h.partials[i].partialIdx = i

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
@@ -563,4 +564,35 @@ func TestPGConfigErrorEndsHub(t *testing.T) {
 	if err := h.Stop(context.Background()); err != nil {
 		t.Fatalf("Stop after the hub stopped itself: %v", err)
 	}
+}
+
+// A worker that subscribes 10,000 names in one write, and reads nothing
+// until the hub has answered every one, gets every ack from a real
+// Postgres and is not evicted: answers never count toward the hard limit.
+func TestPGTenThousandSubsAtOnce(t *testing.T) {
+	const n = 10000
+	e := newPGEnv(t, func(c *Config) { c.StatusInterval = time.Hour })
+	w := e.dial()
+	var subs []byte
+	for i := range n {
+		subs = frame.AppendSub(subs, fmt.Sprint("many_", i))
+	}
+	w.send(subs)
+	testutil.WaitFor(t, 2*time.Minute, "every channel LISTENed", func() bool { return e.h.Stats().Channels == n })
+	got := make(map[string]bool, n)
+	for len(got) < n {
+		m, err := w.read(timeout)
+		if err != nil {
+			t.Fatalf("after %d acks: %v", len(got), err)
+		}
+		if m.T != "ack" || got[m.Q] {
+			t.Fatalf("after %d acks: %+v", len(got), m)
+		}
+		got[m.Q] = true
+	}
+	if s := e.h.Stats(); s.Evictions != 0 || s.Workers != 1 || s.Nacks != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	e.exec("NOTIFY many_9999, 'last'")
+	w.expect(wake("many_9999", ptr("last")))
 }

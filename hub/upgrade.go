@@ -913,6 +913,9 @@ func (h *Hub) goLive() {
 		}
 	}
 	h.budgetFDs()
+	if h.cfg.ReleaseMemory {
+		go h.returnMemory(memCheckEvery)
+	}
 	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
 	h.startReports()
 	h.dropEmpty()

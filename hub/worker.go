@@ -17,15 +17,16 @@ import (
 type closeReason uint8
 
 const (
-	reasonPeerClosed   closeReason = iota + 1 // EOF from the worker
-	reasonReadError                           // read(2) failed
-	reasonWriteError                          // write(2) failed (EPIPE, ECONNRESET, ...)
-	reasonProtocol                            // malformed frame (rule 9)
-	reasonEvicted                             // backlog over the hard limit (rule 3)
-	reasonNotAllowed                          // peer uid not in AllowUIDs
-	reasonHubStopping                         // Stop
-	reasonRegister                            // the loop refused the fd
-	reasonFrameTimeout                        // a frame incomplete for FrameTimeout
+	reasonPeerClosed    closeReason = iota + 1 // EOF from the worker
+	reasonReadError                            // read(2) failed
+	reasonWriteError                           // write(2) failed (EPIPE, ECONNRESET, ...)
+	reasonProtocol                             // malformed frame (rule 9)
+	reasonEvicted                              // backlog over the hard limit (rule 3)
+	reasonNotAllowed                           // peer uid not in AllowUIDs
+	reasonHubStopping                          // Stop
+	reasonRegister                             // the loop refused the fd
+	reasonFrameTimeout                         // a frame incomplete for FrameTimeout
+	reasonInboundBudget                        // a large partial frame past MaxPartialBytes
 )
 
 func (r closeReason) String() string {
@@ -48,6 +49,8 @@ func (r closeReason) String() string {
 		return "register failed"
 	case reasonFrameTimeout:
 		return "frame timeout"
+	case reasonInboundBudget:
+		return "inbound budget"
 	}
 	return fmt.Sprintf("closeReason(%d)", uint8(r))
 }
@@ -96,6 +99,8 @@ type worker struct {
 	// no partial frame.
 	partialSince time.Time
 	partialIdx   int
+	// partialBytes is this worker's share of Hub.partialBytes.
+	partialBytes int
 
 	// durable maps a subscription name to the ring offset where this
 	// worker's latest durable wake for it starts. While out.Written() is
@@ -361,8 +366,27 @@ func (h *Hub) read(w *worker) {
 	switch {
 	case w.dec.Buffered() == 0:
 		h.frameDone(w)
+		return
 	case decoded || w.partialIdx < 0:
 		h.frameStarted(w, h.loop.Now())
+	}
+	// Every worker may hold a partial frame of up to MaxInboundFrame;
+	// all of them together may hold MaxPartialBytes (maxPartial). Past
+	// that, a worker whose partial frame is larger than any frame the
+	// protocol needs is severed: what workers send (sub, unsub) is far
+	// smaller, so the budget only bites those sending what no worker
+	// needs to.
+	held := w.dec.Buffered()
+	h.partialBytes += held - w.partialBytes
+	w.partialBytes = held
+	if held > smallFrame && h.partialBytes > h.maxPartial {
+		h.stats.protocolErrors.Add(1)
+		if h.logOK(logProtocol, slog.LevelWarn) {
+			h.logLine(logProtocol, slog.LevelWarn, "worker holds a large partial frame while the hub's inbound budget is spent; closing it",
+				append(w.logAttrs(), "reason", reasonInboundBudget, "buffered", held, "hub_partial_bytes", h.partialBytes,
+					"max_partial_bytes", h.maxPartial)...)
+		}
+		h.closeWorker(w, reasonInboundBudget, nil)
 	}
 }
 

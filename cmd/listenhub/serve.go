@@ -146,6 +146,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		MaxSubscriptions:    *maxSubs,
 		MaxChannels:         *maxChannels,
 		FrameTimeout:        *frameTimeout,
+		ReleaseMemory:       true,
 		AllowUIDs:           allowUIDs,
 		Logger:              log,
 		Listener:            listenFile,

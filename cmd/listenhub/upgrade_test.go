@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -88,6 +89,32 @@ func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
 	})
 	testutil.WaitFor(t, timeout, "the pid file", func() bool { return u.pid() == cmd.Process.Pid })
 	return u
+}
+
+// frozenWindows reads from the log how long each upgrade held the workers:
+// from the old process's "freezing" to the new one's "took over".
+func (u *upHub) frozenWindows() []time.Duration {
+	var out []time.Duration
+	var since time.Time
+	for _, line := range strings.Split(u.log(), "\n") {
+		var l struct {
+			Time time.Time
+			Msg  string
+		}
+		if json.Unmarshal([]byte(line), &l) != nil {
+			continue
+		}
+		switch l.Msg {
+		case "upgrade: new process is up; freezing":
+			since = l.Time
+		case "upgrade: took over":
+			if !since.IsZero() {
+				out = append(out, l.Time.Sub(since))
+				since = time.Time{}
+			}
+		}
+	}
+	return out
 }
 
 // metricsAddr is the address the hub logged for --metrics-addr.
@@ -575,10 +602,16 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string, k int)
 	if acked == 0 {
 		t.Error("the subscriber got no ack at all")
 	}
-	t.Logf("%d upgrades: signal → new pid serving avg %v, max %v; largest gap in the 2 ms stream %v; "+
-		"%d wakes to each of %d workers; %d subs acked meanwhile; backends max %d over %d samples, %d at the end",
+	frozen := u.frozenWindows()
+	var frozenMax time.Duration
+	for _, d := range frozen {
+		frozenMax = max(frozenMax, d)
+	}
+	t.Logf("%d upgrades: signal → new pid serving avg %v, max %v; workers frozen (old freezes → new live) max %v; "+
+		"largest gap in the 2 ms stream %v; %d wakes to each of %d workers; %d subs acked meanwhile; "+
+		"backends max %d over %d samples, %d at the end",
 		upgrades, (tookSum / time.Duration(upgrades)).Round(time.Millisecond), tookMax.Round(time.Millisecond),
-		gap.Round(time.Millisecond), sent, len(workers), acked, maxBackends, samples, k)
+		frozenMax.Round(100*time.Microsecond), gap.Round(time.Millisecond), sent, len(workers), acked, maxBackends, samples, k)
 
 	// A normal stop of the last process removes the pid file it wrote.
 	last := u.pid()

@@ -47,11 +47,12 @@ func openFDs() int {
 // refuse closes a connection the hub will not serve, counting and logging
 // it (rate-limited).
 func (h *Hub) refuse(fd int, why string, attrs ...any) {
-	h.stats.refused.Add(1) // before the close: a peer seeing EOF sees the count
-	unix.Close(fd)
+	// Count and log before the close: a peer that sees EOF sees both.
+	h.stats.refused.Add(1)
 	if h.logOK(logRefusedConn, slog.LevelWarn) {
 		h.logLine(logRefusedConn, slog.LevelWarn, "worker connection refused", append(attrs, "reason", why)...)
 	}
+	unix.Close(fd)
 }
 
 // shedWithSpare is accept under EMFILE/ENFILE: it gives the spare

@@ -283,7 +283,10 @@ func TestProtocolProse(t *testing.T) {
 	if frame.MaxLen != 4194304 {
 		t.Fatalf("frame.MaxLen is %d; protocol.md says 4,194,304", frame.MaxLen)
 	}
-	for _, s := range []string{"4,194,304", "`0x00400000`", "`00 40 00 00`"} {
+	if hub.MaxInboundFrame != 65536 {
+		t.Fatalf("hub.MaxInboundFrame is %d; protocol.md says 65,536", hub.MaxInboundFrame)
+	}
+	for _, s := range []string{"4,194,304", "`0x00400000`", "`00 40 00 00`", "65,536"} {
 		if !strings.Contains(doc, s) {
 			t.Errorf("protocol.md no longer mentions %s", s)
 		}

@@ -125,8 +125,16 @@ func BenchmarkFanout64(b *testing.B) {
 // One wake fanned out to 256 workers over socketpairs, with the real
 // end-of-iteration flush: 256 writes of one frame each. The per-wake cost
 // the hub pays for a large host; must not allocate.
-func BenchmarkFanoutWrite256(b *testing.B) {
+func BenchmarkFanoutWrite256(b *testing.B) { benchFanoutWrite256(b, 0) }
+
+// The same with every write on the loop's thread (WriteThreads 1).
+func BenchmarkFanoutWrite256OneThread(b *testing.B) { benchFanoutWrite256(b, 1) }
+
+func benchFanoutWrite256(b *testing.B, threads int) {
 	h := benchHub(b, 256)
+	if threads > 0 {
+		h.cfg.WriteThreads = threads
+	}
 	payload := []byte(strings.Repeat("x", 100))
 	// Warm up: the first wakes take the rings' slabs and the readers'
 	// copy buffers; the steady state is what is measured.

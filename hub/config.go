@@ -196,6 +196,14 @@ type Config struct {
 	// a share. The hub is healthy when all are. Default 1, at most
 	// MaxPostgresConnections.
 	PostgresConnections int
+
+	// WriteThreads is how many threads write a large fanout: when one
+	// loop iteration has frames for many workers (32 or more), their
+	// write(2) calls are split between the loop's thread and
+	// WriteThreads-1 helper threads, so that the last worker of a NOTIFY
+	// to hundreds is written sooner. 1 keeps every write on the loop's
+	// thread. Default min(GOMAXPROCS, 4).
+	WriteThreads int
 }
 
 // MaxPostgresConnections bounds Config.PostgresConnections: each is a
@@ -239,6 +247,7 @@ func (c Config) withDefaults() (Config, error) {
 		defInt(&c.MaxChannels, DefaultMaxChannels, "MaxChannels"),
 		defDur(&c.FrameTimeout, DefaultFrameTimeout, "FrameTimeout"),
 		defInt(&c.PostgresConnections, 1, "PostgresConnections"),
+		defInt(&c.WriteThreads, defaultWriteThreads(), "WriteThreads"),
 		defDur(&c.StatusInterval, DefaultStatusInterval, "StatusInterval"),
 		defDur(&c.HealthCheckInterval, DefaultHealthCheckInterval, "HealthCheckInterval"),
 		defDur(&c.HealthCheckTimeout, DefaultHealthCheckTimeout, "HealthCheckTimeout"),

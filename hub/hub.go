@@ -175,6 +175,10 @@ type Hub struct {
 	rbuf    []byte    // shared read buffer
 	scratch []byte    // one encoded wake, copied to each subscriber
 	iov     [][]byte  // writev vectors, reused
+	// fan writes a large flush over several threads (fanout.go); nil
+	// until the first one. pwork is its list of workers, reused.
+	fan   *fanout
+	pwork []*worker
 
 	// notifs counts the notifications of this iteration that were routed
 	// to a subscriber; notifAt is when the iteration began (the Postgres
@@ -434,6 +438,10 @@ func (h *Hub) onLoopClose() {
 	}
 	h.closed = true
 	h.stopping = true
+	if h.fan != nil {
+		h.fan.stop()
+		h.fan = nil
+	}
 	h.closeSocket()
 	if h.spareFD >= 0 {
 		unix.Close(h.spareFD)

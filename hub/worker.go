@@ -601,6 +601,9 @@ func (h *Hub) evict(w *worker, limit string) {
 // EPOLLOUT are skipped: their socket was full a moment ago, and the
 // Writable event flushes them.
 func (h *Hub) flush() {
+	if len(h.dirty) >= parallelMin && h.cfg.WriteThreads > 1 {
+		h.flushParallel()
+	}
 	for i, w := range h.dirty {
 		h.dirty[i] = nil
 		w.dirty = false
@@ -618,30 +621,46 @@ func (h *Hub) flush() {
 	}
 }
 
+// flushParallel writes the dirty workers over the write threads (see
+// fanout.go) and applies each result; flush then finds them written.
+func (h *Hub) flushParallel() {
+	ws := h.pwork[:0]
+	for _, w := range h.dirty {
+		if !w.closed && !w.armed && w.out.Len() > 0 {
+			ws = append(ws, w)
+		}
+	}
+	if len(ws) >= parallelMin {
+		if h.fan == nil {
+			h.fan = newFanout(h.cfg.WriteThreads - 1)
+		}
+		res := h.fan.writeAll(ws)
+		for i, w := range ws {
+			// In order, on the loop: a failed write closes its
+			// worker, a short one arms EPOLLOUT. flush's pass then
+			// finds each written (nothing pending: no system call)
+			// or armed (skipped).
+			h.wrote(w, res[i].n, res[i].err)
+		}
+	}
+	clear(ws)
+	h.pwork = ws[:0]
+}
+
 // write makes one write (or writev, when the ring wraps) of everything
 // pending, keeps what the kernel refused, and arms EPOLLOUT for exactly
 // that remainder.
 func (h *Hub) write(w *worker) {
-	a, b := w.out.Peek()
-	if len(a) == 0 {
+	if a, _ := w.out.Peek(); len(a) == 0 {
 		h.disarm(w)
 		return
 	}
-	var n int
-	var err error
-	for {
-		w.writes++
-		if len(b) == 0 {
-			n, err = unix.Write(w.fd, a)
-		} else {
-			h.iov[0], h.iov[1] = a, b
-			n, err = unix.Writev(w.fd, h.iov)
-			h.iov[0], h.iov[1] = nil, nil
-		}
-		if err != unix.EINTR {
-			break
-		}
-	}
+	n, err := rawWrite(w, h.iov)
+	h.wrote(w, n, err)
+}
+
+// wrote applies the result of w's write: n bytes taken, or err.
+func (h *Hub) wrote(w *worker, n int, err error) {
 	switch {
 	case err == unix.EAGAIN:
 		n = 0

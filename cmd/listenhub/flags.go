@@ -209,6 +209,13 @@ func positiveInt(name string, v int) error {
 	return nil
 }
 
+func nonNegativeInt(name string, v int) error {
+	if v < 0 {
+		return fmt.Errorf("--%s must not be negative (got %d)", name, v)
+	}
+	return nil
+}
+
 func positiveDuration(name string, v time.Duration) error {
 	if v <= 0 {
 		return fmt.Errorf("--%s must be positive (got %v)", name, v)

@@ -114,7 +114,7 @@ func runMain(args []string) error {
 	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged,channels")
 	cpus := fs.Int("cpus", 0, "pin every server process to this many cores (taskset -c 0..N-1; 0: no pinning)")
 	channelsN := fs.String("channels", "", "override the many-channels scenario's channel counts (e.g. 1000,50000)")
-	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet)")
+	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet; also hub-wt1: the hub with --write-threads 1, hublib)")
 	hubBin := fs.String("hub-bin", "", "use this listenhub binary instead of building ../cmd/listenhub")
 	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
 	keep := fs.Bool("keep", false, "keep the temp dir (server logs)")
@@ -233,22 +233,31 @@ func runMain(args []string) error {
 	defer b.nt.close()
 
 	self, _ := os.Executable()
+	var builtHub string
 	for _, name := range strings.Split(*systems, ",") {
 		s := &system{name: name, dbURL: b.dbURL, cpus: p.CPUs}
 		switch name {
 		case "direct":
 			s.direct, s.appName = true, directAppName
-		case "hub":
+		case "hub", "hub-wt1":
 			bin := *hubBin
-			if bin == "" {
+			if bin == "" && builtHub == "" {
 				logf("building ../cmd/listenhub")
-				if bin, err = buildHub(ctx, dir); err != nil {
+				if builtHub, err = buildHub(ctx, dir); err != nil {
 					logf("hub: not available, its rows are skipped: %v", err)
 					b.res.Notes = append(b.res.Notes, "hub not measured: "+err.Error())
 					continue
 				}
 			}
+			if bin == "" {
+				bin = builtHub
+			}
 			s.argv, s.appName = []string{bin, "serve", "--log-level", "warn"}, "listenhub"
+			if name == "hub-wt1" {
+				// Every write on the loop's thread: what the parallel
+				// fanout is measured against.
+				s.argv = append(s.argv, "--write-threads", "1")
+			}
 		case "gohub":
 			s.argv, s.appName = []string{self, "gohub"}, "lhbench-gohub"
 		case "gnet":

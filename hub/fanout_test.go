@@ -1,0 +1,55 @@
+package hub
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// A fanout to 33 workers with WriteThreads 4 goes through the helper
+// threads, and every worker gets every wake in order, including one that
+// stopped reading until its socket buffer filled (its writes are cut short,
+// EPOLLOUT takes over, and it gets the rest once it reads). With
+// WriteThreads 1 no helper is started.
+func TestParallelFanout(t *testing.T) {
+	for _, threads := range []int{4, 1} {
+		t.Run(fmt.Sprint("threads=", threads), func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.WriteThreads = threads })
+			ws := make([]*tw, 33)
+			for i := range ws {
+				ws[i] = e.dial()
+				ws[i].sub("fan")
+				if i == 0 {
+					e.complete("LISTEN", "fan", nil)
+				}
+				ws[i].expect(ack("fan"))
+			}
+			payload := strings.Repeat("x", 5000)
+			const n = 120 // 600 KB: more than worker 0's socket takes
+			for i := range n {
+				e.notify("fan", fmt.Sprint(i, ":", payload))
+			}
+			for _, w := range ws[1:] {
+				for i := range n {
+					w.expect(wake("fan", ptr(fmt.Sprint(i, ":", payload))))
+				}
+			}
+			var armed bool
+			e.workerState(1, func(w *worker) { armed = w.armed })
+			if !armed {
+				t.Error("worker 0's writes were never cut short: the test does not cover EPOLLOUT")
+			}
+			for i := range n {
+				ws[0].expect(wake("fan", ptr(fmt.Sprint(i, ":", payload))))
+			}
+			var used bool
+			e.do(func() { used = e.h.fan != nil })
+			if used != (threads > 1) {
+				t.Fatalf("helper threads started: %v, want %v", used, threads > 1)
+			}
+			if s := e.h.Stats(); s.Evictions != 0 || s.Workers != 33 {
+				t.Fatalf("stats %+v", s)
+			}
+		})
+	}
+}

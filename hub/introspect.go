@@ -212,7 +212,7 @@ func (h *Hub) listWorkers(o ListOptions) WorkerList {
 			ID:               w.id,
 			PID:              int(w.pid),
 			UID:              int(w.uid),
-			ConnectedAt:      w.connectedAt,
+			ConnectedAt:      time.Unix(0, w.connectedAt),
 			Subscriptions:    w.subs.len(),
 			Names:            names,
 			BacklogFrames:    w.out.Frames(),

@@ -467,7 +467,7 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 func handWorker(w *worker, fd int) handedWorker {
 	base := w.out.Written()
 	hw := handedWorker{ID: w.id, FD: fd, PID: w.pid, UID: w.uid, StatusAt: -1, Unknown: w.unknownLogged,
-		Connected: w.connectedAt.UnixNano(), Sent: w.framesSent, Coalesced: w.durableCoalesced, Dropped: w.durableDropped}
+		Connected: w.connectedAt, Sent: w.framesSent, Coalesced: w.durableCoalesced, Dropped: w.durableDropped}
 	for _, ch := range w.subs.list {
 		hw.Subs = append(hw.Subs, ch.pg)
 	}
@@ -836,9 +836,9 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 // adoptWorker rebuilds one worker from hw on descriptor fd.
 func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
 	w := &worker{id: hw.ID, fd: fd, pid: hw.PID, uid: hw.UID, unknownLogged: hw.Unknown, partialIdx: -1,
-		connectedAt: time.Now(), framesSent: hw.Sent, durableCoalesced: hw.Coalesced, durableDropped: hw.Dropped}
+		connectedAt: time.Now().UnixNano(), framesSent: hw.Sent, durableCoalesced: hw.Coalesced, durableDropped: hw.Dropped}
 	if hw.Connected != 0 {
-		w.connectedAt = time.Unix(0, hw.Connected)
+		w.connectedAt = hw.Connected
 	}
 	w.exempt = w.exemptBuf[:0]
 	w.dec.Max = MaxInboundFrame

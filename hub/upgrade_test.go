@@ -24,7 +24,7 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 	old.channels["a"] = ch
 	connected := time.Now().Add(-time.Hour)
 	w := &worker{id: 7, fd: 3, pid: 42, uid: 1000,
-		connectedAt: connected, framesSent: 11, durableCoalesced: 12, durableDropped: 13}
+		connectedAt: connected.UnixNano(), framesSent: 11, durableCoalesced: 12, durableDropped: 13}
 	w.out.Max = old.bufferMax()
 	old.addSub(w, ch)
 
@@ -64,7 +64,7 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 		t.Errorf("identity: id %d fd %d pid %d uid %d", nw.id, nw.fd, nw.pid, nw.uid)
 	}
 	// What Hub.Workers shows carries over: connected since, counters.
-	if !nw.connectedAt.Equal(connected) || nw.framesSent != 11 || nw.durableCoalesced != 12 || nw.durableDropped != 13 {
+	if nw.connectedAt != connected.UnixNano() || nw.framesSent != 11 || nw.durableCoalesced != 12 || nw.durableDropped != 13 {
 		t.Errorf("introspection: connected %v (want %v), sent %d, coalesced %d, dropped %d; want 11, 12, 13",
 			nw.connectedAt, connected, nw.framesSent, nw.durableCoalesced, nw.durableDropped)
 	}

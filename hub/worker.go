@@ -85,6 +85,10 @@ type worker struct {
 	// an idle worker holds no buffer. The periodic status, one interval in
 	// statusEvery, never makes a worker busy on its own.
 	active, wasActive bool
+	// hasStatus: see statusAt. (The flags sit together: each alone
+	// would take a word with its padding.)
+	hasStatus     bool
+	unknownLogged bool // an unknown frame type was logged once at warn
 
 	// subs are this worker's subscriptions.
 	subs subSet
@@ -129,14 +133,11 @@ type worker struct {
 	// statusAt is the ring offset of the latest status frame (hasStatus
 	// once one was queued), so a periodic re-send can skip a worker whose
 	// last status is still unsent.
-	statusAt  uint64
-	hasStatus bool
-
-	unknownLogged bool // an unknown frame type was logged once at warn
+	statusAt uint64
 
 	// For Hub.Workers: when it connected, and its share of the hub's
 	// counters.
-	connectedAt      time.Time
+	connectedAt      int64 // unix nanoseconds (a time.Time is 24 bytes)
 	framesSent       uint64
 	durableCoalesced uint64
 	durableDropped   uint64
@@ -276,7 +277,7 @@ func (h *Hub) admit(fd int) {
 		return
 	}
 	h.nextID++
-	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1, partialIdx: -1, connectedAt: h.loop.Now()}
+	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1, partialIdx: -1, connectedAt: h.loop.Now().UnixNano()}
 	w.exempt = w.exemptBuf[:0]
 	w.out.Max = h.bufferMax()
 	w.dec.Max = MaxInboundFrame

@@ -65,18 +65,26 @@ type Buffer struct {
 	// holds at most minSlab + minEnds*8 bytes while empty.
 	Retain bool
 
-	// buf is the storage, nil when empty; len(buf) is its capacity.
-	// slab is the pool handle buf came from (nil when buf was allocated
-	// outside the pools, e.g. clamped to Max or above the largest class).
+	// written and appended are absolute byte offsets: bytes ever discarded
+	// and ever appended. appended-written == Len() always.
+	written, appended uint64
+
+	// st is everything else, nil while the buffer is empty and holds no
+	// storage: an idle worker's Buffer is these 40 bytes. It comes from
+	// (and goes back to) a pool with the slabs.
+	st *store
+}
+
+// store is a non-empty (or retaining) Buffer's positions and storage.
+type store struct {
+	// buf is the storage; len(buf) is its capacity. slab is the pool
+	// handle buf came from (nil when buf was allocated outside the pools,
+	// e.g. clamped to Max or above the largest class).
 	buf  []byte
 	slab *[]byte
 	// head indexes the first pending byte in buf; n bytes are pending, the
 	// rest wrapping around to buf[0:].
 	head, n int
-
-	// written and appended are absolute byte offsets: bytes ever discarded
-	// and ever appended. appended-written == n always.
-	written, appended uint64
 
 	// ends is a ring of the absolute end offsets (in appended terms) of the
 	// frames not fully written, oldest at ends[ehead], en entries. Its length
@@ -87,6 +95,8 @@ type Buffer struct {
 	en      int
 }
 
+var storePool = sync.Pool{New: func() any { return new(store) }}
+
 // New returns an empty Buffer with byte cap maxBytes (<= 0: no cap).
 func New(maxBytes int) *Buffer { return &Buffer{Max: maxBytes} }
 
@@ -94,11 +104,21 @@ func New(maxBytes int) *Buffer { return &Buffer{Max: maxBytes} }
 func (b *Buffer) SetMax(maxBytes int) { b.Max = maxBytes }
 
 // Len returns the number of bytes pending.
-func (b *Buffer) Len() int { return b.n }
+func (b *Buffer) Len() int {
+	if b.st == nil {
+		return 0
+	}
+	return b.st.n
+}
 
 // Frames returns the number of frames not yet fully written. A frame of which
 // only a prefix was discarded still counts.
-func (b *Buffer) Frames() int { return b.en }
+func (b *Buffer) Frames() int {
+	if b.st == nil {
+		return 0
+	}
+	return b.st.en
+}
 
 // Written returns the absolute count of bytes ever discarded.
 func (b *Buffer) Written() uint64 { return b.written }
@@ -109,7 +129,12 @@ func (b *Buffer) Written() uint64 { return b.written }
 func (b *Buffer) Appended() uint64 { return b.appended }
 
 // Cap returns the byte storage held now (0 when empty).
-func (b *Buffer) Cap() int { return len(b.buf) }
+func (b *Buffer) Cap() int {
+	if b.st == nil {
+		return 0
+	}
+	return len(b.st.buf)
+}
 
 // Append queues one whole frame. It returns ErrFull, copying nothing, when
 // Len()+len(frame) would exceed Max. An empty frame is a no-op: it has no
@@ -118,29 +143,34 @@ func (b *Buffer) Append(frame []byte) error {
 	if len(frame) == 0 {
 		return nil
 	}
-	need := b.n + len(frame)
-	if need < b.n || (b.Max > 0 && need > b.Max) {
+	n := b.Len()
+	need := n + len(frame)
+	if need < n || (b.Max > 0 && need > b.Max) {
 		return ErrFull
 	}
-	if need > len(b.buf) {
+	if b.st == nil {
+		b.st = storePool.Get().(*store)
+	}
+	s := b.st
+	if need > len(s.buf) {
 		b.grow(need)
 	}
-	if b.en == len(b.ends) {
-		b.growEnds()
+	if s.en == len(s.ends) {
+		s.growEnds()
 	}
 	// Copy into the free region, which starts at tail and may wrap.
-	tail := b.head + b.n
-	if tail >= len(b.buf) {
-		tail -= len(b.buf)
+	tail := s.head + s.n
+	if tail >= len(s.buf) {
+		tail -= len(s.buf)
 	}
-	c := copy(b.buf[tail:], frame)
+	c := copy(s.buf[tail:], frame)
 	if c < len(frame) {
-		copy(b.buf, frame[c:])
+		copy(s.buf, frame[c:])
 	}
-	b.n = need
+	s.n = need
 	b.appended += uint64(len(frame))
-	b.ends[(b.ehead+b.en)&(len(b.ends)-1)] = b.appended
-	b.en++
+	s.ends[(s.ehead+s.en)&(len(s.ends)-1)] = b.appended
+	s.en++
 	return nil
 }
 
@@ -148,14 +178,21 @@ func (b *Buffer) Append(frame []byte) error {
 // non-empty only when the data wraps around), ready for write or writev. They
 // alias the storage: valid until the next Append, Discard or Reset.
 func (b *Buffer) Peek() (first, second []byte) {
-	if b.n == 0 {
+	if b.st == nil {
 		return nil, nil
 	}
-	end := b.head + b.n
-	if end <= len(b.buf) {
-		return b.buf[b.head:end], nil
+	return b.st.peek()
+}
+
+func (s *store) peek() (first, second []byte) {
+	if s.n == 0 {
+		return nil, nil
 	}
-	return b.buf[b.head:], b.buf[:end-len(b.buf)]
+	end := s.head + s.n
+	if end <= len(s.buf) {
+		return s.buf[s.head:end], nil
+	}
+	return s.buf[s.head:], s.buf[:end-len(s.buf)]
 }
 
 // Discard drops the first n pending bytes: the kernel took them. When nothing
@@ -163,45 +200,46 @@ func (b *Buffer) Peek() (first, second []byte) {
 // is left it moves to a smaller slab. It panics if n is negative or more than
 // Len(), which is a bug in the caller.
 func (b *Buffer) Discard(n int) {
-	if n < 0 || n > b.n {
-		panic(fmt.Sprintf("ring: Discard(%d) with %d bytes pending", n, b.n))
+	if n < 0 || n > b.Len() {
+		panic(fmt.Sprintf("ring: Discard(%d) with %d bytes pending", n, b.Len()))
 	}
 	if n == 0 {
 		return
 	}
+	s := b.st
 	b.written += uint64(n)
-	b.n -= n
-	if b.n == 0 {
-		if b.Retain && len(b.buf) == minSlab && len(b.ends) == minEnds {
-			b.head, b.ehead, b.en = 0, 0, 0
+	s.n -= n
+	if s.n == 0 {
+		if b.Retain && len(s.buf) == minSlab && len(s.ends) == minEnds {
+			s.head, s.ehead, s.en = 0, 0, 0
 			return
 		}
 		b.release()
 		return
 	}
-	b.head += n
-	if b.head >= len(b.buf) {
-		b.head -= len(b.buf)
+	s.head += n
+	if s.head >= len(s.buf) {
+		s.head -= len(s.buf)
 	}
-	mask := len(b.ends) - 1
-	for b.en > 0 && b.ends[b.ehead] <= b.written {
-		b.ehead = (b.ehead + 1) & mask
-		b.en--
+	mask := len(s.ends) - 1
+	for s.en > 0 && s.ends[s.ehead] <= b.written {
+		s.ehead = (s.ehead + 1) & mask
+		s.en--
 	}
 	// Shrink with hysteresis: only at a quarter full, to a slab at most half
 	// full, so a buffer oscillating around one size never copies back and forth.
-	if len(b.buf) > minSlab && b.n <= len(b.buf)/4 {
-		b.resize(slabSize(2 * b.n))
+	if len(s.buf) > minSlab && s.n <= len(s.buf)/4 {
+		s.resize(slabSize(2 * s.n))
 	}
-	if len(b.ends) > minEnds && b.en <= len(b.ends)/4 {
-		b.resizeEnds(len(b.ends) / 2)
+	if len(s.ends) > minEnds && s.en <= len(s.ends)/4 {
+		s.resizeEnds(len(s.ends) / 2)
 	}
 }
 
 // Release returns the storage of an empty buffer to the pool (a no-op
 // while bytes are pending): for a Retain buffer whose owner went idle.
 func (b *Buffer) Release() {
-	if b.n == 0 {
+	if b.Len() == 0 {
 		b.release()
 	}
 }
@@ -210,20 +248,24 @@ func (b *Buffer) Release() {
 // monotonic) and returns the storage. Use it when the worker goes away.
 func (b *Buffer) Reset() {
 	b.written = b.appended
-	b.n = 0
 	b.release()
 }
 
-// release returns both slabs to their pools and forgets all positions.
+// release returns both slabs and the store to their pools.
 func (b *Buffer) release() {
-	if b.slab != nil {
-		bytePools[bits.TrailingZeros(uint(len(b.buf)/minSlab))].Put(b.slab)
+	s := b.st
+	if s == nil {
+		return
 	}
-	b.buf, b.slab, b.head = nil, nil, 0
-	if b.endSlab != nil {
-		endPools[bits.TrailingZeros(uint(len(b.ends)/minEnds))].Put(b.endSlab)
+	if s.slab != nil {
+		bytePools[bits.TrailingZeros(uint(len(s.buf)/minSlab))].Put(s.slab)
 	}
-	b.ends, b.endSlab, b.ehead, b.en = nil, nil, 0, 0
+	if s.endSlab != nil {
+		endPools[bits.TrailingZeros(uint(len(s.ends)/minEnds))].Put(s.endSlab)
+	}
+	*s = store{}
+	storePool.Put(s)
+	b.st = nil
 }
 
 // slabSize is the smallest pooled size class holding n bytes.
@@ -238,19 +280,20 @@ func slabSize(n int) int {
 // next size class, clamped to Max so that a buffer near its cap never holds
 // up to twice the cap.
 func (b *Buffer) grow(need int) {
+	s := b.st
 	size := slabSize(need)
-	if size < 2*len(b.buf) {
-		size = 2 * len(b.buf)
+	if size < 2*len(s.buf) {
+		size = 2 * len(s.buf)
 	}
 	if b.Max > minSlab && size > b.Max && need <= b.Max {
 		size = b.Max
 	}
-	b.resize(size)
+	s.resize(size)
 }
 
 // resize moves the pending bytes, in order, to the start of a slab of size
 // bytes (pooled when size is a class) and returns the old slab.
-func (b *Buffer) resize(size int) {
+func (s *store) resize(size int) {
 	var buf []byte
 	var slab *[]byte
 	if c := bits.TrailingZeros(uint(size / minSlab)); size >= minSlab && size == minSlab<<c && c < byteClasses {
@@ -264,47 +307,47 @@ func (b *Buffer) resize(size int) {
 	} else {
 		buf = make([]byte, size)
 	}
-	first, second := b.Peek()
+	first, second := s.peek()
 	copy(buf[copy(buf, first):], second)
-	if b.slab != nil {
-		bytePools[bits.TrailingZeros(uint(len(b.buf)/minSlab))].Put(b.slab)
+	if s.slab != nil {
+		bytePools[bits.TrailingZeros(uint(len(s.buf)/minSlab))].Put(s.slab)
 	}
-	b.buf, b.slab, b.head = buf, slab, 0
+	s.buf, s.slab, s.head = buf, slab, 0
 }
 
 // growEnds doubles the frame-end ring (or borrows the first one).
-func (b *Buffer) growEnds() {
-	if len(b.ends) == 0 {
-		b.resizeEnds(minEnds)
+func (s *store) growEnds() {
+	if len(s.ends) == 0 {
+		s.resizeEnds(minEnds)
 		return
 	}
-	b.resizeEnds(2 * len(b.ends))
+	s.resizeEnds(2 * len(s.ends))
 }
 
 // resizeEnds moves the pending frame ends, in order, to a ring of size entries
 // (a power of two, at least minEnds).
-func (b *Buffer) resizeEnds(size int) {
+func (s *store) resizeEnds(size int) {
 	var ends []uint64
 	var slab *[]uint64
 	if c := bits.TrailingZeros(uint(size / minEnds)); c < endClasses {
 		if p, _ := endPools[c].Get().(*[]uint64); p != nil {
 			slab = p
 		} else {
-			s := make([]uint64, size)
-			slab = &s
+			e := make([]uint64, size)
+			slab = &e
 		}
 		ends = *slab
 	} else {
 		ends = make([]uint64, size)
 	}
-	mask := len(b.ends) - 1
-	for i := 0; i < b.en; i++ {
-		ends[i] = b.ends[(b.ehead+i)&mask]
+	mask := len(s.ends) - 1
+	for i := 0; i < s.en; i++ {
+		ends[i] = s.ends[(s.ehead+i)&mask]
 	}
-	if b.endSlab != nil {
-		endPools[bits.TrailingZeros(uint(len(b.ends)/minEnds))].Put(b.endSlab)
+	if s.endSlab != nil {
+		endPools[bits.TrailingZeros(uint(len(s.ends)/minEnds))].Put(s.endSlab)
 	}
-	b.ends, b.endSlab, b.ehead = ends, slab, 0
+	s.ends, s.endSlab, s.ehead = ends, slab, 0
 }
 
 // FrameEnds appends to dst the absolute end offsets (in Appended terms) of the
@@ -313,9 +356,13 @@ func (b *Buffer) resizeEnds(size int) {
 // its buffer to another needs to rebuild it there (the first frame may be
 // partly written already).
 func (b *Buffer) FrameEnds(dst []uint64) []uint64 {
-	mask := len(b.ends) - 1
-	for i := 0; i < b.en; i++ {
-		dst = append(dst, b.ends[(b.ehead+i)&mask])
+	s := b.st
+	if s == nil {
+		return dst
+	}
+	mask := len(s.ends) - 1
+	for i := 0; i < s.en; i++ {
+		dst = append(dst, s.ends[(s.ehead+i)&mask])
 	}
 	return dst
 }

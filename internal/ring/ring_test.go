@@ -145,7 +145,7 @@ func TestShrink(t *testing.T) {
 	if b.Cap() != 64<<10 {
 		t.Fatalf("cap %d, want 64 KiB", b.Cap())
 	}
-	endsCap := len(b.ends)
+	endsCap := len(b.st.ends)
 	if endsCap < 64 {
 		t.Fatalf("frame-end ring %d < 64 frames", endsCap)
 	}
@@ -164,12 +164,12 @@ func TestShrink(t *testing.T) {
 	if b.Cap() != minSlab {
 		t.Fatalf("cap %d with %d pending, want %d", b.Cap(), b.Len(), minSlab)
 	}
-	if len(b.ends) >= endsCap || len(b.ends) < b.Frames() {
-		t.Fatalf("frame-end ring %d (was %d) for %d frames: did not shrink", len(b.ends), endsCap, b.Frames())
+	if len(b.st.ends) >= endsCap || len(b.st.ends) < b.Frames() {
+		t.Fatalf("frame-end ring %d (was %d) for %d frames: did not shrink", len(b.st.ends), endsCap, b.Frames())
 	}
 	b.Discard(b.Len())
-	if b.Cap() != 0 || b.ends != nil || b.Frames() != 0 {
-		t.Fatalf("drained buffer holds cap %d, ends %d, frames %d", b.Cap(), len(b.ends), b.Frames())
+	if b.Cap() != 0 || b.st != nil || b.Frames() != 0 {
+		t.Fatalf("drained buffer holds cap %d, store %v, frames %d", b.Cap(), b.st != nil, b.Frames())
 	}
 	if b.Written() != 64<<10 || b.Appended() != 64<<10 {
 		t.Fatalf("written %d appended %d, want 65536 both", b.Written(), b.Appended())

@@ -822,6 +822,7 @@ func TestAttackIncompleteFrames(t *testing.T) {
 		stalled[i] = c
 	}
 	big := make([]*net.UnixConn, conns)
+	bigStart := time.Now()
 	for i := range big {
 		c := dial()
 		c.SetWriteDeadline(time.Now().Add(timeout))
@@ -830,21 +831,23 @@ func TestAttackIncompleteFrames(t *testing.T) {
 	}
 	// Each connection is closed by the hub: EOF (or ECONNRESET) after the
 	// status frame.
-	severed := func(c *net.UnixConn) time.Duration {
+	severed := func(c *net.UnixConn, since time.Time) time.Duration {
 		t.Helper()
 		c.SetReadDeadline(time.Now().Add(frameTimeout + timeout))
 		if _, err := io.Copy(io.Discard, c); err != nil && !errors.Is(err, syscall.ECONNRESET) {
 			t.Fatalf("connection not severed: %v", err)
 		}
-		return time.Since(start)
+		return time.Since(since)
 	}
 	var bigLast time.Duration
 	for _, c := range big {
-		bigLast = max(bigLast, severed(c))
+		bigLast = max(bigLast, severed(c, bigStart))
 	}
+	// Measured from before the first connect, so never shorter than the
+	// hub's own clock, which starts at its first read of each frame.
 	var stallFirst, stallLast time.Duration = time.Hour, 0
 	for _, c := range stalled {
-		d := severed(c)
+		d := severed(c, start)
 		stallFirst, stallLast = min(stallFirst, d), max(stallLast, d)
 	}
 	if stallFirst < frameTimeout {

@@ -1,7 +1,7 @@
 package main
 
-// The many-channels scenario: one subscriber holding C channels, one
-// notifier flooding them round-robin. PostgreSQL (15) scans a listening
+// The many-channels scenario: one subscriber holding C channels, four
+// notifier connections flooding them round-robin. PostgreSQL (15) scans a listening
 // backend's channel list for every notification it reads from the queue, so
 // the rate one backend can deliver falls as C grows; the hub's
 // --postgres-connections K spreads the list over K backends.
@@ -63,6 +63,9 @@ func cpuOf(pids []int) time.Duration {
 	}
 	return t
 }
+
+// channelsNotifiers is how many connections flood the channels at once.
+const channelsNotifiers = 4
 
 func (b *bench) channelsScenario() error {
 	hubSys := b.sys("hub")
@@ -134,7 +137,7 @@ func (b *bench) manyChannels(sys *system, c int, row *ChannelsRow) error {
 		return err
 	}
 	s0, b0 := procCPU(sys.serverPID()), cpuOf(pids)
-	sr, err := b.nt.floodMany(b.ctx, "mc", c, id, b.p.FloodDur)
+	sr, err := b.nt.floodMany(b.ctx, "mc", c, channelsNotifiers, id, b.p.FloodDur)
 	if err != nil {
 		return err
 	}

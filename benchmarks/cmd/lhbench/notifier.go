@@ -150,29 +150,39 @@ func (nt *notifier) flood(ctx context.Context, channel string, run int64, dur ti
 	return r, ctx.Err()
 }
 
-// floodMany sends back to back on one connection for dur, round-robin over
-// the channels prefix+0 … prefix+(n-1).
-func (nt *notifier) floodMany(ctx context.Context, prefix string, n int, run int64, dur time.Duration) (sendResult, error) {
-	if err := nt.ensure(ctx, 1); err != nil {
+// floodMany sends back to back on conns connections at once for dur,
+// round-robin over the channels prefix+0 … prefix+(n-1) (connection g takes
+// every conns-th name from g): one connection's round trips would cap the
+// rate below what a listening backend can take.
+func (nt *notifier) floodMany(ctx context.Context, prefix string, n, conns int, run int64, dur time.Duration) (sendResult, error) {
+	if err := nt.ensure(ctx, conns); err != nil {
 		return sendResult{}, err
 	}
-	c := nt.conns[0]
 	names := make([]string, n)
 	for i := range names {
 		names[i] = prefix + strconv.Itoa(i)
 	}
-	var buf []byte
 	start := time.Now()
 	end := start.Add(dur)
-	r := sendResult{Conns: 1, Start: start.UnixNano()}
-	for i := 0; time.Now().Before(end) && ctx.Err() == nil; i++ {
-		buf = payload(buf, run, i, "")
-		if _, err := c.Exec(ctx, notifySQL, names[i%n], string(buf)); err != nil {
-			r.Errors++
-			continue
-		}
-		r.Sent++
+	var sent, errs atomic.Int64
+	var seq atomic.Int64
+	var wg sync.WaitGroup
+	for g := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := nt.conns[g]
+			var buf []byte
+			for i := g; time.Now().Before(end) && ctx.Err() == nil; i += conns {
+				buf = payload(buf, run, int(seq.Add(1)), "")
+				if _, err := c.Exec(ctx, notifySQL, names[i%n], string(buf)); err != nil {
+					errs.Add(1)
+					continue
+				}
+				sent.Add(1)
+			}
+		}()
 	}
-	r.Elapsed = time.Since(start)
-	return r, ctx.Err()
+	wg.Wait()
+	return sendResult{Sent: int(sent.Load()), Errors: int(errs.Load()), Elapsed: time.Since(start), Conns: conns, Start: start.UnixNano()}, ctx.Err()
 }

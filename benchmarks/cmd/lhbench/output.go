@@ -152,7 +152,7 @@ func tables(r *Results) []*table {
 		ts = append(ts, t)
 	}
 	if len(r.Channels) > 0 {
-		t := &table{title: fmt.Sprintf("Many channels: one subscriber holding C channels, a back-to-back notifier round-robin over them for %v", r.Params.FloodDur),
+		t := &table{title: fmt.Sprintf("Many channels: one subscriber holding C channels, 4 back-to-back notifier connections round-robin over them for %v", r.Params.FloodDur),
 			header: []string{"system", "channels", "backends", "LISTEN all", "NOTIFY/s sent", "delivered/s", "vs C=1000", "p50", "p99", "lost", "hub CPU/delivery", "backends CPU/delivery", ""}}
 		base := map[string]float64{}
 		for _, c := range r.Channels {

@@ -95,7 +95,12 @@ const statusEvery = 5
 
 // readSize is the size of the one read buffer shared by all workers: the
 // decoder copies what it is fed, so the buffer is free again after a read.
-const readSize = 64 << 10
+// It also bounds the work one worker's readiness costs a loop pass: 4 KiB
+// is about 130 sub frames (well under a millisecond of handling), and what
+// the kernel still holds brings the level-triggered handler back on the
+// next pass, after every other ready descriptor had its turn. With 64 KiB,
+// a few workers flooding subs held the loop for tens of milliseconds.
+const readSize = 4 << 10
 
 // acceptPause is how long accepting stops after EMFILE and friends: long
 // enough not to spin on a readiness that cannot be served, short enough that

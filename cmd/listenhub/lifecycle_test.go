@@ -213,9 +213,11 @@ func TestServeSocketActivation(t *testing.T) {
 			t.Fatalf("wake %+v", m)
 		}
 	}
-	if !strings.Contains(p.stderr.String(), `"socket_activated":true`) {
-		t.Fatalf("hub did not say it was socket-activated:\n%s", p.stderr.String())
-	}
+	// The line is copied from the hub's stderr by another goroutine: it
+	// may trail the wakes.
+	testutil.WaitFor(t, timeout, "the hub saying it was socket-activated", func() bool {
+		return strings.Contains(p.stderr.String(), `"socket_activated":true`)
+	})
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	early.eofWithin(timeout)
 	if code := p.exit(); code != 0 {

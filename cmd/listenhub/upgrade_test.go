@@ -70,8 +70,12 @@ func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
 	go func() { u.firstErr = cmd.Wait(); close(u.firstDone) }()
 	u.seen = append(u.seen, cmd.Process.Pid)
 	t.Cleanup(func() {
-		for _, pid := range u.seen {
-			syscall.Kill(pid, syscall.SIGKILL)
+		// The pid file too: a process started by an upgrade the test
+		// gave up waiting for is in no list of the test's.
+		for _, pid := range append(u.seen, u.pid()) {
+			if pid > 0 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
 		}
 		if t.Failed() {
 			// The upgrade lines and the tail: the whole log of 21

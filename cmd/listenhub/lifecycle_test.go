@@ -548,8 +548,10 @@ func TestServeConfigErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := sockPath(t)
+			pidFile := filepath.Join(t.TempDir(), "hub.pid")
 			start := time.Now()
-			p := serve(t, path, nil, "--database-url", tc.url, "--log-format", "text", "--log-level", "error")
+			p := serve(t, path, nil, "--database-url", tc.url, "--log-format", "text", "--log-level", "error",
+				"--pid-file", pidFile)
 			if code := p.exit(); code != 1 {
 				t.Fatalf("exit %d, want 1", code)
 			}
@@ -572,6 +574,9 @@ func TestServeConfigErrors(t *testing.T) {
 			}
 			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("socket file left: %v", err)
+			}
+			if _, err := os.Stat(pidFile); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("pid file of the exited process left: %v", err)
 			}
 			t.Logf("exit 1 after %v: %s", took, mine[0])
 		})

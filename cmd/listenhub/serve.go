@@ -262,6 +262,9 @@ wait:
 			}
 			sd.stopping("stopped: " + why)
 			fmt.Fprintf(stderr, "listenhub serve: %s\n", why)
+			if *pidFile != "" {
+				removePIDFile(*pidFile) // it would name a dead process
+			}
 			return 1
 		}
 	}

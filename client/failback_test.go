@@ -22,6 +22,35 @@ func fastFailback(o *FailoverOptions) {
 	o.ProbeMaxInterval = 40 * time.Millisecond
 }
 
+// newFailbackTest is the scripted fail-back tests' Failover on h, with
+// frequent attempts (fastFailback) unless opts sets MinLocal, counting its
+// swaps.
+func newFailbackTest(t *testing.T, h *fakeHub, rec *recorder, opts FailoverOptions) (*Failover, *fakeLocals, *swaps) {
+	t.Helper()
+	if opts.MinLocal == 0 {
+		fastFailback(&opts)
+	}
+	fl, sw := &fakeLocals{}, &swaps{}
+	sw.options(&opts)
+	f, err := newTestFailover(t, h.path, fl, rec, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, fl, sw
+}
+
+// subscribeVia subscribes f to q through fc, a connection of a hub that
+// does not ack by itself: the sub must arrive, and fc acks it.
+func (fc *fakeConn) subscribeVia(t testing.TB, f *Failover, q string) {
+	t.Helper()
+	done := result(func() error { return f.Subscribe(context.Background(), q) })
+	fc.expect(t, "sub", q)
+	fc.ack(q)
+	if err := await(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // swaps counts a Failover's OnFailover and OnFailback calls.
 type swaps struct{ failovers, failbacks atomic.Int32 }
 
@@ -94,16 +123,8 @@ func (r *recorder) count(ev string) int {
 // follows, and the statuses say hub, local, hub.
 func TestFailbackToHub(t *testing.T) {
 	h := newFakeHub(t, true)
-	fl := &fakeLocals{}
 	rec := &recorder{}
-	var sw swaps
-	opts := FailoverOptions{}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, rec, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
 	fc := h.accept()
 	for _, q := range []string{"a", "b"} {
 		if err := f.Subscribe(context.Background(), q); err != nil {
@@ -157,16 +178,8 @@ func TestFailbackToHub(t *testing.T) {
 // fails over like the first one.
 func TestFailbackCycles(t *testing.T) {
 	h := newFakeHub(t, true)
-	fl := &fakeLocals{}
 	rec := &recorder{}
-	var sw swaps
-	opts := FailoverOptions{}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, rec, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
 	fc := h.accept()
 	if err := f.Subscribe(context.Background(), "a"); err != nil {
 		t.Fatal(err)
@@ -199,14 +212,7 @@ func TestFailbackCycles(t *testing.T) {
 // OneWay keeps pgbus's rule: a hub that is back is never dialed again.
 func TestFailbackOneWay(t *testing.T) {
 	h := newFakeHub(t, true)
-	fl := &fakeLocals{}
-	var sw swaps
-	opts := FailoverOptions{OneWay: true, MinLocal: time.Millisecond, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond}
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, nil, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{OneWay: true, MinLocal: time.Millisecond, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond})
 	fc := h.accept()
 	if err := f.Subscribe(context.Background(), "a"); err != nil {
 		t.Fatal(err)
@@ -230,14 +236,7 @@ func TestFailbackOneWay(t *testing.T) {
 func TestFailbackMinLocal(t *testing.T) {
 	const minLocal = 400 * time.Millisecond
 	h := newFakeHub(t, true)
-	fl := &fakeLocals{}
-	var sw swaps
-	opts := FailoverOptions{MinLocal: minLocal, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond}
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, nil, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{MinLocal: minLocal, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond})
 	fc := h.accept()
 	if err := f.Subscribe(context.Background(), "a"); err != nil {
 		t.Fatal(err)
@@ -261,23 +260,10 @@ func TestFailbackMinLocal(t *testing.T) {
 // turns healthy within the wait is.
 func TestFailbackWaitsForHealthy(t *testing.T) {
 	h := newFakeHub(t, false)
-	fl := &fakeLocals{}
-	var sw swaps
-	opts := FailoverOptions{AckTimeout: 300 * time.Millisecond}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, nil, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{AckTimeout: 300 * time.Millisecond})
 	fc := h.accept()
 	fc.status(true)
-	done := result(func() error { return f.Subscribe(context.Background(), "a") })
-	fc.expect(t, "sub", "a")
-	fc.ack("a")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, f, "a")
 	fc.c.Close()
 	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
 
@@ -322,24 +308,11 @@ func TestFailbackWaitsForHealthy(t *testing.T) {
 // tries again.
 func TestFailbackHubFailsDuringAttempt(t *testing.T) {
 	h := newFakeHub(t, false)
-	fl := &fakeLocals{}
 	rec := &recorder{}
-	var sw swaps
-	opts := FailoverOptions{}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, rec, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
 	fc := h.accept()
 	fc.status(true)
-	done := result(func() error { return f.Subscribe(context.Background(), "a") })
-	fc.expect(t, "sub", "a")
-	fc.ack("a")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, f, "a")
 	fc.c.Close()
 	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
 	local := fl.get(t)
@@ -381,26 +354,12 @@ func TestFailbackHubFailsDuringAttempt(t *testing.T) {
 // dropped by the local listener and unsubscribed from the hub as it swaps.
 func TestFailbackSubscribeDuring(t *testing.T) {
 	h := newFakeHub(t, false)
-	fl := &fakeLocals{}
 	rec := &recorder{}
-	var sw swaps
-	opts := FailoverOptions{}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, rec, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
 	fc := h.accept()
 	fc.status(true)
-	for _, q := range []string{"a", "c"} {
-		done := result(func() error { return f.Subscribe(context.Background(), q) })
-		fc.expect(t, "sub", q)
-		fc.ack(q)
-		if err := await(t, done); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fc.subscribeVia(t, f, "a")
+	fc.subscribeVia(t, f, "c")
 	fc.c.Close()
 	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
 	local := fl.get(t)
@@ -450,15 +409,7 @@ func TestFailbackSubscribeDuring(t *testing.T) {
 // Many Subscribes racing the swap itself all end up on the hub.
 func TestFailbackConcurrentSubscribes(t *testing.T) {
 	h := newFakeHub(t, true)
-	fl := &fakeLocals{}
-	var sw swaps
-	opts := FailoverOptions{}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, nil, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{})
 	fc := h.accept()
 	if err := f.Subscribe(context.Background(), "x"); err != nil {
 		t.Fatal(err)
@@ -496,23 +447,10 @@ func TestFailbackConcurrentSubscribes(t *testing.T) {
 // local listener.
 func TestFailbackClose(t *testing.T) {
 	h := newFakeHub(t, false)
-	fl := &fakeLocals{}
-	var sw swaps
-	opts := FailoverOptions{AckTimeout: time.Minute}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, nil, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{AckTimeout: time.Minute})
 	fc := h.accept()
 	fc.status(true)
-	done := result(func() error { return f.Subscribe(context.Background(), "a") })
-	fc.expect(t, "sub", "a")
-	fc.ack("a")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, f, "a")
 	fc.c.Close()
 	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
 	back := h.accept()
@@ -530,15 +468,7 @@ func TestFailbackClose(t *testing.T) {
 func TestFailbackHubStartedLater(t *testing.T) {
 	h := newFakeHub(t, true)
 	h.stop()
-	fl := &fakeLocals{}
-	var sw swaps
-	opts := FailoverOptions{}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, nil, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{})
 	if f.Mode() != ModeLocal {
 		t.Fatal(f.Mode())
 	}
@@ -575,16 +505,8 @@ func TestFailbackJitter(t *testing.T) {
 // go on, with backoff, until a hub listens on the same path again.
 func TestFailbackAfterHubAbsence(t *testing.T) {
 	h := newFakeHub(t, true)
-	fl := &fakeLocals{}
-	var sw swaps
 	logs := &logBuf{}
-	opts := FailoverOptions{Logger: logs.logger()}
-	fastFailback(&opts)
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, nil, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{Logger: logs.logger()})
 	fc := h.accept()
 	if err := f.Subscribe(context.Background(), "a"); err != nil {
 		t.Fatal(err)

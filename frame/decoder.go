@@ -46,19 +46,27 @@ func (d *Decoder) limit() uint32 {
 // its input: nothing more will be decoded, and a hostile peer must not be
 // able to make the buffer grow.
 //
-// A header announcing a body above the limit that b completes is refused
-// here, before b is copied: the error is then what the next Next returns.
+// A header announcing a body above the limit (completed by b, or fed before
+// and not seen by Next yet) is refused here, before b is copied: the error
+// is then what the next Next returns.
 func (d *Decoder) Feed(b []byte) {
 	if d.err != nil || len(b) == 0 {
 		return
 	}
-	if have := len(d.buf) - d.r; have < 4 && have+len(b) >= 4 {
+	// The frame under way, once its header is in: a body above the
+	// limit is refused before b is copied (a peer must not make the
+	// buffer grow for it, whether or not Next saw the header yet), and
+	// a buffer that must grow grows once to what the frame needs.
+	frameLen := -1
+	if have := len(d.buf) - d.r; have+len(b) >= 4 {
 		var hdr [4]byte
 		copy(hdr[copy(hdr[:], d.buf[d.r:]):], b)
-		if n := binary.BigEndian.Uint32(hdr[:]); n > d.limit() {
+		n := binary.BigEndian.Uint32(hdr[:])
+		if n > d.limit() {
 			d.fail(&Error{Err: ErrTooLarge, Offset: -1, Length: n, Limit: d.limit()})
 			return
 		}
+		frameLen = 4 + int(n)
 	}
 	switch {
 	case d.r == len(d.buf):
@@ -73,19 +81,7 @@ func (d *Decoder) Feed(b []byte) {
 		// Grow once to what the frame under way needs, when its header
 		// says: append's doubling would leave a large frame in a buffer
 		// up to twice its size, after copying it on the way.
-		size := max(need, 256)
-		if have := len(d.buf) - d.r; have+len(b) >= 4 {
-			var hdr [4]byte
-			copy(hdr[copy(hdr[:], d.buf[d.r:]):], b)
-			n := binary.BigEndian.Uint32(hdr[:])
-			if n > d.limit() {
-				// Fed again before Next saw the header: refuse now,
-				// never make room for it.
-				d.fail(&Error{Err: ErrTooLarge, Offset: -1, Length: n, Limit: d.limit()})
-				return
-			}
-			size = max(size, d.r+4+int(n))
-		}
+		size := max(need, 256, d.r+frameLen)
 		grown := make([]byte, len(d.buf), size)
 		copy(grown, d.buf)
 		d.buf = grown

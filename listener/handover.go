@@ -262,7 +262,7 @@ func Adopt(l *loop.Loop, cfg Config, h Handover) (*Conn, error) {
 // at it the Conn pauses and onMarker runs. Resume starts the delivery.
 func OpenForTakeover(ctx context.Context, l *loop.Loop, cfg Config, channels []string, marker string, onMarker func()) (*Conn, error) {
 	if cfg.ConnConfig == nil {
-		return nil, errors.New("listener: Config.ConnConfig is nil (use ParseConfig)")
+		return nil, errNoConnConfig
 	}
 	if err := ValidChannel(marker); err != nil {
 		return nil, err

@@ -16,10 +16,7 @@ import (
 // the hub through onFatal. (A connection string that does not parse was
 // refused by New.)
 func openListener(_ context.Context, l *loop.Loop, h *Hub) (postgres, error) {
-	cfg, err := h.listenerConfig()
-	if err != nil {
-		return nil, err
-	}
+	cfg := h.listenerConfig()
 	cfg.OnFatal = h.onFatal
 	return newPGSet(h.cfg.PostgresConnections, cfg, false, func(_ int, c listener.Config) (*listener.Conn, error) {
 		return listener.Start(l, c), nil

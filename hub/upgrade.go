@@ -625,10 +625,7 @@ func (h *Hub) Takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 		// TLS: a connection of our own LISTENs the union and the
 		// marker; the old process delivers up to the marker.
 		p := m.Prepare
-		cfg, err := h.listenerConfig()
-		if err != nil {
-			return abort(err)
-		}
+		cfg := h.listenerConfig()
 		u := h.up
 		tlsPG, err = openSetForTakeover(ctx, l, h.cfg.PostgresConnections, cfg, p.Channels, p.Marker, func() {
 			// Everything before the marker was the old process's.
@@ -720,17 +717,11 @@ func closeAll(fds []int) {
 	}
 }
 
-// listenerConfig is the listener configuration Start's opener uses.
-func (h *Hub) listenerConfig() (listener.Config, error) {
-	cc := h.cfg.ConnConfig
-	if cc == nil {
-		var err error
-		if cc, err = listener.ParseConfig(h.cfg.DatabaseURL, h.cfg.ApplicationName); err != nil {
-			return listener.Config{}, err
-		}
-	}
+// listenerConfig is the listener configuration Start's opener uses. New
+// has parsed DatabaseURL into ConnConfig, so it cannot fail.
+func (h *Hub) listenerConfig() listener.Config {
 	return listener.Config{
-		ConnConfig:          cc,
+		ConnConfig:          h.cfg.ConnConfig,
 		HealthCheckInterval: h.cfg.HealthCheckInterval,
 		HealthCheckTimeout:  h.cfg.HealthCheckTimeout,
 		ReconnectMin:        h.cfg.ReconnectMin,
@@ -739,7 +730,7 @@ func (h *Hub) listenerConfig() (listener.Config, error) {
 		OnNotification:      h.onNotification,
 		OnHealth:            h.onHealth,
 		Logger:              h.log,
-	}, nil
+	}
 }
 
 // adopt rebuilds the handed state: the descriptors are ours, nothing is in
@@ -776,11 +767,7 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 		return errors.New("hub: upgrade: no Postgres connection handed over")
 	}
 	if st.Postgres != nil {
-		cfg, err := h.listenerConfig()
-		if err != nil {
-			closeAll(fds)
-			return err
-		}
+		cfg := h.listenerConfig()
 		hos := append([]listener.Handover{*st.Postgres}, st.PGMore...)
 		pgFDs := append([]int{st.PGFD}, st.PGMoreFDs...)
 		// The channels stay where the old process put them: as many

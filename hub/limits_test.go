@@ -384,7 +384,14 @@ func TestInboundBudget(t *testing.T) {
 	small := e.dial()
 	small.send(frame[:smallFrame-100])
 	first.send(frame[:len(frame)-1])
-	e.sync()
+	// One readiness reads at most readSize: wait until the hub holds
+	// both partial frames whole, so that the second is the one past the
+	// budget.
+	testutil.WaitFor(t, timeout, "first's and small's partial frames read", func() bool {
+		var held int
+		e.do(func() { held = e.h.partialBytes })
+		return held == len(frame)-1+smallFrame-100
+	})
 	second.send(frame[:len(frame)-1]) // 120 KiB held with the first's
 	second.eof()
 	if s := e.h.Stats(); s.ProtocolErrors != 1 || s.Workers != 2 {

@@ -98,11 +98,16 @@ func TestReport(t *testing.T) {
 		t.Fatalf("first report %+v, want unhealthy", s)
 	}
 	dialRaw(t, e.path).expect(statusFalse)
-	n := len(snap())
-	e.health(true)
 	// The change is reported at once, from onHealth: the report right
-	// after the ones before it says healthy, one worker.
-	e.sync()
+	// after the ones before it says healthy, one worker. The count is
+	// taken on the loop with the change, so that a periodic report (every
+	// 20 ms, also on the loop) cannot slip in between.
+	var n int
+	e.do(func() {
+		n = len(snap())
+		e.pg.healthy = true
+		e.h.onHealth(true)
+	})
 	after := snap()
 	if len(after) <= n || !after[n].PostgresHealthy || after[n].Workers != 1 {
 		t.Fatalf("report after the health change: %+v", after[n:])

@@ -2,7 +2,7 @@ package hub
 
 import (
 	"runtime"
-	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -13,16 +13,18 @@ import (
 // NOTIFY to 256 workers is ~1 ms of writes one after the other on the loop
 // thread, and the last worker gets its frame ~1 ms after the first. When
 // one iteration has at least parallelMin workers to write, the loop splits
-// them into disjoint slices: it hands all but one to helper goroutines
-// (each locked to its own OS thread), writes the last itself, and waits for
-// all of them. A helper does nothing but the write(2)/writev(2) of its
+// them into disjoint slices: it offers all but one to helper goroutines
+// (each locked to its own OS thread), writes the first itself, then takes
+// back every slice no helper has started and waits for those that have. A helper does nothing but the write(2)/writev(2) of its
 // workers' pending bytes and records how many bytes the kernel took; every
 // other consequence (discarding the written bytes, counters, EPOLLOUT,
 // closing a worker whose write failed) is done afterwards on the loop, in
-// order, exactly as for a serial write. The helpers touch the workers only
-// between the hand-off (a channel send) and the loop's WaitGroup.Wait, while
-// the loop touches nothing: the hub stays lock-free, and the channel and the
-// WaitGroup are the happens-before edges.
+// order, exactly as for a serial write. A helper touches the workers only
+// between taking its job (a compare-and-swap on the job's state, after the
+// loop stored it ready) and signalling done (a channel send the loop
+// receives before it goes on), while the loop touches none of that job's
+// workers: the hub stays lock-free, and the atomic state and the done
+// channel are the happens-before edges.
 
 // parallelMin is the fewest workers to write in one iteration for the
 // writes to be split: below it a helper's wake-up (~5-20 µs) costs more
@@ -39,53 +41,75 @@ type writeResult struct {
 	err error
 }
 
-// fanoutJob is one helper's share of an iteration.
+// Job states. The loop makes a job ready; either its helper takes it (and
+// signals done when finished) or the loop, having written its own share,
+// steals it back and writes it itself: a helper thread the scheduler has not
+// run yet never holds the loop up (on an oversubscribed machine it may not
+// run for milliseconds).
+const (
+	jobIdle  int32 = iota // nothing to do; the loop may set the job up
+	jobReady              // set up; the helper or the loop may take it
+	jobTaken              // the helper is writing it; done follows
+)
+
+// fanoutJob is one helper's share of an iteration. ws and res are written by
+// the loop while the job is idle and read by whoever takes it: the state's
+// atomic operations order them.
 type fanoutJob struct {
-	ws  []*worker
-	res []writeResult
+	state atomic.Int32
+	ws    []*worker
+	res   []writeResult
+	wake  chan struct{} // buffered 1: a nudge, never blocks the loop
+	done  chan struct{} // buffered 1: the helper finished a job it took
+	iov   [][]byte
 }
 
 // fanout is the helpers. Created on the first large flush; stopped when the
 // loop stops.
 type fanout struct {
-	jobs []chan fanoutJob // one per helper
-	wg   sync.WaitGroup
-	res  []writeResult // per worker of the current flush, reused
-	iov  [][][]byte    // per helper and the loop, reused writev vectors
+	jobs []*fanoutJob // one per helper
+	res  []writeResult
+	iov  [][]byte // the loop's writev vectors
+	quit chan struct{}
 }
 
 func newFanout(helpers int) *fanout {
-	f := &fanout{jobs: make([]chan fanoutJob, helpers), iov: make([][][]byte, helpers+1)}
-	for i := range f.jobs {
-		ch := make(chan fanoutJob)
-		f.jobs[i] = ch
-		f.iov[i] = make([][]byte, 2)
-		go f.helper(ch, f.iov[i])
+	f := &fanout{iov: make([][]byte, 2), quit: make(chan struct{})}
+	for range helpers {
+		j := &fanoutJob{wake: make(chan struct{}, 1), done: make(chan struct{}, 1), iov: make([][]byte, 2)}
+		f.jobs = append(f.jobs, j)
+		go j.run(f.quit)
 	}
-	f.iov[helpers] = make([][]byte, 2)
 	return f
 }
 
-func (f *fanout) helper(jobs <-chan fanoutJob, iov [][]byte) {
+func (j *fanoutJob) run(quit <-chan struct{}) {
 	runtime.LockOSThread()
-	for j := range jobs {
-		for i, w := range j.ws {
-			j.res[i].n, j.res[i].err = rawWrite(w, iov)
+	for {
+		select {
+		case <-quit:
+			return
+		case <-j.wake:
 		}
-		f.wg.Done()
+		if j.state.CompareAndSwap(jobReady, jobTaken) {
+			j.write()
+			j.done <- struct{}{}
+		}
+	}
+}
+
+func (j *fanoutJob) write() {
+	for i, w := range j.ws {
+		j.res[i].n, j.res[i].err = rawWrite(w, j.iov)
 	}
 }
 
 // stop ends the helpers. Loop goroutine, no flush in progress.
-func (f *fanout) stop() {
-	for _, ch := range f.jobs {
-		close(ch)
-	}
-}
+func (f *fanout) stop() { close(f.quit) }
 
 // writeAll writes every worker of ws (each non-closed, not armed, with
 // bytes pending), the loop's share itself, and returns each write's result
-// in ws's order. It returns once every helper is done.
+// in ws's order. It returns once every write is done.
 func (f *fanout) writeAll(ws []*worker) []writeResult {
 	if cap(f.res) < len(ws) {
 		f.res = make([]writeResult, len(ws))
@@ -97,20 +121,36 @@ func (f *fanout) writeAll(ws []*worker) []writeResult {
 	// The loop takes the first slice: it is written with no hand-off
 	// delay, while the helpers wake up.
 	mine := min(size, len(ws))
-	for i := range f.jobs {
+	used := f.jobs[:0:0]
+	for i, j := range f.jobs {
 		lo := mine + i*size
 		if lo >= len(ws) {
 			break
 		}
 		hi := min(lo+size, len(ws))
-		f.wg.Add(1)
-		f.jobs[i] <- fanoutJob{ws: ws[lo:hi], res: f.res[lo:hi]}
+		j.ws, j.res = ws[lo:hi], f.res[lo:hi]
+		j.state.Store(jobReady)
+		select {
+		case j.wake <- struct{}{}:
+		default: // a nudge is pending already
+		}
+		used = f.jobs[:i+1]
 	}
-	iov := f.iov[len(f.jobs)]
 	for i, w := range ws[:mine] {
-		f.res[i].n, f.res[i].err = rawWrite(w, iov)
+		f.res[i].n, f.res[i].err = rawWrite(w, f.iov)
 	}
-	f.wg.Wait()
+	for _, j := range used {
+		if j.state.CompareAndSwap(jobReady, jobIdle) {
+			// Not started: written here, with the loop's vectors.
+			for i, w := range j.ws {
+				j.res[i].n, j.res[i].err = rawWrite(w, f.iov)
+			}
+		} else {
+			<-j.done
+			j.state.Store(jobIdle)
+		}
+		j.ws, j.res = nil, nil
+	}
 	return f.res
 }
 

@@ -270,7 +270,13 @@ func (c *Conn) Unlisten(channel string, done func(error)) { c.enqueue(false, cha
 
 func (c *Conn) enqueue(listen bool, channel string, done func(error)) {
 	if done == nil {
-		done = func(error) {}
+		// Nobody is told the outcome: a failure is logged here. (A
+		// caller with a done logs, or not, as it sees fit.)
+		done = func(err error) {
+			if err != nil && !errors.Is(err, ErrClosed) {
+				c.log.Warn("listener: command failed", "q", channel, "listen", listen, "reason", err)
+			}
+		}
 	}
 	if err := ValidChannel(channel); err != nil {
 		c.later(done, err)
@@ -1015,10 +1021,12 @@ func (c *Conn) answered(q *query) {
 		c.setHealthy(true)
 	}
 	for _, cmd := range done {
+		// The owner gets the error and logs it as it sees fit (the hub
+		// rate-limits it: a worker can make thousands of LISTENs fail);
+		// enqueue gave a command without an owner a done that logs.
+		// (A resync re-LISTEN has no done: its failure fails the
+		// connection above.)
 		if cmd.done != nil {
-			if err != nil {
-				c.log.Warn("listener: command failed", "q", cmd.channel, "listen", cmd.listen, "reason", err)
-			}
 			cmd.done(err)
 		}
 	}

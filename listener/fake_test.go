@@ -739,3 +739,59 @@ func TestFakeBigBatch(t *testing.T) {
 	}
 	t.Logf("%d bytes were buffered after the first write; %d batches", buffered, h.c.batches)
 }
+
+// lockedBuffer is a log destination the loop writes and a test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestFakeFailedCommandLoggedOnce: a failed command with a done callback is
+// its owner's to log (the hub logs it rate-limited), so the Conn writes no
+// line per command for it; one nobody waits for is logged here, since
+// nobody else will.
+func TestFakeFailedCommandLoggedOnce(t *testing.T) {
+	var logs lockedBuffer
+	h := newHarness(t, Config{HealthCheckInterval: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	s := h.server()
+	r := newResults()
+	h.on(func() {
+		h.c.Listen("a", r.done("a"))
+		h.c.Listen("b", r.done("b"))
+		h.c.Unlisten("c", nil)
+	})
+	s.readQuery()
+	s.send(ccMsg("LISTEN"), ccMsg("LISTEN"), ccMsg("UNLISTEN"), errorMsg("ERROR", "53200", "out of memory"), rfqMsg())
+	testutil.WaitFor(t, fakeTimeout, "the owner's commands done", func() bool { return r.count() == 2 })
+	testutil.WaitFor(t, fakeTimeout, "the ownerless command logged", func() bool {
+		return strings.Contains(logs.String(), "command failed")
+	})
+	h.on(func() {}) // the batch's callbacks and log lines are all out
+	var failed []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "command failed") {
+			failed = append(failed, l)
+		}
+	}
+	if len(failed) != 1 || !strings.Contains(failed[0], "q=c") || !strings.Contains(failed[0], "out of memory") {
+		t.Fatalf("logged %q, want one line for c (a and b are their owner's to log)", failed)
+	}
+	for _, n := range []string{"a", "b"} {
+		if err, _ := r.has(n); err == nil {
+			t.Errorf("%s succeeded", n)
+		}
+	}
+}

@@ -895,8 +895,11 @@ func (h *Hub) goLive() {
 		if w.out.Len() > 0 {
 			h.touch(w)
 		}
-		if w.dec.Buffered() > 0 {
+		if n := w.dec.Buffered(); n > 0 {
 			h.frameStarted(w, h.loop.Now()) // the frame timeout starts afresh
+			// Counted toward MaxPartialBytes as read's would count it.
+			w.partialBytes = n
+			h.partialBytes += n
 		}
 	}
 	h.budgetFDs()

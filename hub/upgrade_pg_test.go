@@ -188,6 +188,24 @@ func TestHandoverInProcess(t *testing.T) {
 				return false
 			})
 
+			// Half a frame (an unsub: no answer) that the old hub
+			// has read is handed over, and counted by the new one
+			// toward MaxPartialBytes.
+			half := env.dial()
+			unsub := frame.AppendUnsub(nil, "zz")
+			partial := len(unsub) - 3
+			half.send(unsub[:partial])
+			partialBytes := func(h *Hub) int {
+				got := make(chan int, 1)
+				if err := h.loop.Post(func() { got <- h.partialBytes }); err != nil {
+					t.Fatal(err)
+				}
+				return <-got
+			}
+			testutil.WaitFor(t, timeout, "the old hub holds the partial frame", func() bool {
+				return partialBytes(env.h) == partial
+			})
+
 			fa, fb, err := fdpass.Pair()
 			if err != nil {
 				t.Fatal(err)
@@ -255,6 +273,13 @@ func TestHandoverInProcess(t *testing.T) {
 					t.Fatalf("after the upgrade: %v; want %s once", got, want)
 				}
 			}
+			if n := partialBytes(nh); n != partial {
+				t.Errorf("new hub counts %d bytes of partial frames, want the handed-over %d", n, partial)
+			}
+			half.send(unsub[partial:])
+			testutil.WaitFor(t, timeout, "the partial frame completed", func() bool { return partialBytes(nh) == 0 })
+			half.c.Close()
+			testutil.WaitFor(t, timeout, "the half-frame worker gone", func() bool { return nh.Stats().Workers == 1 })
 			env.exec(`NOTIFY a, 'after'; NOTIFY b, 'after'; NOTIFY c, 'after'`)
 			w.expect(wake("a", ptr("after")), wake("b", ptr("after")), wake("c", ptr("after")))
 			w.none()

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -484,7 +485,8 @@ func TestFailbackHubStartedLater(t *testing.T) {
 	}
 }
 
-// The waits between attempts grow and stay within ±20% of the nominal.
+// jitter stays within ±20% of the nominal wait and spreads over that range
+// (the growth of the waits: TestFailbackBackoffGrows).
 func TestFailbackJitter(t *testing.T) {
 	const d = time.Second
 	var lo, hi bool
@@ -499,6 +501,62 @@ func TestFailbackJitter(t *testing.T) {
 	if !lo || !hi {
 		t.Fatal("jitter does not spread")
 	}
+}
+
+// attemptTimes is a slog.Handler that keeps when each failed fail-back
+// attempt was logged.
+type attemptTimes struct {
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (a *attemptTimes) Enabled(context.Context, slog.Level) bool { return true }
+func (a *attemptTimes) WithAttrs([]slog.Attr) slog.Handler       { return a }
+func (a *attemptTimes) WithGroup(string) slog.Handler            { return a }
+func (a *attemptTimes) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "fail-back attempt failed") {
+		a.mu.Lock()
+		a.at = append(a.at, r.Time)
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+func (a *attemptTimes) get() []time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.at)
+}
+
+// The waits between failed attempts double from ProbeInterval up to
+// ProbeMaxInterval, none shorter than 80% of its nominal (jitter). Lower
+// bounds only: a loaded machine makes the waits longer, never shorter
+// (TestFailbackJitter checks the upper bound of the jitter).
+func TestFailbackBackoffGrows(t *testing.T) {
+	h := newFakeHub(t, true)
+	at := &attemptTimes{}
+	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{MinLocal: 20 * time.Millisecond,
+		ProbeInterval: 50 * time.Millisecond, ProbeMaxInterval: 200 * time.Millisecond, Logger: slog.New(at)})
+	fc := h.accept()
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	h.stop() // every attempt fails at connect, at once
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	const ms = time.Millisecond
+	nominal := []time.Duration{50 * ms, 100 * ms, 200 * ms, 200 * ms, 200 * ms}
+	testutil.WaitFor(t, waitLong, "six failed attempts", func() bool { return len(at.get()) > len(nominal) })
+	times := at.get()
+	var gaps []time.Duration
+	for i, d := range nominal {
+		gap := times[i+1].Sub(times[i])
+		gaps = append(gaps, gap.Round(time.Millisecond))
+		if least := d * 8 / 10; gap < least {
+			t.Fatalf("wait %d: %v, want at least %v (nominal %v)", i+1, gap, least, d)
+		}
+	}
+	t.Logf("waits between attempts: %v (nominal %v, ±20%%)", gaps, nominal)
 }
 
 // A hub that stays away: attempts fail at connect (the socket is gone) and

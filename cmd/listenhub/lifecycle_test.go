@@ -379,8 +379,15 @@ func TestServeUpgradeUnderSystemd(t *testing.T) {
 	p.cmd.Process.Signal(syscall.SIGUSR2)
 	var newPID int
 	t.Cleanup(func() {
-		if newPID != 0 {
-			syscall.Kill(newPID, syscall.SIGKILL) // before p's cleanup, which waits for the shared stderr
+		// Before p's cleanup, which waits for the shared stderr: the new
+		// process, also when the test gave up before it learned its pid.
+		if b, err := os.ReadFile(pidFile); err == nil && newPID == 0 {
+			if n, _ := strconv.Atoi(strings.TrimSpace(string(b))); n != old {
+				newPID = n
+			}
+		}
+		if newPID > 0 {
+			syscall.Kill(newPID, syscall.SIGKILL)
 		}
 	})
 	saw := map[string]bool{}

@@ -1222,8 +1222,10 @@ func TestAttackPostgresDownPendingSubs(t *testing.T) {
 	// The target is no stall over 50 ms, but on a loaded 2-core machine
 	// an idle hub's probes alone reach 100 ms now and then (the control
 	// above): assert what separates a bounded loop from a stalled one
-	// (a one-pass expiry of 100,000 commands stalled it 600 ms).
-	if p50 > 5*time.Millisecond || peak > 400*time.Millisecond {
-		t.Fatalf("the loop stalled: round trip p50 %v, max %v", p50, peak)
+	// (a one-pass expiry of 100,000 commands stalled it 600 ms). When the
+	// idle control itself saw a longer pause than 400 ms, the machine's
+	// noise sets the bound: twice the control's worst.
+	if bound := max(400*time.Millisecond, 2*cmax); p50 > 5*time.Millisecond || peak > bound {
+		t.Fatalf("the loop stalled: round trip p50 %v, max %v (bound %v; idle control max %v)", p50, peak, bound, cmax)
 	}
 }

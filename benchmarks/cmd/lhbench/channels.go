@@ -23,13 +23,17 @@ type ChannelsRow struct {
 	Backends int    `json:"backends"`
 	// ListenSecs is the time from starting the subscriber to its last
 	// ack (direct: the last LISTEN's completion).
-	ListenSecs   float64      `json:"listen_s"`
-	Sent         int          `json:"sent"`
-	NotifyPerSec float64      `json:"notify_per_s"` // accepted by Postgres during the flood
-	Recv         uint64       `json:"recv"`
-	DeliveredPS  float64      `json:"delivered_per_s"` // receipts over first send → last receipt
-	Lost         uint64       `json:"lost"`
-	Lat          hist.Summary `json:"latency"`
+	ListenSecs   float64 `json:"listen_s"`
+	Sent         int     `json:"sent"`
+	NotifyPerSec float64 `json:"notify_per_s"` // accepted by Postgres during the flood
+	Recv         uint64  `json:"recv"`
+	DeliveredPS  float64 `json:"delivered_per_s"` // receipts over first send → last receipt
+	Lost         uint64  `json:"lost"`
+	// Evicted and Durable say why wakes were lost: the subscriber evicted,
+	// or a connection lost (its resync sends one durable wake per channel).
+	Evicted int          `json:"evicted"`
+	Durable uint64       `json:"durable"`
+	Lat     hist.Summary `json:"latency"`
 	// CPU per delivery: the hub process, and the LISTEN backends (the
 	// Postgres side of every system; direct has only that).
 	ServerNsPerDelivery  float64 `json:"server_ns_per_delivery"`
@@ -148,6 +152,7 @@ func (b *bench) manyChannels(sys *system, c int, row *ChannelsRow) error {
 	s1, b1 := procCPU(sys.serverPID()), cpuOf(pids)
 	m := merge(reps)
 	row.Sent, row.Recv, row.Lost = sr.Sent, m.Recv, m.LostLive+m.LostEvicted
+	row.Evicted, row.Durable = m.EOF, m.Durable
 	row.NotifyPerSec = sr.rate()
 	if m.Last > sr.Start {
 		row.DeliveredPS = float64(m.Recv) / (float64(m.Last-sr.Start) / 1e9)

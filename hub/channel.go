@@ -100,7 +100,7 @@ func (h *Hub) channelName(q string) (string, error) {
 // sent as such: see frame.Message.QNotUTF8).
 var errNotUTF8 = errors.New("invalid channel: not valid UTF-8")
 
-// The nack texts of the caps (DESIGN.md, "Limits (v2)").
+// The nack texts of the caps (docs/design.md, "Limits").
 const (
 	nackTooManySubs     = "too many subscriptions"
 	nackTooManyChannels = "too many channels"

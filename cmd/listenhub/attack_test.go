@@ -204,8 +204,7 @@ func healthz(addr string) (int, time.Duration, error) {
 type rssSampler struct {
 	pid  int
 	peak atomic.Int64
-	stop chan struct{}
-	done chan struct{}
+	background
 }
 
 func readRSS(pid int) int64 {
@@ -223,7 +222,7 @@ func readRSS(pid int) int64 {
 }
 
 func sampleRSS(t testing.TB, pid int) *rssSampler {
-	s := &rssSampler{pid: pid, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &rssSampler{pid: pid, background: newBackground()}
 	s.peak.Store(readRSS(pid))
 	go func() {
 		defer close(s.done)
@@ -246,12 +245,7 @@ func sampleRSS(t testing.TB, pid int) *rssSampler {
 
 // end stops sampling and returns the peak in KiB.
 func (s *rssSampler) end() int64 {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
+	s.halt()
 	return s.peak.Load()
 }
 
@@ -273,16 +267,15 @@ type sibling struct {
 	bad       []string
 
 	sent atomic.Int64
-	stop chan struct{}
-	done chan struct{}
-	err  error // the pacer's, valid once done is closed
+	background
+	err error // the pacer's, valid once done is closed
 }
 
 // startSibling subscribes q through the hub and starts the pacer at rate
 // NOTIFYs per second (none for 0).
 func startSibling(t testing.TB, socket, q string, rate int) *sibling {
 	t.Helper()
-	s := &sibling{t: t, q: q, rate: rate, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &sibling{t: t, q: q, rate: rate, background: newBackground()}
 	c, err := client.Dial(context.Background(), socket, client.Options{
 		AckTimeout: timeout,
 		OnWake:     s.onWake,
@@ -404,16 +397,6 @@ func (s *sibling) check(maxLatency time.Duration) siblingReport {
 		s.t.Fatalf("sibling: a wake took %v (bound %v): %v", r.peak, maxLatency, r)
 	}
 	return r
-}
-
-// halt stops the pacer.
-func (s *sibling) halt() {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
 }
 
 // seen returns how many healthy:false and durable wakes the sibling got.
@@ -709,13 +692,12 @@ type prober struct {
 	rtts []time.Duration
 	at   []time.Time // when each probe was sent
 	err  error
-	stop chan struct{}
-	done chan struct{}
+	background
 }
 
 func startProber(t testing.TB, socket string, every time.Duration) *prober {
 	t.Helper()
-	p := &prober{w: dialWorker(t, socket), stop: make(chan struct{}), done: make(chan struct{})}
+	p := &prober{w: dialWorker(t, socket), background: newBackground()}
 	q := strings.Repeat("p", 64)
 	sub := frame.AppendSub(nil, q)
 	go func() {
@@ -758,15 +740,6 @@ func (p *prober) fail(err error) {
 	p.mu.Lock()
 	p.err = err
 	p.mu.Unlock()
-}
-
-func (p *prober) halt() {
-	select {
-	case <-p.stop:
-	default:
-		close(p.stop)
-	}
-	<-p.done
 }
 
 // slow returns the probes slower than d, as "+offset: rtt" from t0.

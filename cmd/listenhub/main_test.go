@@ -946,3 +946,29 @@ func TestServeSignalWhileConnecting(t *testing.T) {
 		t.Fatalf("socket file exists after a stop during connect: %v", err)
 	}
 }
+
+// background is the life of a test goroutine that runs until it is asked
+// to stop: stop asks it to end, done is closed when it has.
+type background struct {
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newBackground() background {
+	return background{stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// ask asks the goroutine to stop; more than once is fine.
+func (b *background) ask() {
+	select {
+	case <-b.stop:
+	default:
+		close(b.stop)
+	}
+}
+
+// halt asks the goroutine to stop and waits until it has.
+func (b *background) halt() {
+	b.ask()
+	<-b.done
+}

@@ -295,8 +295,7 @@ func (w *seqWorker) state() (n int, seqs []int, gap time.Duration, err error) {
 // seqNotifier sends NOTIFY q with payloads 1, 2, 3, … every pace until
 // stopped, on its own connection.
 type seqNotifier struct {
-	stop chan struct{}
-	done chan struct{}
+	background
 	sent int
 	err  error
 }
@@ -309,7 +308,7 @@ func startSeqNotifier(t *testing.T, url, q string, pace time.Duration) *seqNotif
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &seqNotifier{stop: make(chan struct{}), done: make(chan struct{})}
+	n := &seqNotifier{background: newBackground()}
 	t.Cleanup(func() { n.halt() })
 	go func() {
 		defer close(n.done)
@@ -333,16 +332,6 @@ func startSeqNotifier(t *testing.T, url, q string, pace time.Duration) *seqNotif
 	return n
 }
 
-// halt stops the notifier (once).
-func (n *seqNotifier) halt() {
-	select {
-	case <-n.stop:
-	default:
-		close(n.stop)
-	}
-	<-n.done
-}
-
 func (n *seqNotifier) finish(t *testing.T) int {
 	t.Helper()
 	n.halt()
@@ -355,11 +344,10 @@ func (n *seqNotifier) finish(t *testing.T) int {
 // backendSampler counts the hub's backends every 50 ms and keeps the
 // largest count seen.
 type backendSampler struct {
-	stop chan struct{}
-	done chan struct{}
-	max  int
-	n    int
-	err  error
+	background
+	max int
+	n   int
+	err error
 }
 
 func sampleBackends(t *testing.T, url, app string) *backendSampler {
@@ -370,7 +358,7 @@ func sampleBackends(t *testing.T, url, app string) *backendSampler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &backendSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	s := &backendSampler{background: newBackground()}
 	t.Cleanup(func() { s.halt() })
 	sql := fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'", app)
 	go func() {
@@ -397,15 +385,6 @@ func sampleBackends(t *testing.T, url, app string) *backendSampler {
 	return s
 }
 
-func (s *backendSampler) halt() {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
-}
-
 func (s *backendSampler) finish(t *testing.T) (maxSeen, samples int) {
 	t.Helper()
 	s.halt()
@@ -418,16 +397,15 @@ func (s *backendSampler) finish(t *testing.T) (maxSeen, samples int) {
 // subscriber keeps subscribing to new names, one at a time, so that some
 // sub is in flight whenever an upgrade happens; every one must be acked.
 type subscriber struct {
-	w     *seqWorker
-	stop  chan struct{}
-	done  chan struct{}
+	w *seqWorker
+	background
 	acked int
 	err   error
 }
 
 func startSubscriber(t *testing.T, socket string) *subscriber {
 	t.Helper()
-	s := &subscriber{w: dialSeqWorker(t, socket), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &subscriber{w: dialSeqWorker(t, socket), background: newBackground()}
 	t.Cleanup(func() { s.halt() })
 	go func() {
 		defer close(s.done)
@@ -459,11 +437,7 @@ func startSubscriber(t *testing.T, socket string) *subscriber {
 }
 
 func (s *subscriber) halt() {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
+	s.ask()
 	s.w.c.Close() // ends a wait for an ack
 	<-s.done
 }

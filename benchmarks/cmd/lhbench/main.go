@@ -106,6 +106,7 @@ func reportMain(args []string) error {
 		return err
 	}
 	r.Targets = evaluate(&r, nil)
+	r.Targets13 = evaluate13(&r)
 	printAll(os.Stdout, &r)
 	if *md != "" {
 		var buf strings.Builder

@@ -5,14 +5,15 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
 
-// Target is one target of issue 6 with its verdict.
+// Target is one target of issue 6 or 13 with its verdict.
 type Target struct {
 	Name   string `json:"name"`
-	Met    string `json:"met"` // "met", "NOT MET", "not measured"
+	Met    string `json:"met"` // "met", "NOT MET", "not measured" (issue 6), "not run" (issue 13)
 	Figure string `json:"figure"`
 }
 
@@ -181,6 +182,13 @@ func tables(r *Results) []*table {
 		}
 		ts = append(ts, t)
 	}
+	if len(r.Targets13) > 0 {
+		t := &table{title: "Targets (issue 13)", header: []string{"verdict", "target", "measured"}}
+		for _, x := range r.Targets13 {
+			t.add(x.Met, x.Name, x.Figure)
+		}
+		ts = append(ts, t)
+	}
 	return ts
 }
 
@@ -198,7 +206,7 @@ func printAll(w io.Writer, r *Results) {
 	for _, t := range tables(r) {
 		fmt.Fprintf(w, "\n## %s\n", t.title)
 		tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
-		if t.title == "Targets (issue 6)" {
+		if strings.HasPrefix(t.title, "Targets (") {
 			tw = tabwriter.NewWriter(w, 2, 0, 2, ' ', 0)
 		}
 		fmt.Fprintln(tw, strings.Join(t.header, "\t")+"\t")
@@ -420,64 +428,205 @@ func evaluate(r *Results, _ func(string) *system) []Target {
 	}
 	// gohub loses on every row
 	{
-		var wins []string
-		cmp := 0
-		for _, h := range r.Paced {
-			if h.System != "hub" || h.Err != "" {
-				continue
+		wins, cmp := gohubWins(r)
+		add("the goroutine-per-connection hub loses on every row", cmp > 0, len(wins) == 0, winsFigure(wins))
+	}
+	return ts
+}
+
+// gohubWins lists the rows where the goroutine-per-connection baseline
+// beats the hub, and how many hub/gohub pairs were compared.
+func gohubWins(r *Results) (wins []string, cmp int) {
+	f := finder{r}
+	for _, h := range r.Paced {
+		if h.System != "hub" || h.Err != "" {
+			continue
+		}
+		if g := f.paced("gohub", h.N, h.Layout.Procs == 1 && h.N > 1); g != nil {
+			cmp++
+			if g.Lat.P99 < h.Lat.P99 {
+				wins = append(wins, fmt.Sprintf("paced N=%d %s p99 %s < hub %s", h.N, h.Layout, us(g.Lat.P99), us(h.Lat.P99)))
 			}
-			if g := f.paced("gohub", h.N, h.Layout.Procs == 1 && h.N > 1); g != nil {
+		}
+	}
+	for _, h := range r.Saturation {
+		if h.System != "hub" || h.Err != "" {
+			continue
+		}
+		if g := f.sat("gohub", h.N, h.Layout.Procs == 1); g != nil {
+			cmp++
+			if g.DeliveriesPerS > h.DeliveriesPerS {
+				wins = append(wins, fmt.Sprintf("flood N=%d %s %s deliveries/s > hub %s", h.N, h.Layout, si(g.DeliveriesPerS), si(h.DeliveriesPerS)))
+			}
+			if g.SustainedDeliv > h.SustainedDeliv {
+				wins = append(wins, fmt.Sprintf("sustained N=%d %s %s/s > hub %s", h.N, h.Layout, si(g.SustainedDeliv), si(h.SustainedDeliv)))
+			}
+		}
+	}
+	for _, h := range r.Churn {
+		for _, g := range r.Churn {
+			if h.System == "hub" && g.System == "gohub" && h.Err == "" && g.Err == "" {
 				cmp++
-				if g.Lat.P99 < h.Lat.P99 {
-					wins = append(wins, fmt.Sprintf("paced N=%d %s p99 %s < hub %s", h.N, h.Layout, us(g.Lat.P99), us(h.Lat.P99)))
+				if g.During.P99 < h.During.P99 {
+					wins = append(wins, fmt.Sprintf("churn steady p99 %s < hub %s", us(g.During.P99), us(h.During.P99)))
+				}
+				if g.CyclesPerS > h.CyclesPerS {
+					wins = append(wins, fmt.Sprintf("churn %s cycles/s > hub %s", si(g.CyclesPerS), si(h.CyclesPerS)))
 				}
 			}
 		}
-		for _, h := range r.Saturation {
-			if h.System != "hub" || h.Err != "" {
-				continue
-			}
-			if g := f.sat("gohub", h.N, h.Layout.Procs == 1); g != nil {
+	}
+	for _, h := range r.Wedged {
+		for _, g := range r.Wedged {
+			if h.System == "hub" && g.System == "gohub" && h.Err == "" && g.Err == "" {
 				cmp++
-				if g.DeliveriesPerS > h.DeliveriesPerS {
-					wins = append(wins, fmt.Sprintf("flood N=%d %s %s deliveries/s > hub %s", h.N, h.Layout, si(g.DeliveriesPerS), si(h.DeliveriesPerS)))
-				}
-				if g.SustainedDeliv > h.SustainedDeliv {
-					wins = append(wins, fmt.Sprintf("sustained N=%d %s %s/s > hub %s", h.N, h.Layout, si(g.SustainedDeliv), si(h.SustainedDeliv)))
+				if g.With.P99 < h.With.P99 {
+					wins = append(wins, fmt.Sprintf("wedged siblings p99 %s < hub %s", us(g.With.P99), us(h.With.P99)))
 				}
 			}
 		}
-		for _, h := range r.Churn {
-			for _, g := range r.Churn {
-				if h.System == "hub" && g.System == "gohub" && h.Err == "" && g.Err == "" {
-					cmp++
-					if g.During.P99 < h.During.P99 {
-						wins = append(wins, fmt.Sprintf("churn steady p99 %s < hub %s", us(g.During.P99), us(h.During.P99)))
-					}
-					if g.CyclesPerS > h.CyclesPerS {
-						wins = append(wins, fmt.Sprintf("churn %s cycles/s > hub %s", si(g.CyclesPerS), si(h.CyclesPerS)))
-					}
-				}
-			}
+	}
+	return wins, cmp
+}
+
+func winsFigure(wins []string) string {
+	if len(wins) == 0 {
+		return "gohub wins none of the compared rows"
+	}
+	return "gohub wins: " + strings.Join(wins, "; ")
+}
+
+// ---- issue 13
+
+// need is one row a target compares; what names it when the run lacks it.
+type need struct {
+	ok   bool
+	what string
+}
+
+// missing says which of a target's rows the run lacks (the figure of a
+// "not run" verdict).
+func missing(ns ...need) string {
+	var m []string
+	for _, n := range ns {
+		if !n.ok {
+			m = append(m, n.what)
 		}
-		for _, h := range r.Wedged {
-			for _, g := range r.Wedged {
-				if h.System == "hub" && g.System == "gohub" && h.Err == "" && g.Err == "" {
-					cmp++
-					if g.With.P99 < h.With.P99 {
-						wins = append(wins, fmt.Sprintf("wedged siblings p99 %s < hub %s", us(g.With.P99), us(h.With.P99)))
-					}
-				}
-			}
+	}
+	return "no " + strings.Join(m, ", no ") + " in this run"
+}
+
+// sizes are the (N, one process) layouts a per-size target covers: those
+// of the full suite, then any other the run has for the hub.
+type size struct {
+	n   int
+	one bool
+}
+
+func (s size) String() string {
+	if s.one {
+		return layout{Procs: 1, ConnsPerProc: s.n}.String()
+	}
+	return layout{Procs: s.n, ConnsPerProc: 1}.String()
+}
+
+func sizes(full []size, run []size) []size {
+	out := append([]size(nil), full...)
+	for _, s := range run {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
 		}
-		fig := "gohub wins none of the compared rows"
-		if len(wins) > 0 {
-			fig = "gohub wins: " + strings.Join(wins, "; ")
+	}
+	return out
+}
+
+// evaluate13 gives the verdicts of issue 13's targets from the same run.
+// A target whose scenario or system is missing from the run is "not run".
+func evaluate13(r *Results) []Target {
+	f := finder{r}
+	var ts []Target
+	add := func(name string, ran bool, ok bool, figure string) {
+		t := Target{Name: name, Figure: figure, Met: verdict(ok)}
+		if !ran {
+			t.Met = "not run"
 		}
-		add("the goroutine-per-connection hub loses on every row", cmp > 0, len(wins) == 0, fig)
+		ts = append(ts, t)
 	}
 
-	// many channels: K=4 at 50,000 keeps >= 90% of its rate at 1,000
+	// 1, 2: paced p99
+	{
+		name := "paced N=256 (256 procs): hub p99 < gohub's"
+		if h, g := f.paced("hub", 256, false), f.paced("gohub", 256, false); h != nil && g != nil {
+			add(name, true, h.Lat.P99 < g.Lat.P99, fmt.Sprintf("hub p99 %s, gohub p99 %s (%.2f×)", us(h.Lat.P99), us(g.Lat.P99), h.Lat.P99/max(g.Lat.P99, 1)))
+		} else {
+			add(name, false, false, missing(need{h != nil, "hub paced 256 procs"}, need{g != nil, "gohub paced 256 procs"}))
+		}
+		name = "paced 1×256 (one process): hub p99 ≤ 1 ms"
+		if h := f.paced("hub", 256, true); h != nil {
+			add(name, true, h.Lat.P99 <= 1000, fmt.Sprintf("hub p99 %s (%.2f× the 1 ms target; p50 %s)", us(h.Lat.P99), h.Lat.P99/1000, us(h.Lat.P50)))
+		} else {
+			add(name, false, false, missing(need{false, "hub paced 1×256"}))
+		}
+	}
+	// 3: sustained deliveries/s at N=64 vs gohub
+	for _, s := range []size{{64, false}, {64, true}} {
+		name := fmt.Sprintf("sustained deliveries/s at N=64 (%s) ≥ gohub's", s)
+		h, g := f.sat("hub", s.n, s.one), f.sat("gohub", s.n, s.one)
+		if h != nil && g != nil && h.SustainedTested && g.SustainedTested {
+			add(name, true, h.SustainedDeliv >= g.SustainedDeliv,
+				fmt.Sprintf("hub %s/s (%s NOTIFY/s, p99 %s), gohub %s/s (%s NOTIFY/s, p99 %s) (%.2f×)", si(h.SustainedDeliv), si(h.SustainedRate), us(h.SustainedLat.P99),
+					si(g.SustainedDeliv), si(g.SustainedRate), us(g.SustainedLat.P99), h.SustainedDeliv/max(g.SustainedDeliv, 1)))
+		} else {
+			add(name, false, false, missing(need{h != nil && h.SustainedTested, "hub sustained " + s.String()},
+				need{g != nil && g.SustainedTested, "gohub sustained " + s.String()}))
+		}
+	}
+	// 4: server CPU per delivery ≤ 0.8× gohub's, paced N ≥ 64 and every flood
+	{
+		var run []size
+		for _, p := range r.Paced {
+			if p.System == "hub" && p.N >= 64 {
+				run = append(run, size{p.N, p.Layout.Procs == 1 && p.N > 1})
+			}
+		}
+		perDelivery := func(p *LatencyRow) float64 { // µs
+			if p == nil || p.Recv == 0 {
+				return 0
+			}
+			return p.CPU * 1e6 / float64(p.Recv)
+		}
+		for _, s := range sizes([]size{{64, false}, {256, false}, {256, true}}, run) {
+			name := fmt.Sprintf("CPU/delivery ≤ 0.8× gohub's: paced %s", s)
+			h, g := perDelivery(f.paced("hub", s.n, s.one)), perDelivery(f.paced("gohub", s.n, s.one))
+			if h > 0 && g > 0 {
+				add(name, true, h <= 0.8*g, fmt.Sprintf("hub %.1f µs, gohub %.1f µs (%.2f×)", h, g, h/g))
+			} else {
+				add(name, false, false, missing(need{h > 0, "hub paced " + s.String() + " CPU figure"}, need{g > 0, "gohub paced " + s.String() + " CPU figure"}))
+			}
+		}
+		run = nil
+		for _, x := range r.Saturation {
+			if x.System == "hub" {
+				run = append(run, size{x.N, x.Layout.Procs == 1 && x.N > 1})
+			}
+		}
+		perDeliv := func(x *SatRow) float64 { // ns
+			if x == nil {
+				return 0
+			}
+			return x.CPUPerDelivery
+		}
+		for _, s := range sizes([]size{{64, false}, {256, false}, {64, true}, {256, true}}, run) {
+			name := fmt.Sprintf("CPU/delivery ≤ 0.8× gohub's: flood %s", s)
+			h, g := perDeliv(f.sat("hub", s.n, s.one)), perDeliv(f.sat("gohub", s.n, s.one))
+			if h > 0 && g > 0 {
+				add(name, true, h <= 0.8*g, fmt.Sprintf("hub %.0f ns, gohub %.0f ns (%.2f×)", h, g, h/g))
+			} else {
+				add(name, false, false, missing(need{h > 0, "hub flood " + s.String() + " CPU figure"}, need{g > 0, "gohub flood " + s.String() + " CPU figure"}))
+			}
+		}
+	}
+	// 5: many channels: K=4 at 50,000 keeps ≥ 90% of its rate at 1,000
 	{
 		var at1k, at50k *ChannelsRow
 		for i := range r.Channels {
@@ -491,17 +640,71 @@ func evaluate(r *Results, _ func(string) *system) []Target {
 				}
 			}
 		}
-		fig := ""
+		name := "50,000 channels, K=4: ≥ 90% of the NOTIFY rate at 1,000"
 		if at1k != nil && at50k != nil {
-			fig = fmt.Sprintf("%s delivered/s at 50,000 vs %s at 1,000 (%.0f%%)", si(at50k.DeliveredPS), si(at1k.DeliveredPS), 100*at50k.DeliveredPS/max(at1k.DeliveredPS, 1))
+			fig := fmt.Sprintf("%s delivered/s at 50,000 vs %s at 1,000 (%.0f%%)", si(at50k.DeliveredPS), si(at1k.DeliveredPS), 100*at50k.DeliveredPS/max(at1k.DeliveredPS, 1))
 			for _, c := range r.Channels {
 				if c.System == "hub K=1" && c.Channels == 50000 && c.Err == "" {
 					fig += fmt.Sprintf("; K=1 at 50,000: %s", si(c.DeliveredPS))
 				}
 			}
+			add(name, true, at50k.DeliveredPS >= 0.9*at1k.DeliveredPS, fig)
+		} else {
+			add(name, false, false, missing(need{at1k != nil, "hub K=4 at 1,000 channels"}, need{at50k != nil, "hub K=4 at 50,000 channels"}))
 		}
-		add("50,000 channels, K=4: >= 90% of the NOTIFY rate at 1,000", at1k != nil && at50k != nil,
-			at1k != nil && at50k != nil && at50k.DeliveredPS >= 0.9*at1k.DeliveredPS, fig)
+	}
+	// 6: idle memory at N=10,000
+	{
+		var h, lib *IdleRow
+		for i := range r.Idle {
+			x := &r.Idle[i]
+			if x.N == 10000 && x.Err == "" {
+				switch x.System {
+				case "hub":
+					h = x
+				case "hub (lib)":
+					lib = x
+				}
+			}
+		}
+		name := "idle memory at N=10,000: hub ≤ 512 B RSS/worker"
+		if h != nil {
+			fig := fmt.Sprintf("hub %.0f B RSS/worker (%.2f× the 512 B target)", h.PerWorker, h.PerWorker/512)
+			if lib != nil && lib.HeapPerWorker > 0 {
+				fig += fmt.Sprintf("; hub (lib) Go heap %.0f B/worker (RSS %.0f B)", lib.HeapPerWorker, lib.PerWorker)
+			} else {
+				fig += "; no hub (lib) heap figure in this run"
+			}
+			add(name, true, h.PerWorker <= 512, fig)
+		} else {
+			add(name, false, false, missing(need{false, "hub idle N=10000"}))
+		}
+	}
+	// 7: churn RSS growth per 100,000 cycles
+	{
+		var h *ChurnRow
+		for i := range r.Churn {
+			if c := &r.Churn[i]; c.System == "hub" && c.Err == "" && c.Cycles > 0 {
+				h = c
+			}
+		}
+		name := "churn: RSS growth (5 s after) < 5 MB per 100,000 cycles"
+		if h != nil {
+			per := float64(h.RSSAfter-h.RSSBefore) * 1e5 / float64(h.Cycles)
+			add(name, true, per < 5e6, fmt.Sprintf("%s → %s MB 5 s after %d cycles: %+.2f MB per 100,000 cycles (%.2f× the 5 MB limit)",
+				mb(h.RSSBefore), mb(h.RSSAfter), h.Cycles, per/1e6, per/5e6))
+		} else {
+			add(name, false, false, missing(need{false, "hub churn"}))
+		}
+	}
+	// 8: gohub loses on every row
+	{
+		wins, cmp := gohubWins(r)
+		fig := winsFigure(wins)
+		if cmp == 0 {
+			fig = "no hub/gohub pair in this run"
+		}
+		add("the goroutine-per-connection hub loses on every row", cmp > 0, len(wins) == 0, fig)
 	}
 	return ts
 }

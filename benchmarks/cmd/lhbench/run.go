@@ -317,6 +317,7 @@ func runMain(args []string) error {
 	b.res.Machine.LoadEnd = loadavg()
 	b.res.Elapsed = time.Since(start).Round(time.Second).String()
 	b.res.Targets = evaluate(b.res, b.sys)
+	b.res.Targets13 = evaluate13(b.res)
 	printAll(os.Stdout, b.res)
 	if *jsonOut != "" {
 		out, _ := json.MarshalIndent(b.res, "", "  ")

@@ -31,6 +31,7 @@ type Results struct {
 	Wedged     []WedgedRow    `json:"wedged"`
 	Channels   []ChannelsRow  `json:"channels,omitempty"`
 	Targets    []Target       `json:"targets"`
+	Targets13  []Target       `json:"targets_issue13,omitempty"`
 	Notes      []string       `json:"notes,omitempty"`
 	Durations  []scenarioTime `json:"durations"`
 }

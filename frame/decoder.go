@@ -24,9 +24,11 @@ type Decoder struct {
 	Max int
 
 	// buf[r:] holds the bytes fed and not yet decoded: at most one partial
-	// frame plus whatever complete frames the last Feed brought.
-	buf []byte
-	r   int
+	// frame plus whatever complete frames the last Feed brought. While
+	// borrowed, buf is the caller's slice from FeedBorrowed, not a copy.
+	buf      []byte
+	r        int32
+	borrowed bool
 	// err, once set, is returned by every Next: the stream cannot be
 	// resynchronised after a bad frame, so the connection must go.
 	err error
@@ -53,12 +55,15 @@ func (d *Decoder) Feed(b []byte) {
 	if d.err != nil || len(b) == 0 {
 		return
 	}
+	if d.borrowed {
+		d.own(0)
+	}
 	// The frame under way, once its header is in: a body above the
 	// limit is refused before b is copied (a peer must not make the
 	// buffer grow for it, whether or not Next saw the header yet), and
 	// a buffer that must grow grows once to what the frame needs.
 	frameLen := -1
-	if have := len(d.buf) - d.r; have+len(b) >= 4 {
+	if have := len(d.buf) - int(d.r); have+len(b) >= 4 {
 		var hdr [4]byte
 		copy(hdr[copy(hdr[:], d.buf[d.r:]):], b)
 		n := binary.BigEndian.Uint32(hdr[:])
@@ -69,7 +74,7 @@ func (d *Decoder) Feed(b []byte) {
 		frameLen = 4 + int(n)
 	}
 	switch {
-	case d.r == len(d.buf):
+	case int(d.r) == len(d.buf):
 		d.buf, d.r = d.buf[:0], 0
 	case d.r > 0 && len(b) > cap(d.buf)-len(d.buf):
 		// Move the partial frame to the front rather than grow: it is
@@ -81,12 +86,47 @@ func (d *Decoder) Feed(b []byte) {
 		// Grow once to what the frame under way needs, when its header
 		// says: append's doubling would leave a large frame in a buffer
 		// up to twice its size, after copying it on the way.
-		size := max(need, 256, d.r+frameLen)
+		size := max(need, minBuf, int(d.r)+frameLen)
 		grown := make([]byte, len(d.buf), size)
 		copy(grown, d.buf)
 		d.buf = grown
 	}
 	d.buf = append(d.buf, b...)
+}
+
+// minBuf is the smallest buffer a Decoder allocates.
+const minBuf = 256
+
+// FeedBorrowed is Feed without the copy, for a caller that decodes every
+// whole frame at once (the hub, after each read): the decoder works on b
+// itself until Next reports ok=false or an error, and only the incomplete
+// frame left at the end, if any, is copied into storage of its own. A peer
+// that sends whole frames, as workers do, then costs no buffer at all,
+// and no garbage per read. b must not change until that Next; calling Feed
+// or FeedBorrowed before it copies what is left of b first.
+func (d *Decoder) FeedBorrowed(b []byte) {
+	if d.err != nil || len(b) == 0 {
+		return
+	}
+	if d.borrowed || int(d.r) < len(d.buf) {
+		d.Feed(b) // bytes are waiting: the new ones go after a copy of them
+		return
+	}
+	d.buf, d.r, d.borrowed = b, 0, true
+}
+
+// own copies the undecoded bytes of a borrowed buffer into the decoder's own
+// storage, with room for a frame of frameLen bytes (header included) when
+// that is known, and ends the borrow.
+func (d *Decoder) own(frameLen int) {
+	rest := d.buf[d.r:]
+	if len(rest) == 0 {
+		d.buf, d.r, d.borrowed = nil, 0, false
+		return
+	}
+	owned := make([]byte, len(rest), max(len(rest), minBuf, frameLen))
+	copy(owned, rest)
+	d.buf, d.r, d.borrowed = owned, 0, false
 }
 
 // Next decodes the next frame. ok is false, with a nil error, when the next
@@ -103,6 +143,9 @@ func (d *Decoder) Next() (m Message, ok bool, err error) {
 	}
 	avail := d.buf[d.r:]
 	if len(avail) < 4 {
+		if d.borrowed {
+			d.own(0)
+		}
 		return Message{}, false, nil
 	}
 	n := binary.BigEndian.Uint32(avail)
@@ -110,14 +153,22 @@ func (d *Decoder) Next() (m Message, ok bool, err error) {
 		return Message{}, false, d.fail(&Error{Err: ErrTooLarge, Offset: -1, Length: n, Limit: lim})
 	}
 	if uint64(len(avail)-4) < uint64(n) {
+		if d.borrowed {
+			d.own(4 + int(n))
+		}
 		return Message{}, false, nil
 	}
 	m, err = Decode(avail[4 : 4+n])
-	d.r += 4 + int(n)
+	d.r += 4 + int32(n)
 	if err != nil {
 		return Message{}, false, d.fail(err)
 	}
-	switch rest := len(d.buf) - d.r; {
+	switch rest := len(d.buf) - int(d.r); {
+	case d.borrowed:
+		if rest == 0 {
+			// Done with the caller's bytes: hold no reference to them.
+			d.buf, d.r, d.borrowed = nil, 0, false
+		}
 	case rest == 0:
 		if cap(d.buf) > keepCap {
 			d.buf = nil
@@ -135,7 +186,7 @@ func (d *Decoder) Next() (m Message, ok bool, err error) {
 }
 
 // Buffered returns the number of bytes fed and not yet decoded.
-func (d *Decoder) Buffered() int { return len(d.buf) - d.r }
+func (d *Decoder) Buffered() int { return len(d.buf) - int(d.r) }
 
 // Unread returns the bytes fed and not yet decoded (after Next reported
 // ok=false: the start of a partial frame). The slice is valid until the next
@@ -145,18 +196,23 @@ func (d *Decoder) Unread() []byte { return d.buf[d.r:] }
 
 // Cap returns the size of the buffer the decoder holds: what it costs in
 // memory beyond the struct, Buffered or more.
-func (d *Decoder) Cap() int { return cap(d.buf) }
+func (d *Decoder) Cap() int {
+	if d.borrowed {
+		return 0
+	}
+	return cap(d.buf)
+}
 
 // Release drops the decoder's buffer if it holds no undecoded byte, so that
 // an idle peer costs no buffer at all. The next Feed allocates a new one.
 func (d *Decoder) Release() {
-	if d.r == len(d.buf) {
-		d.buf, d.r = nil, 0
+	if int(d.r) == len(d.buf) {
+		d.buf, d.r, d.borrowed = nil, 0, false
 	}
 }
 
 func (d *Decoder) fail(err error) error {
 	d.err = err
-	d.buf, d.r = nil, 0
+	d.buf, d.r, d.borrowed = nil, 0, false
 	return err
 }

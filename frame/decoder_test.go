@@ -47,6 +47,41 @@ func decodeStreamMax(stream []byte, limit int, next func() int) streamResult {
 	return res
 }
 
+// decodeStreamBorrowed is decodeStreamMax fed with FeedBorrowed, as the
+// hub feeds it: each chunk is read into one scratch buffer, which is
+// scribbled over as soon as Next has reported ok=false, so that a decoder
+// still holding the caller's bytes shows.
+func decodeStreamBorrowed(stream []byte, limit int, next func() int) streamResult {
+	d := Decoder{Max: limit}
+	var res streamResult
+	scratch := make([]byte, 64)
+	for len(stream) > 0 && res.err == "" {
+		n := min(max(next(), 1), len(stream))
+		if n > len(scratch) {
+			scratch = make([]byte, n)
+		}
+		copy(scratch, stream[:n])
+		d.FeedBorrowed(scratch[:n])
+		stream = stream[n:]
+		for {
+			m, ok, err := d.Next()
+			if err != nil {
+				res.err = err.Error()
+				break
+			}
+			if !ok {
+				break
+			}
+			res.msgs = append(res.msgs, m)
+		}
+		for i := range scratch {
+			scratch[i] = 0xff
+		}
+	}
+	res.buffered = d.Buffered()
+	return res
+}
+
 func sameResult(a, b streamResult) bool {
 	if a.err != b.err || a.buffered != b.buffered || len(a.msgs) != len(b.msgs) {
 		return false
@@ -423,5 +458,65 @@ func TestDecoderSizesBufferToFrame(t *testing.T) {
 	}
 	if _, _, err := d.Next(); !errors.Is(err, ErrTooLarge) {
 		t.Fatal(err)
+	}
+}
+
+// FeedBorrowed decodes what Feed decodes, whatever the chunking, and keeps
+// nothing of the caller's buffer once Next has said ok=false (the helper
+// scribbles over it then).
+func TestDecoderFeedBorrowed(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	stream, msgs := randStream(r, 2000)
+	want := streamResult{msgs: msgs}
+	for _, chunk := range []int{1, 2, 3, 5, 7, 64, 4096, len(stream)} {
+		if res := decodeStreamBorrowed(stream, 0, func() int { return chunk }); !sameResult(res, want) {
+			t.Fatalf("borrowed, chunks of %d: %d messages, err %q, %d buffered", chunk, len(res.msgs), res.err, res.buffered)
+		}
+	}
+	if res := decodeStreamBorrowed(stream, 0, func() int { return r.IntN(300) }); !sameResult(res, want) {
+		t.Fatalf("borrowed, random chunks: %d messages, err %q", len(res.msgs), res.err)
+	}
+}
+
+// The point of FeedBorrowed: a peer that sends whole frames costs no
+// buffer, before, during or after, and the only allocation per frame is the
+// name the message carries.
+func TestDecoderFeedBorrowedWholeFramesHoldNoBuffer(t *testing.T) {
+	var d Decoder
+	two := AppendSub(AppendSub(nil, "chat"), "mail")
+	allocs := testing.AllocsPerRun(100, func() {
+		d.FeedBorrowed(two)
+		for {
+			_, ok, err := d.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				break
+			}
+		}
+		if d.Cap() != 0 || d.Buffered() != 0 {
+			t.Fatalf("after whole frames: Cap %d, Buffered %d; want 0, 0", d.Cap(), d.Buffered())
+		}
+	})
+	if allocs > 2 {
+		t.Fatalf("%.1f allocations for two whole frames; want at most 2 (the two names)", allocs)
+	}
+
+	// A frame cut short is copied, sized to the frame, and the rest of it
+	// completes it through either Feed.
+	d.FeedBorrowed(two[:5])
+	if _, ok, err := d.Next(); ok || err != nil {
+		t.Fatalf("partial: ok %v err %v", ok, err)
+	}
+	if d.Buffered() != 5 || d.Cap() < len(two)/2 {
+		t.Fatalf("partial: Buffered %d, Cap %d; want 5, at least the frame (%d)", d.Buffered(), d.Cap(), len(two)/2)
+	}
+	d.FeedBorrowed(two[5:])
+	for _, q := range []string{"chat", "mail"} {
+		m, ok, err := d.Next()
+		if !ok || err != nil || m != (Message{T: "sub", Q: q}) {
+			t.Fatalf("Next = %#v, %v, %v; want sub %s", m, ok, err, q)
+		}
 	}
 }

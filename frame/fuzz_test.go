@@ -66,6 +66,13 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 
+		// Fed borrowed, as the hub feeds it: the same again.
+		for _, chunk := range []int{1, 4, 9, len(data)} {
+			if got := decodeStreamBorrowed(data, 0, func() int { return chunk }); !sameResult(got, whole) {
+				t.Fatalf("stream %q borrowed in chunks of %d: %#v; whole: %#v", data, chunk, got, whole)
+			}
+		}
+
 		// With a lower Max: the same frames up to the first one above it,
 		// then ErrTooLarge; chunking changes nothing there either.
 		const max = 32
@@ -79,6 +86,9 @@ func FuzzDecode(f *testing.F) {
 		for _, chunk := range []int{1, 5} {
 			if got := decodeStreamMax(data, max, func() int { return chunk }); !sameResult(got, lim) {
 				t.Fatalf("stream %q with Max %d in chunks of %d: %#v; whole: %#v", data, max, chunk, got, lim)
+			}
+			if got := decodeStreamBorrowed(data, max, func() int { return chunk }); !sameResult(got, lim) {
+				t.Fatalf("stream %q with Max %d borrowed in chunks of %d: %#v; whole: %#v", data, max, chunk, got, lim)
 			}
 		}
 	})

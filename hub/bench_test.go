@@ -43,7 +43,7 @@ func benchHub(b testing.TB, n int) *Hub {
 			b.Fatal(err)
 		}
 		unix.SetNonblock(fds[0], true)
-		w := &worker{id: uint64(i + 1), fd: fds[0]}
+		w := &worker{id: uint64(i + 1), fd: int32(fds[0])}
 		w.out.Max = h.bufferMax()
 		w.out.Retain = true // a busy worker, as the status tick marks one
 		if w.tok, err = l.Register(fds[0], loop.Readable, func(loop.Events) {}); err != nil {
@@ -57,7 +57,7 @@ func benchHub(b testing.TB, n int) *Hub {
 	}
 	b.Cleanup(func() {
 		for _, w := range h.workers {
-			unix.Close(w.fd)
+			unix.Close(int(w.fd))
 		}
 		for _, p := range peers {
 			p.Close()
@@ -80,7 +80,7 @@ func drain(b *testing.B, h *Hub) {
 			if w.out.Len() > 0 {
 				h.write(w)
 			}
-			n, err := unix.IoctlGetInt(w.fd, unix.SIOCOUTQ)
+			n, err := unix.IoctlGetInt(int(w.fd), unix.SIOCOUTQ)
 			if err != nil {
 				b.Fatal(err)
 			}

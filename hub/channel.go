@@ -128,7 +128,7 @@ func (h *Hub) subscribe(w *worker, q string) {
 	// subscription; either way waiting answers count, so that a worker
 	// cannot grow a waiter list by repeating a sub whose LISTEN is in
 	// flight.
-	if w.waiting >= h.cfg.MaxSubscriptions || w.subs.get(q) == nil && w.subs.len() >= h.cfg.MaxSubscriptions {
+	if int(w.waiting) >= h.cfg.MaxSubscriptions || w.subs.get(q) == nil && w.subs.len() >= h.cfg.MaxSubscriptions {
 		h.refuseSub(w, q, nackTooManySubs)
 		return
 	}
@@ -198,7 +198,9 @@ func (h *Hub) unsubscribe(w *worker, q string) {
 func (h *Hub) dropSub(w *worker, ch *channel) {
 	delete(ch.subs, w)
 	w.subs.remove(ch.q)
-	delete(w.durable, ch.q)
+	if w.tr != nil {
+		delete(w.tr.durable, ch.q)
+	}
 	ws := ch.waiters[:0]
 	for _, x := range ch.waiters {
 		if x.w != w {
@@ -260,7 +262,9 @@ func (h *Hub) listenDone(ch *channel, err error) {
 		// a fresh LISTEN.
 		for w := range ch.subs {
 			w.subs.remove(ch.q)
-			delete(w.durable, ch.q)
+			if w.tr != nil {
+				delete(w.tr.durable, ch.q)
+			}
 			delete(ch.subs, w)
 		}
 		h.unlisten(ch)

@@ -163,10 +163,10 @@ func rawWrite(w *worker, iov [][]byte) (int, error) {
 		var n int
 		var err error
 		if len(b) == 0 {
-			n, err = unix.Write(w.fd, a)
+			n, err = unix.Write(int(w.fd), a)
 		} else {
 			iov[0], iov[1] = a, b
-			n, err = unix.Writev(w.fd, iov)
+			n, err = unix.Writev(int(w.fd), iov)
 			iov[0], iov[1] = nil, nil
 		}
 		if err != unix.EINTR {

@@ -176,10 +176,15 @@ type Hub struct {
 	// resync, nothing to count.
 	connected bool
 
-	dirty   []*worker // workers with frames appended this iteration
-	rbuf    []byte    // shared read buffer
-	scratch []byte    // one encoded wake, copied to each subscriber
-	iov     [][]byte  // writev vectors, reused
+	dirty []*worker // workers with frames appended this iteration
+	// closedWorkers were closed in this iteration; flush recycles them
+	// into freeWorkers. freeTracked are tracked structs to reuse.
+	closedWorkers []*worker
+	freeWorkers   []*worker
+	freeTracked   []*tracked
+	rbuf          []byte   // shared read buffer
+	scratch       []byte   // one encoded wake, copied to each subscriber
+	iov           [][]byte // writev vectors, reused
 	// fan writes a large flush over several threads (fanout.go); nil
 	// until the first one. pwork is its list of workers, reused.
 	fan   *fanout
@@ -474,9 +479,6 @@ func (h *Hub) onStatusTick() {
 		if !w.out.Retain {
 			w.out.Release() // no-op while bytes are pending
 			w.dec.Release() // likewise while a frame is partial
-			if len(w.exempt) == 0 && cap(w.exempt) > len(w.exemptBuf) {
-				w.exempt = w.exemptBuf[:0]
-			}
 		}
 	}
 	h.flushSuppressed()
@@ -487,7 +489,7 @@ func (h *Hub) onStatusTick() {
 		// A status frame still wholly unsent says the same thing: the
 		// re-send would only add to the backlog of a worker that is
 		// not reading.
-		if w.hasStatus && w.out.Written() <= w.statusAt {
+		if w.hasStatus && w.out.Written() <= w.tr.statusAt {
 			continue
 		}
 		h.sendStatus(w)

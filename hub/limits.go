@@ -68,7 +68,7 @@ func (h *Hub) shedWithSpare() bool {
 	h.spareFD = -1
 	shed := 0
 	for ; shed < h.cfg.AcceptBatch; shed++ {
-		fd, _, err := unix.Accept4(h.sock.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, err := accept(h.sock.fd)
 		if err != nil {
 			break
 		}
@@ -89,11 +89,11 @@ func (h *Hub) shedWithSpare() bool {
 // frameStarted and frameDone track the workers with an incomplete inbound
 // frame (see Hub.partials).
 func (h *Hub) frameStarted(w *worker, now time.Time) {
-	w.partialSince = now
+	w.partialSince = now.UnixNano()
 	if w.partialIdx >= 0 {
 		return
 	}
-	w.partialIdx = len(h.partials)
+	w.partialIdx = int32(len(h.partials))
 	h.partials = append(h.partials, w)
 	if h.frameTimer == nil && !h.stopping {
 		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
@@ -105,7 +105,7 @@ func (h *Hub) frameDone(w *worker) {
 	if i < 0 {
 		return
 	}
-	h.partialBytes -= w.partialBytes
+	h.partialBytes -= int(w.partialBytes)
 	w.partialBytes = 0
 	last := len(h.partials) - 1
 	h.partials[i] = h.partials[last]
@@ -141,7 +141,7 @@ func (h *Hub) onFrameTimer() {
 	now := h.loop.Now()
 	for i := 0; i < len(h.partials); {
 		w := h.partials[i]
-		if now.Sub(w.partialSince) < h.cfg.FrameTimeout {
+		if time.Duration(now.UnixNano()-w.partialSince) < h.cfg.FrameTimeout {
 			i++
 			continue
 		}

@@ -84,4 +84,14 @@ func (s *subSet) remove(q string) {
 }
 
 // reset forgets everything and frees the storage.
-func (s *subSet) reset() { s.list, s.index = nil, nil }
+// reset empties the set, keeping a small list's storage for the worker
+// struct's next connection (Hub.recycle).
+func (s *subSet) reset() {
+	clear(s.list)
+	if cap(s.list) > smallSubs {
+		s.list = nil
+	} else {
+		s.list = s.list[:0]
+	}
+	s.index = nil
+}

@@ -449,7 +449,7 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 			w.tok = loop.Token{}
 		}
 		st.Workers = append(st.Workers, handWorker(w, len(fds)))
-		fds = append(fds, w.fd)
+		fds = append(fds, int(w.fd))
 	}
 	if len(extra) > 0 {
 		st.Extra = make(map[string]int, len(extra))
@@ -477,7 +477,11 @@ func handWorker(w *worker, fd int) handedWorker {
 	for _, end := range w.out.FrameEnds(nil) {
 		hw.Ends = append(hw.Ends, end-base)
 	}
-	for q, start := range w.durable {
+	tr := w.tr
+	if tr == nil {
+		return hw // nothing tracked pending
+	}
+	for q, start := range tr.durable {
 		if start >= base && start < w.out.Appended() {
 			if hw.Durable == nil {
 				hw.Durable = make(map[string]uint64)
@@ -486,7 +490,7 @@ func handWorker(w *worker, fd int) handedWorker {
 		}
 	}
 	w.advance()
-	for _, sp := range w.exempt[w.exemptHead:] {
+	for _, sp := range tr.exempt[tr.exemptHead:] {
 		rel := span{start: max(sp.start, base) - base, end: sp.end - base}
 		if sp.durable {
 			hw.Spans = append(hw.Spans, rel)
@@ -494,8 +498,8 @@ func handWorker(w *worker, fd int) handedWorker {
 			hw.Answers = append(hw.Answers, rel)
 		}
 	}
-	if w.hasStatus && w.statusAt >= base && w.statusAt < w.out.Appended() {
-		hw.StatusAt = int64(w.statusAt - base)
+	if w.hasStatus && tr.statusAt >= base && tr.statusAt < w.out.Appended() {
+		hw.StatusAt = int64(tr.statusAt - base)
 	}
 	return hw
 }
@@ -524,7 +528,7 @@ func (h *Hub) thaw(cause error) {
 		if w.tok.Valid() {
 			err = h.loop.Modify(w.tok, ev)
 		} else {
-			w.tok, err = h.loop.Register(w.fd, ev, func(ev loop.Events) { h.onWorkerEvent(w, ev) })
+			w.tok, err = h.loop.Register(int(w.fd), ev, w.onEvent)
 		}
 		if err != nil {
 			h.closeWorker(w, reasonRegister, err)
@@ -558,7 +562,7 @@ func (h *Hub) release() {
 		if w.tok.Valid() {
 			_ = h.loop.Unregister(w.tok)
 		}
-		unix.Close(w.fd)
+		unix.Close(int(w.fd))
 		w.closed = true
 		w.out.Reset()
 	}
@@ -822,12 +826,12 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 
 // adoptWorker rebuilds one worker from hw on descriptor fd.
 func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
-	w := &worker{id: hw.ID, fd: fd, pid: hw.PID, uid: hw.UID, unknownLogged: hw.Unknown, partialIdx: -1,
-		connectedAt: time.Now().UnixNano(), framesSent: hw.Sent, durableCoalesced: hw.Coalesced, durableDropped: hw.Dropped}
+	w := h.newWorker()
+	w.id, w.fd, w.pid, w.uid, w.unknownLogged, w.partialIdx = hw.ID, int32(fd), hw.PID, hw.UID, hw.Unknown, -1
+	w.connectedAt, w.framesSent, w.durableCoalesced, w.durableDropped = time.Now().UnixNano(), hw.Sent, hw.Coalesced, hw.Dropped
 	if hw.Connected != 0 {
 		w.connectedAt = hw.Connected
 	}
-	w.exempt = w.exemptBuf[:0]
 	w.dec.Max = MaxInboundFrame
 	prev := uint64(0)
 	for _, end := range hw.Ends {
@@ -838,29 +842,32 @@ func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
 		prev = end
 	}
 	w.out.Max = h.bufferMax()
-	if len(hw.Durable) > 0 {
-		w.durable = hw.Durable
-	}
-	// Durable wakes and answers, merged back into one list in ring order.
-	ds, as := hw.Spans, hw.Answers
-	for len(ds) > 0 || len(as) > 0 {
-		if len(as) == 0 || len(ds) > 0 && ds[0].start < as[0].start {
-			sp := ds[0]
-			ds = ds[1:]
-			sp.durable = true
-			w.exempt = append(w.exempt, sp)
-			w.durableN++
-			w.durableBytes += int(sp.end - sp.start)
-			continue
+	if len(hw.Durable) > 0 || len(hw.Spans) > 0 || len(hw.Answers) > 0 || hw.StatusAt >= 0 {
+		tr := h.track(w)
+		if len(hw.Durable) > 0 {
+			tr.durable = hw.Durable
 		}
-		sp := as[0]
-		as = as[1:]
-		w.exempt = append(w.exempt, sp)
-		w.controlN++
-		w.controlBytes += int(sp.end - sp.start)
-	}
-	if hw.StatusAt >= 0 {
-		w.statusAt, w.hasStatus = uint64(hw.StatusAt), true
+		// Durable wakes and answers, merged back into one list in ring order.
+		ds, as := hw.Spans, hw.Answers
+		for len(ds) > 0 || len(as) > 0 {
+			if len(as) == 0 || len(ds) > 0 && ds[0].start < as[0].start {
+				sp := ds[0]
+				ds = ds[1:]
+				sp.durable = true
+				tr.exempt = append(tr.exempt, sp)
+				tr.durableN++
+				tr.durableBytes += int(sp.end - sp.start)
+				continue
+			}
+			sp := as[0]
+			as = as[1:]
+			tr.exempt = append(tr.exempt, sp)
+			tr.controlN++
+			tr.controlBytes += int(sp.end - sp.start)
+		}
+		if hw.StatusAt >= 0 {
+			tr.statusAt, w.hasStatus = uint64(hw.StatusAt), true
+		}
 	}
 	// Only a partial frame: the old process decoded every whole one.
 	w.dec.Feed(hw.In)
@@ -887,7 +894,7 @@ func (h *Hub) goLive() {
 		h.log.Error("upgrade: accept on the socket", "reason", err)
 	}
 	for _, w := range h.workers {
-		w.tok, err = h.loop.Register(w.fd, loop.Readable, func(ev loop.Events) { h.onWorkerEvent(w, ev) })
+		w.tok, err = h.loop.Register(int(w.fd), loop.Readable, w.onEvent)
 		if err != nil {
 			h.closeWorker(w, reasonRegister, err)
 			continue
@@ -898,7 +905,7 @@ func (h *Hub) goLive() {
 		if n := w.dec.Buffered(); n > 0 {
 			h.frameStarted(w, h.loop.Now()) // the frame timeout starts afresh
 			// Counted toward MaxPartialBytes as read's would count it.
-			w.partialBytes = n
+			w.partialBytes = int32(n)
 			h.partialBytes += n
 		}
 	}

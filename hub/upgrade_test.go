@@ -76,8 +76,8 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 	if nw.out.Frames() != w.out.Frames() || nw.out.Frames() != 4 {
 		t.Errorf("frames: %d, old %d, want 4", nw.out.Frames(), w.out.Frames())
 	}
-	if nw.pendingDurable() != 1 || nw.durableBytes != w.durableBytes {
-		t.Errorf("durable: %d pending, %d bytes; want 1, %d", nw.pendingDurable(), nw.durableBytes, w.durableBytes)
+	if nw.pendingDurable() != 1 || nw.tr.durableBytes != w.tr.durableBytes {
+		t.Errorf("durable: %d pending, %d bytes; want 1, %d", nw.pendingDurable(), nw.tr.durableBytes, w.tr.durableBytes)
 	}
 	if !nw.hasStatus {
 		t.Error("the unsent status was not carried over")

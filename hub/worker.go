@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -61,8 +62,12 @@ func (r closeReason) LogValue() slog.Value { return slog.StringValue(r.String())
 
 // worker is one connected worker process. Loop goroutine only.
 type worker struct {
-	id       uint64
-	fd       int
+	id uint64
+	fd int32 // int32, with waiting: the struct's size class is tight
+	// waiting counts this worker's entries in channel waiter lists: subs
+	// owed an answer. MaxSubscriptions caps it, so that repeating a sub
+	// while its LISTEN is in flight cannot grow a waiter list for ever.
+	waiting  int32
 	tok      loop.Token
 	pid, uid int32
 
@@ -93,19 +98,45 @@ type worker struct {
 	// subs are this worker's subscriptions.
 	subs subSet
 
-	// waiting counts this worker's entries in channel waiter lists: subs
-	// owed an answer. MaxSubscriptions caps it, so that repeating a sub
-	// while its LISTEN is in flight cannot grow a waiter list for ever.
-	waiting int
+	// partialSince is when the incomplete frame in dec started arriving
+	// (unix nanoseconds); partialIdx is the worker's index in
+	// Hub.partials, -1 when dec holds no partial frame.
+	partialSince int64
+	partialIdx   int32
+	// partialBytes is this worker's share of Hub.partialBytes (at most
+	// MaxInboundFrame and a header).
+	partialBytes int32
 
-	// partialSince is when the incomplete frame in dec started arriving;
-	// partialIdx is the worker's index in Hub.partials, -1 when dec holds
-	// no partial frame.
-	partialSince time.Time
-	partialIdx   int
-	// partialBytes is this worker's share of Hub.partialBytes.
-	partialBytes int
+	// tr tracks the durable wakes and answers among the frames in out;
+	// nil while there are none, which is nearly always for an idle
+	// worker (see tracked).
+	tr *tracked
 
+	// onEvent is the worker's loop handler, made once per worker struct:
+	// a struct is reused for later connections (Hub.freeWorkers), and so
+	// is its handler.
+	onEvent loop.Handler
+
+	// For Hub.Workers: when it connected, and its share of the hub's
+	// counters.
+	connectedAt      int64 // unix nanoseconds (a time.Time is 24 bytes)
+	framesSent       uint64
+	durableCoalesced uint64
+	durableDropped   uint64
+
+	writes uint64 // write(2)/writev(2) calls made, for tests of the write path
+}
+
+func (w *worker) logAttrs() []any {
+	return []any{"worker", w.id, "pid", w.pid, "fd", w.fd}
+}
+
+// tracked is the part of a worker's state that only a worker with durable
+// wakes or answers not yet written needs. It is taken from the hub's free
+// list when the first such frame is queued and given back when out drains:
+// an idle worker, which is what a hub holds most of, does without its 136
+// bytes (docs/performance.md, idle memory).
+type tracked struct {
 	// durable maps a subscription name to the ring offset where this
 	// worker's latest durable wake for it starts. While out.Written() is
 	// not past that offset the wake is wholly unsent, and a new durable
@@ -130,23 +161,88 @@ type worker struct {
 	controlN     int
 	controlBytes int
 
-	// statusAt is the ring offset of the latest status frame (hasStatus
-	// once one was queued), so a periodic re-send can skip a worker whose
-	// last status is still unsent.
+	// statusAt is the ring offset of the latest status frame (while the
+	// worker's hasStatus is set), so a periodic re-send can skip a worker
+	// whose last status is still unsent.
 	statusAt uint64
-
-	// For Hub.Workers: when it connected, and its share of the hub's
-	// counters.
-	connectedAt      int64 // unix nanoseconds (a time.Time is 24 bytes)
-	framesSent       uint64
-	durableCoalesced uint64
-	durableDropped   uint64
-
-	writes uint64 // write(2)/writev(2) calls made, for tests of the write path
 }
 
-func (w *worker) logAttrs() []any {
-	return []any{"worker", w.id, "pid", w.pid, "fd", w.fd}
+// freeListMax bounds the hub's free lists of worker and tracked structs:
+// enough for the connections that come and go within a few iterations,
+// little next to what that many workers hold while connected.
+const freeListMax = 1024
+
+// track returns w's tracked state, taking it from the free list first.
+func (h *Hub) track(w *worker) *tracked {
+	if w.tr != nil {
+		return w.tr
+	}
+	var tr *tracked
+	if n := len(h.freeTracked); n > 0 {
+		tr = h.freeTracked[n-1]
+		h.freeTracked[n-1] = nil
+		h.freeTracked = h.freeTracked[:n-1]
+	} else {
+		tr = new(tracked)
+		tr.exempt = tr.exemptBuf[:0]
+	}
+	w.tr = tr
+	return tr
+}
+
+// untrack gives w's tracked state back, once out holds none of the frames
+// it tracks (it drained, or the worker closed).
+func (h *Hub) untrack(w *worker) {
+	tr := w.tr
+	if tr == nil {
+		return
+	}
+	w.tr, w.hasStatus = nil, false
+	if len(tr.durable) > smallSubs {
+		tr.durable = nil // a worker with many names: do not keep its map
+	} else {
+		clear(tr.durable)
+	}
+	exempt := tr.exemptBuf[:0]
+	if c := cap(tr.exempt); c > len(tr.exemptBuf) && c <= 64 {
+		exempt = tr.exempt[:0]
+	}
+	*tr = tracked{durable: tr.durable, exempt: exempt}
+	if len(h.freeTracked) < freeListMax {
+		h.freeTracked = append(h.freeTracked, tr)
+	}
+}
+
+// newWorker returns a zeroed worker struct, reusing one of a closed
+// connection when there is one: connections that come and go then cost the
+// hub no garbage (docs/performance.md, churn).
+func (h *Hub) newWorker() *worker {
+	if n := len(h.freeWorkers); n > 0 {
+		w := h.freeWorkers[n-1]
+		h.freeWorkers[n-1] = nil
+		h.freeWorkers = h.freeWorkers[:n-1]
+		return w
+	}
+	w := new(worker)
+	w.onEvent = func(ev loop.Events) { h.onWorkerEvent(w, ev) }
+	return w
+}
+
+// recycle makes the workers closed in this iteration reusable. It runs at
+// the end of the iteration's flush, when nothing refers to them any more:
+// closeWorker took each out of the routing table, the waiter lists, the
+// partial list and the workers map, and the flush dropped the dirty list.
+// The loop refuses events for their old registrations (a stale token).
+func (h *Hub) recycle() {
+	for i, w := range h.closedWorkers {
+		h.closedWorkers[i] = nil
+		if len(h.freeWorkers) >= freeListMax {
+			continue
+		}
+		*w = worker{onEvent: w.onEvent, subs: w.subs} // subs: reset, its storage kept
+		h.freeWorkers = append(h.freeWorkers, w)
+	}
+	h.closedWorkers = h.closedWorkers[:0]
 }
 
 // span is one frame's place in the ring, as absolute offsets.
@@ -157,48 +253,59 @@ type span struct {
 
 // advance forgets the exempt frames written in full.
 func (w *worker) advance() {
-	written := w.out.Written()
-	for w.exemptHead < len(w.exempt) && w.exempt[w.exemptHead].end <= written {
-		sp := w.exempt[w.exemptHead]
-		if sp.durable {
-			w.durableN--
-			w.durableBytes -= int(sp.end - sp.start)
-		} else {
-			w.controlN--
-			w.controlBytes -= int(sp.end - sp.start)
-		}
-		w.exemptHead++
+	tr := w.tr
+	if tr == nil {
+		return
 	}
-	if w.exemptHead == len(w.exempt) {
-		// Drained: reuse the storage, or give back a large one.
-		if cap(w.exempt) > 64 {
-			w.exempt = w.exemptBuf[:0]
+	written := w.out.Written()
+	for tr.exemptHead < len(tr.exempt) && tr.exempt[tr.exemptHead].end <= written {
+		sp := tr.exempt[tr.exemptHead]
+		if sp.durable {
+			tr.durableN--
+			tr.durableBytes -= int(sp.end - sp.start)
 		} else {
-			w.exempt = w.exempt[:0]
+			tr.controlN--
+			tr.controlBytes -= int(sp.end - sp.start)
 		}
-		w.exemptHead = 0
-	} else if w.exemptHead > len(w.exempt)/2 && w.exemptHead > 16 {
-		n := copy(w.exempt, w.exempt[w.exemptHead:])
-		w.exempt = w.exempt[:n]
-		w.exemptHead = 0
+		tr.exemptHead++
+	}
+	if tr.exemptHead == len(tr.exempt) {
+		// Drained: reuse the storage, or give back a large one.
+		if cap(tr.exempt) > 64 {
+			tr.exempt = tr.exemptBuf[:0]
+		} else {
+			tr.exempt = tr.exempt[:0]
+		}
+		tr.exemptHead = 0
+	} else if tr.exemptHead > len(tr.exempt)/2 && tr.exemptHead > 16 {
+		n := copy(tr.exempt, tr.exempt[tr.exemptHead:])
+		tr.exempt = tr.exempt[:n]
+		tr.exemptHead = 0
 	}
 }
 
 // pendingDurable returns the number of durable wakes not fully written.
 func (w *worker) pendingDurable() int {
+	if w.tr == nil {
+		return 0
+	}
 	w.advance()
-	return w.durableN
+	return w.tr.durableN
 }
 
 // backlog returns the frames and bytes pending for w other than durable
 // wakes and answers: what the hard limits judge.
 func (w *worker) backlog() (frames, bytes int) {
+	tr := w.tr
+	if tr == nil {
+		return w.out.Frames(), w.out.Len()
+	}
 	w.advance()
-	n := w.durableN + w.controlN
-	eb := w.durableBytes + w.controlBytes
+	n := tr.durableN + tr.controlN
+	eb := tr.durableBytes + tr.controlBytes
 	if n > 0 {
 		// The oldest one may be partly written already.
-		if s, wr := w.exempt[w.exemptHead].start, w.out.Written(); s < wr {
+		if s, wr := tr.exempt[tr.exemptHead].start, w.out.Written(); s < wr {
 			eb -= int(wr - s)
 		}
 	}
@@ -213,7 +320,7 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 		return
 	}
 	for i := 0; i < h.cfg.AcceptBatch; i++ {
-		fd, _, err := unix.Accept4(h.sock.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, err := accept(h.sock.fd)
 		switch err {
 		case nil:
 			h.admit(fd)
@@ -243,6 +350,31 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 			return
 		}
 	}
+}
+
+// accept is accept4(2) without the peer's address, which unix.Accept4
+// decodes into a new Sockaddr on every call: a worker's Unix socket address
+// says nothing (SO_PEERCRED does), and a connection should cost the hub no
+// garbage.
+func accept(fd int) (int, error) {
+	nfd, _, errno := unix.Syscall6(unix.SYS_ACCEPT4, uintptr(fd), 0, 0, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(nfd), nil
+}
+
+// peerCred is getsockopt(SO_PEERCRED) into a value on the stack:
+// unix.GetsockoptUcred returns a pointer, one allocation per connection.
+func peerCred(fd int) (unix.Ucred, error) {
+	var cred unix.Ucred
+	size := uint32(unix.SizeofUcred)
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERCRED,
+		uintptr(unsafe.Pointer(&cred)), uintptr(unsafe.Pointer(&size)), 0)
+	if errno != 0 {
+		return cred, errno
+	}
+	return cred, nil
 }
 
 func (h *Hub) pauseAccept(err error) {
@@ -277,24 +409,26 @@ func (h *Hub) admit(fd int) {
 		return
 	}
 	h.nextID++
-	w := &worker{id: h.nextID, fd: fd, pid: -1, uid: -1, partialIdx: -1, connectedAt: h.loop.Now().UnixNano()}
-	w.exempt = w.exemptBuf[:0]
-	w.out.Max = h.bufferMax()
-	w.dec.Max = MaxInboundFrame
-	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	id := h.nextID
+	cred, err := peerCred(fd)
 	if err != nil {
-		h.refuse(fd, "no peer credentials", "worker", w.id, "fd", fd,
+		h.refuse(fd, "no peer credentials", "worker", id, "fd", fd,
 			"error", os.NewSyscallError("getsockopt SO_PEERCRED", err))
 		return
 	}
-	w.pid, w.uid = cred.Pid, int32(cred.Uid)
 	if _, ok := h.allow[cred.Uid]; !ok {
-		h.refuse(fd, reasonNotAllowed.String(), "worker", w.id, "pid", cred.Pid, "uid", cred.Uid)
+		h.refuse(fd, reasonNotAllowed.String(), "worker", id, "pid", cred.Pid, "uid", cred.Uid)
 		return
 	}
-	w.tok, err = h.loop.Register(fd, loop.Readable, func(ev loop.Events) { h.onWorkerEvent(w, ev) })
+	w := h.newWorker()
+	w.id, w.fd, w.pid, w.uid, w.partialIdx = id, int32(fd), cred.Pid, int32(cred.Uid), -1
+	w.connectedAt = h.loop.Now().UnixNano()
+	w.out.Max = h.bufferMax()
+	w.dec.Max = MaxInboundFrame
+	w.tok, err = h.loop.Register(fd, loop.Readable, w.onEvent)
 	if err != nil {
-		h.refuse(fd, "register failed", "worker", w.id, "pid", w.pid, "error", err)
+		h.freeWorkers = append(h.freeWorkers, w) // never seen by anyone
+		h.refuse(fd, "register failed", "worker", id, "pid", cred.Pid, "error", err)
 		return
 	}
 	h.workers[w.id] = w
@@ -329,7 +463,7 @@ func (h *Hub) onWorkerEvent(w *worker, ev loop.Events) {
 // read takes one read's worth of input (level-triggered: more brings the
 // handler back) and handles every whole frame in it.
 func (h *Hub) read(w *worker) {
-	n, err := unix.Read(w.fd, h.rbuf)
+	n, err := unix.Read(int(w.fd), h.rbuf)
 	switch {
 	case err == unix.EAGAIN || err == unix.EINTR:
 		return
@@ -340,7 +474,10 @@ func (h *Hub) read(w *worker) {
 		h.closeWorker(w, reasonPeerClosed, nil)
 		return
 	}
-	w.dec.Feed(h.rbuf[:n])
+	// Borrowed: workers send whole frames, which are decoded straight
+	// from rbuf; only a frame cut short is copied (and only it costs the
+	// worker a buffer).
+	w.dec.FeedBorrowed(h.rbuf[:n])
 	decoded := false
 	for !w.closed {
 		m, ok, err := w.dec.Next()
@@ -378,8 +515,8 @@ func (h *Hub) read(w *worker) {
 	// smaller, so the budget only bites those sending what no worker
 	// needs to.
 	held := w.dec.Buffered()
-	h.partialBytes += held - w.partialBytes
-	w.partialBytes = held
+	h.partialBytes += held - int(w.partialBytes)
+	w.partialBytes = int32(held)
 	if held > smallFrame && h.partialBytes > h.maxPartial {
 		h.stats.protocolErrors.Add(1)
 		if h.logOK(logProtocol, slog.LevelWarn) {
@@ -526,9 +663,10 @@ func (h *Hub) enqueueControl(w *worker, b []byte) bool {
 		h.evict(w, "answers")
 		return false
 	}
-	w.exempt = append(w.exempt, span{start: start, end: w.out.Appended()})
-	w.controlN++
-	w.controlBytes += len(b)
+	tr := h.track(w)
+	tr.exempt = append(tr.exempt, span{start: start, end: w.out.Appended()})
+	tr.controlN++
+	tr.controlBytes += len(b)
 	h.touch(w)
 	return true
 }
@@ -541,10 +679,12 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) bool {
 	if w.closed {
 		return false
 	}
-	if start, ok := w.durable[q]; ok && w.out.Written() <= start && start < w.out.Appended() {
-		h.stats.durableCoalesced.Add(1)
-		w.durableCoalesced++
-		return false
+	if w.tr != nil {
+		if start, ok := w.tr.durable[q]; ok && w.out.Written() <= start && start < w.out.Appended() {
+			h.stats.durableCoalesced.Add(1)
+			w.durableCoalesced++
+			return false
+		}
 	}
 	if w.pendingDurable() >= h.cfg.DurableQueueLimit && !w.armed {
 		h.write(w) // as in fits: the limit is on what the kernel refused
@@ -564,13 +704,14 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) bool {
 		w.durableDropped++
 		return false
 	}
-	if w.durable == nil {
-		w.durable = make(map[string]uint64)
+	tr := h.track(w)
+	if tr.durable == nil {
+		tr.durable = make(map[string]uint64)
 	}
-	w.durable[q] = start
-	w.exempt = append(w.exempt, span{start: start, end: w.out.Appended(), durable: true})
-	w.durableN++
-	w.durableBytes += len(b)
+	tr.durable[q] = start
+	tr.exempt = append(tr.exempt, span{start: start, end: w.out.Appended(), durable: true})
+	tr.durableN++
+	tr.durableBytes += len(b)
 	h.touch(w)
 	return true
 }
@@ -581,9 +722,8 @@ func (h *Hub) sendStatus(w *worker) {
 	}
 	at := w.out.Appended()
 	h.scratch = frame.AppendStatus(h.scratch[:0], h.healthy)
-	h.enqueueControl(w, h.scratch)
-	if !w.closed {
-		w.statusAt, w.hasStatus = at, true
+	if h.enqueueControl(w, h.scratch) {
+		w.tr.statusAt, w.hasStatus = at, true
 	}
 }
 
@@ -613,6 +753,9 @@ func (h *Hub) flush() {
 		}
 	}
 	h.dirty = h.dirty[:0]
+	if len(h.closedWorkers) > 0 {
+		h.recycle()
+	}
 	if h.notifs > 0 {
 		// One clock read per iteration, however many notifications and
 		// workers: each notification waited from the iteration's start
@@ -677,7 +820,7 @@ func (h *Hub) wrote(w *worker, n int, err error) {
 		h.stats.framesSent.Add(sent)
 	}
 	if w.out.Len() == 0 {
-		w.pendingDurable() // releases the bookkeeping of a drained worker
+		h.untrack(w) // every tracked frame is written
 		h.disarm(w)
 		return
 	}
@@ -718,18 +861,19 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 	// Counted gone before the close: a peer that saw EOF sees the gauge.
 	delete(h.workers, w.id)
 	h.stats.workers.Add(-1)
-	unix.Close(w.fd)
+	unix.Close(int(w.fd))
 	w.out.Reset()
 	w.dec = frame.Decoder{}
-	w.durable, w.exempt = nil, nil
+	h.untrack(w)
 	w.subs.reset()
-	w.exemptHead, w.durableN, w.durableBytes, w.controlN, w.controlBytes = 0, 0, 0, 0, 0
-	if !h.logOK(logDisconnect, slog.LevelInfo) {
-		return // as in admit: the arguments would allocate for nothing
+	if h.logOK(logDisconnect, slog.LevelInfo) { // as in admit: the arguments would allocate for nothing
+		attrs := append(w.logAttrs(), "reason", reason)
+		if err != nil {
+			attrs = append(attrs, "error", err)
+		}
+		h.logLine(logDisconnect, slog.LevelInfo, "worker disconnected", attrs...)
 	}
-	attrs := append(w.logAttrs(), "reason", reason)
-	if err != nil {
-		attrs = append(attrs, "error", err)
+	if !h.closed {
+		h.closedWorkers = append(h.closedWorkers, w) // reused after this iteration
 	}
-	h.logLine(logDisconnect, slog.LevelInfo, "worker disconnected", attrs...)
 }

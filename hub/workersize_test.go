@@ -10,7 +10,7 @@ import (
 // worker to the 416-byte class; put rarely used state behind a pointer
 // instead (docs/performance.md, idle memory).
 func TestWorkerSize(t *testing.T) {
-	if n := unsafe.Sizeof(worker{}); n > 384 {
-		t.Fatalf("worker struct is %d bytes, budget 384", n)
+	if n := unsafe.Sizeof(worker{}); n > 240 {
+		t.Fatalf("worker struct is %d bytes, budget 240", n)
 	}
 }

@@ -117,14 +117,16 @@ func (d *Decoder) FeedBorrowed(b []byte) {
 
 // own copies the undecoded bytes of a borrowed buffer into the decoder's own
 // storage, with room for a frame of frameLen bytes (header included) when
-// that is known, and ends the borrow.
+// that is known, and ends the borrow. Exactly that room: a peer that sends
+// the start of a frame and goes away (or sends the rest at once) should not
+// cost a buffer of minBuf; a later Feed grows it if need be.
 func (d *Decoder) own(frameLen int) {
 	rest := d.buf[d.r:]
 	if len(rest) == 0 {
 		d.buf, d.r, d.borrowed = nil, 0, false
 		return
 	}
-	owned := make([]byte, len(rest), max(len(rest), minBuf, frameLen))
+	owned := make([]byte, len(rest), max(len(rest), frameLen))
 	copy(owned, rest)
 	d.buf, d.r, d.borrowed = owned, 0, false
 }

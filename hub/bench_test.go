@@ -49,14 +49,14 @@ func benchHub(b testing.TB, n int) *Hub {
 		if w.tok, err = l.Register(fds[0], loop.Readable, func(loop.Events) {}); err != nil {
 			b.Fatal(err)
 		}
-		h.workers[w.id] = w
+		h.workers.add(w)
 		h.addSub(w, ch)
 		peer := os.NewFile(uintptr(fds[1]), "peer")
 		peers = append(peers, peer)
 		go io.Copy(io.Discard, peer)
 	}
 	b.Cleanup(func() {
-		for _, w := range h.workers {
+		for _, w := range h.workers.list {
 			unix.Close(int(w.fd))
 		}
 		for _, p := range peers {
@@ -75,7 +75,7 @@ func drain(b *testing.B, h *Hub) {
 	b.StopTimer()
 	defer b.StartTimer()
 	deadline := time.Now().Add(10 * time.Second)
-	for _, w := range h.workers {
+	for _, w := range h.workers.list {
 		for {
 			if w.out.Len() > 0 {
 				h.write(w)

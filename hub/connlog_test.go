@@ -36,7 +36,7 @@ func connCycleAllocs(t *testing.T, level slog.Level) float64 {
 			t.Fatal(err)
 		}
 		h.admit(fds[0])
-		w := h.workers[h.nextID]
+		w := h.workers.byID(h.nextID)
 		if w == nil {
 			t.Fatal("worker not admitted")
 		}

@@ -223,7 +223,7 @@ func (e *env) complete(op, ch string, err error) {
 // ids), evaluated on the loop.
 func (e *env) workerState(id uint64, f func(w *worker)) {
 	e.do(func() {
-		w := e.h.workers[id]
+		w := e.h.workers.byID(id)
 		if w == nil {
 			e.t.Errorf("no worker %d", id)
 			return

@@ -164,7 +164,7 @@ type Hub struct {
 	partialBytes int
 	maxPartial   int
 
-	workers  map[uint64]*worker
+	workers  workerSet
 	nextID   uint64
 	channels map[string]*channel // by Postgres channel name (prefix+Q+suffix)
 	healthy  bool                // last health broadcast to workers
@@ -217,7 +217,6 @@ func New(cfg Config) (*Hub, error) {
 		newClock: func(l *loop.Loop) clock { return loopClock{l} },
 		done:     make(chan struct{}),
 		allow:    make(map[uint32]struct{}, len(c.AllowUIDs)),
-		workers:  make(map[uint64]*worker),
 		channels: make(map[string]*channel),
 		iov:      make([][]byte, 2),
 		sock:     listenSocket{fd: -1},
@@ -408,7 +407,7 @@ func (h *Hub) shutdown() {
 		return
 	}
 	h.stopping = true
-	h.log.Info("hub stopping", "workers", len(h.workers), "channels", len(h.channels))
+	h.log.Info("hub stopping", "workers", h.workers.len(), "channels", len(h.channels))
 	h.closeSocket()
 	if h.statusTimer != nil {
 		h.statusTimer.Stop()
@@ -419,7 +418,7 @@ func (h *Hub) shutdown() {
 	if h.frameTimer != nil {
 		h.frameTimer.Stop()
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		// One last try for frames already produced; never wait for it.
 		if !w.armed {
 			h.write(w)
@@ -457,7 +456,7 @@ func (h *Hub) onLoopClose() {
 		unix.Close(h.spareFD)
 		h.spareFD = -1
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		if !w.closed {
 			h.closeWorker(w, reasonHubStopping, nil)
 		}
@@ -473,7 +472,7 @@ func (h *Hub) onStatusTick() {
 		return // the workers are the new process's now
 	}
 	h.ticks++
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		w.out.Retain = w.active && w.wasActive
 		w.wasActive, w.active = w.active, false
 		if !w.out.Retain {
@@ -485,7 +484,7 @@ func (h *Hub) onStatusTick() {
 	if h.ticks%statusEvery != 0 {
 		return
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		// A status frame still wholly unsent says the same thing: the
 		// re-send would only add to the backlog of a worker that is
 		// not reading.
@@ -511,7 +510,7 @@ func (h *Hub) onHealth(healthy bool) {
 	h.report()
 	if !healthy {
 		h.log.Warn("postgres connection lost; workers told healthy:false")
-		for _, w := range h.workers {
+		for w := range h.workers.all() {
 			h.sendStatus(w)
 		}
 		return
@@ -519,12 +518,12 @@ func (h *Hub) onHealth(healthy bool) {
 	first := !h.connected
 	h.connected = true
 	if first {
-		h.log.Info("postgres connected", "channels", len(h.channels), "workers", len(h.workers))
+		h.log.Info("postgres connected", "channels", len(h.channels), "workers", h.workers.len())
 	} else {
 		h.stats.postgresReconnects.Add(1)
 		h.log.Info("postgres connection back; resyncing", "channels", len(h.channels))
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		h.sendStatus(w)
 	}
 	// NOTIFYs during the gap are gone: acks held back while down go out

@@ -193,12 +193,12 @@ func (h *Hub) listWorkers(o ListOptions) WorkerList {
 		}
 		return a.v.id < b.v.id
 	}
-	page := topK(len(h.workers), o, less, func(add func(ranked[*worker])) {
-		for _, w := range h.workers {
+	page := topK(h.workers.len(), o, less, func(add func(ranked[*worker])) {
+		for w := range h.workers.all() {
 			add(ranked[*worker]{w, key(w)})
 		}
 	})
-	out := WorkerList{Total: len(h.workers), Offset: o.Offset, Limit: o.Limit, Sort: o.Sort,
+	out := WorkerList{Total: h.workers.len(), Offset: o.Offset, Limit: o.Limit, Sort: o.Sort,
 		Workers: make([]WorkerInfo, 0, len(page))}
 	for _, r := range page {
 		w := r.v

@@ -20,7 +20,7 @@ func (h *Hub) budgetFDs() {
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < 1<<31 {
 		// Workers handed over by an upgrade are open already, and are
 		// what the budget is for.
-		open := openFDs() - len(h.workers)
+		open := openFDs() - h.workers.len()
 		left := int(rl.Cur) - open - FDReserve - 1 // 1: the spare
 		if left < h.maxWorkers {
 			h.maxWorkers = max(left, 1)
@@ -81,7 +81,7 @@ func (h *Hub) shedWithSpare() bool {
 	}
 	if h.logOK(logRefusedConn, slog.LevelWarn) {
 		h.logLine(logRefusedConn, slog.LevelWarn, "worker connections refused: out of file descriptors",
-			"refused", shed, "workers", len(h.workers), "max_workers", h.maxWorkers)
+			"refused", shed, "workers", h.workers.len(), "max_workers", h.maxWorkers)
 	}
 	return shed > 0
 }

@@ -16,9 +16,8 @@ import (
 // The clients are raw blocking sockets driven with system calls, so that
 // the test itself allocates next to nothing while it measures.
 
-// rawWorker connects to the hub, subscribes to q and reads the status and
-// the ack, with buf sized to exactly those two frames.
-func rawWorker(t testing.TB, sa *unix.SockaddrUnix, sub, buf []byte) int {
+// rawDial connects to the hub with a blocking socket.
+func rawDial(t testing.TB, sa *unix.SockaddrUnix) int {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -27,18 +26,34 @@ func rawWorker(t testing.TB, sa *unix.SockaddrUnix, sub, buf []byte) int {
 		unix.Close(fd)
 		t.Fatal(err)
 	}
-	if _, err := unix.Write(fd, sub); err != nil {
+	return fd
+}
+
+func rawSend(t testing.TB, fd int, b []byte) {
+	if _, err := unix.Write(fd, b); err != nil {
 		unix.Close(fd)
 		t.Fatal(err)
 	}
+}
+
+// rawRead reads exactly len(buf) bytes.
+func rawRead(t testing.TB, fd int, buf []byte) {
 	for got := 0; got < len(buf); {
 		n, err := unix.Read(fd, buf[got:])
 		if err != nil || n == 0 {
 			unix.Close(fd)
-			t.Fatalf("read status and ack: %d bytes, %v", got, err)
+			t.Fatalf("read: %d of %d bytes, %v", got, len(buf), err)
 		}
 		got += n
 	}
+}
+
+// rawWorker connects to the hub, subscribes to q and reads the status and
+// the ack, with buf sized to exactly those two frames.
+func rawWorker(t testing.TB, sa *unix.SockaddrUnix, sub, buf []byte) int {
+	fd := rawDial(t, sa)
+	rawSend(t, fd, sub)
+	rawRead(t, fd, buf)
 	return fd
 }
 
@@ -94,14 +109,18 @@ func TestIdleWorkerMemory(t *testing.T) {
 	}
 }
 
-// A connection that comes and goes leaves next to nothing on the heap:
-// connect, subscribe, read the ack, close, 20,000 times. What it allocates
-// is what the churn scenario's RSS step is made of.
+// A connection that comes and goes leaves next to nothing on the heap, in
+// the benchmark's churn mix (docs/performance.md, churn): of ten cycles,
+// four subscribe, read the ack and close; three subscribe and close at
+// once, answers unread; two send 7 bytes of a sub frame and close mid-frame;
+// one subscribes, reads the ack, unsubscribes and closes. 20,000 cycles;
+// what they allocate is what the churn scenario's RSS step is made of.
 func TestChurnAllocations(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	sa := &unix.SockaddrUnix{Name: e.path}
 	sub := frame.AppendSub(nil, "churn")
+	unsub := frame.AppendUnsub(nil, "churn")
 	buf := make([]byte, len(frame.AppendStatus(nil, true))+len(frame.AppendAck(nil, "churn")))
 
 	// A steady subscriber keeps the channel (and its LISTEN) alive, as in
@@ -109,8 +128,23 @@ func TestChurnAllocations(t *testing.T) {
 	steady := rawWorker(t, sa, sub, buf)
 	defer unix.Close(steady)
 	cycle := func(k int) {
-		for range k {
-			unix.Close(rawWorker(t, sa, sub, buf))
+		for i := range k {
+			switch i % 10 {
+			case 0, 1, 2, 3:
+				unix.Close(rawWorker(t, sa, sub, buf))
+			case 4, 5, 6:
+				fd := rawDial(t, sa)
+				rawSend(t, fd, sub)
+				unix.Close(fd)
+			case 7, 8:
+				fd := rawDial(t, sa)
+				rawSend(t, fd, sub[:7])
+				unix.Close(fd)
+			case 9:
+				fd := rawWorker(t, sa, sub, buf)
+				rawSend(t, fd, unsub)
+				unix.Close(fd)
+			}
 		}
 		e.sync()
 	}

@@ -311,7 +311,7 @@ func TestPGWedgedWorkerDurable(t *testing.T) {
 	var held, frames, pending int
 	done := make(chan struct{})
 	e.h.loop.Post(func() {
-		for _, w := range e.h.workers {
+		for _, w := range e.h.workers.list {
 			if w.out.Len() > held {
 				held, frames, pending = w.out.Len(), w.out.Frames(), w.pendingDurable()
 			}

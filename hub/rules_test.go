@@ -335,7 +335,7 @@ func (e *env) fill(id uint64) int {
 		}
 		e.do(func() {
 			e.h.onNotification([]byte("fill"), payload)
-			armed = e.h.workers[id].armed
+			armed = e.h.workers.byID(id).armed
 		})
 		n++
 	}
@@ -509,7 +509,7 @@ func TestOneWritePerIteration(t *testing.T) {
 	w.sub("a")
 	w.expect(ack("a"))
 	e.sync()
-	var before, after uint64
+	var before, after uint32
 	e.workerState(1, func(wk *worker) { before = wk.writes })
 	e.do(func() {
 		for i := range 16 {
@@ -575,7 +575,7 @@ func TestStatusResendSkipsUnsent(t *testing.T) {
 		e.h.onStatusTick()
 		e.h.onStatusTick()
 		e.h.onStatusTick()
-		frames = e.h.workers[1].out.Frames()
+		frames = e.h.workers.byID(1).out.Frames()
 	})
 	for range 3 {
 		e.advance(5 * time.Second)

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -330,7 +331,7 @@ func (h *Hub) freeze(frozen chan<- error, prepared chan<- upPrepare, snap chan<-
 		frozen <- fmt.Errorf("hub: upgrade: stop accepting: %w", err)
 		return
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		if err := h.loop.Modify(w.tok, writeInterest(w)); err != nil {
 			frozen <- fmt.Errorf("hub: upgrade: stop reading worker %d: %w", w.id, err)
 			return
@@ -404,7 +405,7 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 			return nil, nil, fmt.Errorf("hub: upgrade: channel %q is %s with %d waiters at the quiet point", ch.q, ch.state, len(ch.waiters))
 		}
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		if !w.armed && w.out.Len() > 0 {
 			h.write(w)
 		}
@@ -437,13 +438,8 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 		st.Channels = append(st.Channels, handedChannel{Q: ch.q, PG: ch.pg,
 			Received: ch.wakesReceived, Delivered: ch.wakesDelivered})
 	}
-	ids := make([]uint64, 0, len(h.workers))
-	for id := range h.workers {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		w := h.workers[id]
+	ws := slices.SortedFunc(h.workers.all(), func(a, b *worker) int { return cmp.Compare(a.id, b.id) })
+	for _, w := range ws {
 		if w.tok.Valid() {
 			_ = h.loop.Unregister(w.tok)
 			w.tok = loop.Token{}
@@ -519,7 +515,7 @@ func (h *Hub) thaw(cause error) {
 	if err := h.loop.Modify(h.sock.tok, loop.Readable); err != nil {
 		h.log.Error("upgrade: resume accepting", "reason", err)
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		ev := loop.Readable
 		if w.armed {
 			ev |= loop.Writable
@@ -558,7 +554,7 @@ func (h *Hub) release() {
 		unix.Close(h.sock.fd) // the file is the new process's: not removed
 		h.sock.fd = -1
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		if w.tok.Valid() {
 			_ = h.loop.Unregister(w.tok)
 		}
@@ -566,7 +562,8 @@ func (h *Hub) release() {
 		w.closed = true
 		w.out.Reset()
 	}
-	clear(h.workers)
+	clear(h.workers.list)
+	h.workers.list = nil
 	h.stats.workers.Store(0)
 	stop := func() { h.loop.Stop() }
 	if u != nil && u.marker == "" {
@@ -815,10 +812,10 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	for i := range st.Workers {
 		hw := &st.Workers[i]
 		w := h.adoptWorker(hw, fds[hw.FD])
-		h.workers[w.id] = w
+		h.workers.add(w)
 	}
 	h.stats.load(st.Stats)
-	h.stats.workers.Store(int64(len(h.workers)))
+	h.stats.workers.Store(int64(h.workers.len()))
 	h.stats.channels.Store(int64(len(h.channels)))
 	h.stats.healthy.Store(h.healthy)
 	return nil
@@ -893,7 +890,7 @@ func (h *Hub) goLive() {
 	if h.sock.tok, err = h.loop.Register(h.sock.fd, loop.Readable, h.onAcceptable); err != nil {
 		h.log.Error("upgrade: accept on the socket", "reason", err)
 	}
-	for _, w := range h.workers {
+	for w := range h.workers.all() {
 		w.tok, err = h.loop.Register(int(w.fd), loop.Readable, w.onEvent)
 		if err != nil {
 			h.closeWorker(w, reasonRegister, err)
@@ -921,7 +918,7 @@ func (h *Hub) goLive() {
 		u.startDelivery()
 	} // else: the marker is still on its way; its arrival starts it
 	h.loop.Post(func() {}) // an iteration soon: its end flushes the workers
-	h.log.Info("upgrade: took over", "workers", len(h.workers), "channels", len(h.channels),
+	h.log.Info("upgrade: took over", "workers", h.workers.len(), "channels", len(h.channels),
 		"healthy", h.healthy, "upgrades", h.stats.upgrades.Load())
 }
 

@@ -124,7 +124,8 @@ type worker struct {
 	durableCoalesced uint64
 	durableDropped   uint64
 
-	writes uint64 // write(2)/writev(2) calls made, for tests of the write path
+	idx    int32  // in Hub.workers
+	writes uint32 // write(2)/writev(2) calls made, for tests of the write path
 }
 
 func (w *worker) logAttrs() []any {
@@ -380,7 +381,7 @@ func peerCred(fd int) (unix.Ucred, error) {
 func (h *Hub) pauseAccept(err error) {
 	if h.logOK(logAccept, slog.LevelWarn) {
 		h.logLine(logAccept, slog.LevelWarn, "accept paused", "reason", os.NewSyscallError("accept4", err),
-			"pause", acceptPause, "workers", len(h.workers))
+			"pause", acceptPause, "workers", h.workers.len())
 	}
 	h.acceptPaused = true
 	if err := h.loop.Modify(h.sock.tok, 0); err != nil {
@@ -402,10 +403,10 @@ func (h *Hub) pauseAccept(err error) {
 // registers it, and queues the current status (rule 6: sent on connect).
 func (h *Hub) admit(fd int) {
 	h.stats.accepts.Add(1)
-	if len(h.workers) >= h.maxWorkers {
+	if h.workers.len() >= h.maxWorkers {
 		// Closed at once: the worker sees EOF and falls back to its own
 		// LISTEN, which beats waiting for an answer that cannot come.
-		h.refuse(fd, "too many workers", "workers", len(h.workers), "max_workers", h.maxWorkers)
+		h.refuse(fd, "too many workers", "workers", h.workers.len(), "max_workers", h.maxWorkers)
 		return
 	}
 	h.nextID++
@@ -431,7 +432,7 @@ func (h *Hub) admit(fd int) {
 		h.refuse(fd, "register failed", "worker", id, "pid", cred.Pid, "error", err)
 		return
 	}
-	h.workers[w.id] = w
+	h.workers.add(w)
 	h.stats.workers.Add(1)
 	// Guarded (logOK allocates nothing): a log call's arguments allocate
 	// even when the level is off, and this line runs on every connect.
@@ -468,7 +469,7 @@ func (h *Hub) read(w *worker) {
 	case err == unix.EAGAIN || err == unix.EINTR:
 		return
 	case err != nil:
-		h.closeWorker(w, reasonReadError, os.NewSyscallError("read", err))
+		h.closeWorker(w, reasonReadError, err) // the reason says read(2)
 		return
 	case n == 0:
 		h.closeWorker(w, reasonPeerClosed, nil)
@@ -809,7 +810,7 @@ func (h *Hub) wrote(w *worker, n int, err error) {
 	case err == unix.EAGAIN:
 		n = 0
 	case err != nil:
-		h.closeWorker(w, reasonWriteError, os.NewSyscallError("write", err))
+		h.closeWorker(w, reasonWriteError, err) // the reason says write(2)
 		return
 	}
 	if n > 0 {
@@ -845,7 +846,10 @@ func (h *Hub) disarm(w *worker) {
 
 // closeWorker closes the connection (the worker sees EOF), takes the worker
 // out of every channel (UNLISTENing those it was the last subscriber of)
-// and frees its buffer.
+// and frees its buffer. err, if any, is only logged: a system call's errno
+// comes bare (an Errno below 256 in an interface allocates nothing, and
+// workers that vanish mid-write are routine), next to the reason that names
+// the call.
 func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 	if w.closed {
 		return
@@ -859,7 +863,7 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 		_ = h.loop.Unregister(w.tok)
 	}
 	// Counted gone before the close: a peer that saw EOF sees the gauge.
-	delete(h.workers, w.id)
+	h.workers.remove(w)
 	h.stats.workers.Add(-1)
 	unix.Close(int(w.fd))
 	w.out.Reset()

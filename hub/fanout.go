@@ -31,9 +31,15 @@ import (
 // than it saves.
 const parallelMin = 32
 
-// defaultWriteThreads is Config.WriteThreads' default: the cores the
-// runtime may use, at most 4 (the loop's thread and 3 helpers).
-func defaultWriteThreads() int { return min(runtime.GOMAXPROCS(0), 4) }
+// defaultWriteThreads is Config.WriteThreads' default: half the cores the
+// runtime may use, at most 4 (the loop's thread and 3 helpers), so one on
+// two cores. Every write wakes a reader that then wants a core too: with
+// the other half left to them, a helper writes on a core the readers would
+// not have had. On two cores it would not: measured there, a second thread
+// cost 303 ns of hub CPU per delivery against 226 ns with one, and the one
+// receiving process fell behind and was evicted (docs/performance.md,
+// parallel writes).
+func defaultWriteThreads() int { return min(max(runtime.GOMAXPROCS(0)/2, 1), 4) }
 
 // writeResult is what a helper's write left for the loop to apply.
 type writeResult struct {

@@ -34,7 +34,7 @@ func benchHub(b testing.TB, n int) *Hub {
 	h.loop = l
 	h.pg = &fakePG{l: l}
 	h.healthy = true
-	ch := &channel{q: "bench", pg: "bench", state: stateListening, subs: map[*worker]struct{}{}}
+	ch := &channel{q: "bench", pg: "bench", state: stateListening}
 	h.channels["bench"] = ch
 	var peers []*os.File
 	for i := range n {

@@ -50,9 +50,12 @@ type channel struct {
 	pg    string // Postgres channel: prefix + q + suffix
 	state chanState
 	// subs is the routing table: every worker here gets this channel's
-	// wakes, acked or not (rule 1: routing before LISTEN). Its size is
-	// the refcount.
-	subs map[*worker]struct{}
+	// wakes, acked or not (rule 1: routing before LISTEN). Its length is
+	// the refcount. A slice rather than a set: a wake walks it, and each
+	// worker's subscription remembers its place for O(1) removal (see
+	// removeSubscriber). Walk it with eachSubscriber when the walk may
+	// close a worker.
+	subs []*worker
 	// waiters are subs still owed an answer, in arrival order; a worker
 	// that sent sub twice is here twice and gets two answers.
 	waiters []waiter
@@ -138,7 +141,7 @@ func (h *Hub) subscribe(w *worker, q string) {
 			h.refuseSub(w, q, nackTooManyChannels)
 			return
 		}
-		ch = &channel{q: q, pg: pg, subs: make(map[*worker]struct{})}
+		ch = &channel{q: q, pg: pg}
 		h.channels[pg] = ch
 		h.addSub(w, ch)
 		h.addWaiter(ch, w)
@@ -178,9 +181,16 @@ func takeWaiters(ch *channel) []waiter {
 	return ws
 }
 
-func (h *Hub) addSub(w *worker, ch *channel) {
-	if w.subs.add(ch) {
-		ch.subs[w] = struct{}{}
+func (h *Hub) addSub(w *worker, ch *channel) { addSubscriber(ch, w) }
+
+// eachSubscriber calls f for every subscriber of ch, the last first: f may
+// close the worker at hand (an eviction), whose place the last one, already
+// seen, then takes, so none is skipped and none seen twice.
+func eachSubscriber(ch *channel, f func(w *worker)) {
+	for i := len(ch.subs) - 1; i >= 0; i-- {
+		if i < len(ch.subs) {
+			f(ch.subs[i])
+		}
 	}
 }
 
@@ -196,8 +206,7 @@ func (h *Hub) unsubscribe(w *worker, q string) {
 // dropSub takes w out of ch (unsub or disconnect) and UNLISTENs ch if that
 // was the last subscriber.
 func (h *Hub) dropSub(w *worker, ch *channel) {
-	delete(ch.subs, w)
-	w.subs.remove(ch.q)
+	removeSubscriber(ch, w)
 	if w.tr != nil {
 		delete(w.tr.durable, ch.q)
 	}
@@ -260,13 +269,14 @@ func (h *Hub) listenDone(ch *channel, err error) {
 		// LISTENs after a failure (a connection lost mid-command) is
 		// unknown, so UNLISTEN to make it certain; a sub meanwhile gets
 		// a fresh LISTEN.
-		for w := range ch.subs {
+		for _, w := range ch.subs {
 			w.subs.remove(ch.q)
 			if w.tr != nil {
 				delete(w.tr.durable, ch.q)
 			}
-			delete(ch.subs, w)
 		}
+		clear(ch.subs)
+		ch.subs = nil
 		h.unlisten(ch)
 		return
 	}

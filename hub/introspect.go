@@ -205,7 +205,7 @@ func (h *Hub) listWorkers(o ListOptions) WorkerList {
 		n := min(w.subs.len(), WorkerNames)
 		names := make([]string, n)
 		for i := range n {
-			names[i] = w.subs.list[i].q
+			names[i] = w.subs.list[i].ch.q
 		}
 		slices.Sort(names)
 		out.Workers = append(out.Workers, WorkerInfo{

@@ -464,8 +464,8 @@ func handWorker(w *worker, fd int) handedWorker {
 	base := w.out.Written()
 	hw := handedWorker{ID: w.id, FD: fd, PID: w.pid, UID: w.uid, StatusAt: -1, Unknown: w.unknownLogged,
 		Connected: w.connectedAt, Sent: w.framesSent, Coalesced: w.durableCoalesced, Dropped: w.durableDropped}
-	for _, ch := range w.subs.list {
-		hw.Subs = append(hw.Subs, ch.pg)
+	for _, sub := range w.subs.list {
+		hw.Subs = append(hw.Subs, sub.ch.pg)
 	}
 	hw.In = append([]byte(nil), w.dec.Unread()...)
 	a, b := w.out.Peek()
@@ -806,7 +806,7 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	h.connected = true // a connection was handed over: this is no first connect
 	h.nextID = st.NextID
 	for _, c := range st.Channels {
-		h.channels[c.PG] = &channel{q: c.Q, pg: c.PG, state: stateListening, subs: make(map[*worker]struct{}),
+		h.channels[c.PG] = &channel{q: c.Q, pg: c.PG, state: stateListening,
 			wakesReceived: c.Received, wakesDelivered: c.Delivered}
 	}
 	for i := range st.Workers {

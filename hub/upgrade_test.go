@@ -20,7 +20,7 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch := &channel{q: "a", pg: "a", state: stateListening, subs: map[*worker]struct{}{}}
+	ch := &channel{q: "a", pg: "a", state: stateListening}
 	old.channels["a"] = ch
 	connected := time.Now().Add(-time.Hour)
 	w := &worker{id: 7, fd: 3, pid: 42, uid: 1000,
@@ -56,7 +56,7 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nch := &channel{q: "a", pg: "a", state: stateListening, subs: map[*worker]struct{}{}}
+	nch := &channel{q: "a", pg: "a", state: stateListening}
 	nh.channels["a"] = nch
 	nw := nh.adoptWorker(&back, 9)
 

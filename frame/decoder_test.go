@@ -31,17 +31,7 @@ func decodeStreamMax(stream []byte, limit int, next func() int) streamResult {
 		n := min(max(next(), 1), len(stream))
 		d.Feed(stream[:n])
 		stream = stream[n:]
-		for {
-			m, ok, err := d.Next()
-			if err != nil {
-				res.err = err.Error()
-				break
-			}
-			if !ok {
-				break
-			}
-			res.msgs = append(res.msgs, m)
-		}
+		drain(&d, &res)
 	}
 	res.buffered = d.Buffered()
 	return res
@@ -63,23 +53,28 @@ func decodeStreamBorrowed(stream []byte, limit int, next func() int) streamResul
 		copy(scratch, stream[:n])
 		d.FeedBorrowed(scratch[:n])
 		stream = stream[n:]
-		for {
-			m, ok, err := d.Next()
-			if err != nil {
-				res.err = err.Error()
-				break
-			}
-			if !ok {
-				break
-			}
-			res.msgs = append(res.msgs, m)
-		}
+		drain(&d, &res)
 		for i := range scratch {
 			scratch[i] = 0xff
 		}
 	}
 	res.buffered = d.Buffered()
 	return res
+}
+
+// drain calls Next until it reports ok=false or an error, recording both.
+func drain(d *Decoder, res *streamResult) {
+	for {
+		m, ok, err := d.Next()
+		if err != nil {
+			res.err = err.Error()
+			return
+		}
+		if !ok {
+			return
+		}
+		res.msgs = append(res.msgs, m)
+	}
 }
 
 func sameResult(a, b streamResult) bool {

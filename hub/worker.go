@@ -237,13 +237,19 @@ func (h *Hub) newWorker() *worker {
 func (h *Hub) recycle() {
 	for i, w := range h.closedWorkers {
 		h.closedWorkers[i] = nil
-		if len(h.freeWorkers) >= freeListMax {
-			continue
-		}
-		*w = worker{onEvent: w.onEvent, subs: w.subs} // subs: reset, its storage kept
-		h.freeWorkers = append(h.freeWorkers, w)
+		h.freeWorker(w)
 	}
 	h.closedWorkers = h.closedWorkers[:0]
+}
+
+// freeWorker zeroes w and keeps it for newWorker, unless the free list is
+// full. Only for a worker nothing refers to any more.
+func (h *Hub) freeWorker(w *worker) {
+	if len(h.freeWorkers) >= freeListMax {
+		return
+	}
+	*w = worker{onEvent: w.onEvent, subs: w.subs} // subs: reset, its storage kept
+	h.freeWorkers = append(h.freeWorkers, w)
 }
 
 // span is one frame's place in the ring, as absolute offsets.
@@ -428,7 +434,7 @@ func (h *Hub) admit(fd int) {
 	w.dec.Max = MaxInboundFrame
 	w.tok, err = h.loop.Register(fd, loop.Readable, w.onEvent)
 	if err != nil {
-		h.freeWorkers = append(h.freeWorkers, w) // never seen by anyone
+		h.freeWorker(w) // never seen by anyone
 		h.refuse(fd, "register failed", "worker", id, "pid", cred.Pid, "error", err)
 		return
 	}

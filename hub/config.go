@@ -53,7 +53,8 @@ const (
 	// spends on workers: the Postgres reconnect (a socket, DNS), the
 	// metrics server and its scrapes, log files and an upgrade's handover
 	// need them, and none of those may fail with EMFILE because workers
-	// took every descriptor.
+	// took every descriptor. One more is kept per Postgres connection
+	// (Config.PostgresConnections).
 	FDReserve = 64
 
 	// DefaultHardQueueBytes (8 MiB) is the byte half of the hard limit.

@@ -21,11 +21,15 @@ func (h *Hub) budgetFDs() {
 		// Workers handed over by an upgrade are open already, and are
 		// what the budget is for.
 		open := openFDs() - h.workers.len()
-		left := int(rl.Cur) - open - FDReserve - 1 // 1: the spare
+		// Each Postgres connection may need a descriptor of its own to
+		// reconnect, all K at once after a network blip, and they may
+		// not be open yet (Start does not wait for Postgres).
+		reserve := FDReserve + h.cfg.PostgresConnections
+		left := int(rl.Cur) - open - reserve - 1 // 1: the spare
 		if left < h.maxWorkers {
 			h.maxWorkers = max(left, 1)
 			h.log.Warn("worker cap lowered by RLIMIT_NOFILE", "max_workers", h.maxWorkers,
-				"configured", h.cfg.MaxWorkers, "rlimit_nofile", rl.Cur, "open_fds", open, "fd_reserve", FDReserve)
+				"configured", h.cfg.MaxWorkers, "rlimit_nofile", rl.Cur, "open_fds", open, "fd_reserve", reserve)
 		}
 	}
 	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)

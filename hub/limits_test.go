@@ -271,6 +271,41 @@ func TestMaxWorkersFollowsFDLimit(t *testing.T) {
 	}
 }
 
+// The reserve grows with --postgres-connections: K connections may all
+// reconnect at once, each with a new socket.
+func TestFDReserveGrowsWithPostgresConnections(t *testing.T) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = uint64(testutil.FDCount() + 400)
+	if low.Cur >= lim.Cur {
+		t.Skipf("RLIMIT_NOFILE %d leaves no room to lower it", lim.Cur)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &lim) })
+	capWith := func(k int) (got int) {
+		// A subtest each: the first hub is stopped (its descriptors
+		// closed) before the second starts.
+		t.Run(fmt.Sprintf("K=%d", k), func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.PostgresConnections = k })
+			e.do(func() { got = e.h.maxWorkers })
+		})
+		return got
+	}
+	one, sixteen := capWith(1), capWith(16)
+	if one >= DefaultMaxWorkers || one > 400-FDReserve {
+		t.Fatalf("cap %d with K=1 under a limit 400 above the open descriptors: not lowered", one)
+	}
+	// The two hubs open the same descriptors; 15 more are kept back.
+	if d := one - sixteen; d < 13 || d > 17 {
+		t.Fatalf("cap %d with K=1, %d with K=16: %d fewer, want 15", one, sixteen, d)
+	}
+}
+
 // A sub whose name is not valid UTF-8 (raw bytes, or an escaped lone
 // surrogate) is nacked, and the connection stays usable.
 func TestInvalidUTF8Nacked(t *testing.T) {

@@ -203,8 +203,8 @@ type Config struct {
 	// write(2) calls are split between the loop's thread and
 	// WriteThreads-1 helper threads, so that the last worker of a NOTIFY
 	// to hundreds is written sooner. 1 keeps every write on the loop's
-	// thread. Default GOMAXPROCS/2, at least 1 and at most 4: the
-	// woken readers need cores too (see defaultWriteThreads).
+	// thread. The helpers write only while the loop has been idle more
+	// than busy lately (see loopLoad). Default min(GOMAXPROCS, 4).
 	WriteThreads int
 }
 

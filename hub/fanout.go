@@ -3,6 +3,7 @@ package hub
 import (
 	"runtime"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,15 +32,35 @@ import (
 // than it saves.
 const parallelMin = 32
 
-// defaultWriteThreads is Config.WriteThreads' default: half the cores the
-// runtime may use, at most 4 (the loop's thread and 3 helpers), so one on
-// two cores. Every write wakes a reader that then wants a core too: with
-// the other half left to them, a helper writes on a core the readers would
-// not have had. On two cores it would not: measured there, a second thread
-// cost 303 ns of hub CPU per delivery against 226 ns with one, and the one
-// receiving process fell behind and was evicted (docs/performance.md,
+// defaultWriteThreads is Config.WriteThreads' default: the cores the
+// runtime may use, at most 4 (the loop's thread and 3 helpers).
+func defaultWriteThreads() int { return min(runtime.GOMAXPROCS(0), 4) }
+
+// loopLoad says whether the loop has been idle more than busy lately, which
+// is when the helpers may write. A helper pays when there is a core nobody
+// wants: at a paced rate a NOTIFY to 256 processes then reaches the last
+// one sooner (p99 21 against 25 ms here). When the loop runs flat out, so
+// does everything else (the notifier, Postgres, the woken readers), and a
+// helper only takes a core from the readers: on two cores a flood to one
+// process cost 303 ns of hub CPU per delivery with a helper against 226 ns
+// without, and the reader fell behind and was evicted (docs/performance.md,
 // parallel writes).
-func defaultWriteThreads() int { return min(max(runtime.GOMAXPROCS(0)/2, 1), 4) }
+type loopLoad struct {
+	end        time.Time // when the previous iteration ended
+	busy, wait int64     // decaying sums of the last iterations, ns
+}
+
+// iteration records one iteration that began (epoll_wait returned) at
+// start and ended at end.
+func (l *loopLoad) iteration(start, end time.Time) {
+	if !l.end.IsZero() {
+		l.wait += int64(start.Sub(l.end)) - l.wait>>3
+	}
+	l.busy += int64(end.Sub(start)) - l.busy>>3
+	l.end = end
+}
+
+func (l *loopLoad) idle() bool { return l.wait > l.busy }
 
 // writeResult is what a helper's write left for the loop to apply.
 type writeResult struct {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A fanout to 33 workers with WriteThreads 4 goes through the helper
@@ -51,5 +52,37 @@ func TestParallelFanout(t *testing.T) {
 				t.Fatalf("stats %+v", s)
 			}
 		})
+	}
+}
+
+// The helpers write while the loop has been idle more than busy: a loop
+// woken every 10 ms for 1 ms of work is; one whose iterations follow each
+// other with no wait is not, however long they are; and it changes its
+// mind within a few dozen iterations either way.
+func TestLoopLoad(t *testing.T) {
+	var l loopLoad
+	at := time.Unix(1000, 0)
+	run := func(n int, busy, wait time.Duration) {
+		for range n {
+			at = at.Add(wait)
+			start := at
+			at = at.Add(busy)
+			l.iteration(start, at)
+		}
+	}
+	if l.idle() {
+		t.Fatal("idle before any iteration")
+	}
+	run(50, time.Millisecond, 9*time.Millisecond) // paced
+	if !l.idle() {
+		t.Fatalf("paced (1 ms busy, 9 ms waiting): not idle (busy %d, wait %d)", l.busy, l.wait)
+	}
+	run(60, 200*time.Microsecond, 0) // a flood: back to back, 12 ms of it
+	if l.idle() {
+		t.Fatalf("flood (no wait): idle (busy %d, wait %d)", l.busy, l.wait)
+	}
+	run(20, time.Millisecond, 9*time.Millisecond)
+	if !l.idle() {
+		t.Fatalf("paced again: not idle (busy %d, wait %d)", l.busy, l.wait)
 	}
 }

@@ -189,6 +189,7 @@ type Hub struct {
 	// until the first one. pwork is its list of workers, reused.
 	fan   *fanout
 	pwork []*worker
+	load  loopLoad // whether the helpers may write (fanout.go)
 
 	// notifs counts the notifications of this iteration that were routed
 	// to a subscriber; notifAt is when the iteration began (the Postgres

@@ -749,7 +749,7 @@ func (h *Hub) evict(w *worker, limit string) {
 // EPOLLOUT are skipped: their socket was full a moment ago, and the
 // Writable event flushes them.
 func (h *Hub) flush() {
-	if len(h.dirty) >= parallelMin && h.cfg.WriteThreads > 1 {
+	if len(h.dirty) >= parallelMin && h.cfg.WriteThreads > 1 && h.load.idle() {
 		h.flushParallel()
 	}
 	for i, w := range h.dirty {
@@ -763,11 +763,13 @@ func (h *Hub) flush() {
 	if len(h.closedWorkers) > 0 {
 		h.recycle()
 	}
+	// One clock read per iteration, however many notifications and
+	// workers.
+	now := time.Now()
+	h.load.iteration(h.loop.Now(), now)
 	if h.notifs > 0 {
-		// One clock read per iteration, however many notifications and
-		// workers: each notification waited from the iteration's start
-		// to here.
-		h.fanoutLatency.observe(time.Since(h.notifAt), h.notifs)
+		// Each notification waited from the iteration's start to here.
+		h.fanoutLatency.observe(now.Sub(h.notifAt), h.notifs)
 		h.notifs = 0
 	}
 }

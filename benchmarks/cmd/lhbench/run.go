@@ -114,7 +114,7 @@ func runMain(args []string) error {
 	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged,channels")
 	cpus := fs.Int("cpus", 0, "pin every server process to this many cores (taskset -c 0..N-1; 0: no pinning)")
 	channelsN := fs.String("channels", "", "override the many-channels scenario's channel counts (e.g. 1000,50000)")
-	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet; also hub-wt1: the hub with --write-threads 1, hublib)")
+	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet; also hub-wt1 and hub-wt2: the hub with --write-threads 1 or 2, hublib)")
 	hubBin := fs.String("hub-bin", "", "use this listenhub binary instead of building ../cmd/listenhub")
 	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
 	keep := fs.Bool("keep", false, "keep the temp dir (server logs)")
@@ -239,7 +239,7 @@ func runMain(args []string) error {
 		switch name {
 		case "direct":
 			s.direct, s.appName = true, directAppName
-		case "hub", "hub-wt1":
+		case "hub", "hub-wt1", "hub-wt2":
 			bin := *hubBin
 			if bin == "" && builtHub == "" {
 				logf("building ../cmd/listenhub")
@@ -257,6 +257,11 @@ func runMain(args []string) error {
 				// Every write on the loop's thread: what the parallel
 				// fanout is measured against.
 				s.argv = append(s.argv, "--write-threads", "1")
+			}
+			if name == "hub-wt2" {
+				// The loop's thread and one helper, whatever the
+				// default on this machine.
+				s.argv = append(s.argv, "--write-threads", "2")
 			}
 		case "gohub":
 			s.argv, s.appName = []string{self, "gohub"}, "lhbench-gohub"

@@ -281,15 +281,21 @@ func verdict(ok bool) string {
 	return "NOT MET"
 }
 
+// newTarget is one verdict row; absent is the verdict when the run has no
+// figure for it.
+func newTarget(name string, ran, ok bool, figure, absent string) Target {
+	t := Target{Name: name, Figure: figure, Met: verdict(ok)}
+	if !ran {
+		t.Met = absent
+	}
+	return t
+}
+
 func evaluate(r *Results, _ func(string) *system) []Target {
 	f := finder{r}
 	var ts []Target
 	add := func(name string, measured bool, ok bool, figure string) {
-		t := Target{Name: name, Figure: figure, Met: verdict(ok)}
-		if !measured {
-			t.Met = "not measured"
-		}
-		ts = append(ts, t)
+		ts = append(ts, newTarget(name, measured, ok, figure, "not measured"))
 	}
 
 	// census
@@ -546,11 +552,7 @@ func evaluate13(r *Results) []Target {
 	f := finder{r}
 	var ts []Target
 	add := func(name string, ran bool, ok bool, figure string) {
-		t := Target{Name: name, Figure: figure, Met: verdict(ok)}
-		if !ran {
-			t.Met = "not run"
-		}
-		ts = append(ts, t)
+		ts = append(ts, newTarget(name, ran, ok, figure, "not run"))
 	}
 
 	// 1, 2: paced p99

@@ -110,6 +110,9 @@ class FailoverTest(unittest.TestCase):
         h2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
         self.addCleanup(h2.close)
         wait_for("back on the hub", lambda: f.mode() == listenhub.HUB)
+        # on_failback runs on the fail-back thread just after the swap
+        # (and the local listener's close): wait for it, not race it.
+        wait_for("on_failback called", lambda: failbacks == [True])
         self.assertEqual(failbacks, [True])
         self.assertIsNone(f.reason)
         # One durable wake per name after the fail-back as well.

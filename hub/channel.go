@@ -53,8 +53,8 @@ type channel struct {
 	// wakes, acked or not (rule 1: routing before LISTEN). Its length is
 	// the refcount. A slice rather than a set: a wake walks it, and each
 	// worker's subscription remembers its place for O(1) removal (see
-	// removeSubscriber). Walk it with eachSubscriber when the walk may
-	// close a worker.
+	// removeSubscriber). Walk it with lastFirst when the walk may close a
+	// worker.
 	subs []*worker
 	// waiters are subs still owed an answer, in arrival order; a worker
 	// that sent sub twice is here twice and gets two answers.
@@ -182,17 +182,6 @@ func takeWaiters(ch *channel) []waiter {
 }
 
 func (h *Hub) addSub(w *worker, ch *channel) { addSubscriber(ch, w) }
-
-// eachSubscriber calls f for every subscriber of ch, the last first: f may
-// close the worker at hand (an eviction), whose place the last one, already
-// seen, then takes, so none is skipped and none seen twice.
-func eachSubscriber(ch *channel, f func(w *worker)) {
-	for i := len(ch.subs) - 1; i >= 0; i-- {
-		if i < len(ch.subs) {
-			f(ch.subs[i])
-		}
-	}
-}
 
 // unsubscribe handles {"t":"unsub"}; no answer. Unknown names are ignored.
 func (h *Hub) unsubscribe(w *worker, q string) {

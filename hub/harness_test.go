@@ -361,3 +361,13 @@ const (
 )
 
 func osPid() int { return os.Getpid() }
+
+// byID returns the worker with that id, or nil.
+func (s *workerSet) byID(id uint64) *worker {
+	for _, w := range s.list {
+		if w.id == id {
+			return w
+		}
+	}
+	return nil
+}

@@ -547,11 +547,11 @@ func (h *Hub) onHealth(healthy bool) {
 			continue
 		}
 		h.scratch = frame.AppendWake(h.scratch[:0], ch.q, nil, false)
-		eachSubscriber(ch, func(w *worker) {
+		for w := range lastFirst(&ch.subs) {
 			if h.enqueueDurable(w, ch.q, h.scratch) {
 				ch.wakesDelivered++
 			}
-		})
+		}
 	}
 }
 
@@ -577,15 +577,8 @@ func (h *Hub) onNotification(channel, payload []byte) {
 	// Encode once; every subscriber gets a copy of the same bytes.
 	durable := len(payload) == 0
 	h.scratch = frame.AppendWake(h.scratch[:0], ch.q, payload, !durable)
-	// By index, not eachSubscriber: this is the fanout's inner loop, and a
-	// closure call per subscriber shows. The same order and the same
-	// guard: enqueue may evict the worker at hand, and the last one takes
-	// its place.
-	for i := len(ch.subs) - 1; i >= 0; i-- {
-		if i >= len(ch.subs) {
-			continue
-		}
-		w := ch.subs[i]
+	// enqueue may evict the worker at hand (see lastFirst).
+	for w := range lastFirst(&ch.subs) {
 		if durable {
 			if h.enqueueDurable(w, ch.q, h.scratch) {
 				ch.wakesDelivered++

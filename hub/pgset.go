@@ -39,7 +39,6 @@ type pgSet struct {
 	// listens counts the Listen calls routed to each connection minus its
 	// Unlisten calls: how the union is spread (tests, logs).
 	listens []int
-	closing int // Close: connections not closed yet
 }
 
 // pgIndex is the connection channel ch lives on among k.
@@ -120,13 +119,9 @@ func (s *pgSet) Close(done func()) {
 		done()
 		return
 	}
-	s.closing = len(s.conns)
+	f := all(len(s.conns), done)
 	for _, c := range s.conns {
-		c.Close(func() {
-			if s.closing--; s.closing == 0 {
-				done()
-			}
-		})
+		c.Close(f)
 	}
 }
 

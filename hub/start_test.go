@@ -128,16 +128,7 @@ func fakeOpener(healthy bool) pgOpener {
 // hub's.
 func TestInheritedListener(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "activated.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	f, err := ln.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.Close()
+	f := testutil.ListenUnixFile(t, path)
 	early := dialRaw(t, path) // queued in the backlog before any hub runs
 	h, err := New(Config{Listener: f, Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil))})
 	if err != nil {

@@ -34,29 +34,24 @@ func (s *workerSet) remove(w *worker) {
 	}
 }
 
-// all yields every worker, the last first: the loop body may close the
-// worker at hand, whose place the last one (already yielded) then takes, so
-// none is skipped and none yielded twice.
-func (s *workerSet) all() iter.Seq[*worker] {
-	return func(yield func(*worker) bool) {
-		for i := len(s.list) - 1; i >= 0; i-- {
-			if i >= len(s.list) {
-				continue // more than the worker at hand went
+// all yields every worker; the loop body may close the worker at hand.
+func (s *workerSet) all() iter.Seq[*worker] { return lastFirst(&s.list) }
+
+// lastFirst yields the elements of *list from the last to the first,
+// reading *list afresh at each step. The workers set and a channel's
+// routing table both fill a removed element's place with their last one, so
+// a loop body may remove the element at hand (close or evict a worker):
+// the element that takes its place was yielded already, so none is skipped
+// and none yielded twice.
+func lastFirst[T any](list *[]T) iter.Seq[T] {
+	return func(yield func(T) bool) {
+		for i := len(*list) - 1; i >= 0; i-- {
+			if i >= len(*list) {
+				continue // more than the element at hand went
 			}
-			if !yield(s.list[i]) {
+			if !yield((*list)[i]) {
 				return
 			}
 		}
 	}
-}
-
-// byID returns the worker with that id, or nil: a scan, for the rare
-// caller (tests, the upgrade's ordered hand-over has its own sort).
-func (s *workerSet) byID(id uint64) *worker {
-	for _, w := range s.list {
-		if w.id == id {
-			return w
-		}
-	}
-	return nil
 }

@@ -173,23 +173,6 @@ func activated(t *testing.T, ln *os.File, env []string, args ...string) *proc {
 	return p
 }
 
-// listenUnix makes the listening socket a socket unit would, and returns
-// its file (the socket stays open, as in systemd, until the test ends).
-func listenUnix(t *testing.T, path string) *os.File {
-	t.Helper()
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	f, err := ln.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.Close()
-	t.Cleanup(func() { f.Close() })
-	return f
-}
 
 // Socket activation: a worker that connects before the hub exists is
 // served once it runs; the socket file belongs to systemd and stays after
@@ -200,7 +183,7 @@ func TestServeSocketActivation(t *testing.T) {
 		t.Skip("no /bin/sh")
 	}
 	path := sockPath(t)
-	ln := listenUnix(t, path)
+	ln := testutil.ListenUnixFile(t, path)
 	early := dialWorker0(t, path) // before any hub: queued by the kernel
 	p := activated(t, ln, nil)
 	early.expect("status")
@@ -276,7 +259,7 @@ func TestServeSocketActivationRefused(t *testing.T) {
 		want string
 	}{
 		{"tcp", f, nil, "not a listening Unix stream socket"},
-		{"other path", listenUnix(t, path), []string{"--socket", path + ".other"}, "not the configured socket"},
+		{"other path", testutil.ListenUnixFile(t, path), []string{"--socket", path + ".other"}, "not the configured socket"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := activated(t, c.ln, nil, c.args...)
@@ -369,7 +352,7 @@ func TestServeUpgradeUnderSystemd(t *testing.T) {
 	}
 	sd := newFakeSystemd(t)
 	path := sockPath(t)
-	ln := listenUnix(t, path)
+	ln := testutil.ListenUnixFile(t, path)
 	pidFile := filepath.Join(t.TempDir(), "hub.pid")
 	p := activated(t, ln, []string{"NOTIFY_SOCKET=" + sd.path, "WATCHDOG_USEC=400000"}, "--pid-file", pidFile)
 	old := p.pid()

@@ -5,6 +5,7 @@ package testutil
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -78,4 +79,24 @@ func CheckFDs(t testing.TB, timeout time.Duration) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	})
+}
+
+// ListenUnixFile makes a listening Unix socket at path as a systemd socket
+// unit would, and returns its file: the descriptor a socket-activated
+// process inherits. The socket file stays when the listener is closed; the
+// returned file is closed when the test ends (closing it earlier is fine).
+func ListenUnixFile(t testing.TB, path string) *os.File {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	f, err := ln.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	t.Cleanup(func() { f.Close() })
+	return f
 }

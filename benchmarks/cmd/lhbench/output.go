@@ -585,6 +585,15 @@ func evaluate13(r *Results) []Target {
 	}
 	// 4: server CPU per delivery ≤ 0.8× gohub's, paced N ≥ 64 and every flood
 	{
+		// cpuRow judges one row; h and g are 0 when the run has no figure.
+		cpuRow := func(row string, h, g float64, unit string) {
+			name := "CPU/delivery ≤ 0.8× gohub's: " + row
+			if h > 0 && g > 0 {
+				add(name, true, h <= 0.8*g, fmt.Sprintf("hub "+unit+", gohub "+unit+" (%.2f×)", h, g, h/g))
+			} else {
+				add(name, false, false, missing(need{h > 0, "hub " + row + " CPU figure"}, need{g > 0, "gohub " + row + " CPU figure"}))
+			}
+		}
 		var run []size
 		for _, p := range r.Paced {
 			if p.System == "hub" && p.N >= 64 {
@@ -598,13 +607,7 @@ func evaluate13(r *Results) []Target {
 			return p.CPU * 1e6 / float64(p.Recv)
 		}
 		for _, s := range sizes([]size{{64, false}, {256, false}, {256, true}}, run) {
-			name := fmt.Sprintf("CPU/delivery ≤ 0.8× gohub's: paced %s", s)
-			h, g := perDelivery(f.paced("hub", s.n, s.one)), perDelivery(f.paced("gohub", s.n, s.one))
-			if h > 0 && g > 0 {
-				add(name, true, h <= 0.8*g, fmt.Sprintf("hub %.1f µs, gohub %.1f µs (%.2f×)", h, g, h/g))
-			} else {
-				add(name, false, false, missing(need{h > 0, "hub paced " + s.String() + " CPU figure"}, need{g > 0, "gohub paced " + s.String() + " CPU figure"}))
-			}
+			cpuRow("paced "+s.String(), perDelivery(f.paced("hub", s.n, s.one)), perDelivery(f.paced("gohub", s.n, s.one)), "%.1f µs")
 		}
 		run = nil
 		for _, x := range r.Saturation {
@@ -619,13 +622,7 @@ func evaluate13(r *Results) []Target {
 			return x.CPUPerDelivery
 		}
 		for _, s := range sizes([]size{{64, false}, {256, false}, {64, true}, {256, true}}, run) {
-			name := fmt.Sprintf("CPU/delivery ≤ 0.8× gohub's: flood %s", s)
-			h, g := perDeliv(f.sat("hub", s.n, s.one)), perDeliv(f.sat("gohub", s.n, s.one))
-			if h > 0 && g > 0 {
-				add(name, true, h <= 0.8*g, fmt.Sprintf("hub %.0f ns, gohub %.0f ns (%.2f×)", h, g, h/g))
-			} else {
-				add(name, false, false, missing(need{h > 0, "hub flood " + s.String() + " CPU figure"}, need{g > 0, "gohub flood " + s.String() + " CPU figure"}))
-			}
+			cpuRow("flood "+s.String(), perDeliv(f.sat("hub", s.n, s.one)), perDeliv(f.sat("gohub", s.n, s.one)), "%.0f ns")
 		}
 	}
 	// 5: many channels: K=4 at 50,000 keeps ≥ 90% of its rate at 1,000

@@ -386,25 +386,29 @@ func handleFrame(s *connStats, body []byte, now int64) bool {
 
 // openSocket subscribes and reads frames in a goroutine until EOF (the
 // layout with one subscription per process).
+// readFrames counts every frame of c into s until EOF, an error, or a frame
+// handleFrame rejects (then it closes c).
+func readFrames(c *net.UnixConn, r *wire.Reader, s *connStats) {
+	for {
+		body, err := r.Next()
+		if err != nil {
+			s.markEOF()
+			return
+		}
+		if !handleFrame(s, body, time.Now().UnixNano()) {
+			s.markEOF()
+			c.Close()
+			return
+		}
+	}
+}
+
 func openSocket(path, channel string, s *connStats) (func(), error) {
 	c, r, err := handshake(path, channel)
 	if err != nil {
 		return nil, err
 	}
-	go func() {
-		for {
-			body, err := r.Next()
-			if err != nil {
-				s.markEOF()
-				return
-			}
-			if !handleFrame(s, body, time.Now().UnixNano()) {
-				s.markEOF()
-				c.Close()
-				return
-			}
-		}
-	}()
+	go readFrames(c, r, s)
 	return func() { c.Close() }, nil
 }
 
@@ -496,20 +500,7 @@ func openSocketMany(path string, names []string, s *connStats) (func(), error) {
 		return nil, err
 	}
 	c.SetReadDeadline(time.Time{})
-	go func() {
-		for {
-			body, err := r.Next()
-			if err != nil {
-				s.markEOF()
-				return
-			}
-			if !handleFrame(s, body, time.Now().UnixNano()) {
-				s.markEOF()
-				c.Close()
-				return
-			}
-		}
-	}()
+	go readFrames(c, r, s)
 	return func() { c.Close() }, nil
 }
 

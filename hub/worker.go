@@ -178,17 +178,25 @@ func (h *Hub) track(w *worker) *tracked {
 	if w.tr != nil {
 		return w.tr
 	}
-	var tr *tracked
-	if n := len(h.freeTracked); n > 0 {
-		tr = h.freeTracked[n-1]
-		h.freeTracked[n-1] = nil
-		h.freeTracked = h.freeTracked[:n-1]
-	} else {
+	tr := pop(&h.freeTracked)
+	if tr == nil {
 		tr = new(tracked)
 		tr.exempt = tr.exemptBuf[:0]
 	}
 	w.tr = tr
 	return tr
+}
+
+// pop takes the last struct off a free list, or returns nil.
+func pop[T any](free *[]*T) *T {
+	n := len(*free)
+	if n == 0 {
+		return nil
+	}
+	x := (*free)[n-1]
+	(*free)[n-1] = nil
+	*free = (*free)[:n-1]
+	return x
 }
 
 // untrack gives w's tracked state back, once out holds none of the frames
@@ -218,10 +226,7 @@ func (h *Hub) untrack(w *worker) {
 // connection when there is one: connections that come and go then cost the
 // hub no garbage (docs/performance.md, churn).
 func (h *Hub) newWorker() *worker {
-	if n := len(h.freeWorkers); n > 0 {
-		w := h.freeWorkers[n-1]
-		h.freeWorkers[n-1] = nil
-		h.freeWorkers = h.freeWorkers[:n-1]
+	if w := pop(&h.freeWorkers); w != nil {
 		return w
 	}
 	w := new(worker)

@@ -173,7 +173,6 @@ func activated(t *testing.T, ln *os.File, env []string, args ...string) *proc {
 	return p
 }
 
-
 // Socket activation: a worker that connects before the hub exists is
 // served once it runs; the socket file belongs to systemd and stays after
 // SIGTERM; a worker connecting between two hubs waits in the backlog and is

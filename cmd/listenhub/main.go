@@ -3,7 +3,7 @@
 //
 //	listenhub serve --database-url URL --socket PATH [flags]
 //	listenhub tail --socket PATH Q [Q...]
-//	listenhub status --metrics-addr ADDR [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]
+//	listenhub status [--metrics-addr ADDR] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]
 //	listenhub census --database-url URL [--application-name NAME] [--json]
 //	listenhub demo [--workers N] [--rate N] [--duration D] [--database-url URL]
 //	listenhub version
@@ -22,10 +22,6 @@ import (
 	"strings"
 )
 
-// version is set at build time with -ldflags "-X main.version=v1.2.3";
-// otherwise the module version from the build info is used.
-var version = ""
-
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -42,7 +38,7 @@ var commands = []command{
 		"run the hub"},
 	{"tail", "tail --socket PATH Q [Q...]",
 		"subscribe to each Q, print every frame the hub sends as a JSON line"},
-	{"status", "status --metrics-addr ADDR [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]",
+	{"status", "status [--metrics-addr ADDR] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]",
 		"the workers and channels of a running hub, from its --metrics-addr"},
 	{"census", "census --database-url URL [--application-name NAME] [--json]",
 		"count the hub's backends (pg_stat_activity by application_name)"},
@@ -127,17 +123,16 @@ func runVersion(args []string, stdout, stderr io.Writer) int {
 // buildInfo is what this binary knows about its own build: for
 // listenhub_build_info and `listenhub version`.
 type buildInfo struct {
-	version   string // -ldflags version, else the module version ("(devel)" for a plain source build)
+	version   string // the release version (version.go)
 	revision  string // VCS revision, "+dirty" when built from a modified tree; "unknown" without VCS stamping
 	goVersion string
 }
 
 func readBuildInfo() buildInfo {
-	b := buildInfo{version: "(devel)", revision: "unknown", goVersion: runtime.Version()}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if bi.Main.Version != "" {
-			b.version = bi.Main.Version
-		}
+	b := buildInfo{version: version, revision: "unknown", goVersion: runtime.Version()}
+	if revision != "" {
+		b.revision = revision
+	} else if bi, ok := debug.ReadBuildInfo(); ok {
 		var rev string
 		var dirty bool
 		for _, s := range bi.Settings {
@@ -154,9 +149,6 @@ func readBuildInfo() buildInfo {
 				b.revision += "+dirty"
 			}
 		}
-	}
-	if version != "" {
-		b.version = version
 	}
 	return b
 }

@@ -46,7 +46,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		maxSubs       = fs.Int("max-subscriptions", hub.DefaultMaxSubscriptions, "subscriptions per worker; past it a sub is nacked \"too many subscriptions\"")
 		maxChannels   = fs.Int("max-channels", hub.DefaultMaxChannels, "channels LISTENed by the hub; past it a sub is nacked \"too many channels\"")
 		frameTimeout  = durationFlag(fs, "frame-timeout", hub.DefaultFrameTimeout, "a worker's frame still incomplete this long after its first byte severs the connection")
-		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics, /healthz and the JSON endpoints of listenhub status on this address, e.g. 127.0.0.1:9187 (off when empty)")
+		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics, /healthz and the JSON endpoints of listenhub status on this address, e.g. 127.0.0.1:9064 (off when empty)")
 		logFormat     = fs.String("log-format", "text", "log format: text or json")
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
 		pidFile       = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically; removed on a normal stop)")

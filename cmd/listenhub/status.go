@@ -18,6 +18,13 @@ import (
 	"github.com/listenhub/listenhub/hub"
 )
 
+// defaultMetricsAddr is where the shipped units and manifests serve the
+// metrics, so `listenhub status` on the same host needs no flag. Port 9064:
+// Prometheus' exporter range (9100-9999, and its continuation past 10000)
+// is fully allocated, 9090-9094 are Prometheus' own components, and 9187,
+// the port first used here, is postgres_exporter's.
+const defaultMetricsAddr = "127.0.0.1:9064"
+
 // statusTimeout bounds the whole of `listenhub status`: a few small HTTP
 // requests to a server on this host.
 const statusTimeout = 10 * time.Second
@@ -27,7 +34,7 @@ const statusTimeout = 10 * time.Second
 // (introspect.go) and printed as aligned tables, or as that JSON.
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status")
-	addr := fs.String("metrics-addr", "", "the hub's --metrics-addr: host:port, or an http:// URL (required)")
+	addr := fs.String("metrics-addr", defaultMetricsAddr, "the hub's --metrics-addr: host:port, or an http:// URL")
 	onlyWorkers := fs.Bool("workers", false, "only the workers table")
 	onlyChannels := fs.Bool("channels", false, "only the channels table")
 	limit := fs.Int("limit", hub.DefaultListLimit, fmt.Sprintf("rows per table, 1 to %d", hub.MaxListLimit))
@@ -44,7 +51,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	bad := func(err error) int { return flagError(stderr, "status", err) }
 	switch {
 	case *addr == "":
-		return bad(errors.New("--metrics-addr is required (the address serve --metrics-addr listens on)"))
+		return bad(errors.New("--metrics-addr must not be empty (the address serve --metrics-addr listens on)"))
 	case *onlyWorkers && *onlyChannels:
 		return bad(errors.New("--workers and --channels exclude each other (neither shows both)"))
 	case *sortBy != "" && !*onlyWorkers && !*onlyChannels:

@@ -232,7 +232,7 @@ func TestStatusCommand(t *testing.T) {
 		code int
 		want string
 	}{
-		{nil, 2, "--metrics-addr is required"},
+		{[]string{"--metrics-addr", ""}, 2, "--metrics-addr must not be empty"},
 		{[]string{"--metrics-addr", h.addr, "--workers", "--channels"}, 2, "exclude each other"},
 		{[]string{"--metrics-addr", h.addr, "--sort", "sent"}, 2, "--sort needs --workers or --channels"},
 		{[]string{"--metrics-addr", h.addr, "--limit", "0"}, 2, "--limit must be 1 to 10000"},
@@ -275,7 +275,7 @@ func TestCLIHelpAndErrors(t *testing.T) {
 		t.Errorf("unknown command: exit %d\n%s", code, errOut)
 	}
 	_, help, _ := runCmd([]string{"help"})
-	for _, want := range []string{"listenhub demo [--workers N] [--rate N] [--duration D]", "listenhub status --metrics-addr ADDR", "listenhub version"} {
+	for _, want := range []string{"listenhub demo [--workers N] [--rate N] [--duration D]", "listenhub status [--metrics-addr ADDR]", "listenhub version"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("help lacks %q:\n%s", want, help)
 		}

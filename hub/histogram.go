@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -15,10 +16,17 @@ type Histogram struct {
 	Sum    time.Duration   // of every observation
 }
 
-// FanoutLatencyBounds are the buckets of Hub.FanoutLatency: the hub's own
-// work is microseconds; tens of milliseconds mean a loop iteration that
-// carried a very large burst.
-var FanoutLatencyBounds = []time.Duration{
+// FanoutLatencyBounds returns the buckets of Hub.FanoutLatency (a copy):
+// the hub's own work is microseconds; tens of milliseconds mean a loop
+// iteration that carried a very large burst.
+func FanoutLatencyBounds() []time.Duration { return slices.Clone(fanoutBounds) }
+
+// AckLatencyBounds returns the buckets of Hub.AckLatency (a copy): an ack
+// for a channel already LISTENed takes microseconds, one that waits for a
+// LISTEN a Postgres round trip, one that waits for a reconnect seconds.
+func AckLatencyBounds() []time.Duration { return slices.Clone(ackBounds) }
+
+var fanoutBounds = []time.Duration{
 	10 * time.Microsecond, 25 * time.Microsecond, 50 * time.Microsecond,
 	100 * time.Microsecond, 250 * time.Microsecond, 500 * time.Microsecond,
 	time.Millisecond, 2500 * time.Microsecond, 5 * time.Millisecond,
@@ -26,10 +34,7 @@ var FanoutLatencyBounds = []time.Duration{
 	100 * time.Millisecond, 250 * time.Millisecond, time.Second,
 }
 
-// AckLatencyBounds are the buckets of Hub.AckLatency: an ack for a channel
-// already LISTENed takes microseconds, one that waits for a LISTEN a
-// Postgres round trip, one that waits for a reconnect seconds.
-var AckLatencyBounds = []time.Duration{
+var ackBounds = []time.Duration{
 	100 * time.Microsecond, 250 * time.Microsecond, 500 * time.Microsecond,
 	time.Millisecond, 2500 * time.Microsecond, 5 * time.Millisecond,
 	10 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond,
@@ -66,7 +71,7 @@ func (h *histogram) observe(d time.Duration, n uint64) {
 }
 
 func (h *histogram) snapshot() Histogram {
-	s := Histogram{Bounds: h.bounds, Counts: make([]uint64, len(h.bounds))}
+	s := Histogram{Bounds: slices.Clone(h.bounds), Counts: make([]uint64, len(h.bounds))}
 	var c uint64
 	for i := range h.bounds {
 		c += h.counts[i].Load()

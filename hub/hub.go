@@ -226,8 +226,8 @@ func New(cfg Config) (*Hub, error) {
 		maxWorkers: c.MaxWorkers,
 		maxPartial: MaxPartialBytes,
 
-		fanoutLatency: newHistogram(FanoutLatencyBounds),
-		ackLatency:    newHistogram(AckLatencyBounds),
+		fanoutLatency: newHistogram(fanoutBounds),
+		ackLatency:    newHistogram(ackBounds),
 	}
 	for _, uid := range c.AllowUIDs {
 		h.allow[uint32(uid)] = struct{}{}

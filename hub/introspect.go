@@ -23,15 +23,20 @@ const (
 	WorkerNames = 10
 )
 
-// WorkerSorts are the orders Hub.Workers accepts, the default first: id
-// ascending (connection order), then the largest first by pending bytes,
-// frames sent, subscriptions, durable wakes dropped (ties by id).
-var WorkerSorts = []string{"id", "backlog", "sent", "subscriptions", "dropped"}
+// WorkerSorts returns the orders Hub.Workers accepts (a copy), the default
+// first: id ascending (connection order), then the largest first by
+// pending bytes, frames sent, subscriptions, durable wakes dropped (ties by
+// id).
+func WorkerSorts() []string { return slices.Clone(workerSorts) }
 
-// ChannelSorts are the orders Hub.Channels accepts, the default first: name
-// ascending, then the largest first by subscribers, NOTIFYs received, wakes
-// delivered (ties by name).
-var ChannelSorts = []string{"name", "subscribers", "received", "delivered"}
+// ChannelSorts returns the orders Hub.Channels accepts (a copy), the
+// default first: name ascending, then the largest first by subscribers,
+// NOTIFYs received, wakes delivered (ties by name).
+func ChannelSorts() []string { return slices.Clone(channelSorts) }
+
+var workerSorts = []string{"id", "backlog", "sent", "subscriptions", "dropped"}
+
+var channelSorts = []string{"name", "subscribers", "received", "delivered"}
 
 // ListOptions selects a page of Hub.Workers or Hub.Channels.
 type ListOptions struct {
@@ -130,7 +135,7 @@ func (o ListOptions) check(sorts []string) (ListOptions, error) {
 // goroutine to take the snapshot, until ctx is done. Safe from any
 // goroutine.
 func (h *Hub) Workers(ctx context.Context, opts ListOptions) (WorkerList, error) {
-	opts, err := opts.check(WorkerSorts)
+	opts, err := opts.check(workerSorts)
 	if err != nil {
 		return WorkerList{}, err
 	}
@@ -139,7 +144,7 @@ func (h *Hub) Workers(ctx context.Context, opts ListOptions) (WorkerList, error)
 
 // Channels returns a page of the channels of the union. As Workers.
 func (h *Hub) Channels(ctx context.Context, opts ListOptions) (ChannelList, error) {
-	opts, err := opts.check(ChannelSorts)
+	opts, err := opts.check(channelSorts)
 	if err != nil {
 		return ChannelList{}, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/fnv"
 
+	"github.com/listenhub/listenhub/internal/handoff"
 	"github.com/listenhub/listenhub/listener"
 	"github.com/listenhub/listenhub/loop"
 )
@@ -136,9 +137,12 @@ func all(n int, done func()) func() {
 
 // The hot upgrade (pgHandover, upgrade.go), on every connection.
 
+// pgUp is the listener's upgrade side (not part of its API).
+var pgUp = handoff.GetListener[*listener.Conn, listener.Config]()
+
 func (s *pgSet) CanDetach() bool {
 	for _, c := range s.conns {
-		if !c.CanDetach() {
+		if !pgUp.Of(c).CanDetach() {
 			return false
 		}
 	}
@@ -151,22 +155,22 @@ func (s *pgSet) CanDetach() bool {
 func (s *pgSet) WhenIdle(done func()) {
 	f := all(len(s.conns), done)
 	for _, c := range s.conns {
-		c.WhenIdle(f)
+		pgUp.Of(c).WhenIdle(f)
 	}
 }
 
 func (s *pgSet) CancelHold() {
 	for _, c := range s.conns {
-		c.CancelHold()
+		pgUp.Of(c).CancelHold()
 	}
 }
 
 // Detach detaches every connection, in order. On an error the ones
 // detached already stay so; Resume puts them back (the rollback does).
-func (s *pgSet) Detach() ([]listener.Handover, error) {
-	hs := make([]listener.Handover, 0, len(s.conns))
+func (s *pgSet) Detach() ([]handoff.PG, error) {
+	hs := make([]handoff.PG, 0, len(s.conns))
 	for _, c := range s.conns {
-		h, err := c.Detach()
+		h, err := pgUp.Of(c).Detach()
 		if err != nil {
 			return nil, err
 		}
@@ -178,14 +182,14 @@ func (s *pgSet) Detach() ([]listener.Handover, error) {
 func (s *pgSet) Resume() error {
 	var errs []error
 	for _, c := range s.conns {
-		errs = append(errs, c.Resume())
+		errs = append(errs, pgUp.Of(c).Resume())
 	}
 	return errors.Join(errs...)
 }
 
 func (s *pgSet) Abandon() {
 	for _, c := range s.conns {
-		c.Abandon()
+		pgUp.Of(c).Abandon()
 	}
 }
 
@@ -215,15 +219,15 @@ func (s *pgSet) UnlistenMarker(marker string) {
 func (s *pgSet) PauseAtMarker(marker string, done func()) {
 	f := all(len(s.conns), done)
 	for _, c := range s.conns {
-		c.PauseAtMarker(marker, f)
+		pgUp.Of(c).PauseAtMarker(marker, f)
 	}
 }
 
 // SendMarker NOTIFYs the marker once: every connection LISTENs it.
-func (s *pgSet) SendMarker(marker string) error { return s.conns[0].SendMarker(marker) }
+func (s *pgSet) SendMarker(marker string) error { return pgUp.Of(s.conns[0]).SendMarker(marker) }
 
 // openSetForTakeover opens k connections of this process's own for the
-// marker hand-over (listener.OpenForTakeover): each LISTENs its share of
+// marker hand-over (handoff.Listener.OpenForTakeover): each LISTENs its share of
 // channels and the marker. onMarker runs once the marker reached all.
 func openSetForTakeover(ctx context.Context, l *loop.Loop, k int, cfg listener.Config, channels []string, marker string, onMarker func()) (*pgSet, error) {
 	share := make([][]string, k)
@@ -233,7 +237,7 @@ func openSetForTakeover(ctx context.Context, l *loop.Loop, k int, cfg listener.C
 	}
 	seen := all(k, onMarker)
 	s, err := newPGSet(k, cfg, false, func(i int, c listener.Config) (*listener.Conn, error) {
-		return listener.OpenForTakeover(ctx, l, c, share[i], marker, seen)
+		return pgUp.OpenForTakeover(ctx, l, c, share[i], marker, seen)
 	})
 	if err != nil {
 		s.Close(func() {})
@@ -242,11 +246,11 @@ func openSetForTakeover(ctx context.Context, l *loop.Loop, k int, cfg listener.C
 	return s, nil
 }
 
-// Terminate ends every session (listener.Conn.Terminate); done runs once
+// Terminate ends every session (the listener's terminate); done runs once
 // the server has hung up on all of them.
 func (s *pgSet) Terminate(done func()) {
 	f := all(len(s.conns), done)
 	for _, c := range s.conns {
-		c.Terminate(f)
+		pgUp.Of(c).Terminate(f)
 	}
 }

@@ -13,9 +13,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/internal/fdpass"
+	"github.com/listenhub/listenhub/internal/handoff"
 	"github.com/listenhub/listenhub/listener"
 	"github.com/listenhub/listenhub/loop"
 )
+
+// The two ends are not part of the package's API: command listenhub
+// reaches them through internal/handoff.
+func init() {
+	handoff.RegisterHub(handoff.Hub[*Hub]{Handover: (*Hub).handover, Takeover: (*Hub).takeover})
+}
 
 // Hot upgrade (docs/design.md, "Lifecycle"): the running hub (old) hands the
 // listening socket, every worker connection with its state, and the
@@ -53,7 +60,7 @@ type pgHandover interface {
 	CanDetach() bool
 	WhenIdle(done func())
 	CancelHold()
-	Detach() ([]listener.Handover, error)
+	Detach() ([]handoff.PG, error)
 	Resume() error
 	Abandon()
 	Terminate(done func())
@@ -130,22 +137,22 @@ type upPrepare struct {
 // handedHub is the hub's state as it moves. Descriptors travel beside it as
 // SCM_RIGHTS; the FD fields index that list.
 type handedHub struct {
-	Version  int                `json:"version"`
-	Socket   handedSocket       `json:"socket"`
-	Postgres *listener.Handover `json:"postgres,omitempty"` // plaintext only
-	PGFD     int                `json:"pg_fd"`
-	Healthy  bool               `json:"healthy"`
-	NextID   uint64             `json:"next_id"`
-	Stats    Stats              `json:"stats"`
-	Channels []handedChannel    `json:"channels"`
-	Workers  []handedWorker     `json:"workers"`
-	Extra    map[string]int     `json:"extra,omitempty"`
+	Version  int             `json:"version"`
+	Socket   handedSocket    `json:"socket"`
+	Postgres *handoff.PG     `json:"postgres,omitempty"` // plaintext only
+	PGFD     int             `json:"pg_fd"`
+	Healthy  bool            `json:"healthy"`
+	NextID   uint64          `json:"next_id"`
+	Stats    Stats           `json:"stats"`
+	Channels []handedChannel `json:"channels"`
+	Workers  []handedWorker  `json:"workers"`
+	Extra    map[string]int  `json:"extra,omitempty"`
 
 	// PGMore are the Postgres connections after the first
 	// (Config.PostgresConnections), in order, their descriptors at
 	// PGMoreFDs; absent from a hub with one connection.
-	PGMore    []listener.Handover `json:"pg_more,omitempty"`
-	PGMoreFDs []int               `json:"pg_more_fds,omitempty"`
+	PGMore    []handoff.PG `json:"pg_more,omitempty"`
+	PGMoreFDs []int        `json:"pg_more_fds,omitempty"`
 }
 
 const handedVersion = 1
@@ -203,14 +210,14 @@ func (s *span) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Handover hands this hub to the process at the other end of conn (which
-// calls Takeover). extra are more descriptors to hand over by name (the
+// handover hands this hub to the process at the other end of conn (which
+// calls takeover). extra are more descriptors to hand over by name (the
 // metrics listener, say); they stay open here. ctx bounds everything up to
 // the commit. It returns nil once the new process took over: this hub has
 // stopped then (Done is closed) without closing a single connection. Any
 // other result means the upgrade was abandoned and this hub serves on as
 // before; the caller should kill the new process.
-func (h *Hub) Handover(ctx context.Context, conn *fdpass.Conn, extra map[string]int) error {
+func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]int) error {
 	if !h.started.Load() || h.loop == nil {
 		return errors.New("hub: upgrade: not started")
 	}
@@ -578,15 +585,15 @@ func (h *Hub) release() {
 	u.pg.Terminate(func() { h.stopTimer.Stop(); stop() })
 }
 
-// Takeover starts the hub from the state another hub hands over (Handover,
+// takeover starts the hub from the state another hub hands over (handover,
 // at the other end of conn) instead of binding and connecting: Start's
 // alternative for the new process of a hot upgrade. ctx bounds it. Once it
 // returns nil the hub serves; onLive runs just before the old process is
 // told so (write the pid file there). The returned map holds the extra
 // descriptors the old process handed over, by name; the caller owns them.
-func (h *Hub) Takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (extra map[string]int, err error) {
+func (h *Hub) takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (extra map[string]int, err error) {
 	if !h.started.CompareAndSwap(false, true) {
-		return nil, errors.New("hub: Start or Takeover called twice")
+		return nil, errors.New("hub: Start or takeover called twice")
 	}
 	// running: the loop goroutine runs (it closes done when it ends).
 	running := false
@@ -769,7 +776,7 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	}
 	if st.Postgres != nil {
 		cfg := h.listenerConfig()
-		hos := append([]listener.Handover{*st.Postgres}, st.PGMore...)
+		hos := append([]handoff.PG{*st.Postgres}, st.PGMore...)
 		pgFDs := append([]int{st.PGFD}, st.PGMoreFDs...)
 		// The channels stay where the old process put them: as many
 		// connections as it handed over, whatever this one's
@@ -783,7 +790,7 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 			ho := hos[i]
 			ho.FD = fds[pgFDs[i]]
 			adopted = i + 1
-			return listener.Adopt(h.loop, c, ho) // closes ho.FD on an error
+			return pgUp.Adopt(h.loop, c, ho) // closes ho.FD on an error
 		})
 		if err != nil {
 			// The old process serves on with these backends: this

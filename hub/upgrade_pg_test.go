@@ -109,7 +109,7 @@ func TestHandoverRollback(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			start := time.Now()
-			if err := env.h.Handover(ctx, old, nil); err == nil {
+			if err := env.h.handover(ctx, old, nil); err == nil {
 				t.Fatal("Handover succeeded without a ready")
 			}
 			if err := <-fakeErr; err != nil {
@@ -238,11 +238,11 @@ func TestHandoverInProcess(t *testing.T) {
 			defer cancel()
 			took := make(chan error, 1)
 			go func() {
-				_, err := nh.Takeover(ctx, newEnd, nil)
+				_, err := nh.takeover(ctx, newEnd, nil)
 				took <- err
 			}()
 			handed := make(chan error, 1)
-			go func() { handed <- env.h.Handover(ctx, oldEnd, nil) }()
+			go func() { handed <- env.h.handover(ctx, oldEnd, nil) }()
 
 			// The old hub freezes; the sub in flight holds the quiet
 			// point back. Meanwhile a sub and a NOTIFY arrive.

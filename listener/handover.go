@@ -9,25 +9,49 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/listenhub/listenhub/internal/handoff"
 	"github.com/listenhub/listenhub/loop"
 )
+
+// The upgrade's side of a Conn is not part of this package's API: package
+// hub reaches it through internal/handoff.
+func init() {
+	handoff.RegisterListener(handoff.Listener[*Conn, Config]{
+		Of:              func(c *Conn) handoff.Conn { return upgradeSide{c} },
+		Adopt:           adopt,
+		OpenForTakeover: openForTakeover,
+	})
+}
+
+// upgradeSide is a Conn as internal/handoff sees it.
+type upgradeSide struct{ c *Conn }
+
+func (u upgradeSide) CanDetach() bool                  { return u.c.canDetach() }
+func (u upgradeSide) WhenIdle(done func())             { u.c.whenIdle(done) }
+func (u upgradeSide) CancelHold()                      { u.c.cancelHold() }
+func (u upgradeSide) Detach() (handoff.PG, error)      { return u.c.detach() }
+func (u upgradeSide) Resume() error                    { return u.c.resume() }
+func (u upgradeSide) Abandon()                         { u.c.abandon() }
+func (u upgradeSide) Terminate(done func())            { u.c.terminate(done) }
+func (u upgradeSide) PauseAtMarker(m string, f func()) { u.c.pauseAtMarker(m, f) }
+func (u upgradeSide) SendMarker(marker string) error   { return u.c.sendMarker(marker) }
 
 // A hot upgrade (docs/design.md, "Lifecycle") moves the LISTEN connection to
 // a new process without losing or duplicating a notification.
 //
-// Plaintext: the old process waits for a quiet point (WhenIdle: nothing
+// Plaintext: the old process waits for a quiet point (whenIdle: nothing
 // pending, nothing in flight, the set LISTENed), stops reading there and
-// hands the socket over as is (Detach): the descriptor, the backend pid, the
+// hands the socket over as is (detach): the descriptor, the backend pid, the
 // set and the bytes it read but could not parse yet (the start of a partial
-// message). The new process Adopts it and, once told to, Resumes reading
+// message). The new process adopts it and, once told to, Resumes reading
 // where the old one stopped; the kernel held whatever arrived meanwhile.
 //
 // TLS (or any connection without a descriptor to hand over): the record
 // layer's state cannot move, so the new process opens its own connection,
-// LISTENs the union plus a marker channel (OpenForTakeover) and sends one
-// NOTIFY on the marker (SendMarker). Postgres delivers notifications to
+// LISTENs the union plus a marker channel (openForTakeover) and sends one
+// NOTIFY on the marker (sendMarker). Postgres delivers notifications to
 // every listener in the order of its queue, so the marker splits the stream
-// exactly: the old process (which LISTENs the marker too, PauseAtMarker)
+// exactly: the old process (which LISTENs the marker too, pauseAtMarker)
 // delivers everything before it and stops reading at it; the new one drops
 // everything before it and delivers everything after.
 
@@ -36,11 +60,11 @@ type handover struct {
 	// holding: an upgrade waits for a quiet point; no health probe is
 	// sent meanwhile (its answer would be in flight at the hand-over).
 	holding bool
-	idle    func() // WhenIdle's callback, run once at the quiet point
+	idle    func() // whenIdle's callback, run once at the quiet point
 	// paused: nothing is read or parsed; what arrives waits in the kernel
 	// (descriptor) or in rbuf (bridge).
 	paused bool
-	// detached: the descriptor is out of the loop (Detach), still open.
+	// detached: the descriptor is out of the loop (detach), still open.
 	detached bool
 	// marker: a notification on this channel pauses the Conn and runs
 	// onMarker; while skip is set, every notification before it is
@@ -50,43 +74,31 @@ type handover struct {
 	onMarker func()
 }
 
-// Handover is the LISTEN connection as it moves to another process.
-type Handover struct {
-	// FD is the connection's socket. It is not part of the JSON: it
-	// travels as SCM_RIGHTS.
-	FD         int `json:"-"`
-	BackendPID uint32
-	// Channels is the set LISTENed on the connection.
-	Channels []string
-	// Unread are bytes read from the socket and not parsed yet.
-	Unread []byte
-}
-
-// ErrNoDescriptor is returned by Detach for a connection the loop does not
+// errNoDescriptor is returned by detach for a connection the loop does not
 // drive from a descriptor (TLS): use the marker hand-over instead.
-var ErrNoDescriptor = errors.New("listener: connection has no descriptor to hand over")
+var errNoDescriptor = errors.New("listener: connection has no descriptor to hand over")
 
-// CanDetach reports whether the connection can be handed over as a
+// canDetach reports whether the connection can be handed over as a
 // descriptor (plaintext) rather than by the marker hand-over.
-func (c *Conn) CanDetach() bool {
+func (c *Conn) canDetach() bool {
 	_, ok := c.tr.(*fdTransport)
 	return ok && c.state == stateUp
 }
 
-// WhenIdle runs done on the loop once the connection is up, healthy, and has
+// whenIdle runs done on the loop once the connection is up, healthy, and has
 // no command pending or in flight: the quiet point of a hand-over. From now
-// on no health probe is sent while nothing is in flight (CancelHold ends
+// on no health probe is sent while nothing is in flight (cancelHold ends
 // that). The caller must stop issuing commands meanwhile. done runs from the
-// end of an iteration, never inside WhenIdle.
-func (c *Conn) WhenIdle(done func()) {
+// end of an iteration, never inside whenIdle.
+func (c *Conn) whenIdle(done func()) {
 	c.ho.holding = true
 	c.ho.idle = done
 	c.kick()
 }
 
-// CancelHold forgets a WhenIdle that has not fired, and lets health probes
+// cancelHold forgets a whenIdle that has not fired, and lets health probes
 // go out again.
-func (c *Conn) CancelHold() {
+func (c *Conn) cancelHold() {
 	c.ho.holding = false
 	c.ho.idle = nil
 }
@@ -114,9 +126,9 @@ func (c *Conn) checkIdle() {
 	f()
 }
 
-// Pause stops reading and parsing. Bytes already read and not parsed stay
+// pause stops reading and parsing. Bytes already read and not parsed stay
 // in the buffer; the health check stops (a paused connection hears nothing).
-func (c *Conn) Pause() {
+func (c *Conn) pause() {
 	if c.ho.paused {
 		return
 	}
@@ -130,11 +142,11 @@ func (c *Conn) Pause() {
 	}
 }
 
-// Resume undoes Pause (and Detach, whose descriptor goes back into the
+// resume undoes Pause (and detach, whose descriptor goes back into the
 // loop): what waited is parsed, then reading goes on. The hold ends too,
 // and a marker not reached yet is forgotten (an upgrade rolled back).
-func (c *Conn) Resume() error {
-	c.CancelHold()
+func (c *Conn) resume() error {
+	c.cancelHold()
 	c.ho.marker, c.ho.skip, c.ho.onMarker = "", false, nil
 	if !c.ho.paused {
 		return nil
@@ -167,42 +179,42 @@ func (c *Conn) Resume() error {
 	return nil
 }
 
-// Detach pauses the connection and takes its descriptor out of the loop,
+// detach pauses the connection and takes its descriptor out of the loop,
 // still open, and returns what another process needs to Adopt it. Call it
-// at the quiet point (from the WhenIdle callback). Resume puts it back;
-// Abandon closes this process's copy for good.
-func (c *Conn) Detach() (Handover, error) {
+// at the quiet point (from the whenIdle callback). resume puts it back;
+// abandon closes this process's copy for good.
+func (c *Conn) detach() (handoff.PG, error) {
 	t, ok := c.tr.(*fdTransport)
 	if !ok || c.state != stateUp {
-		return Handover{}, ErrNoDescriptor
+		return handoff.PG{}, errNoDescriptor
 	}
 	if len(c.pending) > 0 || len(c.inflight) > 0 || len(t.out) > 0 {
-		return Handover{}, errors.New("listener: detach: a command is in flight")
+		return handoff.PG{}, errors.New("listener: detach: a command is in flight")
 	}
-	c.Pause()
+	c.pause()
 	if t.tok.Valid() {
 		if err := c.l.Unregister(t.tok); err != nil {
-			return Handover{}, fmt.Errorf("listener: detach: %w", err)
+			return handoff.PG{}, fmt.Errorf("listener: detach: %w", err)
 		}
 		t.tok = loop.Token{}
 	}
 	c.ho.detached = true
-	h := Handover{FD: t.fd, BackendPID: t.pid, Unread: append([]byte(nil), c.rbuf[c.rpos:c.rend]...)}
+	h := handoff.PG{FD: t.fd, BackendPID: t.pid, Unread: append([]byte(nil), c.rbuf[c.rpos:c.rend]...)}
 	for ch := range c.set {
 		h.Channels = append(h.Channels, ch)
 	}
 	return h, nil
 }
 
-// Abandon drops the connection without a word to the server: another
-// process owns it now (Detach) or has its own (the marker hand-over with a
+// abandon drops the connection without a word to the server: another
+// process owns it now (detach) or has its own (the marker hand-over with a
 // descriptor). This process's copy of the descriptor is closed; the
 // session goes on. Every later call is a no-op; Close still runs its done.
-func (c *Conn) Abandon() {
+func (c *Conn) abandon() {
 	if c.state == stateClosed {
 		return
 	}
-	c.CancelHold()
+	c.cancelHold()
 	if t, ok := c.tr.(*fdTransport); ok {
 		if t.tok.Valid() {
 			_ = c.l.Unregister(t.tok)
@@ -217,11 +229,11 @@ func (c *Conn) Abandon() {
 	c.finishClose()
 }
 
-// Adopt makes a Conn of a connection another process Detached: it starts
-// paused (Resume starts reading) and healthy, with h.Channels as its set.
+// adopt makes a Conn of a connection another process Detached: it starts
+// paused (resume starts reading) and healthy, with h.Channels as its set.
 // Call it on the loop goroutine or before the loop runs; it takes
 // ownership of h.FD.
-func Adopt(l *loop.Loop, cfg Config, h Handover) (*Conn, error) {
+func adopt(l *loop.Loop, cfg Config, h handoff.PG) (*Conn, error) {
 	if h.FD < 0 {
 		return nil, errors.New("listener: adopt: no descriptor")
 	}
@@ -251,16 +263,16 @@ func Adopt(l *loop.Loop, cfg Config, h Handover) (*Conn, error) {
 	c.everUp = true // a refused reconnect is retried, not fatal
 	c.healthy = true
 	c.lastRx = l.Now()
-	c.Pause()
+	c.pause()
 	c.log.Info("listener: adopted", "pid", c.pid, "channels", len(c.set))
 	return c, nil
 }
 
-// OpenForTakeover opens a connection of this process's own for the marker
+// openForTakeover opens a connection of this process's own for the marker
 // hand-over: channels and marker are LISTENed on connect (OnHealth(true)
 // says when), every notification before the one on marker is dropped, and
-// at it the Conn pauses and onMarker runs. Resume starts the delivery.
-func OpenForTakeover(ctx context.Context, l *loop.Loop, cfg Config, channels []string, marker string, onMarker func()) (*Conn, error) {
+// at it the Conn pauses and onMarker runs. resume starts the delivery.
+func openForTakeover(ctx context.Context, l *loop.Loop, cfg Config, channels []string, marker string, onMarker func()) (*Conn, error) {
 	if cfg.ConnConfig == nil {
 		return nil, errNoConnConfig
 	}
@@ -283,16 +295,16 @@ func OpenForTakeover(ctx context.Context, l *loop.Loop, cfg Config, channels []s
 	return c, nil
 }
 
-// PauseAtMarker makes the Conn pause at the first notification on marker
+// pauseAtMarker makes the Conn pause at the first notification on marker
 // (which it must LISTEN) and run done then. Notifications before it are
 // delivered as usual.
-func (c *Conn) PauseAtMarker(marker string, done func()) {
+func (c *Conn) pauseAtMarker(marker string, done func()) {
 	c.ho.marker, c.ho.skip, c.ho.onMarker = marker, false, done
 }
 
-// SendMarker sends NOTIFY marker. Its answer is not waited for: the marker's
+// sendMarker sends NOTIFY marker. Its answer is not waited for: the marker's
 // arrival is what the hand-over waits for.
-func (c *Conn) SendMarker(marker string) error {
+func (c *Conn) sendMarker(marker string) error {
 	if err := ValidChannel(marker); err != nil {
 		return err
 	}
@@ -308,7 +320,7 @@ func (c *Conn) SendMarker(marker string) error {
 func (c *Conn) markerFilter(ch []byte) bool {
 	if string(ch) == c.ho.marker {
 		c.ho.marker, c.ho.skip = "", false
-		c.Pause()
+		c.pause()
 		if f := c.ho.onMarker; f != nil {
 			c.ho.onMarker = nil
 			f()
@@ -342,12 +354,12 @@ func (t *fdTransport) interest() loop.Events {
 	return ev
 }
 
-// Terminate ends the session and runs done (on the loop) once the server
+// terminate ends the session and runs done (on the loop) once the server
 // has hung up, which it does after its backend left pg_stat_activity, or
 // after the health-check timeout. An upgrade closes the old process's own
 // TLS connection this way, so that the count of backends is back to one
 // before the old process is gone. Commands still waiting get ErrClosed.
-func (c *Conn) Terminate(done func()) {
+func (c *Conn) terminate(done func()) {
 	if c.state != stateUp || c.tr == nil {
 		c.Close(done)
 		return

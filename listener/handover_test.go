@@ -10,13 +10,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/listenhub/listenhub/internal/handoff"
 	"github.com/listenhub/listenhub/loop"
 )
 
 // TestDetachAdopt moves a plaintext connection between two loops as an
 // upgrade moves it between processes (the descriptor duplicated, as
 // SCM_RIGHTS does): a NOTIFY sent while it is detached is delivered once,
-// by the adopter, after Resume; the old side's Abandon leaves the session
+// by the adopter, after resume; the old side's abandon leaves the session
 // alive; one backend throughout.
 func TestDetachAdopt(t *testing.T) {
 	r1 := newRecorder()
@@ -28,11 +29,11 @@ func TestDetachAdopt(t *testing.T) {
 	notifySQL(t, "NOTIFY ho_x, '1'")
 	r1.waitNote(t, "ho_x", "1")
 
-	var h Handover
+	var h handoff.PG
 	var derr error
 	done := make(chan struct{})
 	s.on(t, func() {
-		s.c.WhenIdle(func() { h, derr = s.c.Detach(); close(done) })
+		s.c.whenIdle(func() { h, derr = s.c.detach(); close(done) })
 	})
 	select {
 	case <-done:
@@ -61,17 +62,17 @@ func TestDetachAdopt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2, err := Adopt(l2, Config{ConnConfig: cc, OnNotification: func(ch, p []byte) { r2.note(string(ch), string(p)) },
+	c2, err := adopt(l2, Config{ConnConfig: cc, OnNotification: func(ch, p []byte) { r2.note(string(ch), string(p)) },
 		OnHealth: r2.onHealth, Logger: testLogger()}, h)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go l2.Run()
 	t.Cleanup(func() { l2.Stop(); <-l2.Done() })
-	s.on(t, func() { s.c.Abandon() })
+	s.on(t, func() { s.c.abandon() })
 	s2 := &loopSubject{l: l2, c: c2}
 	s2.on(t, func() {
-		if err := c2.Resume(); err != nil {
+		if err := c2.resume(); err != nil {
 			t.Error(err)
 		}
 	})
@@ -113,7 +114,7 @@ func TestMarkerSplit(t *testing.T) {
 		}
 	}
 	oldPaused := make(chan struct{})
-	s.on(t, func() { s.c.PauseAtMarker(marker, func() { close(oldPaused) }) })
+	s.on(t, func() { s.c.pauseAtMarker(marker, func() { close(oldPaused) }) })
 
 	r2 := newRecorder()
 	l2, err := loop.New(loop.Options{})
@@ -127,7 +128,7 @@ func TestMarkerSplit(t *testing.T) {
 		t.Fatal(err)
 	}
 	newMarked := make(chan struct{})
-	c2, err := OpenForTakeover(ctxT(t), l2, Config{ConnConfig: cc,
+	c2, err := openForTakeover(ctxT(t), l2, Config{ConnConfig: cc,
 		OnNotification: func(ch, p []byte) { r2.note(string(ch), string(p)) }, OnHealth: r2.onHealth,
 		Logger: testLogger()}, []string{"ms_x"}, marker, func() { close(newMarked) })
 	if err != nil {
@@ -150,7 +151,7 @@ func TestMarkerSplit(t *testing.T) {
 			}
 			if i == total/2 {
 				s2.on(t, func() {
-					if err := c2.SendMarker(marker); err != nil {
+					if err := c2.sendMarker(marker); err != nil {
 						t.Error(err)
 					}
 				})
@@ -166,7 +167,7 @@ func TestMarkerSplit(t *testing.T) {
 		}
 	}
 	s2.on(t, func() {
-		if err := c2.Resume(); err != nil {
+		if err := c2.resume(); err != nil {
 			t.Error(err)
 		}
 	})

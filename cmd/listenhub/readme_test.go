@@ -216,7 +216,7 @@ func TestREADMEMetrics(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	writeMetrics(&buf, hub.Stats{})
-	writeMoreMetrics(&buf, hub.Histogram{Bounds: hub.FanoutLatencyBounds}, hub.Histogram{Bounds: hub.AckLatencyBounds})
+	writeMoreMetrics(&buf, hub.Histogram{Bounds: hub.FanoutLatencyBounds()}, hub.Histogram{Bounds: hub.AckLatencyBounds()})
 	for _, line := range strings.Split(buf.String(), "\n") {
 		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
 			code = append(code, f[2]+" "+f[3])

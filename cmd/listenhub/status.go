@@ -40,7 +40,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	limit := fs.Int("limit", hub.DefaultListLimit, fmt.Sprintf("rows per table, 1 to %d", hub.MaxListLimit))
 	offset := fs.Int("offset", 0, "skip this many rows of the sorted list")
 	sortBy := fs.String("sort", "", fmt.Sprintf("with --workers: %s; with --channels: %s (largest first; default the first, ascending)",
-		strings.Join(hub.WorkerSorts, ", "), strings.Join(hub.ChannelSorts, ", ")))
+		strings.Join(hub.WorkerSorts(), ", "), strings.Join(hub.ChannelSorts(), ", ")))
 	asJSON := fs.Bool("json", false, "print the JSON of the endpoints instead of tables")
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -15,8 +15,12 @@ import (
 
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/fdpass"
+	"github.com/listenhub/listenhub/internal/handoff"
 	"github.com/listenhub/listenhub/internal/systemd"
 )
+
+// hubUp is the hub's side of the hand-over (not part of its API).
+var hubUp = handoff.GetHub[*hub.Hub]()
 
 // upgradeEnv names the descriptor through which the new process of a hot
 // upgrade (SIGUSR2) talks to the old one; the old one sets it for its child.
@@ -125,7 +129,7 @@ func (u *upgrader) run(ctx context.Context) bool {
 	}
 	hctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
-	if err := u.h.Handover(hctx, conn, extra); err != nil {
+	if err := hubUp.Handover(u.h, hctx, conn, extra); err != nil {
 		cmd.Process.Kill()
 		werr := <-exited
 		u.log.Error("upgrade abandoned; the new process was stopped", "reason", err, "new_pid", cmd.Process.Pid,
@@ -144,7 +148,7 @@ func takeover(ctx context.Context, h *hub.Hub, conn *fdpass.Conn, timeout time.D
 	defer conn.Close()
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	extra, err := h.Takeover(tctx, conn, func() {
+	extra, err := hubUp.Takeover(h, tctx, conn, func() {
 		if pidFile != "" {
 			if err := writePIDFile(pidFile); err != nil {
 				log.Error("pid file", "reason", err)

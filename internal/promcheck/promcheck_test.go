@@ -222,8 +222,8 @@ func TestExpositionParses(t *testing.T) {
 		t.Errorf("workers %v, wakes received %v; want 2 and %d", value("listenhub_workers"), value("listenhub_wakes_received_total"), notifies)
 	}
 
-	checkHistogram(t, fams["listenhub_fanout_latency_seconds"], hub.FanoutLatencyBounds, notifies)
-	checkHistogram(t, fams["listenhub_ack_latency_seconds"], hub.AckLatencyBounds, 2)
+	checkHistogram(t, fams["listenhub_fanout_latency_seconds"], hub.FanoutLatencyBounds(), notifies)
+	checkHistogram(t, fams["listenhub_ack_latency_seconds"], hub.AckLatencyBounds(), 2)
 
 	bi := fams["listenhub_build_info"].GetMetric()[0]
 	labels := map[string]string{}

@@ -6,7 +6,9 @@
 // system under test (the hub, the goroutine-per-connection baseline, the
 // gnet baseline, and direct per-worker LISTEN) and runs every scenario
 // against all of them in the same run: census, paced latency, saturation,
-// churn, idle memory and a wedged worker. It prints tables and, with
+// churn, idle memory, a wedged worker, many channels, and writers (what a
+// wake source — trigger, throttled trigger, `listenhub relay` — costs the
+// writers of pgmq queues; see writers.go). It prints tables and, with
 // --json, writes every figure to a file. See docs/performance.md.
 //
 // The same binary is re-executed for its helper processes:
@@ -15,6 +17,7 @@
 //	lhbench report  --json in.json [--md out.md]  re-print a run's tables and verdicts
 //	lhbench worker  --mode socket|direct ...   a subscriber (see worker.go)
 //	lhbench churn   --socket PATH ...          connect/subscribe/close cycles
+//	lhbench wakeworker --socket PATH ...       a queue consumer of the writers scenario (see wakeworker.go)
 //	lhbench gohub   --database-url URL --socket PATH   the goroutine-per-connection baseline
 //	lhbench gnethub --database-url URL --socket PATH   the gnet v2 baseline
 //	lhbench hublib  --database-url URL --socket PATH   the hub package embedded (for heap figures)
@@ -58,6 +61,8 @@ func main() {
 		err = workerMain(args)
 	case "churn":
 		err = churnMain(args)
+	case "wakeworker":
+		err = wakeWorkerMain(args)
 	case "report":
 		err = reportMain(args)
 	case "hopsink":
@@ -107,6 +112,7 @@ func reportMain(args []string) error {
 	}
 	r.Targets = evaluate(&r, nil)
 	r.Targets13 = evaluate13(&r)
+	r.Targets17 = evaluate17(&r)
 	printAll(os.Stdout, &r)
 	if *md != "" {
 		var buf strings.Builder

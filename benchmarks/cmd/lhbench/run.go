@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -49,6 +50,17 @@ type params struct {
 	SatOneProcN    []int         `json:"saturation_one_proc_n"` // 1×N saturation layouts (full suite)
 	BigCensusProcs int           `json:"big_census_procs"`
 	ChannelsN      []int         `json:"channels_n,omitempty"` // the many-channels scenario's channel counts
+	// The writers scenario (issue 17).
+	WritersW         []int         `json:"writers_w,omitempty"`
+	WritersDur       time.Duration `json:"writers_dur_ns,omitempty"`
+	WritersDrain     time.Duration `json:"writers_drain_ns,omitempty"` // wait for the last wakes after the writers stop
+	WritersRounds    int           `json:"writers_rounds,omitempty"`
+	WritersQueues    int           `json:"writers_queues,omitempty"`
+	WritersWorkers   int           `json:"writers_workers,omitempty"`
+	WritersSources   []string      `json:"writers_sources,omitempty"`
+	WritersThrottle  time.Duration `json:"writers_throttle_ns,omitempty"`
+	WritersRelayArgs string        `json:"writers_relay_args,omitempty"`   // extra `listenhub relay` flags
+	WritersFsyncSecs int           `json:"writers_fsync_test_s,omitempty"` // pg_test_fsync -s (0: not run)
 	// CPUs, when set, pins every server process (not the workers, not
 	// Postgres) to that many cores with taskset.
 	CPUs int `json:"server_cpus,omitempty"`
@@ -63,6 +75,8 @@ func fullParams() params {
 		WedgedDur: 4 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, SatOneProc: true, SatOneProcN: []int{64, 256}, BigCensusProcs: 8,
 		ChannelsN: []int{1000, 10000, 50000},
+		WritersW:  []int{1, 16, 64}, WritersDur: 10 * time.Second, WritersDrain: time.Second, WritersRounds: 2,
+		WritersQueues: 50, WritersWorkers: 8, WritersSources: writersSources, WritersThrottle: 250 * time.Millisecond, WritersFsyncSecs: 2,
 	}
 }
 
@@ -76,19 +90,26 @@ func quickParams() params {
 		WedgedDur: 2500 * time.Millisecond, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, BigCensusProcs: 8,
 		ChannelsN: []int{1000, 10000},
+		WritersW:  []int{1, 16}, WritersDur: 2 * time.Second, WritersDrain: time.Second, WritersRounds: 1,
+		WritersQueues: 50, WritersWorkers: 8, WritersSources: writersSources, WritersThrottle: 250 * time.Millisecond, WritersFsyncSecs: 2,
 	}
 }
 
 type bench struct {
-	ctx     context.Context
-	p       params
-	dir     string // temp dir for sockets and logs
-	dbURL   string
-	db      *pgx.Conn // the harness's helper connection
-	nt      *notifier
-	systems []*system
-	res     *Results
-	run     atomic.Int64
+	ctx   context.Context
+	p     params
+	dir   string // temp dir for sockets and logs
+	dbURL string
+	// external is true with --database-url (no throwaway cluster).
+	external bool
+	// relayBin is the listenhub binary the writers scenario runs `relay`
+	// from (default: the hub's).
+	relayBin string
+	db       *pgx.Conn // the harness's helper connection
+	nt       *notifier
+	systems  []*system
+	res      *Results
+	run      atomic.Int64
 	// drainWait bounds the wait for a paced run's last wakes (a system
 	// far behind, like gnet's unbounded task queue, would hold it longer).
 	drainWait time.Duration
@@ -111,7 +132,13 @@ func runMain(args []string) error {
 	quick := fs.Bool("quick", false, "the short suite (under 2 minutes)")
 	jsonOut := fs.String("json", "", "write all results to this file")
 	mdOut := fs.String("md", "", "write the tables as Markdown to this file")
-	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged,channels")
+	only := fs.String("only", "", "comma-separated scenarios: census,paced,saturation,churn,idle,wedged,channels,writers")
+	writersW := fs.String("writers", "", "override the writers scenario's writer counts (e.g. 1,16,64)")
+	writersDur := fs.Duration("writers-dur", 0, "override the writers scenario's round duration")
+	writersRounds := fs.Int("writers-rounds", 0, "override the writers scenario's rounds")
+	writersSrc := fs.String("writers-sources", "", "override the writers scenario's wake sources (none,trigger,throttled,relay)")
+	relayArgs := fs.String("relay-args", "", "extra flags for `listenhub relay` in the writers scenario (e.g. \"--window 1ms\")")
+	relayBin := fs.String("relay-bin", "", "run `relay` from this listenhub binary (default: the hub's)")
 	cpus := fs.Int("cpus", 0, "pin every server process to this many cores (taskset -c 0..N-1; 0: no pinning)")
 	channelsN := fs.String("channels", "", "override the many-channels scenario's channel counts (e.g. 1000,50000)")
 	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet; also hub-wt1 and hub-wt2: the hub with --write-threads 1 or 2, hublib)")
@@ -129,6 +156,31 @@ func runMain(args []string) error {
 		p = quickParams()
 	}
 	p.CPUs = *cpus
+	if *writersW != "" {
+		p.WritersW = nil
+		for _, s := range strings.Split(*writersW, ",") {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				return fmt.Errorf("--writers: bad count %q", s)
+			}
+			p.WritersW = append(p.WritersW, n)
+		}
+	}
+	if *writersDur > 0 {
+		p.WritersDur = *writersDur
+	}
+	if *writersRounds > 0 {
+		p.WritersRounds = *writersRounds
+	}
+	if *writersSrc != "" {
+		p.WritersSources = strings.Split(*writersSrc, ",")
+		for _, s := range p.WritersSources {
+			if !slices.Contains(writersSources, s) {
+				return fmt.Errorf("--writers-sources: unknown source %q", s)
+			}
+		}
+	}
+	p.WritersRelayArgs = *relayArgs
 	if *channelsN != "" {
 		p.ChannelsN = nil
 		for _, s := range strings.Split(*channelsN, ",") {
@@ -195,7 +247,7 @@ func runMain(args []string) error {
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}
-	b := &bench{ctx: ctx, p: p, dir: dir, logf: logf, drainWait: 3 * time.Second}
+	b := &bench{ctx: ctx, p: p, dir: dir, logf: logf, drainWait: 3 * time.Second, relayBin: *relayBin}
 	b.res = &Results{Params: p, Started: start.UTC().Format(time.RFC3339)}
 
 	pgVersion := ""
@@ -208,7 +260,7 @@ func runMain(args []string) error {
 		b.dbURL = cl.URL()
 		pgVersion = cl.Version()
 	} else {
-		b.dbURL = *dbURL
+		b.dbURL, b.external = *dbURL, true
 	}
 	cfg, err := pgx.ParseConfig(b.dbURL)
 	if err != nil {
@@ -294,6 +346,7 @@ func runMain(args []string) error {
 		{"idle", b.idle},
 		{"wedged", b.wedged},
 		{"channels", b.channelsScenario},
+		{"writers", b.writersScenario},
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
@@ -323,6 +376,7 @@ func runMain(args []string) error {
 	b.res.Elapsed = time.Since(start).Round(time.Second).String()
 	b.res.Targets = evaluate(b.res, b.sys)
 	b.res.Targets13 = evaluate13(b.res)
+	b.res.Targets17 = evaluate17(b.res)
 	printAll(os.Stdout, b.res)
 	if *jsonOut != "" {
 		out, _ := json.MarshalIndent(b.res, "", "  ")

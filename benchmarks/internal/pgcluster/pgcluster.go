@@ -8,7 +8,8 @@
 // refuses to run as root).
 //
 // It is tuned for measuring fanout, not disk: fsync, synchronous_commit and
-// full_page_writes are off, so a NOTIFY commit costs CPU, not an fsync.
+// full_page_writes are off, so a NOTIFY commit costs CPU, not an fsync
+// (Options.Durable turns them back on, for the writers scenario).
 // max_connections is high enough for 1,000 direct listeners.
 package pgcluster
 
@@ -36,6 +37,14 @@ type Options struct {
 	MaxConnections int
 	// Logf, when set, receives progress lines.
 	Logf func(format string, args ...any)
+	// Durable keeps PostgreSQL's defaults for fsync, synchronous_commit
+	// and full_page_writes (on): a commit waits for its WAL flush. Time
+	// checkpoints are pushed out to 30 min, so that the harness decides
+	// when one runs.
+	Durable bool
+	// Logical sets wal_level=logical (with WAL senders and slots for
+	// logical replication).
+	Logical bool
 }
 
 // Cluster is a running throwaway cluster.
@@ -57,8 +66,15 @@ func (c *Cluster) URL() string {
 // Version is the server's version string (postgres --version).
 func (c *Cluster) Version() string { return c.version }
 
+// Dir is the directory holding the data directory (on the same file
+// system, so pg_test_fsync run here measures the WAL's disk).
+func (c *Cluster) Dir() string { return c.dir }
+
 // PID is the postmaster's pid.
 func (c *Cluster) PID() int { return c.cmd.Process.Pid }
+
+// BinDir is the directory of the PostgreSQL binaries Start uses.
+func BinDir() (string, error) { return findBin() }
 
 // findBin returns the newest /usr/lib/postgresql/*/bin holding initdb, or
 // the directory of initdb on PATH.
@@ -146,12 +162,17 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		"unix_socket_directories=" + dir,
 		"max_connections=" + strconv.Itoa(opts.MaxConnections),
 		"shared_buffers=128MB",
-		"fsync=off",
-		"synchronous_commit=off",
-		"full_page_writes=off",
 		"max_wal_size=1GB",
 		"log_min_messages=warning",
 		"logging_collector=off",
+	}
+	if opts.Durable {
+		settings = append(settings, "fsync=on", "synchronous_commit=on", "full_page_writes=on", "checkpoint_timeout=30min", "max_wal_size=4GB")
+	} else {
+		settings = append(settings, "fsync=off", "synchronous_commit=off", "full_page_writes=off")
+	}
+	if opts.Logical {
+		settings = append(settings, "wal_level=logical", "max_wal_senders=10", "max_replication_slots=10")
 	}
 	args := []string{"-D", data}
 	for _, s := range settings {

@@ -1,0 +1,733 @@
+package main
+
+// The writers scenario (issue 17): what a wake source costs the writers.
+//
+// W writers insert into pgmq-shaped queue tables (one row per transaction,
+// fsync on) while a hub with K worker processes is subscribed to every
+// queue's channel, pgmq.q_<name>.INSERT. The wake sources, interleaved
+// round by round on one cluster (wal_level=logical for all):
+//
+//	none       no trigger, no relay: what the writers do alone
+//	trigger    pgmq's per-row trigger (pg_notify in a constraint trigger)
+//	throttled  pgmq 1.8's throttled trigger: at most one NOTIFY per queue per
+//	           250 ms, decided by an UPDATE of a throttle table
+//	relay      no trigger; `listenhub relay` decodes the WAL (pgoutput, a
+//	           publication on the schema) and NOTIFYs the queues' channels
+//
+// Each insert is recorded by its writer (queue, msg_id, the time the
+// statement was sent, the time it returned). Each queue is owned by one
+// worker, which records the arrival of every wake of that queue and
+// re-reads the queue after each (see wakeworker.go). An insert is known to
+// its worker at the first wake that arrived after its commit returned, or
+// when a re-read after an earlier wake returned it, whichever is first;
+// wake latency is that moment minus the commit's return (0 when the wake
+// beat the writer's own return). An insert never known is a miss.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/listenhub/listenhub/benchmarks/internal/hist"
+	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
+)
+
+// WritersRow is one (source, W): the rounds pooled.
+type WritersRow struct {
+	Source      string    `json:"source"` // none, trigger, throttled, relay
+	W           int       `json:"writers"`
+	Rounds      int       `json:"rounds"`
+	Commits     int       `json:"commits"`
+	Seconds     float64   `json:"seconds"`
+	CommitsPerS float64   `json:"commits_per_s"`
+	RoundRates  []float64 `json:"round_commits_per_s"`
+	// Commit is the insert statement's round trip (autocommit: the
+	// commit and its WAL flush are in it).
+	Commit hist.Summary `json:"commit_latency"`
+	// Wake is commit return → the owning worker knows of the row.
+	Wake           hist.Summary `json:"wake_latency"`
+	Wakes          uint64       `json:"wakes"` // received by all workers together
+	WakesPerInsert float64      `json:"wakes_per_insert"`
+	Misses         int          `json:"misses"`
+	Reads          int          `json:"rereads"`
+	// CPU seconds during the writing: every PostgreSQL process of the
+	// cluster, the relay process, the hub process.
+	PGCPU    float64 `json:"postgres_cpu_s"`
+	RelayCPU float64 `json:"relay_cpu_s,omitempty"`
+	HubCPU   float64 `json:"hub_cpu_s"`
+	Err      string  `json:"error,omitempty"`
+}
+
+// pgCPUPerCommit is the PostgreSQL CPU per commit in µs.
+func (r *WritersRow) pgCPUPerCommit() float64 {
+	if r.Commits == 0 {
+		return 0
+	}
+	return r.PGCPU * 1e6 / float64(r.Commits)
+}
+
+// WritersInfo is the writers scenario's set-up.
+type WritersInfo struct {
+	// FsyncUS is pg_test_fsync's fdatasync time (one 8 kB write), on the
+	// cluster's file system, µs per operation.
+	FsyncUS   float64  `json:"pg_test_fsync_fdatasync_us"`
+	FsyncLine string   `json:"pg_test_fsync_line"`
+	Queues    int      `json:"queues"`
+	Workers   int      `json:"workers"`
+	Dur       string   `json:"round_duration"`
+	Rounds    int      `json:"rounds"`
+	Throttle  string   `json:"throttle_interval"`
+	Settings  []string `json:"settings"`
+	RelayArgv []string `json:"relay_argv,omitempty"`
+	LoadStart string   `json:"load_start"`
+	LoadEnd   string   `json:"load_end"`
+	Notes     []string `json:"notes,omitempty"`
+}
+
+const (
+	writersPublication = "lhbench"
+	writersSlot        = "lhbench_relay"
+	writersTrigger     = "trigger_notify_queue_insert_listeners" // pgmq's name
+)
+
+var writersSources = []string{"none", "trigger", "throttled", "relay"}
+
+// writersEnv is one writers scenario's cluster, hub, workers and writers.
+type writersEnv struct {
+	b        *bench
+	url      string
+	db       *pgx.Conn
+	cluster  *pgcluster.Cluster
+	hub      *system
+	workers  []*proc
+	writers  []*pgx.Conn
+	relayBin string // the listenhub binary, when it has the relay
+	logical  bool
+	pgPID    int // postmaster (0: external server, CPU not measured)
+	queues   int
+	nworkers int
+}
+
+func (b *bench) writersScenario() error {
+	p := b.p
+	info := &WritersInfo{Queues: p.WritersQueues, Workers: p.WritersWorkers, Dur: p.WritersDur.String(), Rounds: p.WritersRounds,
+		Throttle: p.WritersThrottle.String(), LoadStart: loadavg()}
+	b.res.WritersInfo = info
+	defer func() { info.LoadEnd = loadavg() }()
+	hubSys := b.sys("hub")
+	if hubSys == nil {
+		hubSys = b.sys("hublib")
+	}
+	if hubSys == nil {
+		return errors.New("writers: needs the hub among --systems")
+	}
+	e := &writersEnv{b: b, queues: p.WritersQueues, nworkers: p.WritersWorkers}
+	defer e.close()
+
+	binDir, err := pgcluster.BinDir()
+	if err != nil {
+		return err
+	}
+	fsyncDir := os.TempDir()
+	if b.external {
+		e.url = b.dbURL
+		info.Notes = append(info.Notes, "an external server (--database-url): its settings, and pg_test_fsync run in "+fsyncDir)
+	} else {
+		b.logf("writers: starting a cluster with fsync on and wal_level=logical")
+		if e.cluster, err = pgcluster.Start(b.ctx, pgcluster.Options{MaxConnections: 200, Durable: true, Logical: true, Logf: b.logf}); err != nil {
+			return err
+		}
+		e.url, e.pgPID, fsyncDir = e.cluster.URL(), e.cluster.PID(), e.cluster.Dir()
+	}
+	if p.WritersFsyncSecs == 0 {
+		// not asked for (the smoke test)
+	} else if us, line, err := pgTestFsync(b.ctx, binDir, fsyncDir, p.WritersFsyncSecs); err != nil {
+		info.Notes = append(info.Notes, "pg_test_fsync: "+err.Error())
+	} else {
+		info.FsyncUS, info.FsyncLine = us, line
+		b.logf("writers: pg_test_fsync: %s", line)
+	}
+	if e.db, err = connectApp(b.ctx, e.url, "lhbench-harness"); err != nil {
+		return err
+	}
+	for _, name := range []string{"fsync", "synchronous_commit", "full_page_writes", "wal_level", "wal_sync_method", "shared_buffers", "max_wal_size"} {
+		var v string
+		if err := e.db.QueryRow(b.ctx, "select current_setting($1)", name).Scan(&v); err == nil {
+			info.Settings = append(info.Settings, name+"="+v)
+		}
+		if name == "wal_level" {
+			e.logical = v == "logical"
+		}
+	}
+	if err := e.setup(); err != nil {
+		return fmt.Errorf("writers: set-up: %w", err)
+	}
+	if slices.Contains(p.WritersSources, "relay") {
+		e.relayBin = b.relayBin
+		if e.relayBin == "" {
+			e.relayBin = hubSys.argv[0]
+		}
+		if err := exec.Command(e.relayBin, "relay", "--help").Run(); err != nil {
+			info.Notes = append(info.Notes, fmt.Sprintf("relay not measured: %s relay --help: %v", e.relayBin, err))
+			e.relayBin = ""
+		} else {
+			info.RelayArgv = e.relayArgv()
+		}
+	}
+
+	hub := *hubSys
+	hub.name, hub.dbURL, hub.cpus = "hub-writers", e.url, 0
+	e.hub = &hub
+	if err := e.hub.start(b.dir); err != nil {
+		return err
+	}
+	for i := range e.nworkers {
+		w, err := startProc(nil, "wakeworker", "--socket", e.hub.socket, "--database-url", e.url,
+			"--queues", strconv.Itoa(e.queues), "--index", strconv.Itoa(i), "--workers", strconv.Itoa(e.nworkers))
+		if err != nil {
+			return err
+		}
+		e.workers = append(e.workers, w)
+		if line, err := w.recv(60 * time.Second); err != nil {
+			return err
+		} else if !strings.Contains(string(line), `"ready"`) {
+			return fmt.Errorf("wakeworker %d: %s", i, line)
+		}
+	}
+	for range slices.Max(p.WritersW) {
+		c, err := connectApp(b.ctx, e.url, "lhbench-writer")
+		if err != nil {
+			return err
+		}
+		e.writers = append(e.writers, c)
+	}
+
+	rows := map[string]*WritersRow{}
+	hs := map[string]*[2]hist.H{}
+	for _, w := range p.WritersW {
+		for _, src := range p.WritersSources {
+			k := src + "/" + strconv.Itoa(w)
+			rows[k] = &WritersRow{Source: src, W: w}
+			hs[k] = &[2]hist.H{}
+			if src == "relay" && e.relayBin == "" {
+				rows[k].Err = "relay not available (see notes)"
+			}
+			if src == "relay" && e.relayBin != "" && !e.logical {
+				rows[k].Err = "wal_level is not logical"
+			}
+		}
+		for round := range p.WritersRounds {
+			// Interleaved, and the order turns each round, so that a
+			// drift in the machine's load lands on every source.
+			srcs := slices.Clone(p.WritersSources)
+			k := (round + slices.Index(p.WritersW, w)) % len(srcs)
+			srcs = append(srcs[k:], srcs[:k]...)
+			for _, src := range srcs {
+				key := src + "/" + strconv.Itoa(w)
+				row := rows[key]
+				if row.Err != "" {
+					continue
+				}
+				rr, err := e.round(src, w, round)
+				if err != nil {
+					row.Err = err.Error()
+					b.logf("writers %s W=%d round %d: %v", src, w, round+1, err)
+					if b.ctx.Err() != nil {
+						return b.ctx.Err()
+					}
+					continue
+				}
+				row.Rounds++
+				row.Commits += rr.commits
+				row.Seconds += rr.seconds
+				row.RoundRates = append(row.RoundRates, float64(rr.commits)/rr.seconds)
+				row.Wakes += rr.wakes
+				row.Misses += rr.misses
+				row.Reads += rr.reads
+				row.PGCPU += rr.pgCPU
+				row.RelayCPU += rr.relayCPU
+				row.HubCPU += rr.hubCPU
+				hs[key][0].Merge(&rr.commit)
+				hs[key][1].Merge(&rr.wake)
+				b.logf("writers %-9s W=%-2d round %d: %6.0f commits/s, commit p99 %s, wake p50 %s p99 %s, %.3f wakes/insert, %d misses, PG CPU %.1f µs/commit; load %s",
+					src, w, round+1, float64(rr.commits)/rr.seconds, us(float64(rr.commit.Summarize().P99)), us(rr.wake.Summarize().P50), us(rr.wake.Summarize().P99),
+					float64(rr.wakes)/float64(e.nworkers)/float64(max(rr.commits, 1)), rr.misses, rr.pgCPU*1e6/float64(max(rr.commits, 1)), loadavg())
+			}
+		}
+		for _, src := range p.WritersSources {
+			key := src + "/" + strconv.Itoa(w)
+			row := rows[key]
+			if row.Rounds > 0 {
+				row.CommitsPerS = float64(row.Commits) / row.Seconds
+				row.Commit, row.Wake = hs[key][0].Summarize(), hs[key][1].Summarize()
+				row.WakesPerInsert = float64(row.Wakes) / float64(e.nworkers) / float64(max(row.Commits, 1))
+			}
+			b.res.Writers = append(b.res.Writers, *row)
+		}
+	}
+	return nil
+}
+
+// roundResult is one round of one source.
+type roundResult struct {
+	commits                 int
+	seconds                 float64
+	commit, wake            hist.H
+	wakes                   uint64
+	misses, reads           int
+	pgCPU, relayCPU, hubCPU float64
+}
+
+func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
+	b := e.b
+	ctx := b.ctx
+	// The source's trigger, empty tables, a checkpoint: every round starts
+	// from the same state.
+	if err := e.setSource(src); err != nil {
+		return nil, err
+	}
+	var relay *exec.Cmd
+	var relayDone chan struct{}
+	var relayLog string
+	if src == "relay" {
+		var err error
+		relay, relayDone, relayLog, err = e.startRelay(round)
+		if err != nil {
+			return nil, err
+		}
+		defer e.stopRelay(relay, relayDone)
+	}
+	id := b.nextRun()
+	for _, p := range e.workers {
+		if err := p.send("run " + strconv.FormatInt(id, 10)); err != nil {
+			return nil, err
+		}
+		if _, err := p.recv(10 * time.Second); err != nil {
+			return nil, err
+		}
+	}
+	pg0, relay0, hub0 := e.pgCPU(), procCPU(pidOf(relay)), procCPU(e.hub.serverPID())
+
+	// The writers.
+	sqls := make([]string, e.queues)
+	for q := range sqls {
+		sqls[q] = "INSERT INTO pgmq.q_" + queueName(q) + ` (vt, message) VALUES (clock_timestamp(), '{"hello":"world"}') RETURNING msg_id`
+	}
+	type insert struct {
+		q    int32
+		id   int64
+		s, e int64
+	}
+	recs := make([][]insert, w)
+	hists := make([]hist.H, w)
+	errs := make([]error, w)
+	start := time.Now()
+	deadline := start.Add(b.p.WritersDur)
+	var wg sync.WaitGroup
+	for i := range w {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(id), uint64(i)))
+			conn := e.writers[i]
+			for time.Now().Before(deadline) {
+				q := rng.IntN(e.queues)
+				s := time.Now().UnixNano()
+				var msgID int64
+				if err := conn.QueryRow(ctx, sqls[q]).Scan(&msgID); err != nil {
+					errs[i] = err
+					return
+				}
+				t := time.Now().UnixNano()
+				recs[i] = append(recs[i], insert{int32(q), msgID, s, t})
+				hists[i].Record(t - s)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	rr := &roundResult{seconds: elapsed.Seconds()}
+	rr.pgCPU = (e.pgCPU() - pg0).Seconds()
+	rr.relayCPU = (procCPU(pidOf(relay)) - relay0).Seconds()
+	rr.hubCPU = (procCPU(e.hub.serverPID()) - hub0).Seconds()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("writer: %w", err)
+	}
+	if relay != nil {
+		select {
+		case <-relayDone:
+			return nil, fmt.Errorf("relay exited during the round: %s", tailFile(relayLog, 3))
+		default:
+		}
+	}
+
+	// The last wakes: the writers have stopped, what is coming comes
+	// within the drain.
+	time.Sleep(b.p.WritersDrain)
+	reps := make([]wakeReport, len(e.workers))
+	for i, p := range e.workers {
+		if err := p.send("report"); err != nil {
+			return nil, err
+		}
+		line, err := p.recv(30 * time.Second)
+		if err != nil {
+			return nil, err
+		}
+		var m map[string]wakeReport
+		if err := jsonUnmarshal(line, &m); err != nil {
+			return nil, err
+		}
+		reps[i] = m["wakes"]
+		if reps[i].Error != "" {
+			return nil, fmt.Errorf("wakeworker %d: %s", i, reps[i].Error)
+		}
+	}
+
+	// Each insert against its owner's wakes and re-reads.
+	type queueView struct {
+		wakes []int64         // absolute, sorted
+		seen  map[int64]int64 // msg_id → absolute time its re-read returned
+	}
+	views := make([]queueView, e.queues)
+	for i, rep := range reps {
+		rr.wakes += rep.Total
+		rr.reads += rep.Reads
+		for _, qw := range rep.Queue {
+			if qw.Q%e.nworkers != i {
+				continue
+			}
+			v := queueView{seen: make(map[int64]int64, len(qw.Seen))}
+			for _, t := range qw.Wakes {
+				v.wakes = append(v.wakes, rep.Base+t)
+			}
+			slices.Sort(v.wakes)
+			for _, s := range qw.Seen {
+				v.seen[s[0]] = rep.Base + s[1]
+			}
+			views[qw.Q] = v
+		}
+	}
+	for i := range recs {
+		rr.commits += len(recs[i])
+		rr.commit.Merge(&hists[i])
+		for _, in := range recs[i] {
+			v := &views[in.q]
+			known := int64(-1)
+			if k := sort.Search(len(v.wakes), func(j int) bool { return v.wakes[j] >= in.e }); k < len(v.wakes) {
+				known = v.wakes[k]
+			}
+			if t, ok := v.seen[in.id]; ok && (known < 0 || t < known) {
+				known = t
+			}
+			if known < 0 {
+				rr.misses++
+				continue
+			}
+			rr.wake.Record(max(known-in.e, 0))
+		}
+	}
+	if src == "none" {
+		rr.misses = 0 // nothing wakes anyone: not a miss of a wake source
+	}
+	return rr, nil
+}
+
+// setup creates the queue tables (pgmq's columns), pgmq's two trigger
+// functions, the throttle table and the publication.
+func (e *writersEnv) setup() error {
+	var sb strings.Builder
+	sb.WriteString(`CREATE SCHEMA IF NOT EXISTS pgmq;
+-- pgmq's per-row trigger function (pgmq 1.7).
+CREATE OR REPLACE FUNCTION pgmq.lhbench_notify_queue_listeners() RETURNS trigger AS $$
+BEGIN
+  PERFORM PG_NOTIFY('pgmq.' || TG_TABLE_NAME || '.' || TG_OP, NULL);
+  RETURN NEW;
+END;
+$$ LANGUAGE plpgsql;
+-- pgmq 1.8's throttle: an unlogged table of the last NOTIFY per queue, and
+-- a trigger that NOTIFYs only when its UPDATE of that row matched.
+CREATE UNLOGGED TABLE IF NOT EXISTS pgmq.lhbench_notify_insert_throttle (
+  queue_name VARCHAR UNIQUE NOT NULL,
+  throttle_interval_ms INTEGER NOT NULL DEFAULT 0,
+  last_notified_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT to_timestamp(0)
+);
+CREATE OR REPLACE FUNCTION pgmq.lhbench_notify_queue_listeners_throttled() RETURNS trigger AS $$
+DECLARE
+  updated_count INTEGER;
+BEGIN
+  UPDATE pgmq.lhbench_notify_insert_throttle
+     SET last_notified_at = clock_timestamp()
+   WHERE queue_name = substring(TG_TABLE_NAME from 3)
+     AND clock_timestamp() - last_notified_at >= throttle_interval_ms * INTERVAL '1 millisecond';
+  GET DIAGNOSTICS updated_count = ROW_COUNT;
+  IF updated_count > 0 THEN
+    PERFORM PG_NOTIFY('pgmq.' || TG_TABLE_NAME || '.' || TG_OP, NULL);
+  END IF;
+  RETURN NEW;
+END;
+$$ LANGUAGE plpgsql;
+`)
+	for q := range e.queues {
+		n := queueName(q)
+		fmt.Fprintf(&sb, `CREATE TABLE IF NOT EXISTS pgmq.q_%[1]s (
+  msg_id BIGINT PRIMARY KEY GENERATED ALWAYS AS IDENTITY,
+  read_ct INT DEFAULT 0 NOT NULL,
+  enqueued_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
+  vt TIMESTAMP WITH TIME ZONE NOT NULL,
+  message JSONB
+);
+CREATE INDEX IF NOT EXISTS q_%[1]s_vt_idx ON pgmq.q_%[1]s (vt ASC);
+INSERT INTO pgmq.lhbench_notify_insert_throttle (queue_name, throttle_interval_ms) VALUES ('%[1]s', %[2]d)
+  ON CONFLICT (queue_name) DO UPDATE SET throttle_interval_ms = EXCLUDED.throttle_interval_ms;
+`, n, e.b.p.WritersThrottle.Milliseconds())
+	}
+	if _, err := e.db.Exec(e.b.ctx, sb.String()); err != nil {
+		return err
+	}
+	if !e.logical {
+		return nil
+	}
+	var n int
+	if err := e.db.QueryRow(e.b.ctx, "SELECT count(*)::int FROM pg_publication WHERE pubname = $1", writersPublication).Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		_, err := e.db.Exec(e.b.ctx, "CREATE PUBLICATION "+writersPublication+" FOR TABLES IN SCHEMA pgmq")
+		return err
+	}
+	return nil
+}
+
+// setSource puts src's trigger (or none) on every queue table, empties the
+// tables and checkpoints.
+func (e *writersEnv) setSource(src string) error {
+	var sb strings.Builder
+	for q := range e.queues {
+		t := "pgmq.q_" + queueName(q)
+		fmt.Fprintf(&sb, "DROP TRIGGER IF EXISTS %s ON %s;\n", writersTrigger, t)
+		fn := map[string]string{"trigger": "lhbench_notify_queue_listeners", "throttled": "lhbench_notify_queue_listeners_throttled"}[src]
+		if fn != "" {
+			// pgmq's own form: a deferrable constraint trigger, fired per row.
+			fmt.Fprintf(&sb, "CREATE CONSTRAINT TRIGGER %s AFTER INSERT ON %s DEFERRABLE FOR EACH ROW EXECUTE PROCEDURE pgmq.%s();\n", writersTrigger, t, fn)
+		}
+	}
+	sb.WriteString("UPDATE pgmq.lhbench_notify_insert_throttle SET last_notified_at = to_timestamp(0);\nTRUNCATE ")
+	for q := range e.queues {
+		if q > 0 {
+			sb.WriteString(", ")
+		}
+		sb.WriteString("pgmq.q_" + queueName(q))
+	}
+	sb.WriteString(" RESTART IDENTITY;\n")
+	if _, err := e.db.Exec(e.b.ctx, sb.String()); err != nil {
+		return err
+	}
+	_, err := e.db.Exec(e.b.ctx, "CHECKPOINT")
+	return err
+}
+
+func (e *writersEnv) relayArgv() []string {
+	argv := []string{e.relayBin, "relay", "--database-url", e.url, "--publication", writersPublication, "--slot", writersSlot}
+	return append(argv, strings.Fields(e.b.p.WritersRelayArgs)...)
+}
+
+// startRelay starts `listenhub relay` on a new slot and waits until its
+// walsender streams.
+func (e *writersEnv) startRelay(round int) (*exec.Cmd, chan struct{}, string, error) {
+	if err := e.dropSlot(); err != nil {
+		return nil, nil, "", err
+	}
+	argv := e.relayArgv()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	logPath := filepath.Join(e.b.dir, fmt.Sprintf("relay-%d.log", round))
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, nil, "", err
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); log.Close(); close(done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var active bool
+		err := e.db.QueryRow(e.b.ctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", writersSlot).Scan(&active)
+		if err == nil && active {
+			break
+		}
+		select {
+		case <-done:
+			return nil, nil, "", fmt.Errorf("relay exited at start: %s", tailFile(logPath, 3))
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.stopRelay(cmd, done)
+			return nil, nil, "", fmt.Errorf("relay's slot not active in 30 s: %s", tailFile(logPath, 3))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Its NOTIFY connection may open after the walsender's: a moment.
+	time.Sleep(200 * time.Millisecond)
+	return cmd, done, logPath, nil
+}
+
+func (e *writersEnv) stopRelay(cmd *exec.Cmd, done chan struct{}) {
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		<-done
+	}
+	e.dropSlot()
+}
+
+// dropSlot drops the relay's slot once no walsender holds it, so that the
+// next relay round starts from the present, not from the WAL of the rounds
+// in between.
+func (e *writersEnv) dropSlot() error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n, active int
+		err := e.db.QueryRow(e.b.ctx, "SELECT count(*)::int, count(*) FILTER (WHERE active)::int FROM pg_replication_slots WHERE slot_name = $1", writersSlot).Scan(&n, &active)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if active == 0 {
+			_, err := e.db.Exec(e.b.ctx, "SELECT pg_drop_replication_slot($1)", writersSlot)
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("slot %s still active after 10 s", writersSlot)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// pgCPU is the CPU time of the postmaster and all its children.
+func (e *writersEnv) pgCPU() time.Duration {
+	if e.pgPID == 0 {
+		return 0
+	}
+	t := procCPU(e.pgPID)
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if ppidOf(pid) == e.pgPID {
+			t += procCPU(pid)
+		}
+	}
+	return t
+}
+
+func ppidOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+func pidOf(cmd *exec.Cmd) int {
+	if cmd == nil || cmd.Process == nil {
+		return 0
+	}
+	return cmd.Process.Pid
+}
+
+func (e *writersEnv) close() {
+	for _, c := range e.writers {
+		c.Close(context.Background())
+	}
+	for _, p := range e.workers {
+		p.stop()
+	}
+	if e.hub != nil {
+		e.hub.stop()
+	}
+	if e.db != nil {
+		if e.cluster == nil {
+			// An external server: leave it as it was.
+			e.dropSlot()
+			var sb strings.Builder
+			for q := range e.queues {
+				fmt.Fprintf(&sb, "DROP TABLE IF EXISTS pgmq.q_%s;\n", queueName(q))
+			}
+			sb.WriteString(`DROP PUBLICATION IF EXISTS ` + writersPublication + `;
+DROP TABLE IF EXISTS pgmq.lhbench_notify_insert_throttle;
+DROP FUNCTION IF EXISTS pgmq.lhbench_notify_queue_listeners();
+DROP FUNCTION IF EXISTS pgmq.lhbench_notify_queue_listeners_throttled();`)
+			e.db.Exec(context.Background(), sb.String())
+		}
+		e.db.Close(context.Background())
+	}
+	if e.cluster != nil {
+		e.cluster.Close()
+	}
+}
+
+func connectApp(ctx context.Context, url, app string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = app
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+// pgTestFsync runs pg_test_fsync in dir and returns its first fdatasync
+// figure (one 8 kB write; Linux's default wal_sync_method), in µs per
+// operation, with its line. It stops the tool after that line.
+func pgTestFsync(ctx context.Context, binDir, dir string, secs int) (float64, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "pg_test_fsync"), "-s", strconv.Itoa(secs), "-f", filepath.Join(dir, "lhbench_fsync_test"))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, "", err
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGINT) // it removes its file on SIGINT
+		cmd.Wait()
+		os.Remove(filepath.Join(dir, "lhbench_fsync_test"))
+	}()
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 5 && f[0] == "fdatasync" && f[len(f)-1] == "usecs/op" {
+			v, err := strconv.ParseFloat(f[len(f)-2], 64)
+			return v, strings.Join(f, " "), err
+		}
+	}
+	return 0, "", fmt.Errorf("no fdatasync line in pg_test_fsync's output")
+}

@@ -1,0 +1,127 @@
+package main
+
+// The writers scenario's table and the issue-17 verdicts.
+
+import (
+	"fmt"
+	"strings"
+)
+
+func writersTable(r *Results) *table {
+	title := "Writers: W writers insert into pgmq queue tables, one row per transaction"
+	if i := r.WritersInfo; i != nil {
+		fsync := "pg_test_fsync: not run"
+		if i.FsyncUS > 0 {
+			fsync = fmt.Sprintf("pg_test_fsync fdatasync %.0f µs/op", i.FsyncUS)
+		}
+		title = fmt.Sprintf("Writers: W writers insert into %d pgmq queue tables for %s × %d rounds, one row per transaction (%s; %s); a hub with %d workers subscribed to every queue",
+			i.Queues, i.Dur, i.Rounds, strings.Join(i.Settings, ", "), fsync, i.Workers)
+	}
+	t := &table{title: title,
+		header: []string{"source", "W", "commits/s", "each round", "commit p50", "commit p99", "wake p50", "wake p99", "wake max", "wakes/insert", "misses", "PG CPU/commit", "relay CPU/commit", "hub CPU/commit", ""}}
+	for _, w := range r.Writers {
+		var rounds []string
+		for _, v := range w.RoundRates {
+			rounds = append(rounds, si(v))
+		}
+		wp50, wp99, wmax, wpi, miss := "-", "-", "-", "-", "-"
+		if w.Source != "none" && w.Rounds > 0 {
+			wp50, wp99, wmax = us(w.Wake.P50), us(w.Wake.P99), us(w.Wake.Max)
+			wpi, miss = fmt.Sprintf("%.3f", w.WakesPerInsert), fmt.Sprint(w.Misses)
+			if w.Misses > 0 {
+				miss += fmt.Sprintf(" (%.1f%%)", 100*float64(w.Misses)/float64(w.Commits))
+			}
+		}
+		per := func(sec float64) string {
+			if w.Commits == 0 || sec == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f µs", sec*1e6/float64(w.Commits))
+		}
+		relay := "-"
+		if w.Source == "relay" {
+			relay = per(w.RelayCPU)
+		}
+		t.add(w.Source, w.W, si(w.CommitsPerS), strings.Join(rounds, " "), us(w.Commit.P50), us(w.Commit.P99), wp50, wp99, wmax, wpi, miss,
+			per(w.PGCPU), relay, per(w.HubCPU), errCol(w.Err))
+	}
+	return t
+}
+
+// writersRow finds the (source, W) row with figures.
+func (f finder) writers(src string, w int) *WritersRow {
+	for i := range f.r.Writers {
+		x := &f.r.Writers[i]
+		if x.Source == src && x.W == w && x.Err == "" && x.Rounds > 0 {
+			return x
+		}
+	}
+	return nil
+}
+
+// evaluate17 gives the verdicts of issue 17's relay targets. A target whose
+// rows the run lacks is "not run".
+func evaluate17(r *Results) []Target {
+	if len(r.Writers) == 0 {
+		return nil
+	}
+	f := finder{r}
+	var ts []Target
+	add := func(name string, ran, ok bool, figure string) {
+		ts = append(ts, newTarget(name, ran, ok, figure, "not run"))
+	}
+	fsync := ""
+	if i := r.WritersInfo; i != nil && i.FsyncUS > 0 {
+		fsync = fmt.Sprintf("; fdatasync %.0f µs", i.FsyncUS)
+	}
+	relay, none, trig := f.writers("relay", 64), f.writers("none", 64), f.writers("trigger", 64)
+	{
+		name := "relay: commits/s at W=64 ≥ 0.75× no wake source"
+		if relay != nil && none != nil {
+			ratio := relay.CommitsPerS / none.CommitsPerS
+			add(name, true, ratio >= 0.75, fmt.Sprintf("relay %s/s, none %s/s (%.2f×)%s", si(relay.CommitsPerS), si(none.CommitsPerS), ratio, fsync))
+		} else {
+			add(name, false, false, missing(need{relay != nil, "relay row at W=64"}, need{none != nil, "none row at W=64"}))
+		}
+	}
+	{
+		name := "relay: commits/s at W=64 ≥ 4× the per-row trigger"
+		if relay != nil && trig != nil {
+			ratio := relay.CommitsPerS / trig.CommitsPerS
+			add(name, true, ratio >= 4, fmt.Sprintf("relay %s/s, trigger %s/s (%.2f×)%s", si(relay.CommitsPerS), si(trig.CommitsPerS), ratio, fsync))
+		} else {
+			add(name, false, false, missing(need{relay != nil, "relay row at W=64"}, need{trig != nil, "trigger row at W=64"}))
+		}
+	}
+	{
+		name := "relay: wake p99 ≤ 10 ms at W=16"
+		if x := f.writers("relay", 16); x != nil {
+			add(name, true, x.Wake.P99 <= 10000, fmt.Sprintf("p99 %s (p50 %s, max %s) over %d inserts", us(x.Wake.P99), us(x.Wake.P50), us(x.Wake.Max), x.Commits))
+		} else {
+			add(name, false, false, missing(need{false, "relay row at W=16"}))
+		}
+	}
+	{
+		name := "relay: 0 misses"
+		var parts []string
+		misses, ran := 0, false
+		for _, x := range r.Writers {
+			if x.Source == "relay" && x.Err == "" && x.Rounds > 0 {
+				ran = true
+				misses += x.Misses
+				parts = append(parts, fmt.Sprintf("W=%d: %d of %d", x.W, x.Misses, x.Commits))
+			}
+		}
+		fig := strings.Join(parts, ", ")
+		if !ran {
+			fig = missing(need{false, "relay row"})
+		}
+		for _, x := range r.Writers {
+			if x.Source == "throttled" && x.Err == "" && x.Rounds > 0 {
+				fig += fmt.Sprintf("; throttled trigger W=%d: %d (%.1f%%)", x.W, x.Misses, 100*float64(x.Misses)/float64(max(x.Commits, 1)))
+			}
+		}
+		add(name, ran, misses == 0, fig)
+	}
+	return ts
+}

@@ -78,6 +78,11 @@ type Options struct {
 	// Settings are extra postgresql.conf parameters (name -> value, written
 	// as name = 'value').
 	Settings map[string]string
+	// Logical sets wal_level = logical (a restart-time setting) with room
+	// for walsenders and replication slots, and synchronous_commit = on,
+	// for the relay's tests; the other tests keep wal_level = minimal,
+	// which writes less WAL.
+	Logical bool
 	// StartTimeout bounds the wait for the server to accept connections when
 	// the context passed to Start has no earlier deadline; 0 means 60 s.
 	StartTimeout time.Duration
@@ -241,6 +246,14 @@ func (c *Cluster) create(ctx context.Context) error {
 			return err
 		}
 		conf = append(conf, "ssl = on", "ssl_cert_file = 'server.crt'", "ssl_key_file = 'server.key'")
+	}
+	if c.opts.Logical {
+		// synchronous_commit on: a walsender sends only flushed WAL, and
+		// with it off a commit waits for the WAL writer (up to
+		// wal_writer_delay, 200 ms) before it can be decoded. fsync
+		// stays off, so a flush costs little.
+		conf = append(conf, "wal_level = logical", "max_wal_senders = 20", "max_replication_slots = 20",
+			"synchronous_commit = on")
 	}
 	for k, v := range c.opts.Settings {
 		conf = append(conf, k+" = '"+strings.ReplaceAll(v, "'", "''")+"'")

@@ -1,0 +1,377 @@
+// Package relay turns committed row changes into NOTIFYs: it reads a
+// logical replication stream (pgoutput) from PostgreSQL and sends, from one
+// ordinary connection of its own, a NOTIFY with an empty payload on the
+// channel of every table and kind of change it saw, coalesced over a short
+// window. Writers then need no NOTIFY trigger, and never take PostgreSQL's
+// notify lock at commit; every LISTENer works unchanged.
+//
+// The guarantee (docs/design.md, "Relay"): every change committed to a
+// published table is followed by a NOTIFY on its channel that commits after
+// it and is sent only once the change is visible to other sessions. The
+// slot's confirmed position moves only after the NOTIFY transaction that
+// covers it has committed, so a relay killed at any point replays the rest
+// on restart: wakes arrive at least once.
+//
+// Two relays may run on one slot: PostgreSQL lets one walsender use it, the
+// other stands by and takes over when the slot is free.
+//
+//	r, err := relay.New(relay.Options{ConnConfig: cfg, Logger: log})
+//	...
+//	err = r.Run(ctx) // until ctx is done, or a *ConfigError
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Defaults of Options (and of the command's flags).
+const (
+	DefaultPublication     = "listenhub"
+	DefaultSlot            = "listenhub_relay"
+	DefaultChannelTemplate = "{schema}.{table}.{op}"
+	DefaultOps             = OpInsert
+	DefaultWindow          = time.Millisecond
+	DefaultStandbyRetry    = time.Second
+	DefaultMaxLag          = 10 * time.Second
+	DefaultMaxLagBytes     = 1 << 30
+	DefaultApplicationName = "listenhub-relay"
+	DefaultStatusInterval  = 10 * time.Second
+)
+
+// visibilityRetry is how long the relay waits before it checks again
+// whether the transactions of a batch are visible: the gap between a commit
+// record reaching the WAL and the transaction leaving the ProcArray is
+// microseconds, except when the committing backend is descheduled.
+const visibilityRetry = 100 * time.Microsecond
+
+// Options configure a Relay. ConnConfig is required; the zero value of
+// every other field is its default, except Window (0 means one NOTIFY
+// transaction per decoded transaction; DefaultWindow is what the command
+// uses).
+type Options struct {
+	// ConnConfig is the server to read and NOTIFY on: a primary, through
+	// a direct connection (a transaction pooler cannot carry replication).
+	// The relay opens two connections with it: the replication connection
+	// (replication=database) and the connection that NOTIFYs. It is not
+	// modified.
+	ConnConfig *pgconn.Config
+	// ApplicationName of both connections; DefaultApplicationName if
+	// empty, unless ConnConfig sets one.
+	ApplicationName string
+	// Publication the slot decodes; DefaultPublication if empty.
+	Publication string
+	// CreatePublication, when not empty, creates a missing publication
+	// with CREATE PUBLICATION <Publication> FOR <CreatePublication>, e.g.
+	// "TABLES IN SCHEMA pgmq" or "ALL TABLES". Empty: a missing
+	// publication is a ConfigError that names the SQL.
+	CreatePublication string
+	// Slot is the replication slot; DefaultSlot if empty. A permanent
+	// slot is created when missing and kept: it holds WAL while no relay
+	// reads it.
+	Slot string
+	// TemporarySlot makes the slot live only as long as the replication
+	// connection. Nothing holds WAL while the relay is down, and what was
+	// committed then is covered by a resync: every channel of the
+	// publication is NOTIFYed once after the slot is created.
+	TemporarySlot bool
+	// ChannelTemplate names the channel of a change; DefaultChannelTemplate
+	// if empty ({schema}, {table} and {op}, op in upper case as TG_OP).
+	ChannelTemplate string
+	// Ops are the kinds of change NOTIFYed; DefaultOps if 0.
+	Ops Ops
+	// Window is how long transactions decoded one after the other are
+	// gathered into one NOTIFY transaction. A batch goes out at once,
+	// window or not, when nothing more is waiting to be decoded: a
+	// window never costs an idle system latency. 0: one batch per
+	// transaction.
+	Window time.Duration
+	// StandbyRetry is how often a relay whose slot is in use by another
+	// tries to take it; DefaultStandbyRetry if 0.
+	StandbyRetry time.Duration
+	// MaxLag and MaxLagBytes: above either, a warning is logged (at most
+	// once a minute). Defaults DefaultMaxLag and DefaultMaxLagBytes.
+	MaxLag      time.Duration
+	MaxLagBytes int64
+	// StatusInterval is how often an idle relay reports its position to
+	// the server and asks for an answer (which also tells it the
+	// connection is alive); DefaultStatusInterval if 0.
+	StatusInterval time.Duration
+	// Logger receives the relay's log lines; slog.Default() if nil.
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.ApplicationName == "" {
+		o.ApplicationName = DefaultApplicationName
+	}
+	if o.Publication == "" {
+		o.Publication = DefaultPublication
+	}
+	if o.Slot == "" {
+		o.Slot = DefaultSlot
+	}
+	if o.ChannelTemplate == "" {
+		o.ChannelTemplate = DefaultChannelTemplate
+	}
+	if o.Ops == 0 {
+		o.Ops = DefaultOps
+	}
+	if o.StandbyRetry <= 0 {
+		o.StandbyRetry = DefaultStandbyRetry
+	}
+	if o.MaxLag <= 0 {
+		o.MaxLag = DefaultMaxLag
+	}
+	if o.MaxLagBytes <= 0 {
+		o.MaxLagBytes = DefaultMaxLagBytes
+	}
+	if o.StatusInterval <= 0 {
+		o.StatusInterval = DefaultStatusInterval
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// ConfigError is a misconfiguration that retrying cannot cure: Run returns
+// it at once. Its message is one line that names the fix.
+type ConfigError struct {
+	Msg string
+	Err error // the server's error, when there was one
+}
+
+func (e *ConfigError) Error() string { return e.Msg }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func configErrorf(err error, format string, args ...any) *ConfigError {
+	return &ConfigError{Msg: fmt.Sprintf(format, args...), Err: err}
+}
+
+// State is what a relay is doing.
+type State int32
+
+const (
+	StateStarting State = iota // connecting, checking the configuration
+	StateActive                // streaming from the slot and NOTIFYing
+	StateStandby               // the slot is in use by another relay; retrying
+	StateRetrying              // the connection was lost; reconnecting
+	StateStopped               // Run returned
+)
+
+func (s State) String() string {
+	switch s {
+	case StateStarting:
+		return "starting"
+	case StateActive:
+		return "active"
+	case StateStandby:
+		return "standby"
+	case StateRetrying:
+		return "retrying"
+	case StateStopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("State(%d)", int32(s))
+}
+
+// Stats are the relay's counters and gauges (Relay.Stats).
+type Stats struct {
+	State State
+	// Transactions decoded (committed transactions that touched a
+	// published table), and their row changes (a TRUNCATE counts one per
+	// table).
+	Transactions, Changes uint64
+	// Notifies are channels NOTIFYed, Batches the NOTIFY transactions
+	// that carried them; Coalesced counts wakes merged into another of
+	// the same batch (one per transaction and channel, less Notifies).
+	Notifies, Batches, Coalesced uint64
+	// ChannelsTooLong counts changes whose channel would exceed
+	// MaxChannelLen: logged, never sent truncated.
+	ChannelsTooLong uint64
+	// VisibilityWaits counts the times a batch was held back because a
+	// transaction it covers was not yet visible to a new snapshot.
+	VisibilityWaits uint64
+	// Reconnects counts sessions started after a lost one; Takeovers the
+	// times a standby became active.
+	Reconnects, Takeovers uint64
+	// Resyncs counts the times every channel of the publication was
+	// NOTIFYed because the slot was new.
+	Resyncs uint64
+	// LagBytes is the WAL between the server's current position and the
+	// slot's confirmed one (what the slot holds back), read every few
+	// seconds; LagSeconds is how far the last NOTIFY was behind the
+	// commit of the newest transaction it covered (0 when caught up).
+	LagBytes   int64
+	LagSeconds float64
+	// ConfirmedLSN is the position last reported to the server.
+	ConfirmedLSN uint64
+}
+
+// Relay is one relay. Its methods are safe for concurrent use; Run is
+// called once.
+type Relay struct {
+	opts  Options
+	tmpl  Template
+	log   *slog.Logger
+	hist  *histogram
+	state atomic.Int32
+	ran   atomic.Bool
+
+	transactions, changes, notifies, batches, coalesced atomic.Uint64
+	tooLong, visWaits, reconnects, takeovers, resyncs   atomic.Uint64
+	lagBytes                                             atomic.Int64
+	lagSeconds                                           atomic.Int64 // nanoseconds
+	confirmed                                            atomic.Uint64
+
+	tooLongLog rateLimit
+}
+
+// New checks opts and returns a relay; nothing is connected before Run.
+func New(opts Options) (*Relay, error) {
+	if opts.ConnConfig == nil {
+		return nil, errors.New("relay: Options.ConnConfig is nil")
+	}
+	if opts.Window < 0 {
+		return nil, fmt.Errorf("relay: negative window %v", opts.Window)
+	}
+	opts = opts.withDefaults()
+	t, err := ParseTemplate(opts.ChannelTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	if !t.has('t') {
+		return nil, fmt.Errorf("relay: channel template %q has no {table}: every table would share one channel", opts.ChannelTemplate)
+	}
+	// The template's fixed text with the shortest names: if this is over
+	// the limit, no table can ever be NOTIFYed.
+	if n := len(t.Channel("s", "t", opInsert)) - 2; n > MaxChannelLen {
+		return nil, fmt.Errorf("relay: channel template %q makes channels of %d bytes or more, over the %d PostgreSQL keeps", opts.ChannelTemplate, n, MaxChannelLen)
+	}
+	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: newHistogram(CommitToNotifyBounds)}
+	r.tooLongLog = rateLimit{every: 10 * time.Second}
+	return r, nil
+}
+
+// Options returns the options in effect, defaults filled in.
+func (r *Relay) Options() Options { return r.opts }
+
+// Stats returns a snapshot of the counters and gauges.
+func (r *Relay) Stats() Stats {
+	return Stats{
+		State:           State(r.state.Load()),
+		Transactions:    r.transactions.Load(),
+		Changes:         r.changes.Load(),
+		Notifies:        r.notifies.Load(),
+		Batches:         r.batches.Load(),
+		Coalesced:       r.coalesced.Load(),
+		ChannelsTooLong: r.tooLong.Load(),
+		VisibilityWaits: r.visWaits.Load(),
+		Reconnects:      r.reconnects.Load(),
+		Takeovers:       r.takeovers.Load(),
+		Resyncs:         r.resyncs.Load(),
+		LagBytes:        r.lagBytes.Load(),
+		LagSeconds:      time.Duration(r.lagSeconds.Load()).Seconds(),
+		ConfirmedLSN:    r.confirmed.Load(),
+	}
+}
+
+// CommitToNotify returns the histogram of the time from a transaction's
+// commit (its commit timestamp, the server's clock) to the commit of the
+// NOTIFY transaction that covered it (the relay's clock), per transaction.
+func (r *Relay) CommitToNotify() Histogram { return r.hist.snapshot() }
+
+func (r *Relay) setState(s State) { r.state.Store(int32(s)) }
+
+// Backoff of the reconnects after a lost connection.
+const (
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+// Run runs the relay until ctx is done (then it returns nil) or the
+// configuration is found wrong (a *ConfigError). A lost connection, a
+// server restart or a slot in use by another relay are retried.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.ran.CompareAndSwap(false, true) {
+		return errors.New("relay: Run called twice")
+	}
+	defer r.setState(StateStopped)
+	backoff := minBackoff
+	standby := false // logged that we stand by
+	everActive := false
+	for {
+		res := r.session(ctx, everActive)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if res.active {
+			everActive = true
+			backoff = minBackoff
+			if standby {
+				standby = false
+			}
+		}
+		err := res.err
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return err
+		}
+		var wait time.Duration
+		switch {
+		case errors.Is(err, errSlotBusy):
+			r.setState(StateStandby)
+			if !standby {
+				standby = true
+				r.log.Info("relay standing by: the slot is in use by another relay", "slot", r.opts.Slot,
+					"retry", r.opts.StandbyRetry, "reason", err)
+			}
+			wait = r.opts.StandbyRetry
+		default:
+			r.setState(StateRetrying)
+			standby = false
+			r.log.Warn("relay connection lost; reconnecting", "reason", err, "in", backoff)
+			wait = backoff
+			backoff = min(2*backoff, maxBackoff)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// errSlotBusy: the slot is in use by another walsender (another relay).
+var errSlotBusy = errors.New("replication slot in use")
+
+// rateLimit lets one log line through every `every`, counting the others.
+type rateLimit struct {
+	every      time.Duration
+	last       atomic.Int64
+	suppressed atomic.Uint64
+}
+
+// allow reports whether a line may be written now, and how many were
+// suppressed since the last one.
+func (l *rateLimit) allow(now time.Time) (bool, uint64) {
+	last := l.last.Load()
+	if last != 0 && now.UnixNano()-last < int64(l.every) {
+		l.suppressed.Add(1)
+		return false, 0
+	}
+	if !l.last.CompareAndSwap(last, now.UnixNano()) {
+		l.suppressed.Add(1)
+		return false, 0
+	}
+	return true, l.suppressed.Swap(0)
+}

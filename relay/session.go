@@ -1,0 +1,399 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// session is one connection pair: the replication stream and the
+// connection that NOTIFYs. Run starts a new one after every loss.
+type session struct {
+	r  *Relay
+	nc *pgconn.PgConn // NOTIFYs, checks, lag; batcher goroutine only
+	rc net.Conn       // the replication connection, hijacked
+	br *bufio.Reader  // over rc; reader goroutine only
+
+	tables [][2]string // schema, table of the publication at start
+	// xidRef is a recent xmax of the server as a full 64-bit xid: the
+	// 32-bit xids of pgoutput are widened against it (fullXid).
+	xidRef uint64
+}
+
+type sessionResult struct {
+	active bool // the session streamed (the slot was ours)
+	err    error
+}
+
+func (r *Relay) connConfig(replication bool) *pgconn.Config {
+	cc := r.opts.ConnConfig.Copy()
+	if _, ok := cc.RuntimeParams["application_name"]; !ok || r.opts.ApplicationName != DefaultApplicationName {
+		cc.RuntimeParams["application_name"] = r.opts.ApplicationName
+	}
+	if replication {
+		cc.RuntimeParams["replication"] = "database"
+	} else {
+		// A NOTIFY transaction need not wait for its own WAL flush: the
+		// change it announces is durable already (the writer's commit),
+		// and a NOTIFY never outlives a server crash anyway (listeners
+		// are disconnected and re-read). This keeps an fsync per batch
+		// off the relay's path.
+		cc.RuntimeParams["synchronous_commit"] = "off"
+	}
+	return cc
+}
+
+// connect opens one connection; a refusal that no retry can cure is a
+// ConfigError.
+func (r *Relay) connect(ctx context.Context, replication bool) (*pgconn.PgConn, error) {
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	c, err := pgconn.ConnectConfig(cctx, r.connConfig(replication))
+	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) {
+			switch pe.Code {
+			case "28P01", "28000", "3D000":
+				return nil, configErrorf(err, "%s", oneLine(err))
+			case "53300": // too many connections, or max_wal_senders reached
+				if replication && strings.Contains(pe.Message, "wal_sender") {
+					return nil, fmt.Errorf("replication connection: %w", err)
+				}
+			}
+		}
+		if replication {
+			return nil, fmt.Errorf("replication connection: %w", err)
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// session runs one session until it fails or ctx is done.
+func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult) {
+	nc, err := r.connect(ctx, false)
+	if err != nil {
+		return sessionResult{err: err}
+	}
+	defer nc.Close(context.Background())
+	s := &session{r: r, nc: nc}
+	if err := s.preflight(ctx, everActive); err != nil {
+		return sessionResult{err: err}
+	}
+	rconn, err := r.connect(ctx, true)
+	if err != nil {
+		return sessionResult{err: err}
+	}
+	closeR := func() { rconn.Close(context.Background()) }
+	created, err := s.ensureSlot(ctx, rconn)
+	if err != nil {
+		closeR()
+		return sessionResult{err: err}
+	}
+	hj, err := rconn.Hijack()
+	if err != nil {
+		closeR()
+		return sessionResult{err: err}
+	}
+	s.rc = hj.Conn
+	defer s.rc.Close()
+	// Closing the replication socket is what ends a read in progress.
+	stop := context.AfterFunc(ctx, func() { s.rc.Close() })
+	defer stop()
+	s.br = bufio.NewReaderSize(s.rc, 256<<10)
+	if err := s.startReplication(ctx); err != nil {
+		return sessionResult{err: err}
+	}
+	prev := State(r.state.Load())
+	r.setState(StateActive)
+	switch {
+	case prev == StateStandby:
+		r.takeovers.Add(1)
+		r.log.Info("relay took over the slot", "slot", r.opts.Slot)
+	case everActive:
+		r.reconnects.Add(1)
+		r.log.Info("relay streaming again", "slot", r.opts.Slot)
+	default:
+		r.log.Info("relay streaming", "slot", r.opts.Slot, "temporary", r.opts.TemporarySlot,
+			"publication", r.opts.Publication, "tables", len(s.tables), "channel_template", r.opts.ChannelTemplate,
+			"ops", r.opts.Ops.String(), "window", r.opts.Window)
+	}
+	if created {
+		// What was committed before the slot existed is covered by one
+		// wake per channel, sent now that every later commit is in
+		// the slot.
+		if err := s.resync(ctx); err != nil {
+			return sessionResult{active: true, err: err}
+		}
+	}
+	return sessionResult{active: true, err: s.stream(ctx)}
+}
+
+// query runs one statement with text parameters and returns its rows as
+// strings (NULL as "").
+func query(ctx context.Context, c *pgconn.PgConn, sql string, args ...string) ([][]string, error) {
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		params[i] = []byte(a)
+	}
+	res := c.ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	rows := make([][]string, len(res.Rows))
+	for i, row := range res.Rows {
+		rows[i] = make([]string, len(row))
+		for j, v := range row {
+			rows[i][j] = string(v)
+		}
+	}
+	return rows, nil
+}
+
+// preflight checks what no retry can fix and reads the publication's
+// tables: each misconfiguration is a ConfigError naming the fix.
+func (s *session) preflight(ctx context.Context, everActive bool) error {
+	r := s.r
+	rows, err := query(ctx, s.nc, `SELECT current_setting('server_version_num'), current_setting('wal_level'),
+	current_setting('max_wal_senders'), current_setting('max_replication_slots'), pg_is_in_recovery()::text,
+	(r.rolreplication OR r.rolsuper)::text, current_user
+	FROM pg_roles r WHERE r.rolname = current_user`)
+	if err != nil {
+		return err
+	}
+	if len(rows) != 1 {
+		return errors.New("relay: cannot read the server's settings")
+	}
+	v := rows[0]
+	ver, _ := strconv.Atoi(v[0])
+	user := v[6]
+	switch {
+	case ver < 130000:
+		return configErrorf(nil, "PostgreSQL %d.%d is too old for the relay: it needs 13 or later (pg_visible_in_snapshot)", ver/10000, ver%10000/100)
+	case v[1] != "logical":
+		return configErrorf(nil, "wal_level is %s, the relay needs logical: run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL", v[1])
+	case v[2] == "0":
+		return configErrorf(nil, "max_wal_senders is 0, the relay needs one: run ALTER SYSTEM SET max_wal_senders = 10; then restart PostgreSQL")
+	case v[3] == "0" && !r.opts.TemporarySlot:
+		return configErrorf(nil, "max_replication_slots is 0, the relay needs one: run ALTER SYSTEM SET max_replication_slots = 10; then restart PostgreSQL")
+	case v[4] == "true":
+		if everActive {
+			return errors.New("the server is in recovery (a standby, or a failover in progress)")
+		}
+		return configErrorf(nil, "the server is a standby (in recovery): point the relay at the primary, where NOTIFY can run")
+	case v[5] != "true":
+		return configErrorf(nil, "role %s may not open a replication connection: run ALTER ROLE %s REPLICATION; as a superuser (on a managed service, its replication grant, e.g. GRANT rds_replication TO %s)",
+			quoteIdent(user), quoteIdent(user), quoteIdent(user))
+	}
+	pub := r.opts.Publication
+	rows, err = query(ctx, s.nc, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, pub)
+	if err != nil {
+		return err
+	}
+	if rows[0][0] == "0" {
+		if r.opts.CreatePublication == "" {
+			return configErrorf(nil, "publication %s does not exist: run CREATE PUBLICATION %s FOR TABLES IN SCHEMA pgmq; (or FOR TABLE ..., FOR ALL TABLES), or start the relay with --create-publication 'TABLES IN SCHEMA pgmq'",
+				quoteLiteral(pub), quoteIdent(pub))
+		}
+		sql := "CREATE PUBLICATION " + quoteIdent(pub) + " FOR " + r.opts.CreatePublication
+		if _, err := s.nc.Exec(ctx, sql).ReadAll(); err != nil {
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "42710" { // not a concurrent creation
+				return configErrorf(err, "cannot create the publication (%s): %s", sql, oneLine(err))
+			}
+		} else {
+			r.log.Info("relay created the publication", "sql", sql)
+		}
+	}
+	rows, err = query(ctx, s.nc, `SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2`, pub)
+	if err != nil {
+		return err
+	}
+	s.tables = s.tables[:0]
+	for _, row := range rows {
+		for o := op(0); o < numOps; o++ {
+			if !r.opts.Ops.has(o) {
+				continue
+			}
+			if ch := r.tmpl.Channel(row[0], row[1], o); len(ch) > MaxChannelLen {
+				return configErrorf(nil, "channel %q of table %s.%s is %d bytes, over the %d PostgreSQL keeps: shorten the channel template (%q) or rename the table",
+					ch, row[0], row[1], len(ch), MaxChannelLen, r.tmpl.String())
+			}
+		}
+		s.tables = append(s.tables, [2]string{row[0], row[1]})
+	}
+	return s.refreshXidRef(ctx)
+}
+
+// refreshXidRef reads the server's xmax (and the slot's lag while at it).
+func (s *session) refreshXidRef(ctx context.Context) error {
+	rows, err := query(ctx, s.nc, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text,
+	(SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint::text FROM pg_replication_slots WHERE slot_name = $1)`, s.r.opts.Slot)
+	if err != nil {
+		return err
+	}
+	x, err := strconv.ParseUint(rows[0][0], 10, 64)
+	if err != nil {
+		return fmt.Errorf("relay: xmax %q: %w", rows[0][0], err)
+	}
+	s.xidRef = x
+	if rows[0][1] != "" {
+		if lag, err := strconv.ParseInt(rows[0][1], 10, 64); err == nil {
+			s.r.lagBytes.Store(lag)
+		}
+	}
+	return nil
+}
+
+// fullXid widens a 32-bit xid of a recent transaction to the 64-bit xid8
+// pg_visible_in_snapshot takes, against a recent xmax (ref): the
+// transaction is within 2^31 of it.
+func fullXid(ref uint64, x uint32) uint64 {
+	f := ref&^0xffffffff | uint64(x)
+	switch {
+	case f > ref+1<<31 && f >= 1<<32:
+		f -= 1 << 32
+	case f+1<<31 < ref:
+		f += 1 << 32
+	}
+	return f
+}
+
+// ensureSlot creates the slot when it is missing (or always, when
+// temporary), on the replication connection. created says the slot is new
+// (a resync is due). A slot name taken by another relay's temporary slot is
+// errSlotBusy.
+func (s *session) ensureSlot(ctx context.Context, rc *pgconn.PgConn) (created bool, err error) {
+	r := s.r
+	if !r.opts.TemporarySlot {
+		rows, err := query(ctx, s.nc, `SELECT plugin, slot_type, database = current_database() FROM pg_replication_slots WHERE slot_name = $1`, r.opts.Slot)
+		if err != nil {
+			return false, err
+		}
+		if len(rows) == 1 {
+			if rows[0][1] != "logical" || rows[0][0] != "pgoutput" || rows[0][2] != "true" {
+				return false, configErrorf(nil, "replication slot %s exists but is not a pgoutput slot of this database (type %s, plugin %s): drop it (SELECT pg_drop_replication_slot(%s)) or choose another --slot",
+					quoteLiteral(r.opts.Slot), rows[0][1], rows[0][0], quoteLiteral(r.opts.Slot))
+			}
+			return false, nil
+		}
+	}
+	sql := "CREATE_REPLICATION_SLOT " + quoteIdent(r.opts.Slot)
+	if r.opts.TemporarySlot {
+		sql += " TEMPORARY"
+	}
+	sql += " LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+	if _, err := rc.Exec(ctx, sql).ReadAll(); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42710" { // duplicate_object: another relay made it
+			if r.opts.TemporarySlot {
+				return false, fmt.Errorf("%w: %s", errSlotBusy, pe.Message)
+			}
+			return false, nil
+		}
+		return false, fmt.Errorf("create the replication slot: %w", err)
+	}
+	r.log.Info("relay created the replication slot", "slot", r.opts.Slot, "temporary", r.opts.TemporarySlot)
+	return true, nil
+}
+
+// startReplication sends START_REPLICATION on the hijacked connection and
+// waits for the CopyBothResponse. A slot active for another process is
+// errSlotBusy.
+func (s *session) startReplication(ctx context.Context) error {
+	r := s.r
+	sql := fmt.Sprintf("START_REPLICATION SLOT %s LOGICAL 0/0 (proto_version '1', publication_names %s)",
+		quoteIdent(r.opts.Slot), quoteLiteral(quoteIdent(r.opts.Publication)))
+	q, err := (&pgproto3.Query{String: sql}).Encode(nil)
+	if err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		s.rc.SetDeadline(dl)
+	} else {
+		s.rc.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	defer s.rc.SetDeadline(time.Time{})
+	if _, err := s.rc.Write(q); err != nil {
+		return fmt.Errorf("START_REPLICATION: %w", err)
+	}
+	for {
+		typ, body, err := s.readMsg()
+		if err != nil {
+			return fmt.Errorf("START_REPLICATION: %w", err)
+		}
+		switch typ {
+		case 'W': // CopyBothResponse
+			return nil
+		case 'E':
+			pe := pgError(body)
+			if pe.Code == "55006" { // object_in_use: another walsender has the slot
+				return fmt.Errorf("%w: %s", errSlotBusy, pe.Message)
+			}
+			if pe.Code == "42704" { // undefined_object: slot dropped in between
+				return fmt.Errorf("START_REPLICATION: %w", pe)
+			}
+			return fmt.Errorf("START_REPLICATION: %w", pe)
+		}
+	}
+}
+
+// maxMessage bounds one message from the server: a walsender message
+// carries one row, and a row is at most 1 GB.
+const maxMessage = 1<<30 + 1<<20
+
+// readMsg reads one backend message. body is valid until the next call.
+func (s *session) readMsg() (byte, []byte, error) {
+	hdr, err := s.br.Peek(5)
+	if err != nil {
+		return 0, nil, err
+	}
+	typ := hdr[0]
+	n := int(binary.BigEndian.Uint32(hdr[1:])) - 4
+	if n < 0 || n > maxMessage {
+		return 0, nil, fmt.Errorf("relay: bad message length %d", n)
+	}
+	s.br.Discard(5)
+	if n <= s.br.Size() {
+		body, err := s.br.Peek(n)
+		if err != nil {
+			return 0, nil, err
+		}
+		s.br.Discard(n)
+		return typ, body, nil
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(s.br, body); err != nil {
+		return 0, nil, err
+	}
+	return typ, body, nil
+}
+
+func pgError(body []byte) *pgconn.PgError {
+	var m pgproto3.ErrorResponse
+	if err := m.Decode(body); err != nil {
+		return &pgconn.PgError{Severity: "ERROR", Message: "undecodable ErrorResponse"}
+	}
+	return pgconn.ErrorResponseToPgError(&m)
+}
+
+// quoteIdent quotes an SQL identifier.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// quoteLiteral quotes an SQL string literal (standard_conforming_strings).
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+
+// oneLine flattens a multi-line error into one line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}

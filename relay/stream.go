@@ -1,0 +1,520 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The stream runs on two goroutines. The reader decodes the replication
+// connection and turns each committed transaction into an event: its xid,
+// end position, commit time and the channels it touched. The batcher (the
+// session's goroutine) gathers events into a batch, waits until every
+// transaction of it is visible, NOTIFYs the batch's channels in one
+// transaction, and only then reports the batch's end as confirmed. While a
+// batch is being NOTIFYed, the reader goes on decoding: the next batch
+// forms behind it, so a busy stream coalesces without any timer.
+
+type evKind uint8
+
+const (
+	evCommit    evKind = iota
+	evKeepalive        // the walsender's position while no transaction was open
+)
+
+type event struct {
+	kind    evKind
+	xid     uint32
+	end     uint64    // commit: end of the commit record; keepalive: walEnd
+	commit  time.Time // commit timestamp
+	chans   []string  // distinct channels the transaction touched
+	changes int       // row changes (and truncated tables) decoded
+	// more: the reader had further bytes at hand when it finished this
+	// transaction, so another is already on its way.
+	more  bool
+	reply bool // keepalive: the server asks for a status update now
+}
+
+// eventQueue bounds the decoded transactions waiting for the batcher;
+// past it the reader waits, and the walsender with it.
+const eventQueue = 4096
+
+// relation is what the reader knows of a relation from its last Relation
+// message: its channel per op ("" when the op is not NOTIFYed or the name
+// is too long).
+type relation struct {
+	schema, name string
+	chans        [numOps]string
+	tooLong      [numOps]bool
+}
+
+// read is the reader goroutine: it decodes until the connection fails.
+func (s *session) read(ctx context.Context, events chan<- event) error {
+	r := s.r
+	rels := map[uint32]*relation{}
+	var cur event
+	var seen map[string]struct{} // cur's channels, once there are many
+	inTx := false
+	idle := 3 * r.opts.StatusInterval // the server answers our status within this
+	send := func(ev event) error {
+		select {
+		case events <- ev:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	add := func(rel *relation, o op) {
+		cur.changes++
+		if !r.opts.Ops.has(o) {
+			return
+		}
+		if rel.tooLong[o] {
+			r.tooLong.Add(1)
+			if ok, n := r.tooLongLog.allow(time.Now()); ok {
+				r.log.Warn("relay: channel name too long, not NOTIFYed", "table", rel.schema+"."+rel.name,
+					"op", opNames[o], "channel", r.tmpl.Channel(rel.schema, rel.name, o), "max", MaxChannelLen, "suppressed", n)
+			}
+			return
+		}
+		ch := rel.chans[o]
+		if seen != nil {
+			if _, ok := seen[ch]; ok {
+				return
+			}
+			seen[ch] = struct{}{}
+		} else {
+			for _, c := range cur.chans {
+				if c == ch {
+					return
+				}
+			}
+			if len(cur.chans) == 8 {
+				seen = make(map[string]struct{}, 16)
+				for _, c := range cur.chans {
+					seen[c] = struct{}{}
+				}
+				seen[ch] = struct{}{}
+			}
+		}
+		cur.chans = append(cur.chans, ch)
+	}
+	lookup := func(id uint32) (*relation, error) {
+		rel := rels[id]
+		if rel == nil {
+			return nil, fmt.Errorf("relay: change of relation %d before its Relation message", id)
+		}
+		return rel, nil
+	}
+	for {
+		if s.br.Buffered() == 0 {
+			s.rc.SetReadDeadline(time.Now().Add(idle))
+		}
+		typ, body, err := s.readMsg()
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case 'd':
+		case 'E':
+			return pgError(body)
+		case 'c':
+			return errors.New("the server ended the replication stream")
+		default:
+			continue // NoticeResponse, ParameterStatus
+		}
+		if len(body) == 0 {
+			return errShort
+		}
+		switch body[0] {
+		case 'k':
+			ka, err := parseKeepalive(body[1:])
+			if err != nil {
+				return err
+			}
+			if !inTx {
+				if err := send(event{kind: evKeepalive, end: ka.walEnd, reply: ka.reply}); err != nil {
+					return err
+				}
+			} else if ka.reply {
+				if err := send(event{kind: evKeepalive, reply: true}); err != nil {
+					return err
+				}
+			}
+			continue
+		case 'w':
+		default:
+			continue
+		}
+		xld, err := parseXLogData(body[1:])
+		if err != nil {
+			return err
+		}
+		m := xld.data
+		if len(m) == 0 {
+			return errShort
+		}
+		switch m[0] {
+		case 'B':
+			b, err := parseBegin(m[1:])
+			if err != nil {
+				return err
+			}
+			cur = event{kind: evCommit, xid: b.xid, commit: b.commitTime}
+			seen = nil
+			inTx = true
+		case 'C':
+			c, err := parseCommit(m[1:])
+			if err != nil {
+				return err
+			}
+			cur.end = c.endLSN
+			cur.commit = c.commitTime
+			cur.more = s.br.Buffered() > 0
+			inTx = false
+			if err := send(cur); err != nil {
+				return err
+			}
+			cur = event{}
+		case 'R':
+			rm, err := parseRelation(m[1:])
+			if err != nil {
+				return err
+			}
+			rel := &relation{schema: rm.schema, name: rm.name}
+			for o := op(0); o < numOps; o++ {
+				if r.opts.Ops.has(o) {
+					ch := r.tmpl.Channel(rm.schema, rm.name, o)
+					if len(ch) > MaxChannelLen {
+						rel.tooLong[o] = true
+					} else {
+						rel.chans[o] = ch
+					}
+				}
+			}
+			rels[rm.id] = rel
+		case 'I', 'U', 'D':
+			id, err := changeRelation(m[1:])
+			if err != nil {
+				return err
+			}
+			rel, err := lookup(id)
+			if err != nil {
+				return err
+			}
+			o := opInsert
+			if m[0] == 'U' {
+				o = opUpdate
+			} else if m[0] == 'D' {
+				o = opDelete
+			}
+			add(rel, o)
+		case 'T':
+			var lerr error
+			err := truncateRelations(m[1:], func(id uint32) {
+				rel, err := lookup(id)
+				if err != nil {
+					lerr = err
+					return
+				}
+				add(rel, opTruncate)
+			})
+			if err == nil {
+				err = lerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// batch is what the batcher has gathered and not yet NOTIFYed.
+type batch struct {
+	txs     int
+	xids    []uint32 // of the transactions that touched a channel
+	chans   []string
+	seen    map[string]struct{}
+	wakes   int // sum of the transactions' channel counts
+	changes int
+	commits []time.Time
+	end     uint64
+	start   time.Time // when the first transaction arrived
+	more    bool      // the last transaction's more
+}
+
+func (b *batch) add(ev event) {
+	if b.txs == 0 {
+		b.start = time.Now()
+	}
+	b.txs++
+	b.changes += ev.changes
+	b.end = max(b.end, ev.end)
+	b.more = ev.more
+	if len(ev.chans) == 0 {
+		return
+	}
+	b.xids = append(b.xids, ev.xid)
+	b.commits = append(b.commits, ev.commit)
+	b.wakes += len(ev.chans)
+	if b.seen == nil {
+		b.seen = map[string]struct{}{}
+	}
+	for _, c := range ev.chans {
+		if _, ok := b.seen[c]; !ok {
+			b.seen[c] = struct{}{}
+			b.chans = append(b.chans, c)
+		}
+	}
+}
+
+func (b *batch) reset() {
+	b.txs, b.wakes, b.changes = 0, 0, 0
+	b.xids, b.chans, b.commits = b.xids[:0], b.chans[:0], b.commits[:0]
+	clear(b.seen)
+	b.more = false
+}
+
+// maxBatch bounds the transactions of one batch (and so the size of the
+// NOTIFY statement's parameters) when a backlog is replayed.
+const maxBatch = 10000
+
+// notifySQL NOTIFYs its channels only if every transaction of the batch
+// is visible to the statement's snapshot, all in one round trip and one
+// transaction: the NOT EXISTS is evaluated once, before any pg_notify. It
+// returns one row per channel when it NOTIFYed, none when a transaction
+// was not yet visible (and then nothing was NOTIFYed).
+const notifySQL = `SELECT pg_notify(c, '') FROM unnest($1::text[]) c
+WHERE NOT EXISTS (SELECT FROM unnest($2::xid8[]) x WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))`
+
+const notifyStmt = "listenhub_relay_notify"
+
+// stream runs the reader and the batcher until the session fails.
+func (s *session) stream(ctx context.Context) error {
+	r := s.r
+	if _, err := s.nc.Prepare(ctx, notifyStmt, notifySQL, nil); err != nil {
+		return fmt.Errorf("prepare: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	events := make(chan event, eventQueue)
+	readErr := make(chan error, 1)
+	go func() { readErr <- s.read(ctx, events) }()
+	defer func() {
+		cancel()
+		s.rc.Close()
+		<-readErr
+	}()
+
+	var b batch
+	confirmed := r.confirmed.Load()
+	var lastStatus time.Time
+	sendStatus := func(reply bool) error {
+		msg := appendStandbyStatus(nil, confirmed, time.Now())
+		if reply {
+			msg[len(msg)-1] = 1
+		}
+		s.rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		_, err := s.rc.Write(msg)
+		lastStatus = time.Now()
+		r.confirmed.Store(confirmed)
+		return err
+	}
+	ticker := time.NewTicker(min(r.opts.StatusInterval, 2*time.Second))
+	defer ticker.Stop()
+	var lastRefresh time.Time = time.Now()
+	var lastLagWarn time.Time
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	flush := func() error {
+		if err := s.flush(ctx, &b); err != nil {
+			return err
+		}
+		confirmed = max(confirmed, b.end)
+		b.reset()
+		// The position is reported at most every few milliseconds under
+		// load: a restart replays at most that much more.
+		if time.Since(lastStatus) >= 5*time.Millisecond {
+			return sendStatus(false)
+		}
+		return nil
+	}
+	for {
+		var timeout <-chan time.Time
+		if b.txs > 0 {
+			switch {
+			case r.opts.Window <= 0, b.txs >= maxBatch,
+				!b.more && len(events) == 0,
+				time.Since(b.start) >= r.opts.Window:
+				if err := flush(); err != nil {
+					return err
+				}
+				continue
+			}
+			timer.Reset(r.opts.Window - time.Since(b.start))
+			timeout = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-readErr:
+			readErr <- err // for the deferred wait
+			return err
+		case <-timeout:
+			continue
+		case <-ticker.C:
+			if b.txs == 0 && time.Since(lastStatus) >= r.opts.StatusInterval {
+				if err := sendStatus(true); err != nil {
+					return err
+				}
+			} else if b.txs == 0 && confirmed != r.confirmed.Load() {
+				if err := sendStatus(false); err != nil {
+					return err
+				}
+			}
+			if time.Since(lastRefresh) >= 2*time.Second {
+				lastRefresh = time.Now()
+				if err := s.refreshXidRef(ctx); err != nil {
+					return err
+				}
+				lag, lagT := r.lagBytes.Load(), time.Duration(r.lagSeconds.Load())
+				if (lag > r.opts.MaxLagBytes || lagT > r.opts.MaxLag) && time.Since(lastLagWarn) >= time.Minute {
+					lastLagWarn = time.Now()
+					r.log.Warn("relay lagging", "lag_bytes", lag, "lag_seconds", lagT.Seconds(),
+						"max_lag", r.opts.MaxLag, "max_lag_bytes", r.opts.MaxLagBytes)
+				}
+			}
+			continue
+		case ev := <-events:
+			if timeout != nil && !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			switch ev.kind {
+			case evCommit:
+				b.add(ev)
+			case evKeepalive:
+				if b.txs == 0 && ev.end > confirmed {
+					// Nothing decoded is waiting: every transaction
+					// before this position has been NOTIFYed or
+					// needed none.
+					confirmed = ev.end
+					r.lagSeconds.Store(0)
+				}
+				if ev.reply {
+					if err := sendStatus(false); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+}
+
+// flush NOTIFYs the batch's channels once every transaction that touched
+// them is visible to a new snapshot.
+func (s *session) flush(ctx context.Context, b *batch) error {
+	r := s.r
+	if len(b.chans) > 0 {
+		chans := textArray(b.chans)
+		xids := make([]byte, 0, 2+12*len(b.xids))
+		xids = append(xids, '{')
+		for i, x := range b.xids {
+			if i > 0 {
+				xids = append(xids, ',')
+			}
+			xids = strconv.AppendUint(xids, fullXid(s.xidRef, x), 10)
+		}
+		xids = append(xids, '}')
+		params := [][]byte{chans, xids}
+		var waited time.Time
+		for {
+			tag, err := s.nc.ExecPrepared(ctx, notifyStmt, params, nil, nil).Close()
+			if err != nil {
+				return fmt.Errorf("NOTIFY: %w", err)
+			}
+			n := tag.RowsAffected()
+			if n == int64(len(b.chans)) {
+				break
+			}
+			if n != 0 {
+				return fmt.Errorf("NOTIFY: %d rows for %d channels", n, len(b.chans))
+			}
+			r.visWaits.Add(1)
+			if waited.IsZero() {
+				waited = time.Now()
+			} else if time.Since(waited) > 10*time.Second {
+				return fmt.Errorf("transactions %v decoded as committed are still not visible after 10s", b.xids)
+			}
+			t := time.NewTimer(visibilityRetry)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+		now := time.Now()
+		for _, c := range b.commits {
+			r.hist.observe(now.Sub(c))
+		}
+		r.lagSeconds.Store(int64(max(0, now.Sub(b.commits[len(b.commits)-1]))))
+		r.notifies.Add(uint64(len(b.chans)))
+		r.batches.Add(1)
+		r.coalesced.Add(uint64(b.wakes - len(b.chans)))
+	}
+	r.transactions.Add(uint64(b.txs))
+	r.changes.Add(uint64(b.changes))
+	return nil
+}
+
+// resync NOTIFYs every channel of the publication's tables once.
+func (s *session) resync(ctx context.Context) error {
+	r := s.r
+	var chans []string
+	for _, t := range s.tables {
+		for o := op(0); o < numOps; o++ {
+			if r.opts.Ops.has(o) {
+				chans = append(chans, r.tmpl.Channel(t[0], t[1], o))
+			}
+		}
+	}
+	if len(chans) == 0 {
+		return nil
+	}
+	if _, err := s.nc.ExecParams(ctx, `SELECT pg_notify(c, '') FROM unnest($1::text[]) c`,
+		[][]byte{textArray(chans)}, nil, nil, nil).Close(); err != nil {
+		return fmt.Errorf("resync NOTIFY: %w", err)
+	}
+	r.resyncs.Add(1)
+	r.notifies.Add(uint64(len(chans)))
+	r.log.Info("relay NOTIFYed every channel of the publication once (new slot)", "channels", len(chans))
+	return nil
+}
+
+// textArray is the text form of a text[]: every element quoted, with
+// backslash and double quote escaped.
+func textArray(ss []string) []byte {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range ss {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(s); j++ {
+			if s[j] == '"' || s[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(s[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return []byte(b.String())
+}

@@ -62,8 +62,8 @@ type Options struct {
 	// (replication=database) and the connection that NOTIFYs. It is not
 	// modified.
 	ConnConfig *pgconn.Config
-	// ApplicationName of both connections; DefaultApplicationName if
-	// empty, unless ConnConfig sets one.
+	// ApplicationName of both connections, whatever ConnConfig says;
+	// DefaultApplicationName if empty.
 	ApplicationName string
 	// Publication the slot decodes; DefaultPublication if empty.
 	Publication string
@@ -227,9 +227,9 @@ type Relay struct {
 
 	transactions, changes, notifies, batches, coalesced atomic.Uint64
 	tooLong, visWaits, reconnects, takeovers, resyncs   atomic.Uint64
-	lagBytes                                             atomic.Int64
-	lagSeconds                                           atomic.Int64 // nanoseconds
-	confirmed                                            atomic.Uint64
+	lagBytes                                            atomic.Int64
+	lagSeconds                                          atomic.Int64 // nanoseconds
+	confirmed                                           atomic.Uint64
 
 	tooLongLog rateLimit
 }

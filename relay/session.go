@@ -37,9 +37,9 @@ type sessionResult struct {
 
 func (r *Relay) connConfig(replication bool) *pgconn.Config {
 	cc := r.opts.ConnConfig.Copy()
-	if _, ok := cc.RuntimeParams["application_name"]; !ok || r.opts.ApplicationName != DefaultApplicationName {
-		cc.RuntimeParams["application_name"] = r.opts.ApplicationName
-	}
+	// Always the relay's own name, never the URL's: census counts the
+	// hub's backends by theirs.
+	cc.RuntimeParams["application_name"] = r.opts.ApplicationName
 	if replication {
 		cc.RuntimeParams["replication"] = "database"
 	} else {

@@ -4,6 +4,7 @@
 //	listenhub serve --database-url URL --socket PATH [flags]
 //	listenhub tail --socket PATH Q [Q...]
 //	listenhub status [--metrics-addr ADDR] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]
+//	listenhub relay --database-url URL [flags]
 //	listenhub census --database-url URL [--application-name NAME] [--json]
 //	listenhub demo [--workers N] [--rate N] [--duration D] [--database-url URL]
 //	listenhub version
@@ -40,6 +41,8 @@ var commands = []command{
 		"subscribe to each Q, print every frame the hub sends as a JSON line"},
 	{"status", "status [--metrics-addr ADDR] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]",
 		"the workers and channels of a running hub, from its --metrics-addr"},
+	{"relay", "relay --database-url URL [flags]",
+		"turn committed row changes into NOTIFYs (logical replication), so writers need no NOTIFY trigger"},
 	{"census", "census --database-url URL [--application-name NAME] [--json]",
 		"count the hub's backends (pg_stat_activity by application_name)"},
 	{"demo", "demo [--workers N] [--rate N] [--duration D] [--database-url URL]",
@@ -86,6 +89,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runTail(ctx, args[1:], stdout, stderr)
 	case "status":
 		return runStatus(ctx, args[1:], stdout, stderr)
+	case "relay":
+		return runRelay(ctx, args[1:], stdout, stderr)
 	case "census":
 		return runCensus(ctx, args[1:], stdout, stderr)
 	case "demo":

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/relay"
 )
 
 // metric is one line family of /metrics, named exactly as in docs/design.md
@@ -65,13 +66,19 @@ func writeMetrics(buf *bytes.Buffer, s hub.Stats) {
 // metricsHandler serves /metrics and /healthz from h.Stats(), which is safe
 // from the HTTP server's goroutines, and the JSON endpoints of
 // introspect.go.
-func metricsHandler(h *hub.Hub) http.Handler {
+func metricsHandler(h *hub.Hub, rl *relay.Relay) http.Handler {
 	mux := http.NewServeMux()
 	registerIntrospection(mux, h)
+	if rl != nil {
+		registerRelay(mux, rl)
+	}
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		var buf bytes.Buffer
 		writeMetrics(&buf, h.Stats())
 		writeMoreMetrics(&buf, h.FanoutLatency(), h.AckLatency())
+		if rl != nil {
+			writeRelayMetrics(&buf, rl)
+		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		w.Write(buf.Bytes())
 	})

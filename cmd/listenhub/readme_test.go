@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -143,28 +144,41 @@ func commandHelp(t *testing.T, cmd string) (synopsis string, flags map[string]he
 	return synopsis, flags
 }
 
-// serveFlagDefaults returns serve's flags with their defaults.
-func serveFlagDefaults(t *testing.T) map[string]helpFlag {
-	t.Helper()
-	_, flags := commandHelp(t, "serve")
-	if len(flags) < 10 {
-		t.Fatalf("parsed only %d flags from serve -h", len(flags))
-	}
-	return flags
-}
-
 // helpAside is the trailing remark of a usage text that the README's
 // environment and default columns say instead.
 var helpAside = regexp.MustCompile(` \((env |default: |required|off when empty\))[^()]*\)?$`)
+
+// relayFlagNames are the flags serve shares with relay (relayFlags): the
+// README documents them once, in relay's table.
+func relayFlagNames() map[string]bool {
+	fs := newFlagSet("x")
+	var rf relayFlags
+	rf.register(fs)
+	names := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
+	return names
+}
 
 // TestREADMEServeFlags fails when the README's flag table and `serve -h`
 // disagree: a flag missing from either side, a wrong environment variable,
 // a wrong default, or a meaning that does not say what -h says (markdown
 // aside; the environment and default remarks of -h are the table's other
-// columns).
+// columns). The relay flags serve shares are in relay's table.
 func TestREADMEServeFlags(t *testing.T) {
-	flags := serveFlagDefaults(t)
-	rows := markdownTable(t, readmeSection(t, readREADME(t), "### `serve` flags"),
+	checkFlagTable(t, "serve", relayFlagNames())
+}
+
+// TestREADMERelayFlags is the same for `relay -h` and its table.
+func TestREADMERelayFlags(t *testing.T) {
+	checkFlagTable(t, "relay", nil)
+}
+
+func checkFlagTable(t *testing.T, cmd string, elsewhere map[string]bool) {
+	_, flags := commandHelp(t, cmd)
+	if len(flags) < 10 {
+		t.Fatalf("parsed only %d flags from %s -h", len(flags), cmd)
+	}
+	rows := markdownTable(t, readmeSection(t, readREADME(t), "### `"+cmd+"` flags"),
 		[]string{"flag", "environment", "default", "meaning"})
 	seen := map[string]bool{}
 	markdown := strings.NewReplacer("`", "", "**", "")
@@ -177,7 +191,7 @@ func TestREADMEServeFlags(t *testing.T) {
 		seen[name] = true
 		f, ok := flags[name]
 		if !ok {
-			t.Errorf("README documents --%s, which serve does not have", name)
+			t.Errorf("README documents --%s, which %s does not have", name, cmd)
 			continue
 		}
 		if env := firstCode(r[1]); env != envName(name) {
@@ -194,12 +208,12 @@ func TestREADMEServeFlags(t *testing.T) {
 			}
 		}
 		if help, doc := helpAside.ReplaceAllString(f.usage, ""), markdown.Replace(r[3]); help != doc {
-			t.Errorf("README: --%s means\n  %q in the table,\n  %q in serve -h", name, doc, help)
+			t.Errorf("README: --%s means\n  %q in the table,\n  %q in %s -h", name, doc, help, cmd)
 		}
 	}
 	for name := range flags {
-		if !seen[name] {
-			t.Errorf("serve has --%s, which the README's flag table lacks", name)
+		if !seen[name] && !elsewhere[name] {
+			t.Errorf("%s has --%s, which the README's flag table lacks", cmd, name)
 		}
 	}
 }
@@ -262,7 +276,7 @@ func TestREADMECommands(t *testing.T) {
 		if syn != c.synopsis {
 			t.Errorf("%s -h says usage: listenhub %s; the command list says %s", c.name, syn, c.synopsis)
 		}
-		if c.name == "serve" {
+		if c.name == "serve" || c.name == "relay" { // their flag tables, above
 			continue
 		}
 		named := map[string]bool{}

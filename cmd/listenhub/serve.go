@@ -17,6 +17,7 @@ import (
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/systemd"
 	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/relay"
 )
 
 // connectTimeout bounds the one-shot connections of the tools (census):
@@ -53,9 +54,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		upTimeout     = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
 		pgConns       = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
 		writeThreads  = fs.Int("write-threads", 0, "threads writing a large fanout (32 or more workers in one loop iteration) while the loop has been idle more than busy lately; 1 keeps every write on the loop's thread; 0 means min(GOMAXPROCS, 4)")
+		relayOn       = fs.Bool("relay", false, "also run the relay (listenhub relay) in this process, on connections of its own; the relay flags (see relay -h) apply")
 		allowUIDs     uidList
 		databaseGiven bool
+		rf            relayFlags
 	)
+	rf.register(fs)
 	fs.Var(&allowUIDs, "allow-uid", "uids allowed to connect (checked with SO_PEERCRED), comma-separated or repeated (default: the hub's uid and root)")
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -128,6 +132,17 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cc.RuntimeParams["application_name"] = *appName // explicit wins over the URL
 	}
 	app := cc.RuntimeParams["application_name"]
+	var rl *relay.Relay
+	if *relayOn {
+		ropts, err := rf.options(cc)
+		if err != nil {
+			return bad(err)
+		}
+		ropts.Logger = log.With("component", "relay")
+		if rl, err = relay.New(ropts); err != nil {
+			return bad(err)
+		}
+	}
 
 	sd := newSDReporter(log)
 	defer sd.close()
@@ -186,7 +201,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var metricsLn net.Listener
 	serveMetrics := func(ln net.Listener) {
 		metricsLn = ln
-		srv = &http.Server{Handler: metricsHandler(h), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Handler: metricsHandler(h, rl), ReadHeaderTimeout: 5 * time.Second}
 		log.Info("metrics listening", "addr", ln.Addr().String())
 		go srv.Serve(ln)
 	}
@@ -236,6 +251,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			log.Error("pid file", "reason", err)
 		}
 	}
+	// The relay runs on goroutines of its own, never on the hub's loop.
+	relayDone := make(chan error, 1)
+	rctx, stopRelay := context.WithCancel(context.Background())
+	defer stopRelay()
+	if rl != nil {
+		go func() { relayDone <- rl.Run(rctx) }()
+	}
 	up := &upgrader{exe: exe, args: append([]string{"serve"}, args...), timeout: *upTimeout, log: log,
 		stdout: stdout, stderr: stderr, h: h}
 	up.predecessor = predecessor
@@ -253,6 +275,23 @@ wait:
 			}
 		case <-hup:
 			log.Warn("SIGHUP ignored; send SIGUSR2 to upgrade, SIGTERM to stop")
+		case err := <-relayDone:
+			// Only a misconfiguration ends the relay (it retries
+			// everything else): the hub stops with it, so that it is
+			// seen and fixed.
+			why := "relay stopped unexpectedly"
+			if err != nil {
+				why = "relay: " + oneLine(err)
+			}
+			sd.stopping("stopped: " + why)
+			fmt.Fprintf(stderr, "listenhub serve: %s\n", why)
+			if *pidFile != "" {
+				removePIDFile(*pidFile)
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+			h.Stop(sctx)
+			cancel()
+			return 1
 		case <-h.Done():
 			// A Postgres configuration error (Wait says which), or the
 			// loop failed.
@@ -272,6 +311,10 @@ wait:
 		defer removePIDFile(*pidFile)
 	}
 	sd.stopping("stopping")
+	if rl != nil {
+		stopRelay()
+		<-relayDone
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	if srv != nil {

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -33,11 +34,13 @@ func (h Histogram) Quantile(q float64) time.Duration {
 	return h.Bounds[len(h.Bounds)-1]
 }
 
-// CommitToNotifyBounds are the buckets of Relay.CommitToNotify: an idle
-// relay NOTIFYs a few hundred microseconds after the commit; a window, a
-// visibility wait or a busy server add milliseconds; seconds mean a
-// backlog (a replay after a restart).
-var CommitToNotifyBounds = []time.Duration{
+// CommitToNotifyBounds returns (a copy of) the buckets of
+// Relay.CommitToNotify: an idle relay NOTIFYs a few hundred microseconds
+// after the commit; a window, a visibility wait or a busy server add
+// milliseconds; seconds mean a backlog (a replay after a restart).
+func CommitToNotifyBounds() []time.Duration { return slices.Clone(commitToNotifyBounds) }
+
+var commitToNotifyBounds = []time.Duration{
 	250 * time.Microsecond, 500 * time.Microsecond, time.Millisecond,
 	2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond,
 	25 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond,

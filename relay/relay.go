@@ -252,10 +252,10 @@ func New(opts Options) (*Relay, error) {
 	}
 	// The template's fixed text with the shortest names: if this is over
 	// the limit, no table can ever be NOTIFYed.
-	if n := len(t.Channel("s", "t", opInsert)) - 2; n > MaxChannelLen {
+	if n := len(t.channel("s", "t", opInsert)) - 2; n > MaxChannelLen {
 		return nil, fmt.Errorf("relay: channel template %q makes channels of %d bytes or more, over the %d PostgreSQL keeps", opts.ChannelTemplate, n, MaxChannelLen)
 	}
-	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: newHistogram(CommitToNotifyBounds)}
+	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: newHistogram(commitToNotifyBounds)}
 	r.tooLongLog = rateLimit{every: 10 * time.Second}
 	return r, nil
 }

@@ -225,7 +225,7 @@ func (s *session) preflight(ctx context.Context, everActive bool) error {
 			if !r.opts.Ops.has(o) {
 				continue
 			}
-			if ch := r.tmpl.Channel(row[0], row[1], o); len(ch) > MaxChannelLen {
+			if ch := r.tmpl.channel(row[0], row[1], o); len(ch) > MaxChannelLen {
 				return configErrorf(nil, "channel %q of table %s.%s is %d bytes, over the %d PostgreSQL keeps: shorten the channel template (%q) or rename the table",
 					ch, row[0], row[1], len(ch), MaxChannelLen, r.tmpl.String())
 			}

@@ -76,7 +76,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			r.tooLong.Add(1)
 			if ok, n := r.tooLongLog.allow(time.Now()); ok {
 				r.log.Warn("relay: channel name too long, not NOTIFYed", "table", rel.schema+"."+rel.name,
-					"op", opNames[o], "channel", r.tmpl.Channel(rel.schema, rel.name, o), "max", MaxChannelLen, "suppressed", n)
+					"op", opNames[o], "channel", r.tmpl.channel(rel.schema, rel.name, o), "max", MaxChannelLen, "suppressed", n)
 			}
 			return
 		}
@@ -187,7 +187,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			rel := &relation{schema: rm.schema, name: rm.name}
 			for o := op(0); o < numOps; o++ {
 				if r.opts.Ops.has(o) {
-					ch := r.tmpl.Channel(rm.schema, rm.name, o)
+					ch := r.tmpl.channel(rm.schema, rm.name, o)
 					if len(ch) > MaxChannelLen {
 						rel.tooLong[o] = true
 					} else {
@@ -480,7 +480,7 @@ func (s *session) resync(ctx context.Context) error {
 	for _, t := range s.tables {
 		for o := op(0); o < numOps; o++ {
 			if r.opts.Ops.has(o) {
-				chans = append(chans, r.tmpl.Channel(t[0], t[1], o))
+				chans = append(chans, r.tmpl.channel(t[0], t[1], o))
 			}
 		}
 	}

@@ -62,8 +62,8 @@ func ParseTemplate(s string) (Template, error) {
 // String returns the template as written.
 func (t Template) String() string { return t.src }
 
-// Channel renders the channel of a change of op on schema.table.
-func (t Template) Channel(schema, table string, o op) string {
+// channel renders the channel of a change of op on schema.table.
+func (t Template) channel(schema, table string, o op) string {
 	var b strings.Builder
 	for _, p := range t.parts {
 		switch p.ph {

@@ -1,0 +1,218 @@
+// Type declarations of listenhub, the Node.js client of a listenhub hub.
+// They describe index.js (CommonJS) and index.mjs (ESM, the same names);
+// the README's API table is the prose version.
+
+/** A NOTIFY that reached this process. */
+export interface Wake {
+  type: 'wake';
+  /** The subscription name (the hub's channel without prefix and suffix). */
+  q: string;
+  /** null for a durable wake (a NOTIFY without payload: "re-read"). */
+  payload: string | null;
+  /**
+   * true for a NOTIFY without payload: may be coalesced with others, and is
+   * synthesized after a gap (reconnect, failover, fail-back).
+   */
+  durable: boolean;
+}
+
+/** The hub's (or the local listener's) Postgres connection is (not) healthy. */
+export interface Status {
+  type: 'status';
+  healthy: boolean;
+}
+
+export type Event = Wake | Status;
+
+export interface SubscribeOptions {
+  /** Bounds this caller's wait only; the subscription is abandoned. */
+  signal?: AbortSignal;
+}
+
+export interface ClientOptions {
+  /** Called synchronously for every wake, in wire order. */
+  onWake?: (wake: Wake) => void;
+  /** Called synchronously on every status. */
+  onStatus?: (healthy: boolean) => void;
+  /** ms to wait for an ack (2000). */
+  ackTimeout?: number;
+  /** ms a write may stay pending before the hub counts as gone (2000). */
+  writeTimeout?: number;
+  /** ms to wait for the connect (2000). */
+  connectTimeout?: number;
+  /** Check that the socket belongs to our user or root (true). */
+  peerCheck?: boolean;
+  /** Further uids whose hub is accepted. */
+  allowedUids?: number[];
+  /** Events queued for events()/get() before the listener dies (65536). */
+  maxPending?: number;
+}
+
+export interface LocalOptions {
+  /** Default: LISTENHUB_DATABASE_URL, DATABASE_URL, then pg's PG* variables. */
+  databaseUrl?: string;
+  /** The hub's --channel-prefix. */
+  channelPrefix?: string;
+  /** The hub's --channel-suffix. */
+  channelSuffix?: string;
+  /** application_name of the local connection ("listenhub-local"). */
+  applicationName?: string;
+  /** ms for the local connection's commands (10000). */
+  localTimeout?: number;
+  onWake?: (wake: Wake) => void;
+  onStatus?: (healthy: boolean) => void;
+  maxPending?: number;
+}
+
+export interface FailoverOptions extends ClientOptions, LocalOptions {
+  /** pgbus's rule: once local, local until close() (false). */
+  oneWay?: boolean;
+  /** ms on the local listener before the hub is tried again (5000). */
+  minLocal?: number;
+  /** ms between fail-back attempts, doubling (1000). */
+  probeInterval?: number;
+  /** upper bound of that wait, ms (30000). */
+  probeMaxInterval?: number;
+  /** Called after the swap to the local listener, with the hub's error. */
+  onFailover?: (reason: Error) => void;
+  /** Called after the swap back to the hub. */
+  onFailback?: () => void;
+}
+
+/** What every listener offers. */
+export interface Listener {
+  /** Resolves once LISTEN is active (hub ack, or local LISTEN). */
+  subscribe(q: string, opts?: SubscribeOptions): Promise<void>;
+  /** Fire-and-forget; never blocks. */
+  unsubscribe(q: string): void;
+  /** Alive and Postgres connected, as far as it knows. */
+  healthy(): boolean;
+  subscriptions(): Set<string>;
+  /** The events, when no callback takes them. */
+  events(): AsyncIterableIterator<Event>;
+  /** The next queued event; null after timeoutMs or once dead and drained. */
+  get(timeoutMs?: number): Promise<Event | null>;
+  /** Idempotent; safe from a callback. */
+  close(): void;
+  /** Resolves with the error that ended the listener. */
+  wait(): Promise<Error>;
+  /** Why it died (null while alive). */
+  readonly err: Error | null;
+  /** Resolves with err once the listener is dead. */
+  readonly done: Promise<Error>;
+}
+
+/** A connection to a hub. Dead after its first failure; never reconnects. */
+export class Client implements Listener {
+  private constructor();
+  readonly path: string;
+  readonly ackTimeout: number;
+  readonly writeTimeout: number;
+  subscribe(q: string, opts?: SubscribeOptions): Promise<void>;
+  unsubscribe(q: string): void;
+  healthy(): boolean;
+  subscriptions(): Set<string>;
+  events(): AsyncIterableIterator<Event>;
+  get(timeoutMs?: number): Promise<Event | null>;
+  close(): void;
+  wait(): Promise<Error>;
+  readonly err: Error | null;
+  readonly done: Promise<Error>;
+}
+
+/** This process's own LISTEN connection (the pg package). */
+export class Local implements Listener {
+  private constructor();
+  static create(opts?: LocalOptions): Promise<Local>;
+  /** prefix + q + suffix. */
+  channel(q: string): string;
+  /** The pid of the current Postgres backend. */
+  backendPid(): number | undefined;
+  /** A round trip after every LISTEN/UNLISTEN queued before it. */
+  sync(): Promise<void>;
+  subscribe(q: string, opts?: SubscribeOptions): Promise<void>;
+  unsubscribe(q: string): void;
+  healthy(): boolean;
+  subscriptions(): Set<string>;
+  events(): AsyncIterableIterator<Event>;
+  get(timeoutMs?: number): Promise<Event | null>;
+  close(): void;
+  wait(): Promise<Error>;
+  readonly err: Error | null;
+  readonly done: Promise<Error>;
+}
+
+export type Mode = 'hub' | 'local';
+export const HUB: 'hub';
+export const LOCAL: 'local';
+
+/** The hub while it works, this process's own LISTEN while it does not. */
+export class Failover implements Listener {
+  private constructor();
+  static create(socketPath: string, opts?: FailoverOptions): Promise<Failover>;
+  readonly socketPath: string;
+  /** Where wakes come from now. */
+  mode(): Mode;
+  /** The hub's error that caused the last failover (null on the hub). */
+  readonly reason: Error | null;
+  subscribe(q: string, opts?: SubscribeOptions): Promise<void>;
+  unsubscribe(q: string): void;
+  healthy(): boolean;
+  subscriptions(): Set<string>;
+  events(): AsyncIterableIterator<Event>;
+  get(timeoutMs?: number): Promise<Event | null>;
+  close(): void;
+  wait(): Promise<Error>;
+  readonly err: Error | null;
+  readonly done: Promise<Error>;
+}
+
+/** Connects to the hub at path. Rejects with ConnError. */
+export function connect(path: string, opts?: ClientOptions): Promise<Client>;
+
+export const DEFAULT_ACK_TIMEOUT: number;
+export const DEFAULT_WRITE_TIMEOUT: number;
+
+/** Everything the client throws. */
+export class ListenhubError extends Error {
+  constructor(message: string);
+}
+/** Closed by its owner. */
+export class ClosedError extends ListenhubError {
+  constructor();
+}
+/** The name is refused (too long once mapped, a NUL, the hub's nack); the client stays alive. */
+export class InvalidNameError extends ListenhubError {
+  constructor(q: string, reason: string);
+  readonly q: string;
+  readonly reason: string;
+}
+/** Refused at one of the hub's caps; the client stays alive. */
+export class LimitError extends InvalidNameError {}
+/** Refused for another reason (LISTEN failed); the client is dead. */
+export class NackError extends ListenhubError {
+  constructor(q: string, reason: string);
+  readonly q: string;
+  readonly reason: string;
+}
+/** No ack within the ack timeout; the client is dead. */
+export class AckTimeoutError extends ListenhubError {
+  constructor(q: string, timeoutMs: number);
+  readonly q: string;
+  readonly timeout: number;
+}
+/** A transport failure: op is "dial", "peer", "read" or "write". */
+export class ConnError extends ListenhubError {
+  constructor(op: string, path: string, cause: unknown);
+  readonly op: string;
+  readonly path: string;
+  readonly cause: unknown;
+}
+/** events() was not drained: more than maxPending events waited. */
+export class SlowConsumerError extends ListenhubError {}
+/** The local listener failed too, after the hub failed. */
+export class FailoverError extends ListenhubError {
+  constructor(hub: unknown, local: unknown);
+  readonly hub: unknown;
+  readonly local: unknown;
+}

@@ -1,0 +1,30 @@
+// ESM entry point of listenhub: the same objects as the CommonJS entry
+// (index.js), re-exported by name so that
+//
+//   import { connect, Failover, ConnError } from 'listenhub';
+//
+// works. The CommonJS module is the one implementation: both entry points
+// hand out the very same classes, so instanceof holds across them.
+import cjs from './index.js';
+
+export const {
+  connect,
+  Client,
+  Failover,
+  Local,
+  HUB,
+  LOCAL,
+  DEFAULT_ACK_TIMEOUT,
+  DEFAULT_WRITE_TIMEOUT,
+  ListenhubError,
+  ClosedError,
+  InvalidNameError,
+  LimitError,
+  NackError,
+  AckTimeoutError,
+  ConnError,
+  SlowConsumerError,
+  FailoverError,
+} = cjs;
+
+export default cjs;

@@ -1,0 +1,234 @@
+package clients_test
+
+// The clients as packages a team installs: the Node package as `npm pack`
+// makes it, installed into a fresh app (with its dependency pg, so a
+// failover works), used from CommonJS, ESM and TypeScript; the Python
+// package as a wheel built offline, installed into a fresh venv. Neither
+// build may leave files in the source tree.
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// startHub runs `listenhub serve` on a fresh socket and returns the socket's
+// path once it accepts.
+func startHub(t *testing.T) string {
+	t.Helper()
+	bin := testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
+	sock := filepath.Join(t.TempDir(), "hub.sock")
+	cmd := exec.Command(bin, "serve", "--database-url", db.URL(), "--socket", sock)
+	out := &testutil.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("hub log:\n%s", out)
+		}
+	})
+	testutil.WaitFor(t, 10*time.Second, "the hub to accept", func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return sock
+}
+
+// notifyUntilDone sends a NOTIFY with a payload on channel every 50 ms
+// until the test ends: a consumer that subscribes at any point gets one.
+func notifyUntilDone(t *testing.T, channel string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	conn, err := pgx.Connect(ctx, db.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(done)
+		defer conn.Close(context.Background())
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", channel, "n"+strings.Repeat("x", i%3)); err != nil && ctx.Err() == nil {
+				t.Errorf("notify: %v", err)
+				return
+			}
+		}
+	}()
+}
+
+// runIn runs a command in dir and returns its combined output, failing the
+// test with it on a non-zero exit.
+func runIn(t *testing.T, dir string, env []string, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s (in %s): %v\n%s", name, strings.Join(args, " "), dir, err, out)
+	}
+	return string(out)
+}
+
+// untracked lists the files under dir that git does not track and does not
+// ignore, plus ignored build leftovers: what a build left behind.
+func leftovers(t *testing.T, dir string) []string {
+	t.Helper()
+	out, err := exec.Command("git", "-C", dir, "status", "--porcelain", "--ignored", "--untracked-files=all", ".").Output()
+	if err != nil {
+		t.Skipf("git status: %v (not a git checkout?)", err)
+	}
+	var files []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(l, "??") && !strings.HasPrefix(l, "!!") {
+			continue
+		}
+		f := strings.TrimSpace(l[2:])
+		if strings.Contains(f, "node_modules/") || strings.Contains(f, "__pycache__/") {
+			continue // npm ci's and the test suites' own
+		}
+		files = append(files, f)
+	}
+	return files
+}
+
+func TestNodePackage(t *testing.T) {
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		missing(t, "the node package test needs npm; on Debian: apt-get install -y nodejs npm")
+	}
+	src, err := filepath.Abs("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tsc := filepath.Join(src, "node_modules", "typescript", "bin", "tsc")
+	if _, err := os.Stat(tsc); err != nil {
+		missing(t, "the node package test needs the dev dependencies: run `npm ci` in clients/node")
+	}
+	before := leftovers(t, src)
+
+	// npm pack, into a directory of ours.
+	dist := t.TempDir()
+	var packed []struct {
+		Filename string
+		Files    []struct{ Path string }
+	}
+	if err := json.Unmarshal([]byte(runIn(t, src, nil, npm, "pack", "--json", "--pack-destination", dist)), &packed); err != nil || len(packed) != 1 {
+		t.Fatalf("npm pack --json: %v (%d packages)", err, len(packed))
+	}
+	tarball := filepath.Join(dist, packed[0].Filename)
+	var files []string
+	for _, f := range tarFiles(t, tarball) {
+		files = append(files, strings.TrimPrefix(f, "package/"))
+	}
+	for _, want := range []string{"package.json", "index.js", "index.mjs", "index.d.ts", "lib/client.js", "README.md", "LICENSE"} {
+		if !slices.Contains(files, want) {
+			t.Errorf("the tarball lacks %s: %v", want, files)
+		}
+	}
+	for _, f := range files {
+		if strings.HasPrefix(f, "test/") || strings.HasPrefix(f, "node_modules/") {
+			t.Errorf("the tarball ships %s", f)
+		}
+	}
+
+	// A fresh app that installs the tarball: pg must come with it.
+	app := t.TempDir()
+	if err := os.WriteFile(filepath.Join(app, "package.json"), []byte(`{"name":"app","private":true}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runIn(t, app, nil, npm, "install", "--no-audit", "--no-fund", "--prefer-offline", tarball)
+	if _, err := os.Stat(filepath.Join(app, "node_modules", "pg", "package.json")); err != nil {
+		t.Fatalf("pg was not installed with the package: %v", err)
+	}
+	for _, f := range []string{"cjs.js", "esm.mjs", "consumer.ts"} {
+		b, err := os.ReadFile(filepath.Join("testdata", "nodeapp", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(app, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// TypeScript: the declarations as installed, strict.
+	tsconfig := `{"compilerOptions": {"strict": true, "noEmit": true, "module": "nodenext", "moduleResolution": "nodenext",
+	 "target": "es2022", "types": ["node"], "typeRoots": [` + jsonString(filepath.Join(src, "node_modules", "@types")) + `]}, "files": ["consumer.ts"]}`
+	if err := os.WriteFile(filepath.Join(app, "tsconfig.json"), []byte(tsconfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runIn(t, app, nil, "node", tsc, "-p", app)
+
+	// And for real: CommonJS and ESM through a hub, ESM's failover through pg.
+	sock := startHub(t)
+	q := "pkg_node"
+	notifyUntilDone(t, q)
+	t.Log(runIn(t, app, nil, "node", "cjs.js", sock, q))
+	t.Log(runIn(t, app, nil, "node", "esm.mjs", sock, q, filepath.Join(app, "no-hub.sock"), db.URL()))
+
+	if after := leftovers(t, src); !slices.Equal(before, after) {
+		t.Errorf("npm pack left files in the source tree: %v (before: %v)", after, before)
+	}
+}
+
+func tarFiles(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(zr)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}

@@ -1,0 +1,36 @@
+// Type-checked (never run) against the installed package's declarations:
+// what a TypeScript user writes must compile, and misuse must not.
+import { connect, Failover, ConnError, InvalidNameError, HUB, type Wake, type Event } from 'listenhub';
+
+export async function main(sock: string, url: string): Promise<void> {
+  const c = await connect(sock, {
+    ackTimeout: 1000,
+    onWake: (w: Wake) => {
+      const p: string | null = w.payload;
+      const d: boolean = w.durable;
+      void p, d;
+    },
+    onStatus: (healthy: boolean) => void healthy,
+  });
+  await c.subscribe('orders', { signal: AbortSignal.timeout(500) });
+  c.unsubscribe('orders');
+  for await (const ev of c.events()) {
+    const e: Event = ev;
+    if (e.type === 'status') {
+      const h: boolean = e.healthy;
+      void h;
+    }
+  }
+  const f = await Failover.create(sock, { databaseUrl: url, oneWay: false, onFailover: (e: Error) => void e });
+  if (f.mode() === HUB) f.close();
+  try {
+    await f.subscribe('x');
+  } catch (e) {
+    if (e instanceof ConnError) console.log(e.op, e.path);
+    if (e instanceof InvalidNameError) console.log(e.q, e.reason);
+  }
+  // @ts-expect-error: names are strings
+  await c.subscribe(42);
+  // @ts-expect-error: no such option
+  await connect(sock, { ackTimeOut: 1 });
+}

@@ -8,6 +8,7 @@ package clients_test
 
 import (
 	"archive/tar"
+	"archive/zip"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -231,4 +232,92 @@ func tarFiles(t *testing.T, path string) []string {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+func TestPythonPackage(t *testing.T) {
+	py := findPython(t)
+	if exec.Command(py, "-c", "import setuptools, wheel, venv, ensurepip").Run() != nil {
+		missing(t, "the python package test needs setuptools, wheel and venv; on Debian: apt-get install -y python3-setuptools python3-wheel python3-venv")
+	}
+	src, err := filepath.Abs("python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := leftovers(t, src)
+
+	// setuptools builds in the tree it is given (build/, *.egg-info), so the
+	// wheel is built from a copy: the source tree stays as it was.
+	work := t.TempDir()
+	tree := filepath.Join(work, "src")
+	if err := os.CopyFS(tree, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join("..", "LICENSE")); err == nil {
+		os.WriteFile(filepath.Join(tree, "LICENSE"), b, 0o644)
+	}
+	dist := filepath.Join(work, "dist")
+	runIn(t, work, nil, py, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", dist, tree)
+	wheels, _ := filepath.Glob(filepath.Join(dist, "listenhub-*.whl"))
+	if len(wheels) != 1 {
+		t.Fatalf("pip wheel made %v, want one listenhub wheel", wheels)
+	}
+	names := zipNames(t, wheels[0])
+	for _, want := range []string{"listenhub/__init__.py", "listenhub/py.typed", "listenhub/aio.py"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("the wheel lacks %s: %v", want, names)
+		}
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "tests/") {
+			t.Errorf("the wheel ships %s", n)
+		}
+	}
+
+	// A fresh venv (seeing the system's psycopg, as an app's would see its
+	// own) with the wheel installed.
+	venv := filepath.Join(work, "venv")
+	runIn(t, work, nil, py, "-m", "venv", "--system-site-packages", venv)
+	vpy := filepath.Join(venv, "bin", "python")
+	runIn(t, work, nil, vpy, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet", wheels[0])
+	app := filepath.Join(work, "app")
+	if err := os.MkdirAll(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join("testdata", "pyapp", "consumer.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(app, "consumer.py"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// The hints, as installed, under mypy --strict (Debian's mypy).
+	if exec.Command(py, "-m", "mypy", "--version").Run() == nil {
+		runIn(t, app, nil, py, "-m", "mypy", "--strict", "--python-executable", vpy, "--cache-dir", filepath.Join(work, "mypy-cache"), "consumer.py")
+	} else {
+		missing(t, "the python package test needs mypy; on Debian: apt-get install -y mypy")
+	}
+
+	sock := startHub(t)
+	q := "pkg_python"
+	notifyUntilDone(t, q)
+	t.Log(runIn(t, app, []string{"PYTHONDONTWRITEBYTECODE=1"}, vpy, "consumer.py", sock, q, filepath.Join(work, "no-hub.sock"), db.URL()))
+
+	if after := leftovers(t, src); !slices.Equal(before, after) {
+		t.Errorf("the wheel build left files in the source tree: %v (before: %v)", after, before)
+	}
+}
+
+func zipNames(t *testing.T, path string) []string {
+	t.Helper()
+	r, err := zip.OpenReader(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var names []string
+	for _, f := range r.File {
+		names = append(names, f.Name)
+	}
+	return names
 }

@@ -1,0 +1,93 @@
+# Type hints of listenhub.aio (the code is aio.py).
+
+import asyncio
+from typing import AsyncIterator, Callable, Collection, Optional, Set
+
+from ._events import _Event, _OnStatus, _OnWake
+from .failover import _Mode
+
+class AsyncClient:
+    path: str
+    ack_timeout: float
+    write_timeout: float
+    err: Optional[BaseException]
+    done: asyncio.Event
+    def __init__(
+        self,
+        path: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        on_wake: Optional[_OnWake],
+        on_status: Optional[_OnStatus],
+        ack_timeout: float,
+        write_timeout: float,
+        max_pending: int,
+    ) -> None: ...
+    async def subscribe(self, q: str) -> None: ...
+    def unsubscribe(self, q: str) -> None: ...
+    def healthy(self) -> bool: ...
+    def subscriptions(self) -> Set[str]: ...
+    def events(self) -> AsyncIterator[_Event]: ...
+    async def get(self, timeout: Optional[float] = ...) -> Optional[_Event]: ...
+    def close(self) -> None: ...
+    async def wait(self) -> Optional[BaseException]: ...
+    async def __aenter__(self) -> "AsyncClient": ...
+    async def __aexit__(self, *exc: object) -> None: ...
+
+async def connect(
+    path: str,
+    *,
+    on_wake: Optional[_OnWake] = ...,
+    on_status: Optional[_OnStatus] = ...,
+    ack_timeout: float = ...,
+    write_timeout: float = ...,
+    connect_timeout: float = ...,
+    peer_check: bool = ...,
+    allowed_uids: Collection[int] = ...,
+    max_pending: int = ...,
+) -> AsyncClient: ...
+
+class AsyncFailover:
+    socket_path: str
+    ack_timeout: float
+    reason: Optional[BaseException]
+    err: Optional[BaseException]
+    done: asyncio.Event
+    def __init__(self, socket_path: str, kw: dict[str, object]) -> None: ...
+    @classmethod
+    async def create(
+        cls,
+        socket_path: str,
+        *,
+        database_url: Optional[str] = ...,
+        channel_prefix: str = ...,
+        channel_suffix: str = ...,
+        application_name: str = ...,
+        ack_timeout: float = ...,
+        write_timeout: float = ...,
+        connect_timeout: float = ...,
+        local_timeout: float = ...,
+        peer_check: bool = ...,
+        allowed_uids: Collection[int] = ...,
+        one_way: bool = ...,
+        min_local: float = ...,
+        probe_interval: float = ...,
+        probe_max_interval: float = ...,
+        on_wake: Optional[_OnWake] = ...,
+        on_status: Optional[_OnStatus] = ...,
+        on_failover: Optional[Callable[[BaseException], object]] = ...,
+        on_failback: Optional[Callable[[], object]] = ...,
+        max_pending: int = ...,
+    ) -> "AsyncFailover": ...
+    def mode(self) -> _Mode: ...
+    async def subscribe(self, q: str) -> None: ...
+    def unsubscribe(self, q: str) -> None: ...
+    def healthy(self) -> bool: ...
+    def subscriptions(self) -> Set[str]: ...
+    def events(self) -> AsyncIterator[_Event]: ...
+    async def get(self, timeout: Optional[float] = ...) -> Optional[_Event]: ...
+    def close(self) -> None: ...
+    async def wait(self) -> Optional[BaseException]: ...
+    async def __aenter__(self) -> "AsyncFailover": ...
+    async def __aexit__(self, *exc: object) -> None: ...

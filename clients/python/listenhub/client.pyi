@@ -1,0 +1,61 @@
+# Type hints of listenhub.client (the code is client.py).
+
+import socket
+import threading
+from typing import Collection, Iterator, Optional, Set
+
+from ._events import _Event, _OnStatus, _OnWake, Status as Status, Wake as Wake
+from .errors import ListenhubError as ListenhubError
+
+DEFAULT_ACK_TIMEOUT: float
+DEFAULT_WRITE_TIMEOUT: float
+DEFAULT_CONNECT_TIMEOUT: float
+
+def check_peer(sock: socket.socket, path: str, allowed_uids: Collection[int] = ...) -> None: ...
+def dial(path: str, timeout: Optional[float], peer_check: bool, allowed_uids: Collection[int]) -> socket.socket: ...
+
+class Client:
+    path: str
+    ack_timeout: float
+    write_timeout: float
+    err: Optional[BaseException]
+    done: threading.Event
+    def __init__(
+        self,
+        path: str,
+        *,
+        on_wake: Optional[_OnWake] = ...,
+        on_status: Optional[_OnStatus] = ...,
+        ack_timeout: float = ...,
+        write_timeout: float = ...,
+        connect_timeout: float = ...,
+        peer_check: bool = ...,
+        allowed_uids: Collection[int] = ...,
+        max_pending: int = ...,
+        _sock: Optional[socket.socket] = ...,
+    ) -> None: ...
+    def subscribe(self, q: str, timeout: Optional[float] = ...) -> None: ...
+    def unsubscribe(self, q: str) -> None: ...
+    def healthy(self) -> bool: ...
+    def subscriptions(self) -> Set[str]: ...
+    def events(self) -> Iterator[_Event]: ...
+    def get(self, timeout: Optional[float] = ...) -> Optional[_Event]: ...
+    def close(self) -> None: ...
+    def wait(self, timeout: Optional[float] = ...) -> Optional[BaseException]: ...
+    def __enter__(self) -> "Client": ...
+    def __exit__(
+        self, *exc: object
+    ) -> None: ...
+
+def connect(
+    path: str,
+    *,
+    on_wake: Optional[_OnWake] = ...,
+    on_status: Optional[_OnStatus] = ...,
+    ack_timeout: float = ...,
+    write_timeout: float = ...,
+    connect_timeout: float = ...,
+    peer_check: bool = ...,
+    allowed_uids: Collection[int] = ...,
+    max_pending: int = ...,
+) -> Client: ...

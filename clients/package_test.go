@@ -154,7 +154,7 @@ func TestNodePackage(t *testing.T) {
 	for _, f := range tarFiles(t, tarball) {
 		files = append(files, strings.TrimPrefix(f, "package/"))
 	}
-	for _, want := range []string{"package.json", "index.js", "index.mjs", "index.d.ts", "lib/client.js", "README.md"} {
+	for _, want := range []string{"package.json", "index.js", "index.mjs", "index.d.ts", "lib/client.js", "README.md", "LICENSE"} {
 		if !slices.Contains(files, want) {
 			t.Errorf("the tarball lacks %s: %v", want, files)
 		}
@@ -260,6 +260,9 @@ func TestPythonPackage(t *testing.T) {
 			t.Errorf("the wheel lacks %s: %v", want, names)
 		}
 	}
+	if !slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, ".dist-info/LICENSE") }) {
+		t.Errorf("the wheel carries no LICENSE: %v", names)
+	}
 	for _, n := range names {
 		if strings.HasPrefix(n, "tests/") {
 			t.Errorf("the wheel ships %s", n)
@@ -292,7 +295,8 @@ func TestPythonPackage(t *testing.T) {
 	}
 	cache := filepath.Join(work, "mypy-cache")
 	mypyEnv := []string{"PYTHONDONTWRITEBYTECODE=1", "MYPY_CACHE_DIR=" + cache}
-	runIn(t, app, mypyEnv, vpy, "-m", "mypy", "--strict", "-p", "listenhub", "consumer.py")
+	runIn(t, app, mypyEnv, vpy, "-m", "mypy", "--strict", "-p", "listenhub")
+	runIn(t, app, mypyEnv, vpy, "-m", "mypy", "--strict", "consumer.py")
 	runIn(t, app, mypyEnv, vpy, "-m", "mypy.stubtest", "listenhub")
 
 	sock := startHub(t)
@@ -317,4 +321,24 @@ func zipNames(t *testing.T, path string) []string {
 		names = append(names, f.Name)
 	}
 	return names
+}
+
+// The packages carry the repository's license as a file of their own (npm
+// and setuptools take it from the package's folder); the copies must be the
+// repository's LICENSE, byte for byte.
+func TestClientLicenses(t *testing.T) {
+	want, err := os.ReadFile(filepath.Join("..", "LICENSE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"node/LICENSE", "python/LICENSE"} {
+		got, err := os.ReadFile(f)
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s differs from the repository's LICENSE: cp LICENSE clients/%s", f, f)
+		}
+	}
 }

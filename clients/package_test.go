@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -340,5 +341,37 @@ func TestClientLicenses(t *testing.T) {
 		if string(got) != string(want) {
 			t.Errorf("%s differs from the repository's LICENSE: cp LICENSE clients/%s", f, f)
 		}
+	}
+}
+
+// The client packages are released with the hub: their versions are the one
+// in cmd/listenhub/version.go (scripts/release and CHANGELOG.md follow it).
+func TestClientVersions(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "cmd", "listenhub", "version.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^const version = "([^"]+)"`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("cmd/listenhub/version.go: no `const version = \"…\"` line")
+	}
+	want := string(m[1])
+	var pkg struct{ Version string }
+	b, err := os.ReadFile(filepath.Join("node", "package.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &pkg); err != nil {
+		t.Fatal(err)
+	}
+	if pkg.Version != want {
+		t.Errorf("clients/node/package.json version %q, the release is %q (bump it with npm version --no-git-tag-version)", pkg.Version, want)
+	}
+	b, err = os.ReadFile(filepath.Join("python", "listenhub", "__init__.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pm := regexp.MustCompile(`(?m)^__version__ = "([^"]+)"`).FindSubmatch(b); pm == nil || string(pm[1]) != want {
+		t.Errorf("clients/python/listenhub/__init__.py __version__ %q, the release is %q", pm, want)
 	}
 }

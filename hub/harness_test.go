@@ -330,6 +330,17 @@ func (w *tw) none() {
 
 // eof waits for the hub to close the connection, skipping frames queued
 // before the close.
+// expectRefusal reads the hub's refusal of w's connection: one nack with an
+// empty q and the reason, then EOF.
+func expectRefusal(t testing.TB, w *tw, reason string) {
+	t.Helper()
+	m, err := w.read(timeout)
+	if err != nil || m.T != "nack" || m.Q != "" || m.Error != reason {
+		t.Fatalf("refused worker read %+v, %v; want nack with q \"\" and error %q", m, err, reason)
+	}
+	w.eof()
+}
+
 func (w *tw) eof() {
 	w.t.Helper()
 	for {

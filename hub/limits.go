@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/frame"
 )
 
 // budgetFDs sets the worker cap in force and takes the spare descriptor.
@@ -49,15 +51,25 @@ func openFDs() int {
 }
 
 // refuse closes a connection the hub will not serve, counting and logging
-// it (rate-limited).
-func (h *Hub) refuse(fd int, why string, attrs ...any) {
+// it (rate-limited). The peer is told why first, in one frame, nack with an
+// empty "q" and tell as its error (docs/protocol.md: a nack before any
+// status is the refusal of the connection); a client that does not know it
+// sees a nack without a pending sub, which it ignores, and then EOF.
+func (h *Hub) refuse(fd int, why, tell string, attrs ...any) {
 	// Count and log before the close: a peer that sees EOF sees both.
 	h.stats.refused.Add(1)
 	if h.logOK(logRefusedConn, slog.LevelWarn) {
 		h.logLine(logRefusedConn, slog.LevelWarn, "worker connection refused", append(attrs, "reason", why)...)
 	}
+	// One write on a fresh non-blocking socket: a frame this small always
+	// fits its buffer, and one that does not is not waited for.
+	h.scratch = frame.AppendNack(h.scratch[:0], "", tell)
+	_, _ = unix.Write(fd, h.scratch)
 	unix.Close(fd)
 }
+
+// nackNoFDs is the refusal shedWithSpare sends each connection it sheds.
+var nackNoFDs = frame.AppendNack(nil, "", "the hub is out of file descriptors (RLIMIT_NOFILE)")
 
 // shedWithSpare is accept under EMFILE/ENFILE: it gives the spare
 // descriptor back, accepts and closes up to a batch of waiting connections
@@ -78,6 +90,7 @@ func (h *Hub) shedWithSpare() bool {
 		}
 		h.stats.accepts.Add(1)
 		h.stats.refused.Add(1)
+		_, _ = unix.Write(fd, nackNoFDs)
 		unix.Close(fd)
 	}
 	if fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {

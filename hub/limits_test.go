@@ -242,7 +242,7 @@ func TestMaxWorkers(t *testing.T) {
 	w1 := e.dial()
 	e.dial()
 	refused := dialRaw(t, e.path)
-	refused.eof()
+	expectRefusal(t, refused, "too many workers: this hub serves at most 2 (--max-workers)")
 	if s := e.h.Stats(); s.ConnectionsRefused != 1 || s.Workers != 2 || s.Accepts != 3 {
 		t.Fatalf("stats %+v", s)
 	}

@@ -3,6 +3,7 @@ package hub
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -691,11 +692,12 @@ func rawFrame(body string) []byte {
 	return append([]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, body...)
 }
 
-// Peers whose uid is not allowed are closed on accept.
+// Peers whose uid is not allowed are closed on accept, told why first: one
+// nack with an empty q (docs/protocol.md).
 func TestAllowUIDs(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.AllowUIDs = []int{54321} })
 	w := dialRaw(t, e.path)
-	w.eof()
+	expectRefusal(t, w, fmt.Sprintf("uid %d is not allowed (--allow-uid)", os.Geteuid()))
 	if !strings.Contains(e.logs.String(), "uid not allowed") {
 		t.Fatal("refusal not logged")
 	}

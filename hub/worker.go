@@ -417,19 +417,21 @@ func (h *Hub) admit(fd int) {
 	if h.workers.len() >= h.maxWorkers {
 		// Closed at once: the worker sees EOF and falls back to its own
 		// LISTEN, which beats waiting for an answer that cannot come.
-		h.refuse(fd, "too many workers", "workers", h.workers.len(), "max_workers", h.maxWorkers)
+		h.refuse(fd, "too many workers", fmt.Sprintf("too many workers: this hub serves at most %d (--max-workers)", h.maxWorkers),
+			"workers", h.workers.len(), "max_workers", h.maxWorkers)
 		return
 	}
 	h.nextID++
 	id := h.nextID
 	cred, err := peerCred(fd)
 	if err != nil {
-		h.refuse(fd, "no peer credentials", "worker", id, "fd", fd,
+		h.refuse(fd, "no peer credentials", "no peer credentials", "worker", id, "fd", fd,
 			"error", os.NewSyscallError("getsockopt SO_PEERCRED", err))
 		return
 	}
 	if _, ok := h.allow[cred.Uid]; !ok {
-		h.refuse(fd, reasonNotAllowed.String(), "worker", id, "pid", cred.Pid, "uid", cred.Uid)
+		h.refuse(fd, reasonNotAllowed.String(), fmt.Sprintf("uid %d is not allowed (--allow-uid)", cred.Uid),
+			"worker", id, "pid", cred.Pid, "uid", cred.Uid)
 		return
 	}
 	w := h.newWorker()
@@ -440,7 +442,7 @@ func (h *Hub) admit(fd int) {
 	w.tok, err = h.loop.Register(fd, loop.Readable, w.onEvent)
 	if err != nil {
 		h.freeWorker(w) // never seen by anyone
-		h.refuse(fd, "register failed", "worker", id, "pid", cred.Pid, "error", err)
+		h.refuse(fd, "register failed", "hub error: register failed", "worker", id, "pid", cred.Pid, "error", err)
 		return
 	}
 	h.workers.add(w)

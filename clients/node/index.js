@@ -9,7 +9,7 @@
 //
 // Wire protocol: docs/protocol.md in the listenhub repository.
 
-const { Client, connect, DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT } = require('./lib/client');
+const { Client, connect, DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, DEFAULT_FRAME_TIMEOUT } = require('./lib/client');
 const { Failover, HUB, LOCAL } = require('./lib/failover');
 const { Local } = require('./lib/local');
 const errors = require('./lib/errors');
@@ -23,5 +23,6 @@ module.exports = {
   LOCAL,
   DEFAULT_ACK_TIMEOUT,
   DEFAULT_WRITE_TIMEOUT,
+  DEFAULT_FRAME_TIMEOUT,
   ...errors,
 };

@@ -4,6 +4,7 @@
 
 const fs = require('node:fs');
 const net = require('node:net');
+const pathlib = require('node:path');
 
 const frame = require('./frame');
 const { DEFAULT_MAX_PENDING, Sink, wake, status } = require('./events');
@@ -14,6 +15,7 @@ const {
   InvalidNameError,
   LimitError,
   NackError,
+  RefusedError,
   SlowConsumerError,
 } = require('./errors');
 
@@ -24,22 +26,105 @@ const DEFAULT_ACK_TIMEOUT = 2000;
 // the hub stopped reading.
 const DEFAULT_WRITE_TIMEOUT = 2000;
 const DEFAULT_CONNECT_TIMEOUT = 2000;
+// Bound of one frame from the hub, from its first byte to its last: the
+// hub's own --frame-timeout default. A hub that stops in the middle of a
+// frame is wedged; without it the client would wait forever.
+const DEFAULT_FRAME_TIMEOUT = 10000;
 
-// Refuses a socket that belongs to another user. node:net cannot read the
-// peer's credentials (SO_PEERCRED), so this checks the owner of the socket
-// file instead: ours, root, or one of allowedUids. The hub creates it with
-// mode 0600 and checks our credentials on its side.
-function checkOwner(path, allowedUids) {
-  if (typeof process.getuid !== 'function') return;
-  let st;
+// O_PATH (Linux; not in fs.constants): opens the directory without needing
+// read permission on it, only to pin it.
+const O_PATH = 0o10000000;
+const S_ISVTX = 0o1000;
+
+// Why a socket directory cannot be trusted (null if it can), OpenSSH's
+// StrictModes rule: owned by us, root or an allowed uid, and not writable by
+// group or other unless sticky (like /tmp: there only an entry's owner can
+// rename or remove it, and the socket's own owner is checked too).
+function dirProblem(st, trusted) {
+  if (!trusted.has(st.uid)) {
+    return `directory owned by uid ${st.uid}, not ours (${process.getuid()}), root or an allowed uid`;
+  }
+  if (st.mode & 0o022 && !(st.mode & S_ISVTX)) {
+    return `directory mode ${(st.mode & 0o7777).toString(8).padStart(4, '0')} is writable by group or other (and not sticky)`;
+  }
+  return null;
+}
+
+// Why the file at the socket path (lstat: a symlink is not followed) is not
+// our hub's socket (null if it may be).
+function sockProblem(st, trusted) {
+  if (!st.isSocket()) {
+    return `${st.isSymbolicLink() ? 'a symlink' : 'not a socket'} (mode ${st.mode.toString(8).padStart(6, '0')}): not our hub's socket`;
+  }
+  if (!trusted.has(st.uid)) {
+    return `socket owned by uid ${st.uid}, not ours (${process.getuid()}), root or an allowed uid: not our hub`;
+  }
+  return null;
+}
+
+function openDir(dir) {
   try {
-    st = fs.statSync(path);
+    return fs.openSync(dir, O_PATH | fs.constants.O_DIRECTORY);
+  } catch (e) {
+    if (e.code !== 'EINVAL') throw e;
+    return fs.openSync(dir, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
+  }
+}
+
+// The socket's identity, checked the same way as by the Go and Python
+// clients, except for the last step: the directory is opened (pinned) and
+// checked (dirProblem), the name is lstat'ed in it (sockProblem), and the
+// connect goes through that open directory (/proc/self/fd/N/name: a symlink
+// swapped into the path meanwhile changes nothing). node:net cannot read
+// the peer's credentials (SO_PEERCRED); instead, after the connect, the name
+// must still be the same socket file (device and inode) with a trusted
+// owner: a socket file is owned by whoever bound it, so the listener we
+// reached was made by a trusted uid. Returns {fd, via, before}; the caller
+// closes fd once connected.
+function pinSocket(path, trusted) {
+  const dir = pathlib.dirname(path);
+  const name = pathlib.basename(path);
+  if (!name || name === '.' || name === '..' || path.endsWith('/')) throw new ConnError('dial', path, 'not a socket path');
+  let fd;
+  try {
+    fd = openDir(dir);
   } catch (e) {
     throw new ConnError('dial', path, e);
   }
-  const me = process.getuid();
-  if (st.uid === me || st.uid === 0 || (allowedUids || []).includes(st.uid)) return;
-  throw new ConnError('peer', path, `socket owned by uid ${st.uid}, not ours (${me}) or root: not our hub`);
+  try {
+    let problem = dirProblem(fs.fstatSync(fd), trusted);
+    if (problem) throw new ConnError('peer', path, problem);
+    let via = `/proc/self/fd/${fd}/${name}`;
+    if (!fs.existsSync(`/proc/self/fd/${fd}`) || Buffer.byteLength(via) >= 108) via = path;
+    const lpath = via === path ? path : via;
+    let before;
+    try {
+      before = fs.lstatSync(lpath);
+    } catch (e) {
+      throw new ConnError('dial', path, e);
+    }
+    problem = sockProblem(before, trusted);
+    if (problem) throw new ConnError('peer', path, problem);
+    return { fd, via, before };
+  } catch (e) {
+    fs.closeSync(fd);
+    throw e;
+  }
+}
+
+// After the connect: the same socket file, still with a trusted owner.
+function checkSame(path, pin, trusted) {
+  let after;
+  try {
+    after = fs.lstatSync(pin.via);
+  } catch (e) {
+    throw new ConnError('peer', path, `the socket file went away during the connect: ${e.message}`);
+  }
+  const problem = sockProblem(after, trusted);
+  if (problem) throw new ConnError('peer', path, problem);
+  if (after.dev !== pin.before.dev || after.ino !== pin.before.ino) {
+    throw new ConnError('peer', path, 'the socket file changed during the connect: not our hub');
+  }
 }
 
 // A connection to a listenhub hub. Make one with connect().
@@ -58,6 +143,11 @@ class Client {
     this.path = path;
     this.ackTimeout = opts.ackTimeout || DEFAULT_ACK_TIMEOUT;
     this.writeTimeout = opts.writeTimeout || DEFAULT_WRITE_TIMEOUT;
+    this.frameTimeout = opts.frameTimeout || DEFAULT_FRAME_TIMEOUT;
+    this._frameTimer = null;
+    this._frameStart = null;
+    this._greeted = false;
+    this._held = [];
     this._sink = new Sink(opts.onWake, opts.onStatus, opts.maxPending || DEFAULT_MAX_PENDING);
     this._sock = socket;
     this._subs = new Map(); // q -> {active, call, wantUnsub}
@@ -188,7 +278,14 @@ class Client {
 
   // Writes buf; if bytes are still pending writeTimeout later (the kernel's
   // socket buffer stayed full: the hub stopped reading), the client dies.
+  // Nothing is written before the hub's first frame (status, or the
+  // refusal of this connection): a write into a connection the hub is
+  // refusing fails with EPIPE and loses the reason it sent.
   _write(buf) {
+    if (!this._greeted) {
+      this._held.push(buf);
+      return;
+    }
     this._sock.write(buf);
     if (!this._writeTimer && this._sock.writableLength > 0) {
       this._writeTimer = setTimeout(() => {
@@ -226,6 +323,7 @@ class Client {
     this._subs.clear();
     this._healthy = false;
     this._clearWriteTimer();
+    if (this._frameTimer) clearTimeout(this._frameTimer);
     this._sock.destroy();
     this._sink.end();
     this._resolveDone(err);
@@ -242,14 +340,45 @@ class Client {
         this._die(new ConnError('read', this.path, e));
         return;
       }
-      if (m === null) return;
+      if (m === null) break;
       this._handle(m);
       if (this.err) return;
     }
+    this._armFrameTimer();
+  }
+
+  // Times the incomplete frame buffered now, from its first byte.
+  _armFrameTimer() {
+    const since = this._dec.partialSince;
+    if (since === this._frameStart) return;
+    this._frameStart = since;
+    if (this._frameTimer) clearTimeout(this._frameTimer);
+    this._frameTimer = null;
+    if (since === null) return;
+    this._frameTimer = setTimeout(() => {
+      this._frameTimer = null;
+      this._die(new ConnError('read', this.path,
+        `a frame from the hub stalled: ${this._dec.buffered()} bytes of it in ${this.frameTimeout} ms (frame timeout)`));
+    }, Math.max(0, since + this.frameTimeout - Date.now()));
+    if (this._frameTimer.unref) this._frameTimer.unref();
   }
 
   _handle(m) {
-    const { t, q } = m;
+    const { t } = m;
+    let { q } = m;
+    if (!this._greeted) {
+      this._greeted = true;
+      if (t === 'nack') {
+        // A nack before anything else is the hub's refusal of this
+        // connection (docs/protocol.md); it closes it next.
+        this._die(new RefusedError(this.path, typeof m.error === 'string' && m.error ? m.error : 'no reason given'));
+        return;
+      }
+      const held = this._held;
+      this._held = null;
+      if (held.length) this._write(Buffer.concat(held));
+    }
+    if (t === 'nack' && typeof m.q64 === 'string') q = this._nackedName(q, m.q64);
     const s = typeof q === 'string' ? this._subs.get(q) : undefined;
     switch (t) {
       case 'ack': {
@@ -291,6 +420,17 @@ class Client {
     }
   }
 
+  // The name a nack answers. A nack for a name that was not valid UTF-8
+  // carries the name's bytes as sent in "q64" ("q" holds U+FFFD in their
+  // place): find the pending sub they match.
+  _nackedName(q, q64) {
+    const sent = Buffer.from(q64, 'base64');
+    for (const [name, s] of this._subs) {
+      if (s.call && frame.wireBytes(name).equals(sent)) return name;
+    }
+    return q;
+  }
+
   _deliver(ev) {
     if (this._closing) return;
     const cb = this._sink.callback(ev);
@@ -310,34 +450,64 @@ class Client {
 
 // Connects to the hub at path and resolves to a Client. Options:
 // onWake, onStatus, ackTimeout (ms, 2000), writeTimeout (ms, 2000),
-// connectTimeout (ms, 2000), peerCheck (true), allowedUids, maxPending.
-// Rejects with ConnError when there is no hub (ENOENT, ECONNREFUSED) or the
-// socket is not our user's.
+// connectTimeout (ms, 2000), frameTimeout (ms, 10000), peerCheck (true:
+// the socket identity checks of pinSocket), allowedUids, maxPending.
+// Rejects with ConnError: op "dial" when there is no hub (ENOENT,
+// ECONNREFUSED), op "peer" when the socket is not our hub's.
 function connect(path, opts = {}) {
   return new Promise((resolve, reject) => {
-    if (opts.peerCheck !== false) {
+    let pin = null;
+    let trusted = null;
+    if (opts.peerCheck !== false && typeof process.getuid === 'function') {
+      trusted = new Set([process.getuid(), 0, ...(opts.allowedUids || [])]);
       try {
-        checkOwner(path, opts.allowedUids);
+        pin = pinSocket(path, trusted);
       } catch (e) {
         reject(e);
         return;
       }
     }
-    const sock = net.createConnection({ path });
+    const unpin = () => {
+      if (pin && pin.fd !== null) {
+        fs.closeSync(pin.fd);
+        pin.fd = null;
+      }
+    };
+    const sock = net.createConnection({ path: pin ? pin.via : path });
     const timer = setTimeout(() => {
       sock.destroy();
+      unpin();
       reject(new ConnError('dial', path, 'connect timed out'));
     }, opts.connectTimeout || DEFAULT_CONNECT_TIMEOUT);
     sock.once('error', (e) => {
       clearTimeout(timer);
+      unpin();
       reject(new ConnError('dial', path, e));
     });
     sock.once('connect', () => {
       clearTimeout(timer);
       sock.removeAllListeners('error');
+      try {
+        if (pin) checkSame(path, pin, trusted);
+      } catch (e) {
+        sock.destroy();
+        reject(e);
+        return;
+      } finally {
+        unpin();
+      }
       resolve(new Client(path, sock, opts));
     });
   });
 }
 
-module.exports = { Client, connect, DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT };
+module.exports = {
+  Client,
+  connect,
+  dirProblem,
+  sockProblem,
+  DEFAULT_ACK_TIMEOUT,
+  DEFAULT_WRITE_TIMEOUT,
+  DEFAULT_CONNECT_TIMEOUT,
+  DEFAULT_FRAME_TIMEOUT,
+};

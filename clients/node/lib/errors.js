@@ -68,6 +68,17 @@ class ConnError extends ListenhubError {
   }
 }
 
+// The hub refused this connection at accept and said why (its first frame
+// was a nack, e.g. "uid 1000 is not allowed (--allow-uid)"): the client is
+// dead, and a failover listener fails over.
+class RefusedError extends ListenhubError {
+  constructor(path, reason) {
+    super(`listenhub: the hub at ${path} refused this connection: ${reason}`);
+    this.path = path;
+    this.reason = reason;
+  }
+}
+
 // The events() iterator was not drained: more than maxPending events were
 // waiting. The listener is dead, as a worker that stops reading is evicted.
 class SlowConsumerError extends ListenhubError {}
@@ -89,6 +100,7 @@ module.exports = {
   NackError,
   AckTimeoutError,
   ConnError,
+  RefusedError,
   SlowConsumerError,
   FailoverError,
 };

@@ -47,14 +47,23 @@ function cleanEnv() {
   return env;
 }
 
+// Every directory made here is removed when the test process exits (a
+// killed hub's socket directory may be reused by the next hub meanwhile).
+const tmpDirs = [];
+process.on('exit', () => {
+  for (const d of tmpDirs) fs.rmSync(d, { recursive: true, force: true });
+});
+
 function tmpDir(prefix) {
-  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  tmpDirs.push(d);
+  return d;
 }
 
 // One `listenhub serve` on its own socket. Kill it with kill() (SIGKILL:
 // workers see EOF).
 class Hub {
-  static async start(name, { prefix = '', suffix = '', socket = '' } = {}) {
+  static async start(name, { prefix = '', suffix = '', socket = '', args: extra = [], ready = true } = {}) {
     const h = new Hub();
     h.dir = tmpDir('lhnode-');
     h.socket = socket || path.join(h.dir, 'hub.sock');
@@ -65,6 +74,7 @@ class Hub {
     const args = ['serve', '--socket', h.socket, '--database-url', DATABASE_URL, '--application-name', h.app, '--status-interval', '200ms'];
     if (prefix) args.push('--channel-prefix', prefix);
     if (suffix) args.push('--channel-suffix', suffix);
+    args.push(...extra);
     h.proc = spawn(HUB_BIN, args, { env: cleanEnv(), stdio: ['ignore', 'pipe', 'pipe'] });
     h.exited = new Promise((resolve) => h.proc.on('exit', resolve));
     const collect = (d) => {
@@ -72,7 +82,8 @@ class Hub {
     };
     h.proc.stdout.on('data', collect);
     h.proc.stderr.on('data', collect);
-    await h._ready();
+    if (ready) await h._ready();
+    else await waitFor("the hub's socket", () => fs.existsSync(h.socket)); // a hub that refuses us
     return h;
   }
 
@@ -167,19 +178,26 @@ class Collector {
 
 // A socket that speaks the protocol badly on purpose: a healthy status,
 // then every sub answered with nothing ("silent") or with a nack that is not
-// about the name ("nack"), or nothing read at all ("deaf").
+// about the name ("nack"), or nothing read at all ("deaf"), half a frame and
+// a stall ("partial"), an ack and a 4 MiB wake in 128-byte writes ("big");
+// or every sub acked ("ack"); or the connection refused ("refuse").
 class FakeHub {
-  static async start(mode) {
+  static async start(mode, dir = '') {
     const f = new FakeHub();
-    f.dir = tmpDir('lhnode-fake-');
+    f.dir = dir || tmpDir('lhnode-fake-');
     f.socket = path.join(f.dir, 'fake.sock');
     f.conns = new Set();
     f.server = net.createServer((c) => {
       f.conns.add(c);
       c.on('error', () => {});
       c.on('close', () => f.conns.delete(c));
+      if (mode === 'refuse') {
+        c.end(frame.encode({ t: 'nack', q: '', error: 'uid 1000 is not allowed (--allow-uid)' }));
+        return;
+      }
       c.write(frame.encode({ t: 'status', healthy: true }));
-      if (mode === 'deaf') {
+      if (mode === 'partial') c.write(frame.encode({ t: 'wake', q: 'a', p: 'x' }).subarray(0, 7));
+      if (mode === 'deaf' || mode === 'partial') {
         c.pause(); // never read
         return;
       }
@@ -187,6 +205,8 @@ class FakeHub {
       c.on('data', (d) => {
         dec.feed(d);
         for (let m = dec.next(); m; m = dec.next()) {
+          if (m.t === 'sub' && (mode === 'ack' || mode === 'big')) c.write(frame.encode({ t: 'ack', q: m.q }));
+          if (m.t === 'sub' && mode === 'big') bigWake(c, m.q);
           if (m.t === 'sub' && mode === 'nack') {
             c.write(frame.encode({ t: 'nack', q: m.q, error: 'LISTEN failed: listener: no connection within the command timeout' }));
           }
@@ -200,7 +220,94 @@ class FakeHub {
   close() {
     for (const c of this.conns) c.destroy();
     this.server.close();
+    fs.rmSync(this.dir, { recursive: true, force: true });
   }
 }
 
-module.exports = { HUB_BIN, DATABASE_URL, TIMEOUT, skip, sleep, waitFor, tmpDir, Hub, DB, Collector, FakeHub };
+// One 4 MiB wake for q, in 128-byte writes, each after the last one left.
+function bigWake(c, q) {
+  const f = frame.encode({ t: 'wake', q, p: 'x'.repeat((4 << 20) - 40) });
+  let i = 0;
+  const step = () => {
+    while (i < f.length) {
+      const piece = f.subarray(i, i + 128);
+      i += 128;
+      if (!c.write(piece)) {
+        c.once('drain', step);
+        return;
+      }
+      if (i % (128 * 256) === 0) {
+        setImmediate(step); // let the pieces go out one by one
+        return;
+      }
+    }
+  };
+  step();
+}
+
+// The connects of one attack run: 1,000 in CI, 10,000 with
+// LISTENHUB_TEST_LARGE_SET=1 (the figure issue 19 asks for).
+const attackConnects = () => (process.env.LISTENHUB_TEST_LARGE_SET ? 10000 : 1000);
+
+// clients/testdata/attacker.py run as nobody; null (skip) without root,
+// runuser or python3.
+async function startAttacker(mode, shared, target, legit = '') {
+  const { execFileSync } = require('node:child_process');
+  if (process.getuid() !== 0) return null;
+  let py;
+  try {
+    execFileSync('runuser', ['--help'], { stdio: 'ignore' });
+    py = ['/usr/bin/python3', 'python3'].find((p) => {
+      try {
+        execFileSync(p, ['-c', '1'], { stdio: 'ignore' });
+        return true;
+      } catch {
+        return false;
+      }
+    });
+  } catch {
+    return null;
+  }
+  if (!py) return null;
+  const src = fs.readFileSync(path.join(__dirname, '..', '..', 'testdata', 'attacker.py'), 'utf8');
+  const args = ['-u', 'nobody', '--', py, '-c', src, mode, shared, target];
+  if (legit) args.push(legit);
+  const proc = spawn('runuser', args, { stdio: ['pipe', 'pipe', 'inherit'] });
+  let out = '';
+  proc.stdout.on('data', (d) => {
+    out += d.toString();
+  });
+  await waitFor('the attacker', () => out.includes('ready\n') || proc.exitCode !== null);
+  if (!out.includes('ready\n')) throw new Error(`attacker did not start: ${out}`);
+  return {
+    async captures() {
+      proc.stdin.end();
+      await waitFor('the attacker to report', () => /captures \d+/.test(out));
+      return Number(/captures (\d+)/.exec(out)[1]);
+    },
+  };
+}
+
+// A fresh root-owned directory with mode 1777, like /tmp.
+function stickyDir() {
+  const d = tmpDir('lhnode-sticky-');
+  fs.chmodSync(d, 0o1777);
+  return d;
+}
+
+module.exports = {
+  HUB_BIN,
+  DATABASE_URL,
+  TIMEOUT,
+  skip,
+  sleep,
+  waitFor,
+  tmpDir,
+  Hub,
+  DB,
+  Collector,
+  FakeHub,
+  attackConnects,
+  startAttacker,
+  stickyDir,
+};

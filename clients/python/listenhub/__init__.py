@@ -19,10 +19,12 @@ from .errors import (
     ClosedError,
     ConnError,
     FailoverError,
+    ForkedError,
     InvalidNameError,
     LimitError,
     ListenhubError,
     NackError,
+    RefusedError,
 )
 from .failover import HUB, LOCAL, Failover
 from .local import Local
@@ -41,6 +43,7 @@ __all__ = [
     "DEFAULT_WRITE_TIMEOUT",
     "Failover",
     "FailoverError",
+    "ForkedError",
     "HUB",
     "InvalidNameError",
     "LimitError",
@@ -48,6 +51,7 @@ __all__ = [
     "LOCAL",
     "Local",
     "NackError",
+    "RefusedError",
     "SlowConsumerError",
     "Status",
     "Wake",

@@ -1,8 +1,10 @@
 """The wire codec (docs/protocol.md): 4-byte big-endian length + one JSON
 object. No I/O here."""
 
+import base64
 import json
 import struct
+import time
 
 #: Largest frame body either side may send (4 MiB). A longer length header is
 #: a protocol error: the reader closes the connection without allocating.
@@ -16,7 +18,9 @@ _HDR = struct.Struct(">I")
 
 def encode(msg):
     """One frame: header + compact JSON body (raw UTF-8, like the hub)."""
-    body = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # surrogatepass: a str with a lone surrogate (which name_problem refuses
+    # before a sub is ever encoded) goes out as the bytes wire_bytes says.
+    body = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
     return _HDR.pack(len(body)) + body
 
 
@@ -35,16 +39,25 @@ class FrameError(ValueError):
 class Decoder:
     """Incremental decoder: feed() what a read returned, then next() until it
     returns None. A stream socket has no message boundaries, so one read may
-    hold half a frame or twenty."""
+    hold half a frame or twenty.
+
+    Linear in the bytes fed: a frame's bytes are appended once (amortized)
+    and copied out once, however small the reads it came in.
+    ``partial_since`` is the time.monotonic() at which the incomplete frame
+    now buffered began (None when nothing is buffered), for the reader's
+    frame timeout."""
 
     def __init__(self):
         self._buf = bytearray()
         self._off = 0
+        self.partial_since = None
 
     def feed(self, data):
         if self._off and self._off == len(self._buf):
             self._buf.clear()
             self._off = 0
+        if data and self.partial_since is None:
+            self.partial_since = time.monotonic()
         self._buf += data
 
     def buffered(self):
@@ -63,6 +76,7 @@ class Decoder:
         start = self._off + 4
         body = bytes(self._buf[start : start + n])
         self._off = start + n
+        self.partial_since = time.monotonic() if self._off < len(self._buf) else None
         if self._off > 65536 and self._off * 2 > len(self._buf):
             del self._buf[: self._off]
             self._off = 0
@@ -73,6 +87,20 @@ class Decoder:
         if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
             raise FrameError("frame is not an object with a string \"t\"")
         return msg
+
+
+def wire_bytes(q):
+    """q's bytes as a hub reports a name that is not valid UTF-8 ("q64" in
+    its nack): UTF-8, a lone surrogate as its 3-byte form."""
+    return q.encode("utf-8", "surrogatepass")
+
+
+def q64_bytes(q64):
+    """The bytes of a nack's "q64" (base64); b"" if it is not base64."""
+    try:
+        return base64.b64decode(q64, validate=True)
+    except ValueError:
+        return b""
 
 
 def name_problem(q):

@@ -5,14 +5,16 @@ import asyncio
 import inspect
 import logging
 import threading
+import time
 
-from . import _frame
+from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, SlowConsumerError, Status, Wake, make_wake
 from .client import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_FRAME_TIMEOUT,
     DEFAULT_WRITE_TIMEOUT,
-    check_peer,
+    dial,
 )
 from .errors import (
     AckTimeoutError,
@@ -23,6 +25,7 @@ from .errors import (
     LimitError,
     ListenhubError,
     NackError,
+    RefusedError,
 )
 from .failover import (
     DEFAULT_MIN_LOCAL,
@@ -125,10 +128,13 @@ class AsyncClient:
     async iterator.
     """
 
-    def __init__(self, path, reader, writer, *, on_wake, on_status, ack_timeout, write_timeout, max_pending):
+    def __init__(self, path, reader, writer, *, on_wake, on_status, ack_timeout, write_timeout, max_pending, frame_timeout=DEFAULT_FRAME_TIMEOUT):
         self.path = path
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
         self.write_timeout = write_timeout or DEFAULT_WRITE_TIMEOUT
+        self.frame_timeout = frame_timeout or DEFAULT_FRAME_TIMEOUT
+        self._greeted = False
+        self._held = bytearray()
         self._reader, self._writer = reader, writer
         # drain() then waits until the kernel took every byte.
         writer.transport.set_write_buffer_limits(high=0, low=0)
@@ -141,6 +147,18 @@ class AsyncClient:
         self._drainer = None
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._read_loop())
+        _fork.track(self)
+
+    def _after_fork_in_child(self, err):
+        """In a forked child (see _fork): dead with err (the event loop
+        does not survive fork either). The socket is closed, not shut down."""
+        self.err = err
+        self._subs = {}
+        self._healthy = False
+        try:
+            self._writer.get_extra_info("socket").close()
+        except Exception:
+            pass
 
     async def subscribe(self, q):
         """Subscribes to q; returns once the hub acked it. Raises
@@ -222,6 +240,11 @@ class AsyncClient:
     # --- internals -----------------------------------------------------------
 
     def _write(self, b):
+        if not self._greeted:
+            # Nothing is written before the hub's first frame (status, or
+            # the refusal): see Client._write_loop.
+            self._held += b
+            return
         self._writer.write(b)
         if self._drainer is None and self._writer.transport.get_write_buffer_size() > 0:
             self._drainer = self._loop.create_task(self._drain())
@@ -268,7 +291,14 @@ class AsyncClient:
         dec = _frame.Decoder()
         while True:
             try:
-                data = await self._reader.read(64 << 10)
+                if dec.partial_since is None:
+                    data = await self._reader.read(64 << 10)
+                else:
+                    left = dec.partial_since + self.frame_timeout - time.monotonic()
+                    data = await asyncio.wait_for(self._reader.read(64 << 10), max(left, 0))
+            except asyncio.TimeoutError:
+                self._die(ConnError("read", self.path, "a frame from the hub stalled: %d bytes of it in %gs (frame timeout)" % (dec.buffered(), self.frame_timeout)))
+                return
             except (ConnectionError, OSError) as e:
                 self._die(ConnError("read", self.path, e))
                 return
@@ -293,6 +323,15 @@ class AsyncClient:
 
     async def _handle(self, m):
         t, q = m["t"], m.get("q")
+        if not self._greeted:
+            self._greeted = True
+            if t == "nack":
+                # The hub's refusal of this connection (docs/protocol.md).
+                self._die(RefusedError(self.path, m.get("error") or "no reason given"))
+                return
+            if self._held:
+                held, self._held = bytes(self._held), bytearray()
+                self._write(held)
         if t == "ack":
             s = self._subs.get(q)
             if s is None or s.call is None:
@@ -308,6 +347,10 @@ class AsyncClient:
                 s.active = True
         elif t == "nack":
             reason = m.get("error") or ""
+            q64 = m.get("q64")
+            if isinstance(q64, str):
+                sent = _frame.q64_bytes(q64)
+                q = next((n for n, s in self._subs.items() if s.call is not None and _frame.wire_bytes(n) == sent), q)
             s = self._subs.get(q)
             if s is None or s.call is None:
                 log.debug("listenhub client: nack without a pending sub: %r %s", q, reason)
@@ -351,22 +394,21 @@ async def connect(
     ack_timeout=DEFAULT_ACK_TIMEOUT,
     write_timeout=DEFAULT_WRITE_TIMEOUT,
     connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+    frame_timeout=DEFAULT_FRAME_TIMEOUT,
     peer_check=True,
     allowed_uids=(),
     max_pending=DEFAULT_MAX_PENDING,
 ):
     """Connects to the hub at path. ConnError when there is no hub (ENOENT,
-    ECONNREFUSED) or its peer is not our user."""
+    ECONNREFUSED) or the socket is not our hub's (the same checks as the
+    synchronous client's dial, run in the default executor)."""
+    loop = asyncio.get_running_loop()
+    sock = await loop.run_in_executor(None, dial, path, connect_timeout or DEFAULT_CONNECT_TIMEOUT, peer_check, allowed_uids)
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), connect_timeout)
-    except (OSError, asyncio.TimeoutError) as e:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+    except OSError as e:
+        sock.close()
         raise ConnError("dial", path, e) from e
-    if peer_check:
-        try:
-            check_peer(writer.get_extra_info("socket"), path, allowed_uids)
-        except ConnError:
-            writer.close()
-            raise
     return AsyncClient(
         path,
         reader,
@@ -376,6 +418,7 @@ async def connect(
         ack_timeout=ack_timeout,
         write_timeout=write_timeout,
         max_pending=max_pending,
+        frame_timeout=frame_timeout,
     )
 
 

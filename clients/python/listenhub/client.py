@@ -5,20 +5,23 @@ import logging
 import os
 import select
 import socket
+import stat
 import struct
 import threading
 import time
 
-from . import _frame
+from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, Sink, SlowConsumerError, Status, Wake, make_wake
 from .errors import (
     AckTimeoutError,
     ClosedError,
     ConnError,
+    ForkedError,
     InvalidNameError,
     LimitError,
     ListenhubError,
     NackError,
+    RefusedError,
 )
 
 #: Bound of the wait for an ack. The hub acks once Postgres confirmed the
@@ -29,6 +32,10 @@ DEFAULT_ACK_TIMEOUT = 2.0
 DEFAULT_WRITE_TIMEOUT = 2.0
 #: Bound of the connect.
 DEFAULT_CONNECT_TIMEOUT = 2.0
+#: Bound of one frame from the hub, from its first byte to its last: the
+#: hub's own --frame-timeout default. A hub that stops in the middle of a
+#: frame is wedged; without it the client would wait forever.
+DEFAULT_FRAME_TIMEOUT = 10.0
 
 _READ_SIZE = 64 << 10
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -47,22 +54,88 @@ def check_peer(sock, path, allowed_uids=()):
     raise ConnError("peer", path, "peer pid %d runs as uid %d, not ours (%d) or root: not our hub" % (pid, uid, os.getuid()))
 
 
+def _trusted(allowed_uids):
+    return {os.getuid(), 0} | set(allowed_uids)
+
+
+def dir_problem(st, trusted):
+    """Why a socket directory with stat st cannot be trusted (None if it
+    can), OpenSSH's StrictModes rule: owned by us, root or an allowed uid,
+    and not writable by group or other, unless sticky (like /tmp: there only
+    an entry's owner can rename or remove it, and the socket's own owner is
+    checked too)."""
+    if st.st_uid not in trusted:
+        return "directory owned by uid %d, not ours (%d), root or an allowed uid" % (st.st_uid, os.getuid())
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return "directory mode %04o is writable by group or other (and not sticky)" % stat.S_IMODE(st.st_mode)
+    return None
+
+
+def sock_problem(st, trusted):
+    """Why the file at the socket path (lstat: a symlink is not followed)
+    is not our hub's socket (None if it may be)."""
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a socket"
+        return "%s (mode %06o): not our hub's socket" % (kind, st.st_mode)
+    if st.st_uid not in trusted:
+        return "socket owned by uid %d, not ours (%d), root or an allowed uid: not our hub" % (st.st_uid, os.getuid())
+    return None
+
+
+_PROC_FD = os.path.isdir("/proc/self/fd")
+
+
 def dial(path, timeout, peer_check, allowed_uids):
     """Connects to the hub socket; ConnError(op="dial") for a missing socket
-    (ENOENT) or a stale one (ECONNREFUSED)."""
+    (ENOENT) or a stale one (ECONNREFUSED), ConnError(op="peer") for one
+    that is not our hub's.
+
+    With peer_check (the default) the socket's identity is checked the same
+    way as by the Go and Node clients: the directory is opened (O_PATH) and
+    checked (dir_problem), the name is lstat'ed in it (sock_problem), the
+    connect goes through that open directory (/proc/self/fd/N/name: a
+    symlink swapped into the path meanwhile changes nothing), and then the
+    peer's uid is checked (SO_PEERCRED)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dfd = -1
     try:
         sock.settimeout(timeout)
-        sock.connect(path)
-        sock.settimeout(None)
-        if peer_check:
+        if not peer_check:
+            sock.connect(path)
+        else:
+            trusted = _trusted(allowed_uids)
+            d, name = os.path.split(path)
+            if not name or name in (".", ".."):
+                raise ConnError("dial", path, "not a socket path")
+            dfd = os.open(d or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            problem = dir_problem(os.fstat(dfd), trusted)
+            if problem:
+                raise ConnError("peer", path, problem)
+            before = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            problem = sock_problem(before, trusted)
+            if problem:
+                raise ConnError("peer", path, problem)
+            via = "/proc/self/fd/%d/%s" % (dfd, name)
+            if _PROC_FD and len(os.fsencode(via)) < 108:
+                sock.connect(via)
+            else:
+                # No /proc (or a name too long for it): connect by path and
+                # require the same socket file afterwards.
+                sock.connect(path)
+                after = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+                    raise ConnError("peer", path, "the socket file changed during the connect")
             check_peer(sock, path, allowed_uids)
+        sock.settimeout(None)
     except ConnError:
         sock.close()
         raise
     except OSError as e:
         sock.close()
         raise ConnError("dial", path, e) from e
+    finally:
+        if dfd >= 0:
+            os.close(dfd)
     return sock
 
 
@@ -115,6 +188,7 @@ class Client:
         ack_timeout=DEFAULT_ACK_TIMEOUT,
         write_timeout=DEFAULT_WRITE_TIMEOUT,
         connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+        frame_timeout=DEFAULT_FRAME_TIMEOUT,
         peer_check=True,
         allowed_uids=(),
         max_pending=DEFAULT_MAX_PENDING,
@@ -123,6 +197,7 @@ class Client:
         self.path = path
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
         self.write_timeout = write_timeout or DEFAULT_WRITE_TIMEOUT
+        self.frame_timeout = frame_timeout or DEFAULT_FRAME_TIMEOUT
         self._sink = Sink(on_wake, on_status, max_pending)
         self._sock = _sock or dial(path, connect_timeout, peer_check, allowed_uids)
 
@@ -133,6 +208,7 @@ class Client:
         self.err = None
         self.done = threading.Event()
         self._healthy = False
+        self._greeted = False  # a frame other than a refusal arrived
 
         # close(): no new callback starts once it was called (see _call).
         self._dispatch = threading.Lock()
@@ -143,6 +219,7 @@ class Client:
         self._reader = threading.Thread(target=self._read_loop, name="listenhub-reader", daemon=True)
         self._writer.start()
         self._reader.start()
+        _fork.track(self)
 
     # --- API -----------------------------------------------------------------
 
@@ -254,6 +331,24 @@ class Client:
 
     # --- internals -----------------------------------------------------------
 
+    def _after_fork_in_child(self, err):
+        """In a forked child (see _fork): dead with err. No lock is taken
+        (a thread of the parent may have held one at fork: it never lets go
+        here) and the socket is closed, not shut down (that would cut the
+        parent's connection)."""
+        self._mu = threading.Lock()
+        self._cond = threading.Condition(self._mu)
+        self._dispatch = threading.Lock()
+        self._subs = {}
+        self._out = bytearray()
+        self.err = err
+        self._healthy = False
+        self.done = threading.Event()
+        self.done.set()
+        self._sink = Sink(None, None, 1)
+        self._sink.end()
+        self._sock.close()
+
     def _queue(self, b):
         self._out += b
         self._cond.notify_all()
@@ -299,7 +394,11 @@ class Client:
                 while True:
                     if self.err is not None:
                         return
-                    if self._out:
+                    if self._out and self._greeted:
+                        # Nothing is written before the hub's first frame
+                        # (status, or the refusal of this connection): a
+                        # write into a connection the hub is refusing fails
+                        # with EPIPE and loses the reason it sent.
                         break
                     now = time.monotonic()
                     expired, next_deadline = None, None
@@ -354,8 +453,16 @@ class Client:
 
     def _read_loop(self):
         dec = _frame.Decoder()
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
         try:
             while True:
+                if dec.partial_since is not None:
+                    left = dec.partial_since + self.frame_timeout - time.monotonic()
+                    if left <= 0 or not poller.poll(left * 1000):
+                        if not self.done.is_set():
+                            self._die(ConnError("read", self.path, "a frame from the hub stalled: %d bytes of it in %gs (frame timeout)" % (dec.buffered(), self.frame_timeout)))
+                        return
                 try:
                     data = self._sock.recv(_READ_SIZE)
                 except OSError as e:
@@ -386,6 +493,15 @@ class Client:
         """Processes one frame; False once the client is dead."""
         t = m["t"]
         q = m.get("q")
+        if not self._greeted:
+            self._greeted = True
+            if t == "nack":
+                # A nack before anything else is the hub's refusal of this
+                # connection (docs/protocol.md); it closes it next.
+                self._die(RefusedError(self.path, m.get("error") or "no reason given"))
+                return False
+            with self._mu:
+                self._cond.notify_all()  # the writer may start
         if t == "ack":
             with self._mu:
                 s = self._subs.get(q)
@@ -401,6 +517,7 @@ class Client:
                         s.active = True
         elif t == "nack":
             reason = m.get("error") or ""
+            q = self._nacked_name(q, m.get("q64"))
             if _frame.invalid_name_reason(reason) or _frame.limit_reason(reason):
                 err_type = LimitError if _frame.limit_reason(reason) else InvalidNameError
                 with self._mu:
@@ -429,6 +546,19 @@ class Client:
         else:
             log.debug("listenhub client: skipping unknown frame type %r", t)
         return not self.done.is_set()
+
+    def _nacked_name(self, q, q64):
+        """The name a nack answers. A nack for a name that was not valid
+        UTF-8 carries the name's bytes as sent in "q64" ("q" then holds
+        U+FFFD in their place): find the pending sub they match."""
+        if not isinstance(q64, str):
+            return q
+        sent = _frame.q64_bytes(q64)
+        with self._mu:
+            for name, s in self._subs.items():
+                if s.call is not None and _frame.wire_bytes(name) == sent:
+                    return name
+        return q
 
     def _deliver(self, ev):
         cb = self._sink.callback(ev)

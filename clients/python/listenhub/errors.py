@@ -66,6 +66,32 @@ class ConnError(ListenhubError):
         self.cause = cause
 
 
+class ForkedError(ClosedError):
+    """The listener was made in another process, before fork(): the child
+    must make its own (a client is never shared across fork, and is not
+    reconnected behind the child's back). Raised at once by every call in
+    the child; the parent's listener is not affected."""
+
+    def __init__(self, parent_pid):
+        super().__init__(
+            "listenhub: this listener was created in process %d before fork(); "
+            "create it in the child (after fork), e.g. in gunicorn's post_fork or lazily on first use, "
+            "not at import under --preload" % parent_pid
+        )
+        self.parent_pid = parent_pid
+
+
+class RefusedError(ListenhubError):
+    """The hub refused this connection at accept and said why (its first
+    frame was a nack, e.g. "uid 1000 is not allowed (--allow-uid)"): the
+    client is dead, and a failover listener fails over."""
+
+    def __init__(self, path, reason):
+        super().__init__("listenhub: the hub at %s refused this connection: %s" % (path, reason))
+        self.path = path
+        self.reason = reason
+
+
 class FailoverError(ListenhubError):
     """The local listener failed too, after the hub failed (``hub``): the
     failover listener is dead."""

@@ -7,7 +7,7 @@ import logging
 import random
 import threading
 
-from . import _frame
+from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, Sink, SlowConsumerError, Status, Wake
 from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
 from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError
@@ -136,6 +136,7 @@ class Failover:
         self._settled.set()
         self.err = None
         self.done = threading.Event()
+        _fork.track(self)
 
         try:
             hub, state = self._new_hub(current=True)
@@ -153,6 +154,19 @@ class Failover:
         with self._mu:
             self._hub, self._hub_state = hub, state
         self._watch(hub, self._hub_died)
+
+    def _after_fork_in_child(self, err):
+        """In a forked child (see _fork): dead with err, taking no lock a
+        parent's thread may have held at fork."""
+        self._mu = threading.Lock()
+        self._dispatch = threading.Lock()
+        self.err = err
+        self._settled = threading.Event()
+        self._settled.set()
+        self.done = threading.Event()
+        self.done.set()
+        self._sink = Sink(None, None, 1)
+        self._sink.end()
 
     # --- API -----------------------------------------------------------------
 

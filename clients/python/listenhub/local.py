@@ -9,7 +9,7 @@ import select
 import threading
 import time
 
-from . import _frame
+from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, Sink, SlowConsumerError, Status, Wake, make_wake
 from .errors import ClosedError, InvalidNameError, ListenhubError
 
@@ -102,6 +102,20 @@ class Local:
         self._pipe_open = True
         self._thread = threading.Thread(target=self._run, name="listenhub-local", daemon=True)
         self._thread.start()
+        _fork.track(self)
+
+    def _after_fork_in_child(self, err):
+        """In a forked child (see _fork): dead with err. The child's copy of
+        the Postgres socket is left alone: psycopg would send Terminate on
+        it, ending the parent's session."""
+        self._mu = threading.Lock()
+        self._dispatch = threading.Lock()
+        self._pipe_mu = threading.Lock()
+        self.err = err
+        self.done = threading.Event()
+        self.done.set()
+        self._sink = Sink(None, None, 1)
+        self._sink.end()
 
     def channel(self, q):
         return self.prefix + q + self.suffix

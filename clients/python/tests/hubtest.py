@@ -9,8 +9,10 @@ Both are required; see clients/python/README.md to run these by hand.
 """
 
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -55,7 +57,7 @@ def clean_env():
 class Hub:
     """One `listenhub serve` on its own socket in a temporary directory."""
 
-    def __init__(self, name, prefix="", suffix="", socket_path=None, args=()):
+    def __init__(self, name, prefix="", suffix="", socket_path=None, args=(), ready=True):
         require_env()
         self.dir = tempfile.mkdtemp(prefix="lhpy-")
         self.socket = socket_path or os.path.join(self.dir, "hub.sock")
@@ -77,7 +79,10 @@ class Hub:
             argv += ["--channel-suffix", suffix]
         argv += list(args)
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=clean_env())
-        self._ready()
+        if ready:
+            self._ready()
+        else:  # a hub that refuses us: listening is all we can wait for
+            wait_for("the hub's socket", lambda: os.path.exists(self.socket))
 
     def _ready(self):
         deadline = time.monotonic() + TIMEOUT
@@ -127,6 +132,7 @@ class Hub:
     def close(self):
         self.kill()
         self._log.close()
+        shutil.rmtree(self.dir, True)
 
 
 class DB:
@@ -186,11 +192,14 @@ class Collector:
 class FakeHub:
     """A socket that speaks the protocol badly on purpose: sends a healthy
     status, then answers every sub with nothing ("silent") or with a nack
-    that is not about the name ("nack"), or never reads at all ("deaf"). For
-    the rules a real hub cannot be made to break on demand."""
+    that is not about the name ("nack"), or never reads at all ("deaf"),
+    sends half a frame and stalls ("partial"), sends a 4 MiB frame in
+    128-byte writes ("big"); or acks every sub ("ack"); or refuses the
+    connection ("refuse"). For the rules a real hub cannot be made to break
+    on demand."""
 
-    def __init__(self, mode):
-        self.dir = tempfile.mkdtemp(prefix="lhpy-fake-")
+    def __init__(self, mode, dir=None):
+        self.dir = dir or tempfile.mkdtemp(prefix="lhpy-fake-")
         self.socket = os.path.join(self.dir, "fake.sock")
         self.mode = mode
         self.subs = []
@@ -212,8 +221,13 @@ class FakeHub:
 
     def _serve(self, c):
         try:
+            if self.mode == "refuse":
+                c.sendall(_frame.encode({"t": "nack", "q": "", "error": "uid 1000 is not allowed (--allow-uid)"}))
+                return
             c.sendall(_frame.encode({"t": "status", "healthy": True}))
-            if self.mode == "deaf":
+            if self.mode == "partial":
+                c.sendall(_frame.encode({"t": "wake", "q": "a", "p": "x"})[:7])
+            if self.mode in ("deaf", "partial"):
                 while not self._stop:
                     time.sleep(0.05)
                 return
@@ -229,6 +243,13 @@ class FakeHub:
                         break
                     if m["t"] == "sub":
                         self.subs.append(m["q"])
+                        if self.mode in ("ack", "big"):
+                            c.sendall(_frame.encode({"t": "ack", "q": m["q"]}))
+                        if self.mode == "big":
+                            # One 4 MiB frame in 128-byte writes.
+                            f = _frame.encode({"t": "wake", "q": m["q"], "p": "x" * ((4 << 20) - 40)})
+                            for i in range(0, len(f), 128):
+                                c.sendall(f[i : i + 128])
                         if self.mode == "nack":
                             c.sendall(_frame.encode({"t": "nack", "q": m["q"], "error": "LISTEN failed: listener: no connection within the command timeout"}))
         except OSError:
@@ -243,3 +264,45 @@ class FakeHub:
             except OSError:
                 pass
 
+
+
+ATTACKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "testdata", "attacker.py")
+
+
+def attack_connects():
+    """Connects per attack run: 1,000 in CI, 10,000 with
+    LISTENHUB_TEST_LARGE_SET=1 (the figure issue 19 asks for)."""
+    return 10000 if os.environ.get("LISTENHUB_TEST_LARGE_SET") else 1000
+
+
+class Attacker:
+    """clients/testdata/attacker.py run as nobody (needs root and
+    runuser; SkipTest otherwise)."""
+
+    def __init__(self, mode, shared, target, legit=""):
+        if os.geteuid() != 0 or not os.path.exists("/usr/sbin/runuser") and not shutil.which("runuser"):
+            raise unittest.SkipTest("the attack needs root and runuser (a foreign uid flips the path)")
+        with open(ATTACKER) as f:
+            src = f.read()
+        argv = ["runuser", "-u", "nobody", "--", sys.executable, "-c", src, mode, shared, target]
+        if legit:
+            argv.append(legit)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            self.proc.kill()
+            raise AssertionError("attacker did not start: %r %s" % (line, self.proc.stdout.read()))
+
+    def captures(self):
+        out, _ = self.proc.communicate("", timeout=TIMEOUT)
+        for line in out.splitlines():
+            if line.startswith("captures "):
+                return int(line.split()[1])
+        raise AssertionError("attacker said: %r" % out)
+
+
+def sticky_dir():
+    """A fresh root-owned directory with mode 1777, like /tmp."""
+    d = tempfile.mkdtemp(prefix="lhpy-sticky-")
+    os.chmod(d, 0o1777)
+    return d

@@ -1,0 +1,264 @@
+"""Issue 19, the client's side: never silently wrong. Socket identity (the
+symlink-flipping attack), fork safety, the hub's refusal, stalled and large
+frames, the UTF-8 nack."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+import listenhub
+from listenhub import _frame
+
+from hubtest import TIMEOUT, Attacker, FakeHub, Hub, attack_connects, require_env, sticky_dir, wait_for
+
+
+def tmpdir(test, mode=0o700):
+    d = tempfile.mkdtemp(prefix="lhpy-id-")
+    os.chmod(d, mode)
+    test.addCleanup(shutil.rmtree, d, True)
+    return d
+
+
+def fake(test, mode, dir=None):
+    h = FakeHub(mode, dir=dir)
+    test.addCleanup(h.close)
+    test.addCleanup(shutil.rmtree, h.dir, True)
+    return h
+
+
+class IdentityTest(unittest.TestCase):
+    """lstat without following links, S_ISSOCK, the directory's owner and
+    mode (StrictModes), then SO_PEERCRED."""
+
+    def refused(self, path, want):
+        with self.assertRaises(listenhub.ConnError) as cm:
+            listenhub.connect(path).close()
+        self.assertEqual(cm.exception.op, "peer", cm.exception)
+        self.assertIn(want, str(cm.exception))
+
+    def test_symlink_to_a_real_socket_is_refused(self):
+        h = fake(self, "ack")
+        link = os.path.join(tmpdir(self), "hub.sock")
+        os.symlink(h.socket, link)
+        self.refused(link, "a symlink")
+        listenhub.connect(h.socket).close()  # the socket itself is fine
+
+    def test_a_file_is_not_a_socket(self):
+        path = os.path.join(tmpdir(self), "hub.sock")
+        open(path, "w").close()
+        self.refused(path, "not a socket")
+
+    def test_directory_writable_by_group_or_other_is_refused(self):
+        for mode in (0o770, 0o707):
+            d = tmpdir(self)
+            h = fake(self, "ack", dir=d)
+            os.chmod(d, mode)
+            self.refused(h.socket, "writable by group or other")
+
+    def test_sticky_directory_is_accepted(self):
+        # Like /tmp: only an entry's owner can replace it.
+        d = sticky_dir()
+        self.addCleanup(shutil.rmtree, d, True)
+        h = fake(self, "ack", dir=d)
+        c = listenhub.connect(h.socket)
+        c.subscribe("a")
+        c.close()
+
+    def test_directory_of_another_owner_is_refused(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to chown")
+        d = tmpdir(self)
+        h = fake(self, "ack", dir=d)
+        os.chown(d, 65534, -1)
+        self.refused(h.socket, "directory owned by uid 65534")
+        # Naming the uid trusts it.
+        listenhub.connect(h.socket, allowed_uids=(65534,)).close()
+
+    def attack(self, mode):
+        shared = sticky_dir()
+        self.addCleanup(shutil.rmtree, shared, True)
+        legit = ""
+        if mode == "final":
+            target = os.path.join(shared, "hub.sock")
+        else:
+            legit = tmpdir(self)
+            fake(self, "ack", dir=legit)  # the real hub: fake.sock in a trusted directory
+            target = os.path.join(shared, "link", "fake.sock")
+        atk = Attacker(mode, shared, target, legit)
+        n, ok, refused = attack_connects(), 0, 0
+        try:
+            for _ in range(n):
+                try:
+                    c = listenhub.connect(target, connect_timeout=1)
+                except listenhub.ConnError:
+                    refused += 1
+                    continue
+                try:
+                    c.subscribe("probe", timeout=2)
+                    ok += 1
+                except (listenhub.ListenhubError, TimeoutError):
+                    refused += 1
+                finally:
+                    c.close()
+        finally:
+            captures = atk.captures()
+        print("attack %s: %d connects, %d captures, %d reached the real hub, %d refused" % (mode, n, captures, ok, refused))
+        self.assertEqual(captures, 0, "the attacker captured %d of %d connects" % (captures, n))
+        return ok, refused
+
+    def test_attack_flipping_the_socket_path(self):
+        ok, refused = self.attack("final")
+        self.assertEqual(ok, 0)
+
+    def test_attack_flipping_the_directory(self):
+        ok, refused = self.attack("dir")
+        self.assertGreater(ok, 0, "never reached the real hub: the test did not test")
+        self.assertGreater(refused, 0, "never refused: the flipping did not happen")
+
+
+class RefusalTest(unittest.TestCase):
+    def test_hub_tells_a_refused_uid_why(self):
+        require_env()
+        hub = Hub("refused", args=("--allow-uid", "54321"), ready=False)
+        self.addCleanup(hub.close)
+        c = listenhub.connect(hub.socket, allowed_uids=())
+        self.addCleanup(c.close)
+        with self.assertRaises(listenhub.RefusedError) as cm:
+            c.subscribe("a")
+        self.assertIn("uid %d is not allowed" % os.getuid(), str(cm.exception))
+        self.assertIs(c.err, cm.exception)
+
+    def test_refusal_before_status(self):
+        h = fake(self, "refuse")
+        c = listenhub.connect(h.socket)
+        self.assertIsInstance(c.wait(TIMEOUT), listenhub.RefusedError)
+        self.assertIn("uid 1000 is not allowed", str(c.err))
+
+
+class FrameTest(unittest.TestCase):
+    def test_stalled_partial_frame_times_out(self):
+        h = fake(self, "partial")
+        c = listenhub.connect(h.socket, frame_timeout=0.3)
+        t0 = time.monotonic()
+        err = c.wait(TIMEOUT)
+        self.assertIsInstance(err, listenhub.ConnError)
+        self.assertIn("frame timeout", str(err))
+        self.assertGreaterEqual(time.monotonic() - t0, 0.25)
+        self.assertEqual(listenhub.client.DEFAULT_FRAME_TIMEOUT, 10.0)
+
+    def test_4mib_frame_in_128_byte_writes(self):
+        h = fake(self, "big")
+        c = listenhub.connect(h.socket)
+        self.addCleanup(c.close)
+        c.subscribe("big")
+        while True:
+            ev = c.get(TIMEOUT)
+            self.assertIsNotNone(ev, "no 4 MiB wake")
+            if isinstance(ev, listenhub.Wake):
+                break
+        self.assertEqual(len(ev.payload), (4 << 20) - 40)
+
+    def test_reassembly_is_linear(self):
+        f = _frame.encode({"t": "wake", "q": "big", "p": "x" * ((4 << 20) - 40)})
+        dec = _frame.Decoder()
+        t0 = time.process_time()
+        got = None
+        for i in range(0, len(f), 128):
+            dec.feed(f[i : i + 128])
+            got = dec.next() or got
+        cpu = time.process_time() - t0
+        self.assertIsNotNone(got)
+        # Linear: about 0.1 s here. Generous for a loaded machine; a
+        # quadratic reassembly takes many seconds.
+        self.assertLess(cpu, 3.0, "4 MiB in 128-byte pieces took %.2fs of CPU" % cpu)
+
+
+class ForkTest(unittest.TestCase):
+    def test_client_made_before_fork_raises_in_the_child(self):
+        h = fake(self, "ack")
+        c = listenhub.connect(h.socket)
+        self.addCleanup(c.close)
+        c.subscribe("parent")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave without cleanups
+            try:
+                os.close(r)
+                t0 = time.monotonic()
+                try:
+                    c.subscribe("child", timeout=5)
+                    out = "no error"
+                except listenhub.ForkedError as e:
+                    out = "ForkedError %.3f %s" % (time.monotonic() - t0, e)
+                except BaseException as e:  # noqa: BLE001
+                    out = "%s %s" % (type(e).__name__, e)
+                os.write(w, out.encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            out = f.read()
+        os.waitpid(pid, 0)
+        self.assertTrue(out.startswith("ForkedError "), out)
+        self.assertLess(float(out.split()[1]), 1.0, out)
+        self.assertIn("before fork()", out)
+        # The parent's connection was not cut by the child.
+        c.subscribe("after")
+        self.assertIsNone(c.err)
+
+    def test_gunicorn_preload(self):
+        gunicorn = shutil.which("gunicorn")
+        if gunicorn is None:
+            if os.environ.get("CI") == "true":
+                self.fail("gunicorn is not installed (CI=true: not skipping; Debian: apt-get install gunicorn)")
+            self.skipTest("gunicorn is not installed (Debian: apt-get install gunicorn)")
+        h = fake(self, "ack")
+        d = tmpdir(self)
+        with open(os.path.join(d, "lhapp.py"), "w") as f:
+            f.write(textwrap.dedent(
+                """
+                import listenhub
+
+                client = listenhub.connect(%r)  # at import: in the master, under --preload
+
+
+                def app(environ, start_response):
+                    try:
+                        client.subscribe("child", timeout=5)
+                        body = b"no error"
+                    except Exception as e:
+                        body = ("%%s: %%s" %% (type(e).__name__, e)).encode()
+                    start_response("200 OK", [("Content-Type", "text/plain")])
+                    return [body]
+                """ % h.socket))
+        bind = os.path.join(d, "g.sock")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([d, os.path.dirname(os.path.dirname(listenhub.__file__))]))
+        proc = subprocess.Popen(
+            [gunicorn, "--preload", "--workers", "2", "--bind", "unix:" + bind, "--chdir", d, "lhapp:app"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(proc.wait, TIMEOUT)
+        self.addCleanup(proc.terminate)
+        wait_for("gunicorn listening", lambda: os.path.exists(bind))
+        t0 = time.monotonic()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(TIMEOUT)
+            wait_for("gunicorn accepting", lambda: s.connect_ex(bind) == 0)
+            s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+            resp = b""
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                resp += data
+        self.assertIn(b"ForkedError", resp)
+        self.assertLess(time.monotonic() - t0, 4.0, "the worker's subscribe did not fail at once")
+
+
+if __name__ == "__main__":
+    unittest.main()

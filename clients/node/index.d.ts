@@ -40,7 +40,12 @@ export interface ClientOptions {
   writeTimeout?: number;
   /** ms to wait for the connect (2000). */
   connectTimeout?: number;
-  /** Check that the socket belongs to our user or root (true). */
+  /** ms a frame from the hub may take from its first byte to its last (10000). */
+  frameTimeout?: number;
+  /**
+   * Check the socket's identity (true): its directory (owner, mode), the
+   * socket file (lstat: a socket, its owner), the same file after connect.
+   */
   peerCheck?: boolean;
   /** Further uids whose hub is accepted. */
   allowedUids?: number[];
@@ -172,6 +177,7 @@ export function connect(path: string, opts?: ClientOptions): Promise<Client>;
 
 export const DEFAULT_ACK_TIMEOUT: number;
 export const DEFAULT_WRITE_TIMEOUT: number;
+export const DEFAULT_FRAME_TIMEOUT: number;
 
 /** Everything the client throws. */
 export class ListenhubError extends Error {
@@ -207,6 +213,12 @@ export class ConnError extends ListenhubError {
   readonly op: string;
   readonly path: string;
   readonly cause: unknown;
+}
+/** The hub refused this connection and said why; the client is dead. */
+export class RefusedError extends ListenhubError {
+  constructor(path: string, reason: string);
+  readonly path: string;
+  readonly reason: string;
 }
 /** events() was not drained: more than maxPending events waited. */
 export class SlowConsumerError extends ListenhubError {}

@@ -16,6 +16,7 @@ export const {
   LOCAL,
   DEFAULT_ACK_TIMEOUT,
   DEFAULT_WRITE_TIMEOUT,
+  DEFAULT_FRAME_TIMEOUT,
   ListenhubError,
   ClosedError,
   InvalidNameError,
@@ -23,6 +24,7 @@ export const {
   NackError,
   AckTimeoutError,
   ConnError,
+  RefusedError,
   SlowConsumerError,
   FailoverError,
 } = cjs;

@@ -7,10 +7,12 @@ from .errors import (
     ClosedError as ClosedError,
     ConnError as ConnError,
     FailoverError as FailoverError,
+    ForkedError as ForkedError,
     InvalidNameError as InvalidNameError,
     LimitError as LimitError,
     ListenhubError as ListenhubError,
     NackError as NackError,
+    RefusedError as RefusedError,
 )
 from .failover import HUB as HUB, LOCAL as LOCAL, Failover as Failover
 from .local import Local as Local
@@ -25,6 +27,7 @@ __all__ = [
     "DEFAULT_WRITE_TIMEOUT",
     "Failover",
     "FailoverError",
+    "ForkedError",
     "HUB",
     "InvalidNameError",
     "LimitError",
@@ -32,6 +35,7 @@ __all__ = [
     "LOCAL",
     "Local",
     "NackError",
+    "RefusedError",
     "SlowConsumerError",
     "Status",
     "Wake",

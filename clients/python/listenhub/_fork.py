@@ -12,19 +12,20 @@ at import under --preload).
 
 import os
 import weakref
+from typing import Any
 
 from .errors import ForkedError
 
-_live = weakref.WeakSet()
+_live: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def track(obj):
+def track(obj: Any) -> None:
     """Registers obj, which has _after_fork_in_child(err), for the next
     fork."""
     _live.add(obj)
 
 
-def _after_in_child():
+def _after_in_child() -> None:
     parent = os.getppid()
     for obj in list(_live):
         try:

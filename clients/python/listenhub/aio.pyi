@@ -10,6 +10,7 @@ class AsyncClient:
     path: str
     ack_timeout: float
     write_timeout: float
+    frame_timeout: float
     err: Optional[BaseException]
     done: asyncio.Event
     def __init__(
@@ -23,6 +24,7 @@ class AsyncClient:
         ack_timeout: float,
         write_timeout: float,
         max_pending: int,
+        frame_timeout: float = ...,
     ) -> None: ...
     async def subscribe(self, q: str) -> None: ...
     def unsubscribe(self, q: str) -> None: ...
@@ -43,6 +45,7 @@ async def connect(
     ack_timeout: float = ...,
     write_timeout: float = ...,
     connect_timeout: float = ...,
+    frame_timeout: float = ...,
     peer_check: bool = ...,
     allowed_uids: Collection[int] = ...,
     max_pending: int = ...,

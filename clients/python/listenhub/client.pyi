@@ -1,5 +1,6 @@
 # Type hints of listenhub.client (the code is client.py).
 
+import os
 import socket
 import threading
 from typing import Collection, Iterator, Optional, Set
@@ -10,14 +11,18 @@ from .errors import ListenhubError as ListenhubError
 DEFAULT_ACK_TIMEOUT: float
 DEFAULT_WRITE_TIMEOUT: float
 DEFAULT_CONNECT_TIMEOUT: float
+DEFAULT_FRAME_TIMEOUT: float
 
 def check_peer(sock: socket.socket, path: str, allowed_uids: Collection[int] = ...) -> None: ...
+def dir_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]: ...
+def sock_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]: ...
 def dial(path: str, timeout: Optional[float], peer_check: bool, allowed_uids: Collection[int]) -> socket.socket: ...
 
 class Client:
     path: str
     ack_timeout: float
     write_timeout: float
+    frame_timeout: float
     err: Optional[BaseException]
     done: threading.Event
     def __init__(
@@ -29,6 +34,7 @@ class Client:
         ack_timeout: float = ...,
         write_timeout: float = ...,
         connect_timeout: float = ...,
+        frame_timeout: float = ...,
         peer_check: bool = ...,
         allowed_uids: Collection[int] = ...,
         max_pending: int = ...,
@@ -55,6 +61,7 @@ def connect(
     ack_timeout: float = ...,
     write_timeout: float = ...,
     connect_timeout: float = ...,
+    frame_timeout: float = ...,
     peer_check: bool = ...,
     allowed_uids: Collection[int] = ...,
     max_pending: int = ...,

@@ -29,6 +29,15 @@ class ConnError(ListenhubError):
     cause: object
     def __init__(self, op: str, path: str, cause: object) -> None: ...
 
+class ForkedError(ClosedError):
+    parent_pid: int
+    def __init__(self, parent_pid: int) -> None: ...
+
+class RefusedError(ListenhubError):
+    path: str
+    reason: str
+    def __init__(self, path: str, reason: str) -> None: ...
+
 class FailoverError(ListenhubError):
     hub: object
     local: object

@@ -37,6 +37,13 @@ func Main(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) {
 	os.Exit(run(m, opts, dst))
 }
 
+// Run is Main without the exit: it returns the exit code, so that a
+// TestMain can clean up after the cluster is gone (a defer before Main's
+// os.Exit never runs).
+func Run(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) int {
+	return run(m, opts, dst)
+}
+
 func run(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) int {
 	if !flag.Parsed() {
 		flag.Parse() // for testing.Verbose; m.Run does not parse twice

@@ -171,6 +171,11 @@ type Hub struct {
 	stopping bool
 	closed   bool // OnClose ran: every fd is gone
 
+	// notDelivered and notDeliveredAt: the last failed delivery check
+	// logged (see onNotDelivered).
+	notDelivered   string
+	notDeliveredAt time.Time
+
 	// connected: Postgres was healthy at least once. Until then no
 	// worker was acked, so the first healthy is no reconnect: nothing to
 	// resync, nothing to count.
@@ -338,6 +343,25 @@ func (h *Hub) onFatal(err error) {
 	h.fatal = fmt.Errorf("hub: postgres: %w", err)
 	h.shutdown() // the listener logged the reason
 }
+
+// onNotDelivered is called by the Postgres side, on the loop goroutine,
+// every time a connection fails the delivery check (notifications do not
+// arrive on it: a transaction pooler, most likely). It is logged as one
+// line, the reason first, for all the hub's connections together, and
+// again at most every notDeliveredLogEvery while the reason stays the
+// same; the connection stays unhealthy and is retried meanwhile.
+func (h *Hub) onNotDelivered(err error) {
+	msg := err.Error()
+	now := time.Now()
+	if msg == h.notDelivered && now.Sub(h.notDeliveredAt) < notDeliveredLogEvery {
+		return
+	}
+	h.notDelivered, h.notDeliveredAt = msg, now
+	h.log.Error(msg)
+}
+
+// notDeliveredLogEvery bounds the repeats of onNotDelivered's line.
+const notDeliveredLogEvery = 30 * time.Second
 
 // discardLoop releases a loop that never ran.
 func discardLoop(l *loop.Loop) {

@@ -737,6 +737,7 @@ func (h *Hub) listenerConfig() listener.Config {
 		CommandTimeout:      h.cfg.CommandTimeout,
 		OnNotification:      h.onNotification,
 		OnHealth:            h.onHealth,
+		OnNotDelivered:      h.onNotDelivered,
 		Logger:              h.log,
 	}
 }

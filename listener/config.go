@@ -111,10 +111,12 @@ type Config struct {
 	OnNotification func(channel, payload []byte)
 
 	// OnHealth is called on the loop goroutine with false when the
-	// connection is lost, and with true when it is (re)established and
-	// every channel of the current set is LISTENed again. The first
-	// OnHealth(true) comes right after Open, or once Start has connected
-	// and LISTENed whatever was asked meanwhile.
+	// connection is lost (or stops delivering notifications), and with
+	// true when it is (re)established, has passed the delivery check (a
+	// notification on a private channel came back: check.go) and every
+	// channel of the current set is LISTENed again. The first
+	// OnHealth(true) comes once Open's or Start's connection has passed
+	// the check and LISTENed whatever was asked meanwhile.
 	OnHealth func(healthy bool)
 
 	// OnFatal is called once, on the loop goroutine, when Start's
@@ -128,6 +130,14 @@ type Config struct {
 	// retried instead (a database that goes away after start is
 	// survived). Nil means the error is only logged.
 	OnFatal func(err error)
+
+	// OnNotDelivered is called on the loop goroutine every time the
+	// delivery check fails (err wraps ErrNotDelivered and says what the
+	// connection most likely is), before the connection is dropped and
+	// retried. Nil means the Conn logs it itself, at most once per 30 s
+	// while the reason stays the same; an owner of several Conns sets it
+	// to log one line for all of them.
+	OnNotDelivered func(err error)
 
 	// Logger receives connection events (keys "pid", "reason", "q"). Nil
 	// means slog.Default().

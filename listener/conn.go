@@ -59,6 +59,7 @@ const (
 	queryCommands queryKind = iota // a batch of Listen/Unlisten
 	queryProbe                     // the health check's empty query
 	queryClose                     // UNLISTEN * before Terminate
+	queryCheck                     // the delivery check's LISTEN, pid query or NOTIFY (check.go)
 )
 
 // query is one simple Query sent and not yet answered by its ReadyForQuery.
@@ -68,6 +69,8 @@ type query struct {
 	completes int             // CommandCompletes received so far
 	err       *pgconn.PgError // the ErrorResponse of this query, if any
 	sent      time.Time       // when it was written (queryCommands)
+	// listenCheck: a queryCheck that LISTENs the private channel.
+	listenCheck bool
 }
 
 // Conn is the loop-driven LISTEN connection. Every method, and every
@@ -158,6 +161,11 @@ type Conn struct {
 
 	ho handover // hot upgrade (handover.go)
 
+	chk checkState // the delivery check (check.go)
+	// noCheck turns the delivery check off: tests whose scripted fake
+	// server answers only what they expect.
+	noCheck bool
+
 	// dialer replaces dial for reconnects in tests (a fake server).
 	dialer func(ctx context.Context) (transport, error)
 	// batches and probes count the command queries and health probes
@@ -236,6 +244,7 @@ func newConn(l *loop.Loop, cfg Config) *Conn {
 	c.log = c.cfg.Logger
 	c.backoff = c.cfg.ReconnectMin
 	c.batchLimit = initialBatch
+	c.chk.channel = newCheckChannel()
 	return c
 }
 
@@ -280,6 +289,10 @@ func (c *Conn) enqueue(listen bool, channel string, done func(error)) {
 	}
 	if err := ValidChannel(channel); err != nil {
 		c.later(done, err)
+		return
+	}
+	if channel == c.chk.channel {
+		c.later(done, fmt.Errorf("%w: reserved for the delivery check", ErrInvalidChannel))
 		return
 	}
 	if c.state == stateClosing || c.state == stateClosed {
@@ -489,7 +502,7 @@ func (c *Conn) adaptBatch(n int, took time.Duration) {
 // hook: everything queued during one iteration leaves in one write.
 func (c *Conn) flush() {
 	c.checkIdle()
-	if c.state != stateUp || c.cmdInflight > 0 || c.waitingCount() == 0 {
+	if c.state != stateUp || c.cmdInflight > 0 || c.waitingCount() == 0 || !c.chk.verified && !c.noCheck {
 		return
 	}
 	q := &query{kind: queryCommands}
@@ -572,8 +585,18 @@ func (c *Conn) install(tr transport) {
 	if c.expired > 0 {
 		c.compactPending()
 	}
-	c.log.Info("listener: connected", "pid", c.pid, "tls", tr.isTLS(), "channels", len(c.set))
+	if c.noCheck {
+		c.log.Info("listener: connected", "pid", c.pid, "tls", tr.isTLS(), "channels", len(c.set))
+		c.ready()
+		return
+	}
+	// Nothing goes out, and nobody is told healthy, before the
+	// connection has shown that notifications arrive (check.go).
+	c.startCheck()
+}
 
+// ready puts a connection that passed the delivery check to work.
+func (c *Conn) ready() {
 	// Re-LISTEN the whole set first, then whatever waited, in bounded
 	// batches (see batchLimit): notifications for the channels already
 	// re-LISTENed are delivered while the later batches run, and
@@ -622,7 +645,11 @@ func (c *Conn) fail(err error) {
 		return
 	}
 	c.lastErr = err
-	c.log.Warn("listener: connection lost", "pid", c.pid, "reason", err)
+	if errors.Is(err, ErrNotDelivered) {
+		c.notDelivered(err)
+	} else {
+		c.log.Warn("listener: connection lost", "pid", c.pid, "reason", err)
+	}
 	c.teardown()
 	var requeue []*command
 	for _, q := range c.inflight {
@@ -672,6 +699,8 @@ func (c *Conn) teardown() {
 		c.rbuf = make([]byte, readBufSize)
 	}
 	c.probeSince = time.Time{}
+	c.resetCheck()
+	c.chk.listening, c.chk.verified, c.chk.serverPID = false, false, 0
 }
 
 // scheduleReconnect arms the next attempt, jittered into [d/2, d], and no
@@ -817,6 +846,13 @@ func (c *Conn) healthTick() {
 	c.probeSince = now
 	c.hc.Reset(c.cfg.HealthCheckTimeout)
 	if len(c.inflight) == 0 {
+		if c.checkDue(now) {
+			// Every few intervals without a notification the
+			// probe is the end-to-end one (check.go): the server
+			// answering is not enough.
+			c.sendCheck()
+			return
+		}
 		// The empty query: EmptyQueryResponse + ReadyForQuery, no
 		// transaction, no parse. With a query already in flight its
 		// answer is the probe.
@@ -888,6 +924,11 @@ func (c *Conn) dispatch(typ byte, body []byte) {
 			c.fail(fmt.Errorf("%w: malformed NotificationResponse", errProtocol))
 			return
 		}
+		if string(ch) == c.chk.channel {
+			c.checkNote(payload)
+			return
+		}
+		c.chk.lastNote = c.lastRx
 		if c.ho.marker != "" && c.markerFilter(ch) {
 			return
 		}
@@ -931,7 +972,13 @@ func (c *Conn) dispatch(typ byte, body []byte) {
 		if e, err := parseError(body); err == nil {
 			c.log.Info("listener: notice from the server", "pid", c.pid, "severity", e.Severity, "message", e.Message)
 		}
-	case msgParameterStatus, msgBackendKeyData:
+	case msgDataRow:
+		if len(c.inflight) > 0 && c.inflight[0].kind == queryCheck {
+			if pid, ok := parsePIDRow(body); ok {
+				c.chk.serverPID = pid
+			}
+		}
+	case msgParameterStatus, msgBackendKeyData, msgRowDescription:
 		// ParameterStatus arrives when a setting the server reports
 		// changes (a SET, a reload); nothing here depends on one.
 	default:
@@ -943,6 +990,9 @@ func (c *Conn) dispatch(typ byte, body []byte) {
 func (c *Conn) answered(q *query) {
 	switch q.kind {
 	case queryProbe:
+		return
+	case queryCheck:
+		c.checkAnswered(q)
 		return
 	case queryClose:
 		if c.state == stateClosing {

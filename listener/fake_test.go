@@ -152,6 +152,7 @@ func newHarnessMode(t *testing.T, cfg Config, startMode bool, dialErr func() err
 	}
 	h.c = newConn(l, cfg)
 	h.c.dialer = h.dial
+	h.c.noCheck = true // the scripts answer only what each test expects
 	if startMode {
 		h.c.start()
 		return h

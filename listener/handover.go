@@ -115,7 +115,7 @@ func (c *Conn) kick() {
 
 // checkIdle is called at the end of every iteration (from flush).
 func (c *Conn) checkIdle() {
-	if c.ho.idle == nil || c.state != stateUp || !c.healthy || len(c.pending) > 0 || len(c.inflight) > 0 {
+	if c.ho.idle == nil || c.state != stateUp || !c.healthy || len(c.pending) > 0 || len(c.inflight) > 0 || c.chk.awaiting != "" {
 		return
 	}
 	if t, ok := c.tr.(*fdTransport); ok && len(t.out) > 0 {
@@ -137,6 +137,9 @@ func (c *Conn) pause() {
 		c.hc.Stop()
 		c.hc = nil
 	}
+	// A delivery check cannot be answered while nothing is read; the
+	// next one is sent after Resume.
+	c.resetCheck()
 	if t, ok := c.tr.(*fdTransport); ok && t.tok.Valid() {
 		_ = c.l.Modify(t.tok, t.interest())
 	}
@@ -200,6 +203,9 @@ func (c *Conn) detach() (handoff.PG, error) {
 	}
 	c.ho.detached = true
 	h := handoff.PG{FD: t.fd, BackendPID: t.pid, Unread: append([]byte(nil), c.rbuf[c.rpos:c.rend]...)}
+	if c.chk.listening {
+		h.Check = c.chk.channel
+	}
 	for ch := range c.set {
 		h.Channels = append(h.Channels, ch)
 	}
@@ -245,6 +251,9 @@ func adopt(l *loop.Loop, cfg Config, h handoff.PG) (*Conn, error) {
 	for _, ch := range h.Channels {
 		c.set[ch] = struct{}{}
 	}
+	if h.Check != "" {
+		c.chk.channel, c.chk.listening = h.Check, true
+	}
 	if len(h.Unread) > len(c.rbuf) {
 		c.rbuf = make([]byte, len(h.Unread))
 	}
@@ -262,7 +271,9 @@ func adopt(l *loop.Loop, cfg Config, h handoff.PG) (*Conn, error) {
 	c.state = stateUp
 	c.everUp = true // a refused reconnect is retried, not fatal
 	c.healthy = true
+	c.chk.verified = true // by the process that handed it over
 	c.lastRx = l.Now()
+	c.chk.lastNote = c.lastRx
 	c.pause()
 	c.log.Info("listener: adopted", "pid", c.pid, "channels", len(c.set))
 	return c, nil

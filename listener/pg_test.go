@@ -708,7 +708,7 @@ func TestCommandTimeoutWhileDown(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			r := newRecorder()
 			s := v.open(t, r, opts{commandTimeout: 300 * time.Millisecond})
-			base := r.reports()
+			base := r.waitHealth(t, 0, pgTimeout, true) // the delivery check passed
 			pgtesting.Must(t, db.Stop(ctxT(t)))
 			t.Cleanup(func() { db.Start(context.Background()) })
 			base = r.waitHealth(t, base, pgTimeout, false)

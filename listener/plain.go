@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +58,15 @@ type Plain struct {
 
 	healthy atomic.Bool
 
+	// check is the delivery check's private channel (check.go); got is
+	// the payload of the last notification on it, lastNote when the last
+	// notification of any channel arrived. Goroutine-only (NewPlain's
+	// caller before the goroutine starts).
+	check    string
+	got      string
+	lastNote time.Time
+	checks   atomic.Int64 // end-to-end checks of the health check (tests)
+
 	// Goroutine-only. notes counts notifications received; the wait
 	// context lives across WaitForNotification calls until it expires or
 	// is cancelled (allocating one per notification would double the
@@ -89,9 +99,14 @@ func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
 	cfg.HealthCheckInterval, cfg.HealthCheckTimeout = c.HealthCheckInterval, c.HealthCheckTimeout
 	cfg.ReconnectMin, cfg.ReconnectMax, cfg.Logger = c.ReconnectMin, c.ReconnectMax, c.Logger
 
-	p := &Plain{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	p := &Plain{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), check: newCheckChannel()}
 	cc := cfg.ConnConfig.Copy()
 	cc.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		p.lastNote = time.Now()
+		if n.Channel == p.check {
+			p.got = n.Payload
+			return
+		}
 		p.notes++
 		if p.cfg.OnNotification != nil {
 			p.cfg.OnNotification(n.Channel, n.Payload)
@@ -112,6 +127,11 @@ func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
 		return nil, fmt.Errorf("listener: connect: %w", err)
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
+	if err := p.checkDelivery(ctx, conn); err != nil {
+		p.cancel()
+		conn.Close(context.Background())
+		return nil, err
+	}
 	p.healthy.Store(true)
 	go p.run(conn)
 	return p, nil
@@ -135,6 +155,9 @@ func (p *Plain) Healthy() bool { return p.healthy.Load() }
 func (p *Plain) do(ctx context.Context, listen bool, channel string) error {
 	if err := ValidChannel(channel); err != nil {
 		return err
+	}
+	if channel == p.check {
+		return fmt.Errorf("%w: reserved for the delivery check", ErrInvalidChannel)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -347,6 +370,18 @@ func (p *Plain) wait(conn *pgconn.PgConn) error {
 		}
 		pctx, pcancel := context.WithTimeout(p.ctx, p.cfg.HealthCheckTimeout)
 		defer pcancel()
+		if time.Since(p.lastNote) >= checkEvery*p.cfg.HealthCheckInterval {
+			// Every few intervals the probe is end to end
+			// (check.go): our own NOTIFY must come back.
+			p.checks.Add(1)
+			if err := p.selfNotify(pctx, conn); err != nil {
+				if p.ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			return nil
+		}
 		if perr := conn.Exec(pctx, "").Close(); perr != nil {
 			if p.ctx.Err() != nil {
 				return nil // closing, not dead
@@ -417,6 +452,10 @@ func (p *Plain) connect(set map[string]struct{}) (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listener: connect: %w", err)
 	}
+	if err := p.checkDelivery(ctx, conn); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
 	if len(set) > 0 {
 		var sql []byte
 		for ch := range set {
@@ -448,4 +487,74 @@ func (p *Plain) finish(pending []*plainReq, conn *pgconn.PgConn) {
 		_ = conn.Close(ctx)
 	}
 	p.healthy.Store(false)
+}
+
+// checkDelivery is Conn's delivery check (check.go) on a fresh connection:
+// LISTEN the private channel, compare pg_backend_pid() with BackendKeyData,
+// NOTIFY it and wait for it; when the pids differ (a pooler), a second
+// session must NOTIFY it too and that must arrive.
+func (p *Plain) checkDelivery(ctx context.Context, conn *pgconn.PgConn) error {
+	qctx, cancel := context.WithTimeout(ctx, p.cfg.HealthCheckTimeout)
+	defer cancel()
+	sql := appendQuoted([]byte("LISTEN "), p.check)
+	sql = append(sql, "; SELECT pg_backend_pid()"...)
+	res, err := conn.Exec(qctx, string(sql)).ReadAll()
+	if err != nil {
+		return fmt.Errorf("listener: delivery check: %w", err)
+	}
+	var server uint32
+	if len(res) == 2 && len(res[1].Rows) == 1 && len(res[1].Rows[0]) == 1 {
+		v, _ := strconv.ParseUint(string(res[1].Rows[0][0]), 10, 32)
+		server = uint32(v)
+	}
+	if err := p.selfNotify(qctx, conn); err != nil {
+		if errors.Is(err, ErrNotDelivered) {
+			return fmt.Errorf("%w: LISTEN and NOTIFY on it brought nothing back within %s", ErrNotDelivered, p.cfg.HealthCheckTimeout)
+		}
+		return err
+	}
+	if server == conn.PID() {
+		return nil
+	}
+	payload := "peer-" + strconv.FormatUint(rand.Uint64(), 16)
+	if err := notifyFrom(p.connCfg, p.check, payload); err != nil {
+		return fmt.Errorf("%w: a pooler sits between (the backend pid differs from BackendKeyData's) and a second connection to check it failed: %v",
+			ErrNotDelivered, err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, p.cfg.HealthCheckTimeout)
+	defer wcancel()
+	if err := p.await(wctx, conn, payload); err != nil {
+		return fmt.Errorf("%w: %s (the backend pid differs from BackendKeyData's: a pooler sits between, and a NOTIFY from a second session did not arrive within %s)",
+			ErrNotDelivered, poolerAdvice, p.cfg.HealthCheckTimeout)
+	}
+	p.log.Info("listener: connected through a pooler that delivers notifications (session pooling)",
+		"pid", server, "backend_key_pid", conn.PID())
+	return nil
+}
+
+// selfNotify NOTIFYs the private channel on conn and waits for it to come
+// back (it normally does before the NOTIFY's ReadyForQuery).
+func (p *Plain) selfNotify(ctx context.Context, conn *pgconn.PgConn) error {
+	payload := strconv.FormatUint(rand.Uint64(), 16)
+	if err := conn.Exec(ctx, string(appendNotify(nil, p.check, payload))).Close(); err != nil {
+		return fmt.Errorf("listener: delivery check: %w", err)
+	}
+	if err := p.await(ctx, conn, payload); err != nil {
+		if conn.IsClosed() || !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return err
+		}
+		return fmt.Errorf("%w any more: a NOTIFY on it did not come back within %s", ErrNotDelivered, p.cfg.HealthCheckTimeout)
+	}
+	return nil
+}
+
+// await reads until the check notification with payload arrived, or ctx
+// ends.
+func (p *Plain) await(ctx context.Context, conn *pgconn.PgConn, payload string) error {
+	for p.got != payload {
+		if err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -25,11 +25,13 @@ import (
 const (
 	msgNotification    = 'A'
 	msgCommandComplete = 'C'
+	msgDataRow         = 'D'
 	msgErrorResponse   = 'E'
 	msgEmptyQuery      = 'I'
 	msgBackendKeyData  = 'K'
 	msgNotice          = 'N'
 	msgParameterStatus = 'S'
+	msgRowDescription  = 'T'
 	msgReadyForQuery   = 'Z'
 )
 

@@ -29,6 +29,9 @@ type PG struct {
 	Channels []string
 	// Unread are bytes read from the socket and not parsed yet.
 	Unread []byte
+	// Check is the delivery check's private channel, LISTENed on the
+	// connection ("" when it is not: the adopter LISTENs one of its own).
+	Check string `json:",omitempty"`
 }
 
 // Conn is what a listener connection offers an upgrade (package listener,

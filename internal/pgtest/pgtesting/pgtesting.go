@@ -129,3 +129,20 @@ func RequireLocal(t testing.TB, c *pgtest.Cluster) {
 		t.Skip("needs a throwaway cluster; " + pgtest.EnvURL + " is set")
 	}
 }
+
+// PgBouncer starts a PgBouncer with pool_mode mode in front of c
+// (pgtest.Cluster.StartPgBouncer), stopped at cleanup. Without the
+// pgbouncer binary the test is skipped, unless CI is set (.ci/run installs
+// it): then it fails. An external server skips it too.
+func PgBouncer(t testing.TB, c *pgtest.Cluster, mode string) *pgtest.PgBouncer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := c.StartPgBouncer(ctx, mode)
+	if errors.Is(err, pgtest.ErrNoPgBouncer) && os.Getenv("CI") == "" {
+		t.Skip(err)
+	}
+	Must(t, err)
+	t.Cleanup(b.Close)
+	return b
+}

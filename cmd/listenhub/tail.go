@@ -27,16 +27,19 @@ const tailWriteTimeout = 5 * time.Second
 const tailDescription = `
 Connects to the hub, subscribes to each Q and prints every frame the hub
 sends (ack, nack, wake, status, and any unknown type) as one compact JSON
-line on stdout, exactly as received. Exits 0 on SIGINT/SIGTERM and 1 when
-the hub closes the connection.
+line on stdout, exactly as received. Exits 0 on SIGINT/SIGTERM, and 1 when
+the hub refuses a subscription (nack: the line is printed, the reason goes
+to stderr) or closes the connection.
 `
 
 // runTail is `listenhub tail`: a debugging tool that speaks the wire
 // protocol directly rather than through client.Client, so that it shows
 // what the hub really sends (unknown frame types and fields included) and
 // never gives up on a slow ack. Exit codes: 0 when ctx ends (a signal), 1
-// when the hub closes the connection or cannot be reached or sends a
-// malformed frame, 2 for a usage error.
+// when the hub refuses a subscription (a nack: what was asked cannot be
+// tailed, and a script must not mistake the silence for "no events"),
+// closes the connection, cannot be reached or sends a malformed frame, 2
+// for a usage error.
 func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("tail")
 	socket := fs.String("socket", os.Getenv(envName("socket")), "hub socket `path`")
@@ -119,7 +122,8 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 			return 1
 		}
-		if _, err := frame.Decode(body); err != nil {
+		m, err := frame.Decode(body)
+		if err != nil {
 			w.Flush()
 			fmt.Fprintf(stderr, "listenhub tail: malformed frame from the hub: %v: %q\n", err, truncate(body, 200))
 			return 1
@@ -133,6 +137,11 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		line = append(append(line[:0], compact.Bytes()...), '\n')
 		if _, err := w.Write(line); err != nil {
 			return 1 // stdout is gone (a closed pipe): nothing to say it on
+		}
+		if m.T == frame.TypeNack {
+			w.Flush()
+			fmt.Fprintf(stderr, "listenhub tail: the hub refused %q: %s\n", m.Q, m.Error)
+			return 1
 		}
 		if r.Buffered() == 0 {
 			// Nothing more in hand: show what we have now.

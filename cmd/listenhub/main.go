@@ -162,11 +162,17 @@ func readBuildInfo() buildInfo {
 // e.g. "v1.2.0 (revision 5f0c2d1e9a7b, go1.26.8)".
 func versionString() string {
 	b := readBuildInfo()
-	rev := b.revision
+	return fmt.Sprintf("%s (revision %s, %s)", b.version, shortRevision(b.revision), b.goVersion)
+}
+
+// shortRevision is the revision as people print it: the first 12 hex
+// digits, "+dirty" kept. `version` and `status` both show it this way (the
+// build_info metric and /status carry the whole one).
+func shortRevision(rev string) string {
 	if i := strings.IndexByte(rev, '+'); i > 12 {
-		rev = rev[:12] + rev[i:]
+		return rev[:12] + rev[i:]
 	} else if len(rev) > 12 && i < 0 {
-		rev = rev[:12]
+		return rev[:12]
 	}
-	return fmt.Sprintf("%s (revision %s, %s)", b.version, rev, b.goVersion)
+	return rev
 }

@@ -135,7 +135,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(tw, "uptime\t%s\n", time.Duration(st.UptimeSeconds*float64(time.Second)).Round(time.Second))
 		fmt.Fprintf(tw, "workers\t%d\n", st.Workers)
 		fmt.Fprintf(tw, "channels\t%d LISTENed\n", st.Channels)
-		fmt.Fprintf(tw, "version\t%s (revision %s, %s)\n", st.Version, st.Revision, st.GoVersion)
+		fmt.Fprintf(tw, "version\t%s (revision %s, %s)\n", st.Version, shortRevision(st.Revision), st.GoVersion)
 		tw.Flush()
 	}
 	now := time.Now()

@@ -125,6 +125,15 @@ type Config struct {
 	// Default DefaultHardQueueBytes.
 	HardQueueBytes int
 
+	// MaxOutboundBytes bounds the bytes queued for all workers together
+	// (wakes, answers, status) and not yet taken by the kernel. Past it
+	// the worker holding the most is evicted (see budget.go): a hub
+	// whose workers all fall behind at once holds at most this much for
+	// them, not MaxWorkers times HardQueueBytes. Default
+	// DefaultMaxOutboundBytes(), sized to the machine; at least
+	// HardQueueBytes.
+	MaxOutboundBytes int
+
 	// StatusInterval is the status period: every worker is re-sent the
 	// current status every 5 intervals. Default 1s.
 	StatusInterval time.Duration
@@ -243,6 +252,7 @@ func (c Config) withDefaults() (Config, error) {
 		defInt(&c.DurableQueueLimit, DefaultDurableQueueLimit, "DurableQueueLimit"),
 		defInt(&c.HardQueueLimit, DefaultHardQueueLimit, "HardQueueLimit"),
 		defInt(&c.HardQueueBytes, DefaultHardQueueBytes, "HardQueueBytes"),
+		defInt(&c.MaxOutboundBytes, DefaultMaxOutboundBytes(), "MaxOutboundBytes"),
 		defInt(&c.AcceptBatch, DefaultAcceptBatch, "AcceptBatch"),
 		defInt(&c.MaxWorkers, DefaultMaxWorkers, "MaxWorkers"),
 		defInt(&c.MaxSubscriptions, DefaultMaxSubscriptions, "MaxSubscriptions"),
@@ -272,6 +282,11 @@ func (c Config) withDefaults() (Config, error) {
 		// One frame may carry an 8000-byte payload; a cap below a few
 		// of those would evict healthy workers on an ordinary burst.
 		return c, fmt.Errorf("hub: config: HardQueueBytes %d is below the 64 KiB minimum", c.HardQueueBytes)
+	}
+	if c.MaxOutboundBytes < c.HardQueueBytes {
+		// One worker could never reach its own cap: the budget would
+		// evict where the hard limit is meant to.
+		return c, fmt.Errorf("hub: config: MaxOutboundBytes %d is below HardQueueBytes %d", c.MaxOutboundBytes, c.HardQueueBytes)
 	}
 	if n := len(c.ChannelPrefix) + len(c.ChannelSuffix); n >= maxChannelBytes {
 		return c, fmt.Errorf("hub: config: channel prefix and suffix are %d bytes; no subscription name fits in %d", n, maxChannelBytes)

@@ -185,11 +185,18 @@ type Hub struct {
 	// closedWorkers were closed in this iteration; flush recycles them
 	// into freeWorkers. freeTracked are tracked structs to reuse.
 	closedWorkers []*worker
-	freeWorkers   []*worker
-	freeTracked   []*tracked
-	rbuf          []byte   // shared read buffer
-	scratch       []byte   // one encoded wake, copied to each subscriber
-	iov           [][]byte // writev vectors, reused
+	// outBytes is the bytes queued on every worker's ring, which
+	// MaxOutboundBytes bounds (budget.go); doomedList are the workers
+	// evicted for it in this iteration, closed by flush; noVictim says
+	// a look for one to evict found none in this iteration.
+	outBytes    int
+	doomedList  []*worker
+	noVictim    bool
+	freeWorkers []*worker
+	freeTracked []*tracked
+	rbuf        []byte   // shared read buffer
+	scratch     []byte   // one encoded wake, copied to each subscriber
+	iov         [][]byte // writev vectors, reused
 	// fan writes a large flush over several threads (fanout.go); nil
 	// until the first one. pwork is its list of workers, reused.
 	fan   *fanout
@@ -306,7 +313,8 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
 	h.startReports()
 	h.log.Info("hub started", "socket", h.cfg.SocketPath, "inherited", sock.adopted,
-		"application_name", h.cfg.ApplicationName, "healthy", h.healthy, "max_workers", h.maxWorkers)
+		"application_name", h.cfg.ApplicationName, "healthy", h.healthy, "max_workers", h.maxWorkers,
+		"max_outbound_bytes", h.cfg.MaxOutboundBytes)
 	go func() {
 		h.err = l.Run()
 		close(h.done)

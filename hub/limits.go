@@ -118,12 +118,12 @@ func (h *Hub) frameStarted(w *worker, now time.Time) {
 }
 
 func (h *Hub) frameDone(w *worker) {
+	h.partialBytes -= int(w.partialBytes) // held by a paused worker too
+	w.partialBytes = 0
 	i := w.partialIdx
 	if i < 0 {
 		return
 	}
-	h.partialBytes -= int(w.partialBytes)
-	w.partialBytes = 0
 	last := len(h.partials) - 1
 	h.partials[i] = h.partials[last]
 	h.partials[i].partialIdx = i

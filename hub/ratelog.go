@@ -23,11 +23,12 @@ const (
 	logEvicted                    // backlog over the hard limit
 	logUnknownType                // unknown frame type skipped
 	logAccept                     // accept paused or failed
+	logPaused                     // worker not read: its answers pile up unread
 	numLogKinds
 )
 
 var logKindNames = [numLogKinds]string{"connect", "disconnect", "refused_connection", "protocol_error",
-	"refused_sub", "evicted", "unknown_type", "accept"}
+	"refused_sub", "evicted", "unknown_type", "accept", "paused"}
 
 // Every kind may log logBurst lines at once and logRate lines a second
 // after that: 10 a second is more than anyone reads, and a flood costs at

@@ -26,6 +26,15 @@ type Stats struct {
 	// accepted and closed at once, past MaxWorkers (or the descriptor
 	// budget) or from a peer whose uid is not allowed.
 	ConnectionsRefused uint64
+
+	// OutboundBytes is listenhub_outbound_bytes: the bytes queued for all
+	// workers and not yet written, which MaxOutboundBytes bounds.
+	OutboundBytes int64
+	// ReadsPaused is listenhub_workers_paused: workers not read now
+	// because their unread answers passed the threshold; ReadPauses is
+	// listenhub_read_pauses_total, the times that happened.
+	ReadsPaused int64
+	ReadPauses  uint64
 }
 
 // counters are written by the loop goroutine only and read by Stats from any
@@ -44,6 +53,8 @@ type counters struct {
 	upgrades           atomic.Uint64
 	nacks              atomic.Uint64
 	refused            atomic.Uint64
+	outBytes, paused   atomic.Int64
+	readPauses         atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -62,6 +73,9 @@ func (c *counters) snapshot() Stats {
 		Upgrades:           c.upgrades.Load(),
 		Nacks:              c.nacks.Load(),
 		ConnectionsRefused: c.refused.Load(),
+		OutboundBytes:      c.outBytes.Load(),
+		ReadsPaused:        c.paused.Load(),
+		ReadPauses:         c.readPauses.Load(),
 	}
 }
 
@@ -82,4 +96,5 @@ func (c *counters) load(s Stats) {
 	c.upgrades.Store(s.Upgrades)
 	c.nacks.Store(s.Nacks)
 	c.refused.Store(s.ConnectionsRefused)
+	c.readPauses.Store(s.ReadPauses)
 }

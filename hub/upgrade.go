@@ -523,7 +523,7 @@ func (h *Hub) thaw(cause error) {
 		h.log.Error("upgrade: resume accepting", "reason", err)
 	}
 	for w := range h.workers.all() {
-		ev := loop.Readable
+		ev := h.readable(w)
 		if w.armed {
 			ev |= loop.Writable
 		}
@@ -915,6 +915,7 @@ func (h *Hub) goLive() {
 		}
 	}
 	h.budgetFDs()
+	h.countOut()
 	if h.cfg.ReleaseMemory {
 		go h.returnMemory(memCheckEvery)
 	}

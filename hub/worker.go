@@ -94,6 +94,11 @@ type worker struct {
 	// would take a word with its padding.)
 	hasStatus     bool
 	unknownLogged bool // an unknown frame type was logged once at warn
+	// hold is what the outbound budget did to the worker (budget.go):
+	// holdPaused, it is not read while its unread answers are past
+	// answerPause; holdDoomed, it was evicted in this iteration, its
+	// bytes are freed and flush closes it.
+	hold holdState
 
 	// subs are this worker's subscriptions.
 	subs subSet
@@ -456,7 +461,7 @@ func (h *Hub) admit(fd int) {
 }
 
 func (h *Hub) onWorkerEvent(w *worker, ev loop.Events) {
-	if w.closed {
+	if w.closed || w.hold == holdDoomed {
 		return
 	}
 	if h.up != nil {
@@ -513,12 +518,19 @@ func (h *Hub) read(w *worker) {
 	if w.closed {
 		return
 	}
+	h.checkAnswers(w)
+	if w.closed {
+		return
+	}
 	// A frame incomplete for FrameTimeout severs the worker: the clock
 	// starts with the read that began the frame.
 	switch {
 	case w.dec.Buffered() == 0:
 		h.frameDone(w)
 		return
+	case w.hold == holdPaused:
+		// Not on the frame clock while the hub does not read it
+		// (checkAnswers); its bytes are counted below all the same.
 	case decoded || w.partialIdx < 0:
 		h.frameStarted(w, h.loop.Now())
 	}
@@ -588,14 +600,20 @@ func (h *Hub) touch(w *worker) {
 // its siblings, and never the Postgres reader. It reports whether the frame
 // was queued.
 func (h *Hub) enqueue(w *worker, b []byte) bool {
-	if w.closed {
+	if w.closed || w.hold == holdDoomed {
 		return false
 	}
 	if !h.fits(w, len(b)) {
 		h.evict(w, h.overLimit(w))
 		return false
 	}
-	if err := w.out.Append(b); err != nil {
+	if !h.roomFor(w, len(b)) {
+		if !w.closed {
+			h.evict(w, "max-outbound-bytes")
+		}
+		return false
+	}
+	if err := h.appendOut(w, b); err != nil {
 		h.evict(w, "bytes")
 		return false
 	}
@@ -660,18 +678,24 @@ func (h *Hub) bufferMax() int {
 // reading a single answer fills it, and is evicted then. It reports whether
 // the frame was queued.
 func (h *Hub) enqueueControl(w *worker, b []byte) bool {
-	if w.closed {
+	if w.closed || w.hold == holdDoomed {
+		return false
+	}
+	if !h.roomFor(w, len(b)) {
+		if !w.closed {
+			h.evict(w, "max-outbound-bytes")
+		}
 		return false
 	}
 	start := w.out.Appended()
-	err := w.out.Append(b)
+	err := h.appendOut(w, b)
 	if err != nil && !w.armed {
 		h.write(w) // as in fits: judged on what the kernel refused
 		if w.closed {
 			return false
 		}
 		start = w.out.Appended()
-		err = w.out.Append(b)
+		err = h.appendOut(w, b)
 	}
 	if err != nil {
 		h.evict(w, "answers")
@@ -690,7 +714,7 @@ func (h *Hub) enqueueControl(w *worker, b []byte) bool {
 // DurableQueueLimit. It never evicts, and it does not count against the
 // hard limits (see fits). It reports whether a new frame was queued.
 func (h *Hub) enqueueDurable(w *worker, q string, b []byte) bool {
-	if w.closed {
+	if w.closed || w.hold == holdDoomed {
 		return false
 	}
 	if w.tr != nil {
@@ -711,8 +735,15 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) bool {
 		w.durableDropped++
 		return false
 	}
+	if !h.roomFor(w, len(b)) {
+		// w holds the most of the outbound budget: a durable wake
+		// never evicts (rule 4), so it is the one that goes.
+		h.stats.durableDropped.Add(1)
+		w.durableDropped++
+		return false
+	}
 	start := w.out.Appended()
-	if err := w.out.Append(b); err != nil {
+	if err := h.appendOut(w, b); err != nil {
 		// Not with bufferMax's room for durable wakes; kept as a guard.
 		h.stats.durableDropped.Add(1)
 		w.durableDropped++
@@ -756,6 +787,9 @@ func (h *Hub) evict(w *worker, limit string) {
 // EPOLLOUT are skipped: their socket was full a moment ago, and the
 // Writable event flushes them.
 func (h *Hub) flush() {
+	if len(h.doomedList) > 0 && h.up == nil {
+		h.closeDoomed()
+	}
 	if len(h.dirty) >= parallelMin && h.cfg.WriteThreads > 1 && h.load.idle() {
 		h.flushParallel()
 	}
@@ -767,6 +801,10 @@ func (h *Hub) flush() {
 		}
 	}
 	h.dirty = h.dirty[:0]
+	h.noVictim = false
+	if h.outBytes > h.cfg.MaxOutboundBytes && h.up == nil {
+		h.enforceBudget()
+	}
 	if len(h.closedWorkers) > 0 {
 		h.recycle()
 	}
@@ -831,9 +869,17 @@ func (h *Hub) wrote(w *worker, n int, err error) {
 	if n > 0 {
 		frames := w.out.Frames()
 		w.out.Discard(n)
+		h.outBytes -= n
+		h.stats.outBytes.Store(int64(h.outBytes))
 		sent := uint64(frames - w.out.Frames())
 		w.framesSent += sent
 		h.stats.framesSent.Add(sent)
+		if w.hold == holdPaused {
+			h.maybeResume(w)
+			if w.closed {
+				return
+			}
+		}
 	}
 	if w.out.Len() == 0 {
 		h.untrack(w) // every tracked frame is written
@@ -841,7 +887,7 @@ func (h *Hub) wrote(w *worker, n int, err error) {
 		return
 	}
 	if !w.armed {
-		if err := h.loop.Modify(w.tok, h.readInterest()|loop.Writable); err != nil {
+		if err := h.loop.Modify(w.tok, h.readable(w)|loop.Writable); err != nil {
 			h.closeWorker(w, reasonWriteError, err)
 			return
 		}
@@ -854,7 +900,7 @@ func (h *Hub) disarm(w *worker) {
 		return
 	}
 	w.armed = false
-	if err := h.loop.Modify(w.tok, h.readInterest()); err != nil {
+	if err := h.loop.Modify(w.tok, h.readable(w)); err != nil {
 		h.closeWorker(w, reasonWriteError, err)
 	}
 }
@@ -881,7 +927,10 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 	h.workers.remove(w)
 	h.stats.workers.Add(-1)
 	unix.Close(int(w.fd))
-	w.out.Reset()
+	h.dropOut(w)
+	if w.hold == holdPaused {
+		h.stats.paused.Add(-1)
+	}
 	w.dec = frame.Decoder{}
 	h.untrack(w)
 	w.subs.reset()

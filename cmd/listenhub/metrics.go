@@ -46,6 +46,12 @@ var metrics = []metric{
 		func(s *hub.Stats) float64 { return float64(s.Nacks) }},
 	{"listenhub_connections_refused_total", "counter", "Worker connections closed at accept: past --max-workers, out of descriptors, or uid not allowed.",
 		func(s *hub.Stats) float64 { return float64(s.ConnectionsRefused) }},
+	{"listenhub_outbound_bytes", "gauge", "Bytes queued for all workers and not yet written (bounded by --max-outbound-bytes).",
+		func(s *hub.Stats) float64 { return float64(s.OutboundBytes) }},
+	{"listenhub_workers_paused", "gauge", "Workers not read now because they left too many answers unread.",
+		func(s *hub.Stats) float64 { return float64(s.ReadsPaused) }},
+	{"listenhub_read_pauses_total", "counter", "Times a worker stopped being read because it left too many answers unread.",
+		func(s *hub.Stats) float64 { return float64(s.ReadPauses) }},
 }
 
 func b2f(b bool) float64 {

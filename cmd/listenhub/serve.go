@@ -40,6 +40,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		durableLimit  = fs.Int("durable-queue-limit", hub.DefaultDurableQueueLimit, "pending durable wakes per worker before new ones are dropped")
 		hardLimit     = fs.Int("hard-queue-limit", hub.DefaultHardQueueLimit, "pending frames per worker, durable wakes aside, before it is evicted")
 		hardBytes     = fs.Int("hard-queue-bytes", hub.DefaultHardQueueBytes, "pending bytes per worker, durable wakes aside, before it is evicted")
+		maxOutbound   = fs.Int("max-outbound-bytes", 0, "bytes queued for all workers together; past it the worker holding the most is evicted (default: an eighth of the memory, physical or the cgroup's limit, 64 MiB to 4 GiB)")
 		statusIvl     = durationFlag(fs, "status-interval", hub.DefaultStatusInterval, "status is re-sent to every worker every 5 intervals")
 		hcInterval    = durationFlag(fs, "health-check-interval", hub.DefaultHealthCheckInterval, "probe an idle Postgres connection this often")
 		hcTimeout     = durationFlag(fs, "health-check-timeout", hub.DefaultHealthCheckTimeout, "a probe unanswered this long means the connection is dead")
@@ -101,6 +102,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		positiveInt("durable-queue-limit", *durableLimit),
 		positiveInt("hard-queue-limit", *hardLimit),
 		positiveInt("hard-queue-bytes", *hardBytes),
+		nonNegativeInt("max-outbound-bytes", *maxOutbound),
 		positiveInt("max-workers", *maxWorkers),
 		positiveInt("max-subscriptions", *maxSubs),
 		positiveInt("max-channels", *maxChannels),
@@ -156,6 +158,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		DurableQueueLimit:   *durableLimit,
 		HardQueueLimit:      *hardLimit,
 		HardQueueBytes:      *hardBytes,
+		MaxOutboundBytes:    *maxOutbound,
 		StatusInterval:      *statusIvl,
 		HealthCheckInterval: *hcInterval,
 		HealthCheckTimeout:  *hcTimeout,

@@ -1,0 +1,208 @@
+package hub
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// A worker that floods refused subs and never reads its nacks is paused,
+// not evicted: the hub holds at most answerPause and one read's answers
+// for it, its sibling is served meanwhile, and once it reads, it gets every
+// nack and is read again.
+func TestAnswersBackpressure(t *testing.T) {
+	e := newEnv(t, nil)
+	flood, sib := e.dial(), e.dial()
+	sib.sub("s")
+	e.complete("LISTEN", "s", nil)
+	sib.expect(ack("s"))
+
+	const n = 20000
+	bad := strings.Repeat("b", 64) // one byte too long: nacked from the loop
+	var subs []byte
+	for range n {
+		subs = frame.AppendSub(subs, bad)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		flood.c.SetWriteDeadline(time.Now().Add(time.Minute))
+		_, err := flood.c.Write(subs)
+		wrote <- err
+	}()
+	testutil.WaitFor(t, timeout, "the flooder paused", func() bool { return e.h.Stats().ReadsPaused == 1 })
+	e.sync()
+	s := e.h.Stats()
+	// One 4 KiB read of 64-byte names is 46 subs, about 6 KiB of nacks.
+	if bound := int64(answerPause + 16<<10); s.OutboundBytes > bound {
+		t.Fatalf("hub holds %d bytes for a worker that reads nothing, want at most %d", s.OutboundBytes, bound)
+	}
+	if s.Evictions != 0 || s.Workers != 2 {
+		t.Fatalf("stats %+v: the flooder must be paused, not evicted", s)
+	}
+	// Still paused: no more of its input is read.
+	nacks := s.Nacks
+	e.sync()
+	if got := e.h.Stats().Nacks; got != nacks {
+		t.Fatalf("a paused worker's subs were read: %d nacks, then %d", nacks, got)
+	}
+	e.notify("s", "1")
+	sib.expect(wake("s", ptr("1")))
+
+	for i := range n {
+		m, err := flood.read(timeout)
+		if err != nil || m.T != "nack" || m.Q != bad {
+			t.Fatalf("answer %d: %+v, %v", i, m, err)
+		}
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("flooder's write: %v", err)
+	}
+	testutil.WaitFor(t, timeout, "the flooder read again", func() bool { return e.h.Stats().ReadsPaused == 0 })
+	flood.sub("ok")
+	e.complete("LISTEN", "ok", nil)
+	flood.expect(ack("ok"))
+	if s := e.h.Stats(); s.ReadPauses == 0 || s.Evictions != 0 || s.Nacks != n {
+		t.Fatalf("stats %+v", s)
+	}
+	testutil.WaitFor(t, timeout, "nothing held", func() bool { return e.h.Stats().OutboundBytes == 0 })
+}
+
+// A paused worker's partial frame is not on the frame clock: the frame is
+// incomplete because the hub stopped reading.
+func TestPausedWorkerKeepsItsPartialFrame(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.FrameTimeout = 200 * time.Millisecond })
+	w := e.dial()
+	bad := strings.Repeat("b", 64)
+	var subs []byte
+	for len(subs) < 4*answerPause {
+		subs = frame.AppendSub(subs, bad)
+	}
+	subs = append(subs, frame.AppendSub(nil, "cut")[:8]...) // a partial frame last
+	go w.c.Write(subs)
+	testutil.WaitFor(t, timeout, "paused", func() bool { return e.h.Stats().ReadsPaused == 1 })
+	// The fake clock drives the status timer only; the frame timer is
+	// the loop's own. Five timeouts pass.
+	time.Sleep(time.Second)
+	e.sync()
+	if s := e.h.Stats(); s.Workers != 1 || s.ProtocolErrors != 0 {
+		t.Fatalf("stats %+v: a paused worker was severed", s)
+	}
+}
+
+// The outbound budget: past MaxOutboundBytes the worker holding the most
+// unsent bytes is evicted, whichever worker's frame crossed the line; a
+// wedged worker with a small backlog and a reading sibling keep theirs.
+func TestOutboundBudgetEvictsLargest(t *testing.T) {
+	const budget = 1 << 20
+	e := newEnv(t, func(c *Config) {
+		c.HardQueueBytes = budget
+		c.HardQueueLimit = 1 << 20
+		c.MaxOutboundBytes = budget
+	})
+	e.do(func() { e.pg.auto = true })
+	big, small, sib := e.dial(), e.dial(), e.dial()
+	for _, x := range []struct {
+		w *tw
+		q string
+	}{{big, "big"}, {small, "small"}, {sib, "s"}} {
+		x.w.sub(x.q)
+		x.w.expect(ack(x.q))
+	}
+	held := func(id uint64) (n int) {
+		e.workerState(id, func(w *worker) { n = w.out.Len() })
+		return n
+	}
+	payload := strings.Repeat("p", 7000)
+	// small falls 100 KB behind, big 850 KB (each past what its socket
+	// took): 950 KB of the 1 MiB.
+	for i := 0; held(2) < 100<<10; i++ {
+		if i > 1000 {
+			t.Fatal("small never fell behind")
+		}
+		e.notify("small", payload)
+	}
+	for i := 0; held(1) < 850<<10; i++ {
+		if i > 1000 {
+			t.Fatal("big never fell behind")
+		}
+		e.notify("big", payload)
+	}
+	if s := e.h.Stats(); s.Evictions != 0 {
+		t.Fatalf("evicted under the budget: %+v", s)
+	}
+	// small's wakes cross the budget: big, which holds the most, pays.
+	for i := 0; e.h.Stats().Evictions == 0; i++ {
+		if i > 100 {
+			t.Fatalf("never evicted; hub holds %d of %d", e.h.Stats().OutboundBytes, budget)
+		}
+		e.notify("small", payload)
+	}
+	big.c.SetReadDeadline(time.Now().Add(timeout))
+	if _, err := copyAll(big.c); err != nil {
+		t.Fatalf("big not closed: %v", err)
+	}
+	if s := e.h.Stats(); s.Evictions != 1 || s.Workers != 2 || s.OutboundBytes > budget {
+		t.Fatalf("stats %+v", s)
+	}
+	if e.logs.count(`limit=max-outbound-bytes`) != 1 {
+		t.Fatalf("eviction not logged with its limit:\n%s", e.logs.String())
+	}
+	e.notify("s", "1")
+	sib.expect(wake("s", ptr("1")))
+	// small is served: everything it was sent arrives.
+	go e.notify("small", "last")
+	for {
+		m, err := small.read(timeout)
+		if err != nil {
+			t.Fatalf("small: %v", err)
+		}
+		if m.P == "last" {
+			break
+		}
+	}
+}
+
+// copyAll reads c to EOF (or a reset) and returns the bytes read.
+func copyAll(c net.Conn) (int, error) {
+	buf := make([]byte, 64<<10)
+	total := 0
+	for {
+		n, err := c.Read(buf)
+		total += n
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+				return total, nil
+			}
+			return total, err
+		}
+	}
+}
+
+func TestDefaultMaxOutboundBytes(t *testing.T) {
+	for _, c := range []struct {
+		mem  uint64
+		want int
+	}{
+		{0, 64 << 20},
+		{256 << 20, 64 << 20},
+		{2 << 30, 256 << 20},
+		{64 << 30, 4 << 30},
+	} {
+		if got := outboundFor(c.mem); got != c.want {
+			t.Errorf("outboundFor(%d) = %d, want %d", c.mem, got, c.want)
+		}
+	}
+	if d := DefaultMaxOutboundBytes(); d < 64<<20 || d > 4<<30 {
+		t.Fatalf("DefaultMaxOutboundBytes() = %d", d)
+	}
+	if _, err := New(Config{SocketPath: "x", HardQueueBytes: 1 << 20, MaxOutboundBytes: 1 << 19}); err == nil {
+		t.Fatal("a budget below HardQueueBytes was accepted")
+	}
+}

@@ -96,6 +96,18 @@ type Config struct {
 	// names another file is an error.
 	Listener *os.File
 
+	// SocketMode is the permission bits of the socket file the hub
+	// creates at SocketPath. Default 0600 (DefaultSocketMode): only the
+	// hub's uid (and root) can connect. 0660 with SocketGroup lets a
+	// group's members connect; AllowUIDs still decides whom the hub
+	// serves. Not for a Listener, whose file belongs to whoever bound it
+	// (a socket unit's SocketMode=).
+	SocketMode os.FileMode
+	// SocketGroup, when set, is the group (a name or a numeric gid) the
+	// socket file is given before it accepts. Not for a Listener (a
+	// socket unit's SocketGroup=).
+	SocketGroup string
+
 	// DatabaseURL is a libpq connection string or URL. Empty means the
 	// libpq PG* environment variables (pgconn.ParseConfig("")).
 	// Ignored when ConnConfig is set; otherwise New parses it into
@@ -229,6 +241,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ApplicationName == "" {
 		c.ApplicationName = DefaultApplicationName
+	}
+	if c.SocketMode&^os.ModePerm != 0 {
+		return c, fmt.Errorf("hub: config: SocketMode %#o has more than permission bits", uint32(c.SocketMode))
+	}
+	if c.Listener != nil && (c.SocketMode != 0 || c.SocketGroup != "") {
+		return c, errors.New("hub: config: SocketMode and SocketGroup are for a socket the hub creates; an inherited socket has its unit's SocketMode= and SocketGroup=")
+	}
+	if c.SocketMode == 0 {
+		c.SocketMode = DefaultSocketMode
 	}
 	defInt := func(v *int, def int, name string) error {
 		if *v < 0 {

@@ -134,6 +134,8 @@ type Hub struct {
 	pg   postgres
 	clk  clock
 
+	sockPerm socketPerm // the socket file's mode and group (Config)
+
 	// Everything below belongs to the loop goroutine.
 	sock         listenSocket
 	acceptPaused bool
@@ -244,6 +246,12 @@ func New(cfg Config) (*Hub, error) {
 	for _, uid := range c.AllowUIDs {
 		h.allow[uint32(uid)] = struct{}{}
 	}
+	h.sockPerm = socketPerm{mode: c.SocketMode, gid: -1}
+	if c.SocketGroup != "" {
+		if h.sockPerm.gid, err = lookupGroup(c.SocketGroup); err != nil {
+			return nil, err
+		}
+	}
 	return h, nil
 }
 
@@ -281,7 +289,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 		sock, err = adoptSocket(h.cfg.Listener, h.cfg.SocketPath)
 		h.cfg.SocketPath = sock.path
 	} else {
-		sock, err = bindSocket(h.cfg.SocketPath)
+		sock, err = bindSocketAs(h.cfg.SocketPath, h.sockPerm)
 	}
 	if err != nil {
 		discardLoop(l)

@@ -6,7 +6,9 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -88,6 +90,41 @@ func checkSocket(path string) error {
 // rename(2), fails when path exists, so a hub started at the same moment
 // is still never replaced.
 func bindSocket(path string) (listenSocket, error) {
+	return bindSocketAs(path, socketPerm{mode: DefaultSocketMode, gid: -1})
+}
+
+// DefaultSocketMode is the mode of the socket file when Config.SocketMode
+// is zero: the hub's own uid only (root can connect anyway).
+const DefaultSocketMode os.FileMode = 0o600
+
+// socketPerm is who may connect to the socket file: its permission bits,
+// and its group (-1: the hub's).
+type socketPerm struct {
+	mode os.FileMode
+	gid  int
+}
+
+// lookupGroup resolves a Config.SocketGroup: a group name, or a numeric gid.
+func lookupGroup(name string) (int, error) {
+	if gid, err := strconv.ParseUint(name, 10, 32); err == nil {
+		return int(gid), nil
+	}
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return -1, fmt.Errorf("hub: config: SocketGroup: %w", err)
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return -1, fmt.Errorf("hub: config: SocketGroup %q: gid %q", name, g.Gid)
+	}
+	return gid, nil
+}
+
+// bindSocketAs is bindSocket with the file's mode and group: it is bound
+// with mode 0600 (the umask is set around bind), given its group, then its
+// mode, and only then listens and appears at path. At no moment can anyone
+// the final mode and group do not admit connect.
+func bindSocketAs(path string, perm socketPerm) (listenSocket, error) {
 	s := listenSocket{path: path, fd: -1}
 	if err := checkSocket(path); err != nil {
 		return s, err
@@ -119,6 +156,11 @@ func bindSocket(path string) (listenSocket, error) {
 		}
 		return s, fmt.Errorf("hub: bind %s: %w", path, os.NewSyscallError("bind", err))
 	}
+	if err := setSocketPerm(bindAt, perm); err != nil {
+		unix.Close(fd)
+		os.Remove(bindAt)
+		return s, err
+	}
 	if err := unix.Listen(fd, listenBacklog); err != nil {
 		unix.Close(fd)
 		os.Remove(bindAt)
@@ -147,6 +189,26 @@ func bindSocket(path string) (listenSocket, error) {
 	}
 	s.fd = fd
 	return s, nil
+}
+
+// setSocketPerm gives the socket file bound at name (mode 0600 so far, and
+// not listening yet) its group and then its mode. The group goes first: a
+// mode that opens the file to its group must find the right group there.
+// lchown does not follow a symlink; chmod has no such variant, but the
+// name is one this process just bound in the socket's directory, which
+// must not be writable by others anyway (they could replace the socket).
+func setSocketPerm(name string, perm socketPerm) error {
+	if perm.gid >= 0 {
+		if err := os.Lchown(name, -1, perm.gid); err != nil {
+			return fmt.Errorf("hub: socket group %d: %w", perm.gid, err)
+		}
+	}
+	if perm.mode != DefaultSocketMode {
+		if err := os.Chmod(name, perm.mode); err != nil {
+			return fmt.Errorf("hub: socket mode %#o: %w", perm.mode, err)
+		}
+	}
+	return nil
 }
 
 // tempSeq makes temporary socket names unique within the process, so that

@@ -33,7 +33,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := newFlagSet("serve")
 	var (
 		databaseURL   = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct (or session-pooled) connection (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-		socket        = fs.String("socket", "", "Unix socket the workers connect to; created with mode 0600, or the one systemd passes (LISTEN_FDS), whose path this must then be (required unless socket-activated)")
+		socket        = fs.String("socket", "", "Unix socket the workers connect to; created with --socket-mode and --socket-group, or the one systemd passes (LISTEN_FDS), whose path this must then be (required unless socket-activated)")
 		prefix        = fs.String("channel-prefix", "", "Postgres channel = prefix + Q + suffix (pgbus: pgmq.q_)")
 		suffix        = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
 		appName       = fs.String("application-name", hub.DefaultApplicationName, "application_name of the hub's backend, counted by census")
@@ -61,6 +61,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		rf            relayFlags
 	)
 	rf.register(fs)
+	socketMode := modeValue(hub.DefaultSocketMode)
+	fs.Var(&socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still decides whom the hub serves)")
+	socketGroup := fs.String("socket-group", "", "group (name or gid) given to the socket file before it accepts (default: the hub's)")
 	fs.Var(&allowUIDs, "allow-uid", "uids allowed to connect (checked with SO_PEERCRED), comma-separated or repeated (default: the hub's uid and root)")
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -149,8 +152,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	sd := newSDReporter(log)
 	defer sd.close()
 
+	var sockMode os.FileMode // 0: the hub's default, and nothing to refuse with a socket unit
+	if isSet(fs, "socket-mode") {
+		sockMode = os.FileMode(socketMode)
+	}
 	h, err := hub.New(hub.Config{
 		SocketPath:          *socket,
+		SocketMode:          sockMode,
+		SocketGroup:         *socketGroup,
 		ConnConfig:          cc,
 		ChannelPrefix:       *prefix,
 		ChannelSuffix:       *suffix,

@@ -76,4 +76,3 @@ func TestSocketPermConfigErrors(t *testing.T) {
 		}
 	}
 }
-

@@ -147,4 +147,3 @@ func TestAttackNackFlood(t *testing.T) {
 		return h.metric("listenhub_outbound_bytes") == 0 && h.metric("listenhub_workers_paused") == 0
 	})
 }
-

@@ -28,7 +28,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,7 +71,108 @@ type WritersRow struct {
 	PGCPU    float64 `json:"postgres_cpu_s"`
 	RelayCPU float64 `json:"relay_cpu_s,omitempty"`
 	HubCPU   float64 `json:"hub_cpu_s"`
-	Err      string  `json:"error,omitempty"`
+	// Relay is what the relay's own /metrics said about the rounds (nil
+	// for the other sources, or when they could not be read).
+	Relay *relayFigures `json:"relay_metrics,omitempty"`
+	Err   string        `json:"error,omitempty"`
+}
+
+// relayFigures are the differences of the relay's counters over the
+// rounds, and its commit → NOTIFY histogram (the commit's timestamp to the
+// commit of the NOTIFY transaction that covered it; buckets, upper bounds
+// in seconds).
+type relayFigures struct {
+	Transactions    float64            `json:"transactions"`
+	Notifies        float64            `json:"notifies"`
+	Batches         float64            `json:"batches"`
+	VisibilityWaits float64            `json:"visibility_waits"`
+	CommitToNotify  map[string]float64 `json:"commit_to_notify_buckets"`
+}
+
+func (f *relayFigures) add(g *relayFigures) {
+	f.Transactions += g.Transactions
+	f.Notifies += g.Notifies
+	f.Batches += g.Batches
+	f.VisibilityWaits += g.VisibilityWaits
+	if f.CommitToNotify == nil {
+		f.CommitToNotify = map[string]float64{}
+	}
+	for k, v := range g.CommitToNotify {
+		f.CommitToNotify[k] += v
+	}
+}
+
+// quantile is the upper bound (seconds) of the bucket holding quantile q
+// of the commit → NOTIFY histogram; +Inf past the last bound, 0 if empty.
+func (f *relayFigures) quantile(q float64) float64 {
+	type b struct{ le, n float64 }
+	var bs []b
+	for k, v := range f.CommitToNotify {
+		le, err := strconv.ParseFloat(k, 64)
+		if k == "+Inf" {
+			le, err = math.Inf(1), nil
+		}
+		if err == nil {
+			bs = append(bs, b{le, v})
+		}
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	if len(bs) == 0 || bs[len(bs)-1].n == 0 {
+		return 0
+	}
+	total := bs[len(bs)-1].n // cumulative buckets: +Inf holds the count
+	for _, x := range bs {
+		if x.n >= q*total {
+			return x.le
+		}
+	}
+	return math.Inf(1)
+}
+
+// scrapeRelay reads the relay's counters from its /metrics.
+func scrapeRelay(addr string) (*relayFigures, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	f := &relayFigures{CommitToNotify: map[string]float64{}}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "listenhub_relay_transactions_total":
+			f.Transactions = v
+		case "listenhub_relay_notifies_total":
+			f.Notifies = v
+		case "listenhub_relay_batches_total":
+			f.Batches = v
+		case "listenhub_relay_visibility_waits_total":
+			f.VisibilityWaits = v
+		}
+		if le, ok := strings.CutPrefix(name, `listenhub_relay_commit_to_notify_seconds_bucket{le="`); ok {
+			f.CommitToNotify[strings.TrimSuffix(le, `"}`)] = v
+		}
+	}
+	return f, sc.Err()
+}
+
+// sub is f − g, counter by counter.
+func (f *relayFigures) sub(g *relayFigures) *relayFigures {
+	d := &relayFigures{Transactions: f.Transactions - g.Transactions, Notifies: f.Notifies - g.Notifies,
+		Batches: f.Batches - g.Batches, VisibilityWaits: f.VisibilityWaits - g.VisibilityWaits, CommitToNotify: map[string]float64{}}
+	for k, v := range f.CommitToNotify {
+		d.CommitToNotify[k] = v - g.CommitToNotify[k]
+	}
+	return d
 }
 
 // pgCPUPerCommit is the PostgreSQL CPU per commit in µs.
@@ -260,11 +364,21 @@ func (b *bench) writersScenario() error {
 				row.PGCPU += rr.pgCPU
 				row.RelayCPU += rr.relayCPU
 				row.HubCPU += rr.hubCPU
+				if rr.relay != nil {
+					if row.Relay == nil {
+						row.Relay = &relayFigures{}
+					}
+					row.Relay.add(rr.relay)
+				}
 				hs[key][0].Merge(&rr.commit)
 				hs[key][1].Merge(&rr.wake)
 				b.logf("writers %-9s W=%-2d round %d: %6.0f commits/s, commit p99 %s, wake p50 %s p99 %s, %.3f wakes/insert, %d misses, PG CPU %.1f µs/commit; load %s",
 					src, w, round+1, float64(rr.commits)/rr.seconds, us(float64(rr.commit.Summarize().P99)), us(rr.wake.Summarize().P50), us(rr.wake.Summarize().P99),
 					float64(rr.wakes)/float64(e.nworkers)/float64(max(rr.commits, 1)), rr.misses, rr.pgCPU*1e6/float64(max(rr.commits, 1)), loadavg())
+				if rr.relay != nil {
+					b.logf("  relay's own figures: %.0f transactions, %.0f NOTIFY transactions, %.0f visibility waits, commit → NOTIFY p50 ≤ %s, p99 ≤ %s",
+						rr.relay.Transactions, rr.relay.Batches, rr.relay.VisibilityWaits, bound(rr.relay.quantile(0.5)), bound(rr.relay.quantile(0.99)))
+				}
 			}
 		}
 		for _, src := range p.WritersSources {
@@ -289,6 +403,7 @@ type roundResult struct {
 	wakes                   uint64
 	misses, reads           int
 	pgCPU, relayCPU, hubCPU float64
+	relay                   *relayFigures
 }
 
 func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
@@ -301,10 +416,10 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	}
 	var relay *exec.Cmd
 	var relayDone chan struct{}
-	var relayLog string
+	var relayLog, relayMetrics string
 	if src == "relay" {
 		var err error
-		relay, relayDone, relayLog, err = e.startRelay(round)
+		relay, relayDone, relayLog, relayMetrics, err = e.startRelay(round)
 		if err != nil {
 			return nil, err
 		}
@@ -320,6 +435,10 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 		}
 	}
 	pg0, relay0, hub0 := e.pgCPU(), procCPU(pidOf(relay)), procCPU(e.hub.serverPID())
+	var rm0 *relayFigures
+	if relayMetrics != "" {
+		rm0, _ = scrapeRelay(relayMetrics)
+	}
 
 	// The writers.
 	sqls := make([]string, e.queues)
@@ -375,6 +494,11 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	// The last wakes: the writers have stopped, what is coming comes
 	// within the drain.
 	time.Sleep(b.p.WritersDrain)
+	if rm0 != nil {
+		if rm1, err := scrapeRelay(relayMetrics); err == nil {
+			rr.relay = rm1.sub(rm0)
+		}
+	}
 	reps := make([]wakeReport, len(e.workers))
 	for i, p := range e.workers {
 		if err := p.send("report"); err != nil {
@@ -544,22 +668,29 @@ func (e *writersEnv) relayArgv() []string {
 
 // startRelay starts `listenhub relay` on a new slot and waits until its
 // walsender streams.
-func (e *writersEnv) startRelay(round int) (*exec.Cmd, chan struct{}, string, error) {
+func (e *writersEnv) startRelay(round int) (*exec.Cmd, chan struct{}, string, string, error) {
 	if err := e.dropSlot(); err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", "", err
 	}
 	argv := e.relayArgv()
+	metrics := ""
+	if !strings.Contains(e.b.p.WritersRelayArgs, "--metrics-addr") {
+		if port, err := freeTCPPort(); err == nil {
+			metrics = "127.0.0.1:" + strconv.Itoa(port)
+			argv = append(argv, "--metrics-addr", metrics)
+		}
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	logPath := filepath.Join(e.b.dir, fmt.Sprintf("relay-%d.log", round))
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", "", err
 	}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		log.Close()
-		return nil, nil, "", err
+		return nil, nil, "", "", err
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); log.Close(); close(done) }()
@@ -572,18 +703,27 @@ func (e *writersEnv) startRelay(round int) (*exec.Cmd, chan struct{}, string, er
 		}
 		select {
 		case <-done:
-			return nil, nil, "", fmt.Errorf("relay exited at start: %s", tailFile(logPath, 3))
+			return nil, nil, "", "", fmt.Errorf("relay exited at start: %s", tailFile(logPath, 3))
 		default:
 		}
 		if time.Now().After(deadline) {
 			e.stopRelay(cmd, done)
-			return nil, nil, "", fmt.Errorf("relay's slot not active in 30 s: %s", tailFile(logPath, 3))
+			return nil, nil, "", "", fmt.Errorf("relay's slot not active in 30 s: %s", tailFile(logPath, 3))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	// Its NOTIFY connection may open after the walsender's: a moment.
 	time.Sleep(200 * time.Millisecond)
-	return cmd, done, logPath, nil
+	return cmd, done, logPath, metrics, nil
+}
+
+func freeTCPPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (e *writersEnv) stopRelay(cmd *exec.Cmd, done chan struct{}) {

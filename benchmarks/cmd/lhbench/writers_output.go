@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -18,7 +19,7 @@ func writersTable(r *Results) *table {
 			i.Queues, i.Dur, i.Rounds, strings.Join(i.Settings, ", "), fsync, i.Workers)
 	}
 	t := &table{title: title,
-		header: []string{"source", "W", "commits/s", "each round", "commit p50", "commit p99", "wake p50", "wake p99", "wake max", "wakes/insert", "misses", "PG CPU/commit", "relay CPU/commit", "hub CPU/commit", ""}}
+		header: []string{"source", "W", "commits/s", "each round", "commit p50", "commit p99", "wake p50", "wake p99", "wake max", "wakes/insert", "misses", "PG CPU/commit", "relay CPU/commit", "hub CPU/commit", "relay commit→NOTIFY p50/p99", ""}}
 	for _, w := range r.Writers {
 		var rounds []string
 		for _, v := range w.RoundRates {
@@ -42,10 +43,22 @@ func writersTable(r *Results) *table {
 		if w.Source == "relay" {
 			relay = per(w.RelayCPU)
 		}
+		c2n := "-"
+		if w.Relay != nil {
+			c2n = "≤ " + bound(w.Relay.quantile(0.5)) + " / ≤ " + bound(w.Relay.quantile(0.99))
+		}
 		t.add(w.Source, w.W, si(w.CommitsPerS), strings.Join(rounds, " "), us(w.Commit.P50), us(w.Commit.P99), wp50, wp99, wmax, wpi, miss,
-			per(w.PGCPU), relay, per(w.HubCPU), errCol(w.Err))
+			per(w.PGCPU), relay, per(w.HubCPU), c2n, errCol(w.Err))
 	}
 	return t
+}
+
+// bound formats a histogram bucket's upper bound (seconds).
+func bound(s float64) string {
+	if math.IsInf(s, 1) {
+		return "∞"
+	}
+	return us(s * 1e6)
 }
 
 // writersRow finds the (source, W) row with figures.

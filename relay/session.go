@@ -81,21 +81,46 @@ func (r *Relay) connect(ctx context.Context, replication bool) (*pgconn.PgConn, 
 
 // session runs one session until it fails or ctx is done.
 func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult) {
+	t0 := time.Now()
+	// The two connections are opened at once: a restart (or a
+	// takeover) is streaming again one connection set-up sooner.
+	type dialed struct {
+		c   *pgconn.PgConn
+		err error
+	}
+	rch := make(chan dialed, 1)
+	go func() {
+		c, err := r.connect(ctx, true)
+		rch <- dialed{c, err}
+	}()
+	var rconn *pgconn.PgConn
+	defer func() {
+		if rconn == nil {
+			if d := <-rch; d.c != nil {
+				d.c.Close(context.Background())
+			}
+		}
+	}()
 	nc, err := r.connect(ctx, false)
 	if err != nil {
 		return sessionResult{err: err}
 	}
 	defer nc.Close(context.Background())
 	s := &session{r: r, nc: nc}
-	if err := s.preflight(ctx, everActive); err != nil {
-		return sessionResult{err: err}
-	}
-	rconn, err := r.connect(ctx, true)
+	slot, err := s.preflight(ctx, everActive)
 	if err != nil {
 		return sessionResult{err: err}
 	}
+	t1 := time.Now()
+	d := <-rch
+	if d.err != nil {
+		rconn = d.c // nil
+		rch <- d
+		return sessionResult{err: d.err}
+	}
+	rconn = d.c
 	closeR := func() { rconn.Close(context.Background()) }
-	created, err := s.ensureSlot(ctx, rconn)
+	created, err := s.ensureSlot(ctx, rconn, slot)
 	if err != nil {
 		closeR()
 		return sessionResult{err: err}
@@ -114,6 +139,7 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	if err := s.startReplication(ctx); err != nil {
 		return sessionResult{err: err}
 	}
+	r.log.Debug("relay session set up", "connect_and_check", t1.Sub(t0), "total", time.Since(t0))
 	prev := State(r.state.Load())
 	r.setState(StateActive)
 	switch {
@@ -160,95 +186,143 @@ func query(ctx context.Context, c *pgconn.PgConn, sql string, args ...string) ([
 	return rows, nil
 }
 
+// slotInfo is what pg_replication_slots says of the slot ("" fields: no
+// such slot).
+type slotInfo struct {
+	plugin, typ, sameDB string
+}
+
+// preflightSQL reads, in one round trip, everything the relay checks
+// before it streams: settings and role; the publication; its tables; the
+// slot; the server's xmax and the slot's lag. (A new backend's first
+// catalog reads are slow, and a restart waits for them.)
+const preflightSQL = `SELECT current_setting('server_version_num'), current_setting('wal_level'),
+	current_setting('max_wal_senders'), current_setting('max_replication_slots'), pg_is_in_recovery()::text,
+	(r.rolreplication OR r.rolsuper)::text, current_user,
+	(SELECT count(*) FROM pg_publication WHERE pubname = $1)::text
+	FROM pg_roles r WHERE r.rolname = current_user;
+SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2;
+SELECT plugin, slot_type, (database = current_database())::text FROM pg_replication_slots WHERE slot_name = $2;
+` + xidRefSQL
+
+// xidRefSQL reads the server's xmax as a full xid and the slot's lag.
+const xidRefSQL = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text,
+	CASE WHEN NOT pg_is_in_recovery() THEN (SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint::text FROM pg_replication_slots WHERE slot_name = $2) END`
+
+// multi runs statements as one simple query (one round trip, one implicit
+// transaction), with $1 and $2 replaced by the publication and slot names
+// as literals, and returns each statement's rows.
+func (s *session) multi(ctx context.Context, sql string) ([][][]string, error) {
+	sql = strings.NewReplacer("$1", quoteLiteral(s.r.opts.Publication), "$2", quoteLiteral(s.r.opts.Slot)).Replace(sql)
+	results, err := s.nc.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	out := make([][][]string, len(results))
+	for i, res := range results {
+		for _, row := range res.Rows {
+			r := make([]string, len(row))
+			for j, v := range row {
+				r[j] = string(v)
+			}
+			out[i] = append(out[i], r)
+		}
+	}
+	return out, nil
+}
+
 // preflight checks what no retry can fix and reads the publication's
 // tables: each misconfiguration is a ConfigError naming the fix.
-func (s *session) preflight(ctx context.Context, everActive bool) error {
+func (s *session) preflight(ctx context.Context, everActive bool) (slotInfo, error) {
 	r := s.r
-	rows, err := query(ctx, s.nc, `SELECT current_setting('server_version_num'), current_setting('wal_level'),
-	current_setting('max_wal_senders'), current_setting('max_replication_slots'), pg_is_in_recovery()::text,
-	(r.rolreplication OR r.rolsuper)::text, current_user
-	FROM pg_roles r WHERE r.rolname = current_user`)
+	res, err := s.multi(ctx, preflightSQL)
 	if err != nil {
-		return err
+		return slotInfo{}, err
 	}
-	if len(rows) != 1 {
-		return errors.New("relay: cannot read the server's settings")
+	if len(res) != 4 || len(res[0]) != 1 || len(res[3]) != 1 {
+		return slotInfo{}, errors.New("relay: cannot read the server's settings")
 	}
-	v := rows[0]
+	v := res[0][0]
 	ver, _ := strconv.Atoi(v[0])
 	user := v[6]
 	switch {
 	case ver < 130000:
-		return configErrorf(nil, "PostgreSQL %d.%d is too old for the relay: it needs 13 or later (pg_visible_in_snapshot)", ver/10000, ver%10000/100)
+		return slotInfo{}, configErrorf(nil, "PostgreSQL %d.%d is too old for the relay: it needs 13 or later (pg_visible_in_snapshot)", ver/10000, ver%10000/100)
 	case v[1] != "logical":
-		return configErrorf(nil, "wal_level is %s, the relay needs logical: run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL", v[1])
+		return slotInfo{}, configErrorf(nil, "wal_level is %s, the relay needs logical: run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL", v[1])
 	case v[2] == "0":
-		return configErrorf(nil, "max_wal_senders is 0, the relay needs one: run ALTER SYSTEM SET max_wal_senders = 10; then restart PostgreSQL")
-	case v[3] == "0" && !r.opts.TemporarySlot:
-		return configErrorf(nil, "max_replication_slots is 0, the relay needs one: run ALTER SYSTEM SET max_replication_slots = 10; then restart PostgreSQL")
+		return slotInfo{}, configErrorf(nil, "max_wal_senders is 0, the relay needs one: run ALTER SYSTEM SET max_wal_senders = 10; then restart PostgreSQL")
+	case v[3] == "0":
+		return slotInfo{}, configErrorf(nil, "max_replication_slots is 0, the relay needs one: run ALTER SYSTEM SET max_replication_slots = 10; then restart PostgreSQL")
 	case v[4] == "true":
 		if everActive {
-			return errors.New("the server is in recovery (a standby, or a failover in progress)")
+			return slotInfo{}, errors.New("the server is in recovery (a standby, or a failover in progress)")
 		}
-		return configErrorf(nil, "the server is a standby (in recovery): point the relay at the primary, where NOTIFY can run")
+		return slotInfo{}, configErrorf(nil, "the server is a standby (in recovery): point the relay at the primary, where NOTIFY can run")
 	case v[5] != "true":
-		return configErrorf(nil, "role %s may not open a replication connection: run ALTER ROLE %s REPLICATION; as a superuser (on a managed service, its replication grant, e.g. GRANT rds_replication TO %s)",
+		return slotInfo{}, configErrorf(nil, "role %s may not open a replication connection: run ALTER ROLE %s REPLICATION; as a superuser (on a managed service, its replication grant, e.g. GRANT rds_replication TO %s)",
 			quoteIdent(user), quoteIdent(user), quoteIdent(user))
 	}
 	pub := r.opts.Publication
-	rows, err = query(ctx, s.nc, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, pub)
-	if err != nil {
-		return err
-	}
-	if rows[0][0] == "0" {
+	tables := res[1]
+	if v[7] == "0" {
 		if r.opts.CreatePublication == "" {
-			return configErrorf(nil, "publication %s does not exist: run CREATE PUBLICATION %s FOR TABLES IN SCHEMA pgmq; (or FOR TABLE ..., FOR ALL TABLES), or start the relay with --create-publication 'TABLES IN SCHEMA pgmq'",
+			return slotInfo{}, configErrorf(nil, "publication %s does not exist: run CREATE PUBLICATION %s FOR TABLES IN SCHEMA pgmq; (or FOR TABLE ..., FOR ALL TABLES), or start the relay with --create-publication 'TABLES IN SCHEMA pgmq'",
 				quoteLiteral(pub), quoteIdent(pub))
 		}
 		sql := "CREATE PUBLICATION " + quoteIdent(pub) + " FOR " + r.opts.CreatePublication
 		if _, err := s.nc.Exec(ctx, sql).ReadAll(); err != nil {
 			var pe *pgconn.PgError
 			if !errors.As(err, &pe) || pe.Code != "42710" { // not a concurrent creation
-				return configErrorf(err, "cannot create the publication (%s): %s", sql, oneLine(err))
+				return slotInfo{}, configErrorf(err, "cannot create the publication (%s): %s", sql, oneLine(err))
 			}
 		} else {
 			r.log.Info("relay created the publication", "sql", sql)
 		}
-	}
-	rows, err = query(ctx, s.nc, `SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2`, pub)
-	if err != nil {
-		return err
+		if tables, err = query(ctx, s.nc, `SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2`, pub); err != nil {
+			return slotInfo{}, err
+		}
 	}
 	s.tables = s.tables[:0]
-	for _, row := range rows {
+	for _, row := range tables {
 		for o := op(0); o < numOps; o++ {
 			if !r.opts.Ops.has(o) {
 				continue
 			}
 			if ch := r.tmpl.channel(row[0], row[1], o); len(ch) > MaxChannelLen {
-				return configErrorf(nil, "channel %q of table %s.%s is %d bytes, over the %d PostgreSQL keeps: shorten the channel template (%q) or rename the table",
+				return slotInfo{}, configErrorf(nil, "channel %q of table %s.%s is %d bytes, over the %d PostgreSQL keeps: shorten the channel template (%q) or rename the table",
 					ch, row[0], row[1], len(ch), MaxChannelLen, r.tmpl.String())
 			}
 		}
 		s.tables = append(s.tables, [2]string{row[0], row[1]})
 	}
-	return s.refreshXidRef(ctx)
+	var slot slotInfo
+	if len(res[2]) == 1 {
+		slot = slotInfo{plugin: res[2][0][0], typ: res[2][0][1], sameDB: res[2][0][2]}
+	}
+	return slot, s.setXidRef(res[3][0])
 }
 
-// refreshXidRef reads the server's xmax (and the slot's lag while at it).
+// refreshXidRef reads the server's xmax again (and the slot's lag).
 func (s *session) refreshXidRef(ctx context.Context) error {
-	rows, err := query(ctx, s.nc, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text,
-	(SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint::text FROM pg_replication_slots WHERE slot_name = $1)`, s.r.opts.Slot)
+	res, err := s.multi(ctx, xidRefSQL)
 	if err != nil {
 		return err
 	}
-	x, err := strconv.ParseUint(rows[0][0], 10, 64)
+	if len(res) != 1 || len(res[0]) != 1 {
+		return errors.New("relay: cannot read xmax")
+	}
+	return s.setXidRef(res[0][0])
+}
+
+func (s *session) setXidRef(row []string) error {
+	x, err := strconv.ParseUint(row[0], 10, 64)
 	if err != nil {
-		return fmt.Errorf("relay: xmax %q: %w", rows[0][0], err)
+		return fmt.Errorf("relay: xmax %q: %w", row[0], err)
 	}
 	s.xidRef = x
-	if rows[0][1] != "" {
-		if lag, err := strconv.ParseInt(rows[0][1], 10, 64); err == nil {
+	if row[1] != "" {
+		if lag, err := strconv.ParseInt(row[1], 10, 64); err == nil {
 			s.r.lagBytes.Store(lag)
 		}
 	}
@@ -273,20 +347,14 @@ func fullXid(ref uint64, x uint32) uint64 {
 // temporary), on the replication connection. created says the slot is new
 // (a resync is due). A slot name taken by another relay's temporary slot is
 // errSlotBusy.
-func (s *session) ensureSlot(ctx context.Context, rc *pgconn.PgConn) (created bool, err error) {
+func (s *session) ensureSlot(ctx context.Context, rc *pgconn.PgConn, slot slotInfo) (created bool, err error) {
 	r := s.r
-	if !r.opts.TemporarySlot {
-		rows, err := query(ctx, s.nc, `SELECT plugin, slot_type, database = current_database() FROM pg_replication_slots WHERE slot_name = $1`, r.opts.Slot)
-		if err != nil {
-			return false, err
+	if !r.opts.TemporarySlot && slot.typ != "" {
+		if slot.typ != "logical" || slot.plugin != "pgoutput" || slot.sameDB != "true" {
+			return false, configErrorf(nil, "replication slot %s exists but is not a pgoutput slot of this database (type %s, plugin %s): drop it (SELECT pg_drop_replication_slot(%s)) or choose another --slot",
+				quoteLiteral(r.opts.Slot), slot.typ, slot.plugin, quoteLiteral(r.opts.Slot))
 		}
-		if len(rows) == 1 {
-			if rows[0][1] != "logical" || rows[0][0] != "pgoutput" || rows[0][2] != "true" {
-				return false, configErrorf(nil, "replication slot %s exists but is not a pgoutput slot of this database (type %s, plugin %s): drop it (SELECT pg_drop_replication_slot(%s)) or choose another --slot",
-					quoteLiteral(r.opts.Slot), rows[0][1], rows[0][0], quoteLiteral(r.opts.Slot))
-			}
-			return false, nil
-		}
+		return false, nil
 	}
 	sql := "CREATE_REPLICATION_SLOT " + quoteIdent(r.opts.Slot)
 	if r.opts.TemporarySlot {

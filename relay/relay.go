@@ -250,10 +250,12 @@ func New(opts Options) (*Relay, error) {
 	if !t.has('t') {
 		return nil, fmt.Errorf("relay: channel template %q has no {table}: every table would share one channel", opts.ChannelTemplate)
 	}
-	// The template's fixed text with the shortest names: if this is over
-	// the limit, no table can ever be NOTIFYed.
-	if n := len(t.channel("s", "t", opInsert)) - 2; n > MaxChannelLen {
-		return nil, fmt.Errorf("relay: channel template %q makes channels of %d bytes or more, over the %d PostgreSQL keeps", opts.ChannelTemplate, n, MaxChannelLen)
+	// The template with one-byte names: if this is over the limit, no
+	// table can ever be NOTIFYed.
+	for o := op(0); o < numOps; o++ {
+		if n := len(t.channel("s", "t", o)); opts.Ops.has(o) && n > MaxChannelLen {
+			return nil, fmt.Errorf("relay: channel template %q makes channels of %d bytes or more for %s, over the %d PostgreSQL keeps", opts.ChannelTemplate, n, opNames[o], MaxChannelLen)
+		}
 	}
 	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: newHistogram(commitToNotifyBounds)}
 	r.tooLongLog = rateLimit{every: 10 * time.Second}

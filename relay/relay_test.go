@@ -22,7 +22,7 @@ var db *pgtest.Cluster
 
 func TestMain(m *testing.M) {
 	defer testutil.RemoveBinaries()
-	pgtesting.Main(m, pgtest.Options{Logical: true}, &db)
+	pgtesting.Main(m, pgtest.Options{Logical: true, SSL: true}, &db)
 }
 
 var testSeq atomic.Int64

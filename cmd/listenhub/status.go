@@ -90,6 +90,27 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		wantStats = !*onlyWorkers && !*onlyChannels
 		err       error
 	)
+	// A relay (serve --relay, or listenhub relay on its own) answers
+	// /relay; a relay on its own has no hub endpoints.
+	rj, relayRaw, err := getRelay(ctx, base)
+	if err != nil {
+		return fail(err)
+	}
+	if rj != nil {
+		if _, found, err := getOptional(ctx, base+"/status", &st); err != nil {
+			return fail(err)
+		} else if !found {
+			if !wantStats {
+				return fail(errors.New("this is a relay's metrics server: it has no workers or channels"))
+			}
+			if *asJSON {
+				fmt.Fprintf(stdout, "{\"relay\":%s}\n", relayRaw)
+				return 0
+			}
+			printRelay(stdout, *addr, rj)
+			return 0
+		}
+	}
 	if wantStats {
 		if raw["status"], err = get("/status", &st); err != nil {
 			return fail(err)
@@ -116,9 +137,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		default:
 			out, _ = json.Marshal(struct {
 				Status   json.RawMessage `json:"status"`
+				Relay    json.RawMessage `json:"relay,omitempty"`
 				Workers  json.RawMessage `json:"workers"`
 				Channels json.RawMessage `json:"channels"`
-			}{raw["status"], raw["workers"], raw["channels"]})
+			}{raw["status"], relayRaw, raw["workers"], raw["channels"]})
 		}
 		fmt.Fprintf(stdout, "%s\n", out)
 		return 0
@@ -137,6 +159,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(tw, "channels\t%d LISTENed\n", st.Channels)
 		fmt.Fprintf(tw, "version\t%s (revision %s, %s)\n", st.Version, shortRevision(st.Revision), st.GoVersion)
 		tw.Flush()
+		if rj != nil {
+			fmt.Fprintln(stdout)
+			printRelay(stdout, "", rj)
+		}
 	}
 	now := time.Now()
 	if wantW {
@@ -215,6 +241,9 @@ func cell(s string) string {
 	return s
 }
 
+// errNotFound is a 404 from the metrics server.
+var errNotFound = errors.New("404 Not Found")
+
 // getJSON fetches one endpoint into v and returns its body as well.
 func getJSON(ctx context.Context, u string, v any) (json.RawMessage, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
@@ -229,6 +258,9 @@ func getJSON(ctx context.Context, u string, v any) (json.RawMessage, error) {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", u, err)
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, fmt.Errorf("GET %s: %w (is this a listenhub --metrics-addr?)", u, errNotFound)
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e struct{ Error string }
@@ -249,4 +281,50 @@ func trailingSpace(b []byte) []byte {
 		i--
 	}
 	return b[i:]
+}
+
+// getOptional is getJSON for an endpoint that may not exist: found is
+// false on 404.
+func getOptional(ctx context.Context, u string, v any) (raw json.RawMessage, found bool, err error) {
+	raw, err = getJSON(ctx, u, v)
+	if errors.Is(err, errNotFound) {
+		return nil, false, nil
+	}
+	return raw, err == nil, err
+}
+
+// getRelay reads /relay, nil when the server runs no relay.
+func getRelay(ctx context.Context, base string) (*relayJSON, json.RawMessage, error) {
+	var rj relayJSON
+	raw, found, err := getOptional(ctx, base+"/relay", &rj)
+	if err != nil || !found {
+		return nil, nil, err
+	}
+	return &rj, raw, nil
+}
+
+// printRelay prints the relay section of listenhub status.
+func printRelay(w io.Writer, addr string, r *relayJSON) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	state := r.State
+	if addr != "" {
+		state += " (" + addr + ")"
+	}
+	slot := r.Slot
+	if r.TemporarySlot {
+		slot += " (temporary)"
+	}
+	fmt.Fprintf(tw, "relay\t%s\n", state)
+	fmt.Fprintf(tw, "slot\t%s, publication %s, confirmed %s\n", slot, r.Publication, r.ConfirmedLSN)
+	fmt.Fprintf(tw, "channels\t%s (ops %s, window %s)\n", r.ChannelTemplate, r.Ops,
+		time.Duration(r.WindowSeconds*float64(time.Second)))
+	fmt.Fprintf(tw, "decoded\t%d transactions, %d changes\n", r.Transactions, r.Changes)
+	fmt.Fprintf(tw, "notified\t%d channels in %d transactions (%d wakes coalesced)\n", r.Notifies, r.Batches, r.Coalesced)
+	fmt.Fprintf(tw, "commit→notify\tp50 %s, p99 %s (%d transactions)\n",
+		time.Duration(r.CommitToNotifyP50*float64(time.Second)), time.Duration(r.CommitToNotifyP99*float64(time.Second)), r.CommitToNotifyCount)
+	fmt.Fprintf(tw, "lag\t%d bytes, %s\n", r.LagBytes, time.Duration(r.LagSeconds*float64(time.Second)).Round(time.Millisecond))
+	if r.ChannelsTooLong > 0 {
+		fmt.Fprintf(tw, "too long\t%d changes not NOTIFYed: channel over 63 bytes\n", r.ChannelsTooLong)
+	}
+	tw.Flush()
 }

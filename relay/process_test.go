@@ -1,6 +1,14 @@
 package relay
 
 import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,4 +71,162 @@ func firstWakeAfter(w *workload, t0 time.Time) time.Duration {
 		return -1
 	}
 	return first.Sub(t0)
+}
+
+// TestRelayProcessStandbyTakeover runs two relays on one slot: one
+// streams, the other stands by (and says so once); when the active one is
+// SIGKILLed, the standby takes over within 2 s and no insert misses its
+// wake.
+func TestRelayProcessStandbyTakeover(t *testing.T) {
+	f := newFixture(t, "q_a", "q_b")
+	w := newWorkload(t, f, "q_a", "q_b")
+	p1 := startRelayProc(t, f.procArgs()...)
+	testutil.WaitFor(t, 20*time.Second, "the first relay's slot active", func() bool { return f.slotActivePID() != 0 })
+	p2 := startRelayProc(t, f.procArgs()...)
+	testutil.WaitFor(t, 20*time.Second, "the second relay standing by", func() bool {
+		return strings.Contains(p2.out.String(), "standing by")
+	})
+	w.burst(20)
+	w.settle(10 * time.Second)
+	if n := strings.Count(p2.out.String(), "standing by"); n != 1 {
+		t.Errorf("the standby logged %d times that it stands by, want once", n)
+	}
+	active := f.slotActivePID()
+	done := make(chan struct{})
+	go func() { w.burst(150); close(done) }()
+	t0 := time.Now()
+	testutil.WaitFor(t, 10*time.Second, "wakes of the burst", func() bool { return w.readsSince(t0) >= 5 })
+	p1.kill()
+	killed := time.Now()
+	testutil.WaitFor(t, 10*time.Second, "the standby streaming", func() bool {
+		pid := f.slotActivePID()
+		return pid != 0 && pid != active
+	})
+	took := time.Since(killed)
+	<-done
+	w.settle(15 * time.Second)
+	t.Logf("standby streaming %v after the SIGKILL; first wake after it %v", took, firstWakeAfter(w, killed))
+	if took > 2*time.Second {
+		t.Errorf("the standby took %v to take over, want at most 2s", took)
+	}
+	if !strings.Contains(p2.out.String(), "took over") {
+		t.Errorf("the standby did not log the take-over:\n%s", p2.out.String())
+	}
+	w.report()
+}
+
+// TestRelayProcessMisconfigured: the binary exits 1 with one line that
+// names the fix.
+func TestRelayProcessMisconfigured(t *testing.T) {
+	f := newFixture(t, "q_a")
+	p := startRelayProc(t, "--database-url", db.URL(), "--publication", "nope", "--slot", f.slot)
+	if code := p.exitCode(t, 20*time.Second); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	out := p.out.String()
+	var last string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		last = line
+	}
+	if want := `listenhub relay: publication 'nope' does not exist: run CREATE PUBLICATION "nope" FOR TABLES IN SCHEMA pgmq;`; !strings.HasPrefix(last, want) {
+		t.Errorf("last line %q, want it to start with %q", last, want)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestServeRelay runs the relay inside the hub's process (serve --relay):
+// a wake reaches a LISTENer, the listenhub_relay_* metrics are on the
+// hub's metrics address, and listenhub status has a relay section. The
+// relay's backends never carry the hub's application_name.
+func TestServeRelay(t *testing.T) {
+	f := newFixture(t, "q_jobs")
+	ch := f.schema + ".q_jobs.INSERT"
+	l := listen(t, ch)
+	addr := freeAddr(t)
+	bin := relayBinary(t)
+	p := &relayProc{out: &testutil.SyncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, "serve", "--relay", "--socket", filepath.Join(t.TempDir(), "hub.sock"),
+		"--database-url", db.URL(), "--publication", f.pub, "--slot", f.slot, "--metrics-addr", addr)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			t.Errorf("serve --relay did not stop on SIGTERM:\n%s", p.out.String())
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("serve --relay exited %d on SIGTERM:\n%s", code, p.out.String())
+		}
+	})
+	testutil.WaitFor(t, 20*time.Second, "the resync wake", func() bool { return l.count(ch) == 1 })
+	f.exec("INSERT INTO " + f.schema + ".q_jobs (v) VALUES ('a')")
+	testutil.WaitFor(t, 10*time.Second, "the wake", func() bool { return l.count(ch) == 2 })
+	testutil.WaitFor(t, 10*time.Second, "relay metrics", func() bool {
+		m := httpGet(t, "http://"+addr+"/metrics")
+		return strings.Contains(m, "\nlistenhub_relay_active 1\n") && strings.Contains(m, "\nlistenhub_relay_transactions_total 1\n") &&
+			strings.Contains(m, "listenhub_relay_commit_to_notify_seconds_count 1\n") && strings.Contains(m, "\nlistenhub_workers 0\n")
+	})
+	out, err := exec.Command(bin, "status", "--metrics-addr", addr).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "relay  ") || !strings.Contains(string(out), "active") ||
+		!strings.Contains(string(out), "1 transactions, 1 changes") || !strings.Contains(string(out), "workers") {
+		t.Errorf("listenhub status: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, err := db.QueryInt(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'listenhub-relay'")
+	if err != nil || n != 2 {
+		t.Errorf("%d backends named listenhub-relay (%v), want 2", n, err)
+	}
+}
+
+// TestRelayProcessStatus: listenhub status on a relay's own metrics
+// address prints the relay section alone; /healthz says active.
+func TestRelayProcessStatus(t *testing.T) {
+	f := newFixture(t, "q_jobs")
+	addr := freeAddr(t)
+	startRelayProc(t, f.procArgs("--metrics-addr", addr)...)
+	testutil.WaitFor(t, 20*time.Second, "healthz", func() bool {
+		return httpGet(t, "http://"+addr+"/healthz") == "ok (active)\n"
+	})
+	out, err := exec.Command(relayBinary(t), "status", "--metrics-addr", addr).CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "relay ") || !strings.Contains(string(out), "slot_rt") {
+		t.Errorf("listenhub status: %v\n%s", err, out)
+	}
+	out, err = exec.Command(relayBinary(t), "status", "--metrics-addr", addr, "--json").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), `{"relay":{"state":"active"`) {
+		t.Errorf("listenhub status --json: %v\n%s", err, out)
+	}
+	m := httpGet(t, "http://"+addr+"/metrics")
+	for _, want := range []string{"\nlistenhub_relay_standby 0\n", "listenhub_build_info{", "process_open_fds "} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 }

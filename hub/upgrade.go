@@ -224,6 +224,9 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("hub: upgrade: %w", err) // before the deadline above overrode the caller's
+	}
 	hello, _, err := recvMsg(conn)
 	if err != nil {
 		return fmt.Errorf("hub: upgrade: waiting for the new process: %w", err)

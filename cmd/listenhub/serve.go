@@ -125,6 +125,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return bad(err)
 	}
+	if *pidFile != "" {
+		if err := checkPIDFile(*pidFile); err != nil {
+			fmt.Fprintf(stderr, "listenhub serve: --pid-file: %v\n", err)
+			return 1
+		}
+	}
 	cc, err := listener.ParseConfig(*databaseURL, *appName)
 	if err != nil {
 		// A configuration error like a refused password or an unknown
@@ -195,7 +201,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	usr2 := make(chan os.Signal, 1)
 	signal.Notify(usr2, syscall.SIGUSR2)
 	defer signal.Stop(usr2)
-	exe, _ := os.Executable() // now: a binary replaced later is the upgrade
+	exe := upgradePath() // its links are followed at each upgrade
 	inherited, err := inheritedUpgrade()
 	if err != nil {
 		fmt.Fprintf(stderr, "listenhub serve: upgrade: %v\n", err)
@@ -283,7 +289,11 @@ wait:
 		case <-usr2:
 			up.metrics = metricsLn
 			if up.run(ctx) {
-				return 0 // the new process serves; the pid file is its
+				// The new process serves; the pid file is its. Nothing
+				// here may keep this process: the deferred Close of the
+				// metrics server is bounded, and so is the rest.
+				time.AfterFunc(stopTimeout, func() { os.Exit(0) })
+				return 0
 			}
 		case <-hup:
 			log.Warn("SIGHUP ignored; send SIGUSR2 to upgrade, SIGTERM to stop")

@@ -9,9 +9,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/fdpass"
@@ -52,7 +56,7 @@ func inheritedUpgrade() (*fdpass.Conn, error) {
 // binary found at exe now (a replaced file is the new version) with the same
 // arguments and hands the hub over to it.
 type upgrader struct {
-	exe     string // os.Executable at start: the path, not the running file
+	exe     string // the path this process was started from (upgradePath)
 	args    []string
 	timeout time.Duration
 	log     *slog.Logger
@@ -68,12 +72,15 @@ type upgrader struct {
 
 // waitPredecessor waits, at most the upgrade timeout, for the process this
 // one took over from to exit.
-func (u *upgrader) waitPredecessor() error {
+func (u *upgrader) waitPredecessor(ctx context.Context) error {
 	if u.predecessor <= 0 {
 		return nil
 	}
 	deadline := time.Now().Add(u.timeout)
 	for os.Getppid() == u.predecessor {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the process this one took over from (pid %d) has not exited after %v", u.predecessor, u.timeout)
 		}
@@ -88,7 +95,7 @@ func (u *upgrader) waitPredecessor() error {
 // hub serves on and the reason is logged.
 func (u *upgrader) run(ctx context.Context) bool {
 	start := time.Now()
-	if err := u.waitPredecessor(); err != nil {
+	if err := u.waitPredecessor(ctx); err != nil {
 		u.log.Error("upgrade refused; serving on", "reason", err)
 		return false
 	}
@@ -103,6 +110,10 @@ func (u *upgrader) run(ctx context.Context) bool {
 	cmd.ExtraFiles = []*os.File{theirs} // descriptor 3
 	cmd.Stdin = os.Stdin
 	cmd.Stdout, cmd.Stderr = asFile(u.stdout, os.Stdout), asFile(u.stderr, os.Stderr)
+	// A process group of its own: whatever it starts (a script in place
+	// of the binary, say) holds the hand-over socket too, and a failed
+	// attempt kills them all.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cmd.Start()
 	theirs.Close()
 	if err != nil {
@@ -112,25 +123,32 @@ func (u *upgrader) run(ctx context.Context) bool {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	kill := func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	conn, err := fdpass.New(mine)
 	mine.Close()
 	if err != nil {
-		cmd.Process.Kill()
+		kill()
 		u.log.Error("upgrade failed; serving on", "reason", err, "new_exit", <-exited)
 		return false
 	}
 	defer conn.Close()
 	extra := map[string]int{}
 	if u.metrics != nil {
-		if f, err := u.metrics.(*net.TCPListener).File(); err == nil {
-			defer f.Close()
-			extra["metrics"] = int(f.Fd())
+		if fd, err := dupListener(u.metrics); err == nil {
+			defer unix.Close(fd)
+			extra["metrics"] = fd
+		} else {
+			u.log.Warn("upgrade: the metrics listener is not handed over", "reason", err)
 		}
 	}
 	hctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
+	// A SIGTERM (ctx) or the deadline ends a wait on the new process at
+	// once, whatever step it is in.
+	stopWait := context.AfterFunc(hctx, func() { conn.SetDeadline(time.Now()) })
+	defer stopWait()
 	if err := hubUp.Handover(u.h, hctx, conn, extra); err != nil {
-		cmd.Process.Kill()
+		kill()
 		werr := <-exited
 		u.log.Error("upgrade abandoned; the new process was stopped", "reason", err, "new_pid", cmd.Process.Pid,
 			"new_exit", exitString(werr), "timeout", u.timeout)
@@ -141,6 +159,45 @@ func (u *upgrader) run(ctx context.Context) bool {
 	// NotifyAccess says.
 	notifyMainPID(cmd.Process.Pid)
 	return true
+}
+
+// dupListener duplicates ln's descriptor without (*os.File).Fd, which
+// would put the socket, shared with ln, in blocking mode: ln's Accept, and
+// with it the metrics server's Close, would then block.
+func dupListener(ln net.Listener) (int, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return -1, fmt.Errorf("%T has no descriptor", ln)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd, derr := -1, error(nil)
+	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	return fd, derr
+}
+
+// upgradePath is the path an upgrade starts the new process from: the
+// one this process was started from, made absolute but with its links
+// not resolved, so that switching a link (bin/listenhub -> a new
+// version) is what the next upgrade runs.
+func upgradePath() string {
+	arg0 := os.Args[0]
+	if !strings.Contains(arg0, "/") {
+		if p, err := exec.LookPath(arg0); err == nil {
+			arg0 = p
+		}
+	}
+	if strings.Contains(arg0, "/") {
+		if p, err := filepath.Abs(arg0); err == nil {
+			return p
+		}
+	}
+	exe, _ := os.Executable()
+	return exe
 }
 
 // takeover is serve's start in the new process of an upgrade.
@@ -177,30 +234,6 @@ func takeover(ctx context.Context, h *hub.Hub, conn *fdpass.Conn, timeout time.D
 // watch it; a no-op outside systemd.
 var notifyMainPID = func(pid int) {
 	_ = systemd.Notify("MAINPID=" + strconv.Itoa(pid))
-}
-
-// writePIDFile writes this process's pid to path atomically (a temporary
-// file in the same directory, then rename), so that a reader never sees a
-// partial pid.
-func writePIDFile(path string) error {
-	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
-		return fmt.Errorf("pid file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("pid file: %w", err)
-	}
-	return nil
-}
-
-// removePIDFile removes path if it still names this process: after an
-// upgrade it names the new one, which must keep it.
-func removePIDFile(path string) {
-	b, err := os.ReadFile(path)
-	if err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(os.Getpid()) {
-		os.Remove(path)
-	}
 }
 
 // upgradeChildEnv is the environment of the new process. WATCHDOG_PID goes:

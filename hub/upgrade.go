@@ -3,6 +3,7 @@ package hub
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -122,8 +123,9 @@ func (u *upgrade) onHealth(h *Hub, healthy bool) bool {
 
 // upMsg is one message of the conversation.
 type upMsg struct {
-	T       string     `json:"t"` // hello, prepare, state, ready, commit, serving, abort
+	T       string     `json:"t"` // hello, plan, prepared, prepare, state, ready, commit, serving, abort
 	PID     int        `json:"pid,omitempty"`
+	Marker  string     `json:"marker,omitempty"` // plan: the TLS hand-over's marker; empty: descriptors
 	Reason  string     `json:"reason,omitempty"`
 	Prepare *upPrepare `json:"prepare,omitempty"`
 	State   *handedHub `json:"state,omitempty"`
@@ -131,7 +133,6 @@ type upMsg struct {
 
 type upPrepare struct {
 	Channels []string `json:"channels"` // Postgres channel names
-	Marker   string   `json:"marker"`
 }
 
 // handedHub is the hub's state as it moves. Descriptors travel beside it as
@@ -155,7 +156,9 @@ type handedHub struct {
 	PGMoreFDs []int        `json:"pg_more_fds,omitempty"`
 }
 
-const handedVersion = 1
+// handedVersion 2: the conversation has plan and prepared before the
+// freeze, and the workers' bytes travel raw after the state.
+const handedVersion = 2
 
 type handedSocket struct {
 	FD       int    `json:"fd"`
@@ -182,9 +185,21 @@ type handedWorker struct {
 	PID      int32             `json:"pid"`
 	UID      int32             `json:"uid"`
 	Subs     []string          `json:"subs,omitempty"` // Postgres channel names
-	In       []byte            `json:"in,omitempty"`   // received, not decoded
-	Out      []byte            `json:"out,omitempty"`  // produced, not sent
-	Ends     []uint64          `json:"ends,omitempty"` // frame ends in Out
+	// In (received, not decoded), Out (produced, not sent) and Ends
+	// (frame ends in Out) are not part of the JSON: they follow the
+	// state as one raw message per worker with any (sendRaw), whose
+	// lengths these are.
+	InLen  int      `json:"in_len,omitempty"`
+	OutLen int      `json:"out_len,omitempty"`
+	Frames int      `json:"frames,omitempty"`
+	In     []byte   `json:"-"`
+	Out    []byte   `json:"-"`
+	Ends   []uint64 `json:"-"`
+	// out are Out's two parts in the old process's ring (not copied).
+	out [2][]byte
+	// PartialSince: when the partial frame in In started (unix
+	// nanoseconds): its frame timeout goes on, it does not restart.
+	PartialSince int64 `json:"partial_since,omitempty"`
 	Durable  map[string]uint64 `json:"durable,omitempty"`
 	Spans    []span            `json:"spans,omitempty"`   // durable wakes in Out
 	Answers  []span            `json:"answers,omitempty"` // acks, nacks, status in Out
@@ -234,13 +249,64 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 	if hello.T != "hello" {
 		return fmt.Errorf("hub: upgrade: new process said %q, want hello", hello.T)
 	}
-	h.log.Info("upgrade: new process is up; freezing", "new_pid", hello.PID)
 
-	// Everything from here to the commit can be undone.
+	h.log.Info("upgrade: the new process said hello; preparing", "new_pid", hello.PID)
+	// Before the freeze: the plan (a TLS connection needs a marker,
+	// LISTENed here), and the new process prepares what it can (its own
+	// connections). A new process that hangs or dies meanwhile costs the
+	// workers nothing: nothing is frozen yet.
+	planned := make(chan upPlanned, 1)
+	if err := h.loop.Post(func() { h.plan(planned) }); err != nil {
+		return fmt.Errorf("hub: upgrade: %w", err)
+	}
+	var pl upPlanned
+	select {
+	case pl = <-planned:
+	case <-ctx.Done():
+		pl = upPlanned{err: ctx.Err()}
+		go func() {
+			if p := <-planned; p.marker != "" { // LISTENed after all
+				h.loop.Post(func() { p.pg.UnlistenMarker(p.marker) })
+			}
+		}()
+	}
+	unmark := func() {
+		if pl.marker != "" {
+			h.loop.Post(func() { pl.pg.UnlistenMarker(pl.marker) })
+		}
+	}
+	if pl.err != nil {
+		unmark()
+		return fmt.Errorf("hub: upgrade: %w", pl.err)
+	}
+	if err := sendMsg(conn, upMsg{T: "plan", Marker: pl.marker}, nil); err != nil {
+		unmark()
+		return err
+	}
+	if m, _, err := recvMsg(conn); err != nil || m.T != "prepared" {
+		unmark()
+		if err == nil {
+			err = fmt.Errorf("new process said %q, want prepared: %s", m.T, m.Reason)
+		}
+		return fmt.Errorf("hub: upgrade: preparing: %w", err)
+	}
+
+	// The freeze: from here to the commit, bounded by freezeLimit (and
+	// ctx), after which everything is undone.
+	h.log.Info("upgrade: new process is up; freezing", "new_pid", hello.PID)
+	fctx, cancel := context.WithTimeout(ctx, freezeLimit)
+	defer cancel()
+	if dl, ok := fctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stopWait := context.AfterFunc(fctx, func() { conn.SetDeadline(time.Now()) })
+	defer stopWait()
+	ctx = fctx
 	frozen := make(chan error, 1)
 	prepared := make(chan upPrepare, 1)
 	snap := make(chan snapshotResult, 1)
-	if err := h.loop.Post(func() { h.freeze(frozen, prepared, snap, extra) }); err != nil {
+	if err := h.loop.Post(func() { h.freeze(pl.marker, frozen, prepared, snap, extra) }); err != nil {
+		unmark()
 		return fmt.Errorf("hub: upgrade: %w", err)
 	}
 	rollback := func(cause error) error {
@@ -253,6 +319,7 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 	select {
 	case err := <-frozen:
 		if err != nil {
+			unmark()
 			return rollback(err)
 		}
 	case <-ctx.Done():
@@ -261,8 +328,8 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 	var res snapshotResult
 	select {
 	case p := <-prepared:
-		// TLS: the new process opens its own connection and marks the
-		// stream; the snapshot comes when the marker arrives here.
+		// TLS: the new process LISTENs the union on its connections and
+		// marks the stream; the snapshot comes when the marker arrives.
 		if err := sendMsg(conn, upMsg{T: "prepare", Prepare: &p}, nil); err != nil {
 			return rollback(err)
 		}
@@ -279,6 +346,9 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 		return rollback(res.err)
 	}
 	if err := sendMsg(conn, upMsg{T: "state", State: res.state}, res.fds); err != nil {
+		return rollback(err)
+	}
+	if err := sendRaw(conn, res.state.Workers); err != nil {
 		return rollback(err)
 	}
 	ready, _, err := recvMsg(conn)
@@ -315,10 +385,54 @@ type snapshotResult struct {
 	err   error
 }
 
+// freezeLimit bounds the freeze, from its start to the commit: past it the
+// upgrade is undone and the workers go on as before. Well under a client's
+// ack timeout (2 s), so that a new process that hangs once it holds the
+// state costs a Subscribe a delay, not a failover. The hand-over itself
+// takes milliseconds (docs/robustness.md).
+const freezeLimit = time.Second
+
+// upPlanned is the old process's plan, made on the loop without freezing.
+type upPlanned struct {
+	pg     pgHandover
+	marker string // TLS: LISTENed already on every connection
+	err    error
+}
+
+// plan checks that an upgrade can start and, when the Postgres side cannot
+// be handed over as descriptors, LISTENs a marker channel on it before
+// anything is frozen. Loop goroutine.
+func (h *Hub) plan(done chan<- upPlanned) {
+	pg, ok := h.pg.(pgHandover)
+	switch {
+	case h.stopping:
+		done <- upPlanned{err: errors.New("stopping")}
+		return
+	case h.up != nil:
+		done <- upPlanned{err: errors.New("one is in progress already")}
+		return
+	case !ok:
+		done <- upPlanned{err: errors.New("the Postgres side cannot be handed over")}
+		return
+	}
+	if pg.CanDetach() {
+		done <- upPlanned{pg: pg}
+		return
+	}
+	marker := fmt.Sprintf("listenhub_upgrade_%d_%d", os.Getpid(), time.Now().UnixNano())
+	pg.ListenMarker(marker, func(err error) {
+		if err != nil {
+			err = fmt.Errorf("LISTEN marker: %w", err)
+		}
+		done <- upPlanned{pg: pg, marker: marker, err: err}
+	})
+}
+
 // freeze stops everything that could change what is handed over: accepts,
 // reads from workers, commands to Postgres. Wakes keep flowing to workers
-// until the snapshot. Loop goroutine.
-func (h *Hub) freeze(frozen chan<- error, prepared chan<- upPrepare, snap chan<- snapshotResult, extra map[string]int) {
+// until the snapshot. marker is the plan's (TLS), LISTENed already. Loop
+// goroutine.
+func (h *Hub) freeze(marker string, frozen chan<- error, prepared chan<- upPrepare, snap chan<- snapshotResult, extra map[string]int) {
 	pg, ok := h.pg.(pgHandover)
 	switch {
 	case h.stopping:
@@ -327,11 +441,11 @@ func (h *Hub) freeze(frozen chan<- error, prepared chan<- upPrepare, snap chan<-
 	case h.up != nil:
 		frozen <- errors.New("hub: upgrade: one is in progress already")
 		return
-	case !ok:
-		frozen <- errors.New("hub: upgrade: the Postgres side cannot be handed over")
+	case !ok || pg.CanDetach() != (marker == ""):
+		frozen <- errors.New("hub: upgrade: the Postgres side changed since the plan")
 		return
 	}
-	h.up = &upgrade{pg: pg}
+	h.up = &upgrade{pg: pg, marker: marker}
 	if h.acceptTimer != nil {
 		h.acceptTimer.Stop()
 		h.acceptTimer = nil
@@ -352,29 +466,74 @@ func (h *Hub) freeze(frozen chan<- error, prepared chan<- upPrepare, snap chan<-
 		st, fds, err := h.snapshot(extra)
 		snap <- snapshotResult{st, fds, err}
 	}
-	if pg.CanDetach() {
+	if marker == "" {
 		pg.WhenIdle(take)
 		return
 	}
-	marker := fmt.Sprintf("listenhub_upgrade_%d_%d", os.Getpid(), time.Now().UnixNano())
-	h.up.marker = marker
-	pg.ListenMarker(marker, func(err error) {
+	pg.WhenIdle(func() {
 		if h.up == nil || h.up.marker != marker {
 			return // rolled back meanwhile
 		}
-		if err != nil {
-			snap <- snapshotResult{err: fmt.Errorf("hub: upgrade: LISTEN marker: %w", err)}
-			return
+		p := upPrepare{}
+		for _, ch := range h.channels {
+			p.Channels = append(p.Channels, ch.pg)
 		}
-		pg.WhenIdle(func() {
-			p := upPrepare{Marker: marker}
-			for _, ch := range h.channels {
-				p.Channels = append(p.Channels, ch.pg)
-			}
-			pg.PauseAtMarker(marker, take)
-			prepared <- p
-		})
+		pg.PauseAtMarker(marker, take)
+		prepared <- p
 	})
+}
+
+// sendRaw sends the workers' bytes after the state: one message per
+// worker with any, straight from its buffers: In, Out, then the length of
+// each frame in Out (4 bytes, little-endian).
+func sendRaw(conn *fdpass.Conn, ws []handedWorker) error {
+	for i := range ws {
+		hw := &ws[i]
+		if hw.InLen+hw.OutLen+hw.Frames == 0 {
+			continue
+		}
+		ends := make([]byte, 0, 4*len(hw.Ends))
+		prev := uint64(0)
+		for _, e := range hw.Ends {
+			ends = binary.LittleEndian.AppendUint32(ends, uint32(e-prev))
+			prev = e
+		}
+		if err := conn.SendParts(hw.In, hw.out[0], hw.out[1], ends); err != nil {
+			return fmt.Errorf("hub: upgrade: send worker %d's bytes: %w", hw.ID, err)
+		}
+	}
+	return nil
+}
+
+// recvRaw receives what sendRaw sent into ws's In, Out and Ends.
+func recvRaw(conn *fdpass.Conn, ws []handedWorker) error {
+	for i := range ws {
+		hw := &ws[i]
+		if hw.InLen+hw.OutLen+hw.Frames == 0 {
+			continue
+		}
+		if hw.InLen < 0 || hw.OutLen < 0 || hw.Frames < 0 {
+			return fmt.Errorf("hub: upgrade: worker %d: negative lengths", hw.ID)
+		}
+		n := hw.InLen + hw.OutLen + 4*hw.Frames
+		b, fds, err := conn.RecvSized(n)
+		closeAll(fds)
+		if err != nil {
+			return fmt.Errorf("hub: upgrade: worker %d's bytes: %w", hw.ID, err)
+		}
+		if len(b) != n {
+			return fmt.Errorf("hub: upgrade: worker %d's bytes: %d, want %d", hw.ID, len(b), n)
+		}
+		hw.In, hw.Out = b[:hw.InLen:hw.InLen], b[hw.InLen:hw.InLen+hw.OutLen]
+		ends := b[hw.InLen+hw.OutLen:]
+		hw.Ends = make([]uint64, hw.Frames)
+		end := uint64(0)
+		for j := range hw.Ends {
+			end += uint64(binary.LittleEndian.Uint32(ends[4*j:]))
+			hw.Ends[j] = end
+		}
+	}
+	return nil
 }
 
 func writeInterest(w *worker) loop.Events {
@@ -477,11 +636,16 @@ func handWorker(w *worker, fd int) handedWorker {
 	for _, sub := range w.subs.list {
 		hw.Subs = append(hw.Subs, sub.ch.pg)
 	}
-	hw.In = append([]byte(nil), w.dec.Unread()...)
+	// Views, not copies: nothing touches them until the upgrade ends.
+	hw.In = w.dec.Unread()
 	a, b := w.out.Peek()
-	hw.Out = append(append([]byte(nil), a...), b...)
+	hw.out = [2][]byte{a, b}
 	for _, end := range w.out.FrameEnds(nil) {
 		hw.Ends = append(hw.Ends, end-base)
+	}
+	hw.InLen, hw.OutLen, hw.Frames = len(hw.In), len(a)+len(b), len(hw.Ends)
+	if w.partialIdx >= 0 {
+		hw.PartialSince = w.partialSince
 	}
 	tr := w.tr
 	if tr == nil {
@@ -627,18 +791,20 @@ func (h *Hub) takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 	if err := sendMsg(conn, upMsg{T: "hello", PID: os.Getpid()}, nil); err != nil {
 		return abort(err)
 	}
-	m, fds, err := recvMsg(conn)
+	m, _, err := recvMsg(conn)
+	if err == nil && m.T != "plan" {
+		err = fmt.Errorf("hub: upgrade: old process said %q, want plan: %s", m.T, m.Reason)
+	}
 	if err != nil {
 		return abort(err)
 	}
+	// Everything that can be prepared is, before the old process
+	// freezes: under TLS, connections of our own that LISTEN the marker.
 	var tlsPG *pgSet
-	if m.T == "prepare" && m.Prepare != nil {
-		// TLS: a connection of our own LISTENs the union and the
-		// marker; the old process delivers up to the marker.
-		p := m.Prepare
-		cfg := h.listenerConfig()
+	marker := m.Marker
+	if marker != "" {
 		u := h.up
-		tlsPG, err = openSetForTakeover(ctx, l, h.cfg.PostgresConnections, cfg, p.Channels, p.Marker, func() {
+		tlsPG, err = openSetForTakeover(ctx, l, h.cfg.PostgresConnections, h.listenerConfig(), nil, marker, func() {
 			// Everything before the marker was the old process's.
 			u.markerSeen = true
 			if u.live {
@@ -649,20 +815,67 @@ func (h *Hub) takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 			return abort(fmt.Errorf("hub: upgrade: connect to postgres: %w", err))
 		}
 		h.pg = tlsPG
-		h.up.marker = p.Marker
+		h.up.marker = marker
 		running = true
 		go h.run()
 		select {
 		case <-h.up.listening:
 		case <-ctx.Done():
-			return abort(fmt.Errorf("hub: upgrade: LISTEN the union: %w", ctx.Err()))
+			return abort(fmt.Errorf("hub: upgrade: LISTEN the marker: %w", ctx.Err()))
 		}
-		sent := make(chan error, 1)
-		l.Post(func() { sent <- tlsPG.SendMarker(p.Marker) })
-		if err := <-sent; err != nil {
+	}
+	if err := sendMsg(conn, upMsg{T: "prepared"}, nil); err != nil {
+		return abort(err)
+	}
+	m, fds, err := recvMsg(conn)
+	if err != nil {
+		return abort(err)
+	}
+	if marker != "" {
+		if m.T != "prepare" || m.Prepare == nil {
+			closeAll(fds)
+			return abort(fmt.Errorf("hub: upgrade: old process said %q, want prepare: %s", m.T, m.Reason))
+		}
+		// The union, on the connections already open (the old process
+		// is frozen: one round trip each), then the marker.
+		listened := make(chan error, 1)
+		chans := m.Prepare.Channels
+		l.Post(func() {
+			if len(chans) == 0 {
+				listened <- tlsPG.SendMarker(marker)
+				return
+			}
+			var first error
+			f := all(len(chans), func() {
+				if first == nil {
+					first = tlsPG.SendMarker(marker)
+				}
+				listened <- first
+			})
+			for _, ch := range chans {
+				tlsPG.Listen(ch, func(err error) {
+					if err != nil && first == nil {
+						first = fmt.Errorf("hub: upgrade: LISTEN the union: %w", err)
+					}
+					f()
+				})
+			}
+		})
+		select {
+		case err = <-listened:
+		case <-ctx.Done():
+			err = fmt.Errorf("hub: upgrade: LISTEN the union: %w", ctx.Err())
+		}
+		if err != nil {
 			return abort(err)
 		}
 		if m, fds, err = recvMsg(conn); err != nil {
+			return abort(err)
+		}
+	}
+	if m.T == "state" && m.State != nil {
+		if err := recvRaw(conn, m.State.Workers); err != nil {
+			closeAll(fds)
 			return abort(err)
 		}
 	}
@@ -836,6 +1049,7 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
 	w := h.newWorker()
 	w.id, w.fd, w.pid, w.uid, w.unknownLogged, w.partialIdx = hw.ID, int32(fd), hw.PID, hw.UID, hw.Unknown, -1
+	w.partialSince = hw.PartialSince
 	w.connectedAt, w.framesSent, w.durableCoalesced, w.durableDropped = time.Now().UnixNano(), hw.Sent, hw.Coalesced, hw.Dropped
 	if hw.Connected != 0 {
 		w.connectedAt = hw.Connected
@@ -911,7 +1125,13 @@ func (h *Hub) goLive() {
 			h.touch(w)
 		}
 		if n := w.dec.Buffered(); n > 0 {
-			h.frameStarted(w, h.loop.Now()) // the frame timeout starts afresh
+			// The frame timeout goes on from when the frame started
+			// (in the old process), it does not restart.
+			since := h.loop.Now()
+			if w.partialSince != 0 {
+				since = time.Unix(0, w.partialSince)
+			}
+			h.frameStarted(w, since)
 			// Counted toward MaxPartialBytes as read's would count it.
 			w.partialBytes = int32(n)
 			h.partialBytes += n

@@ -64,6 +64,16 @@ func TestHandoverRollback(t *testing.T) {
 					if err := sendMsg(fake, upMsg{T: "hello", PID: 1}, nil); err != nil {
 						return err
 					}
+					plan, _, err := recvMsg(fake)
+					if err != nil {
+						return err
+					}
+					if plan.T != "plan" || (plan.Marker != "") != tc.tls {
+						t.Errorf("plan: %+v", plan)
+					}
+					if err := sendMsg(fake, upMsg{T: "prepared"}, nil); err != nil {
+						return err
+					}
 					m, fds, err := recvMsg(fake)
 					if err != nil {
 						return err
@@ -72,7 +82,7 @@ func TestHandoverRollback(t *testing.T) {
 						// The marker, as the new process would send it.
 						ctx, cancel := context.WithTimeout(context.Background(), timeout)
 						defer cancel()
-						if err := env.db.Exec(ctx, `NOTIFY "`+m.Prepare.Marker+`"`); err != nil {
+						if err := env.db.Exec(ctx, `NOTIFY "`+plan.Marker+`"`); err != nil {
 							return err
 						}
 						if m, fds, err = recvMsg(fake); err != nil {
@@ -80,6 +90,11 @@ func TestHandoverRollback(t *testing.T) {
 						}
 					}
 					closeAll(fds)
+					if m.T == "state" {
+						if err := recvRaw(fake, m.State.Workers); err != nil {
+							return err
+						}
+					}
 					if m.T != "state" || len(m.State.Workers) != 1 || len(m.State.Channels) != 1 {
 						t.Errorf("state: %+v", m)
 					}
@@ -245,7 +260,15 @@ func TestHandoverInProcess(t *testing.T) {
 			go func() { handed <- env.h.handover(ctx, oldEnd, nil) }()
 
 			// The old hub freezes; the sub in flight holds the quiet
-			// point back. Meanwhile a sub and a NOTIFY arrive.
+			// point back. Meanwhile a sub and a NOTIFY arrive. (Under
+			// TLS the marker is LISTENed before the freeze, behind the
+			// sub in flight: the backend goes on first.)
+			if tlsOn {
+				testutil.WaitFor(t, timeout, "the upgrade planned", func() bool {
+					return strings.Contains(env.logs.String(), "upgrade: the new process said hello")
+				})
+				thaw()
+			}
 			testutil.WaitFor(t, timeout, "the old hub frozen", func() bool {
 				return strings.Contains(env.logs.String(), "new process is up; freezing")
 			})

@@ -1,6 +1,8 @@
 package hub
 
 import (
+	"github.com/listenhub/listenhub/internal/fdpass"
+
 	"bytes"
 	"encoding/json"
 	"path/filepath"
@@ -51,6 +53,9 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
+	bs := []handedWorker{back}
+	rawRoundTrip(t, []handedWorker{hw}, bs)
+	back = bs[0]
 
 	nh, err := New(cfg)
 	if err != nil {
@@ -141,5 +146,35 @@ func TestHandedStateJSON(t *testing.T) {
 	}
 	if m.State.Workers[0].Spans[0] != (span{start: 0, end: 2}) || m.State.Workers[0].Answers[0] != (span{start: 2, end: 4}) {
 		t.Errorf("span: %+v", m.State.Workers[0].Spans[0])
+	}
+}
+
+// rawRoundTrip sends the workers' bytes of from as an upgrade does and
+// receives them into to (the same workers, through JSON).
+func rawRoundTrip(t *testing.T, from, to []handedWorker) {
+	t.Helper()
+	fa, fb, err := fdpass.Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := fdpass.New(fa)
+	fa.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := fdpass.New(fb)
+	fb.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sent := make(chan error, 1)
+	go func() { sent <- sendRaw(a, from) }()
+	if err := recvRaw(b, to); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -96,6 +96,41 @@ func (c *Conn) Send(body []byte, fds []int) error {
 	return nil
 }
 
+// SendParts sends the concatenation of parts as one message without
+// descriptors, and without concatenating them first: a hot upgrade sends a
+// worker's unsent bytes straight from its buffer.
+func (c *Conn) SendParts(parts ...[]byte) error {
+	pkt := make([]byte, 0, 1+maxData)
+	total := 0
+	for _, p := range parts {
+		total += len(p)
+	}
+	for first := true; first || total > 0; first = false {
+		pkt = append(pkt[:0], flagMore)
+		for len(pkt) < 1+maxData && len(parts) > 0 {
+			n := min(len(parts[0]), 1+maxData-len(pkt))
+			pkt = append(pkt, parts[0][:n]...)
+			if parts[0] = parts[0][n:]; len(parts[0]) == 0 {
+				parts = parts[1:]
+			}
+		}
+		total -= len(pkt) - 1
+		if total == 0 {
+			pkt[0] = flagLast
+		}
+		if _, _, err := c.c.WriteMsgUnix(pkt, nil, nil); err != nil {
+			return fmt.Errorf("fdpass: send: %w", err)
+		}
+	}
+	return nil
+}
+
+// RecvSized is Recv for a message of about size bytes: its body is
+// allocated once, at that size.
+func (c *Conn) RecvSized(size int) (body []byte, fds []int, err error) {
+	return c.recv(make([]byte, 0, min(uint64(max(size, 0)), maxMessage)))
+}
+
 // ErrTruncated means a packet or its descriptors did not fit the receive
 // buffers: the peer does not speak this format.
 var ErrTruncated = errors.New("fdpass: truncated packet")
@@ -103,7 +138,9 @@ var ErrTruncated = errors.New("fdpass: truncated packet")
 // Recv receives one message. The descriptors are new in this process,
 // close-on-exec; the caller owns them. On an error every descriptor received
 // so far is closed.
-func (c *Conn) Recv() (body []byte, fds []int, err error) {
+func (c *Conn) Recv() (body []byte, fds []int, err error) { return c.recv(nil) }
+
+func (c *Conn) recv(body []byte) (_ []byte, fds []int, err error) {
 	defer func() {
 		if err != nil {
 			for _, fd := range fds {

@@ -390,7 +390,7 @@ type snapshotResult struct {
 // ack timeout (2 s), so that a new process that hangs once it holds the
 // state costs a Subscribe a delay, not a failover. The hand-over itself
 // takes milliseconds (docs/robustness.md).
-const freezeLimit = time.Second
+const freezeLimit = 1500 * time.Millisecond
 
 // upPlanned is the old process's plan, made on the loop without freezing.
 type upPlanned struct {

@@ -66,9 +66,12 @@ func needDB(t testing.TB) *pgtest.Cluster {
 }
 
 // hubBinary builds the real listenhub binary once (go build into a temporary
-// directory).
+// directory), or returns LISTENHUB_TEST_BINARY.
 func hubBinary(t testing.TB) string {
 	t.Helper()
+	if p := os.Getenv("LISTENHUB_TEST_BINARY"); p != "" {
+		return p // another build's behaviour (docs/robustness.md's "before" figures)
+	}
 	return testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
 }
 

@@ -47,11 +47,18 @@ type upHub struct {
 // test can replace the file at that path) and starts it serving.
 func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
 	t.Helper()
+	bin := filepath.Join(t.TempDir(), "listenhub")
+	copyFile(t, hubBinary(t), bin)
+	return startUpHubAt(t, bin, dbURL, args...)
+}
+
+// startUpHubAt starts the hub from bin, as given (a link, say).
+func startUpHubAt(t *testing.T, bin, dbURL string, args ...string) *upHub {
+	t.Helper()
 	dir := t.TempDir()
-	u := &upHub{t: t, bin: filepath.Join(dir, "listenhub"), socket: filepath.Join(dir, "hub.sock"),
+	u := &upHub{t: t, bin: bin, socket: filepath.Join(dir, "hub.sock"),
 		pidFile: filepath.Join(dir, "hub.pid"), logPath: filepath.Join(dir, "hub.log"), app: testApp(t),
 		firstDone: make(chan struct{})}
-	copyFile(t, hubBinary(t), u.bin)
 	logf, err := os.OpenFile(u.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)

@@ -30,6 +30,8 @@ const (
 	// maxMessage bounds what Recv assembles, so that a confused peer cannot
 	// make it allocate without end.
 	maxMessage = 1 << 32
+	// bulkBuffer is the send buffer Pair asks for.
+	bulkBuffer = 16 << 20
 
 	flagLast = 0
 	flagMore = 1
@@ -42,6 +44,14 @@ func Pair() (a, b *os.File, err error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, os.NewSyscallError("socketpair", err)
+	}
+	// Large buffers: a hot upgrade's bulk (the workers' unsent bytes)
+	// then crosses in few round trips between the two processes. Past
+	// net.core.wmem_max only with CAP_NET_ADMIN (the FORCE option).
+	for _, fd := range fds {
+		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bulkBuffer) != nil {
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, bulkBuffer)
+		}
 	}
 	return os.NewFile(uintptr(fds[0]), "fdpass"), os.NewFile(uintptr(fds[1]), "fdpass"), nil
 }

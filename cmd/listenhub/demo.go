@@ -69,6 +69,8 @@ type demoConfig struct {
 	workers     int
 	rate        int
 	duration    time.Duration
+	relay       bool // demo --relay (demo_relay.go)
+	writers     int
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -78,6 +80,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.workers, "workers", 8, "worker processes subscribing through the hub")
 	fs.IntVar(&cfg.rate, "rate", 200, "NOTIFYs per second")
 	fs.Var((*durationValue)(&cfg.duration), "duration", "stop after this long, counted from the first report (default: run until Ctrl-C)")
+	fs.BoolVar(&cfg.relay, "relay", false, "instead: writers' commits/s with pgmq's per-row NOTIFY trigger and with the relay, side by side (needs wal_level=logical with --database-url)")
+	fs.IntVar(&cfg.writers, "writers", 16, "with --relay: writer connections, one row per transaction")
 	// The demo reads no environment variables: with DATABASE_URL set in
 	// a shell, a demo must still not write to that database unasked.
 	if err := fs.Parse(args); err != nil {
@@ -98,9 +102,27 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.duration < 0 {
 		return flagError(stderr, "demo", fmt.Errorf("--duration must not be negative (got %v)", cfg.duration))
 	}
+	if err := positiveInt("writers", cfg.writers); err != nil {
+		return flagError(stderr, "demo", err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if cfg.relay && set["rate"] {
+		return flagError(stderr, "demo", errors.New("--rate does not apply to --relay (the writers write as fast as they can)"))
+	}
+	if !cfg.relay && set["writers"] {
+		return flagError(stderr, "demo", errors.New("--writers needs --relay"))
+	}
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cfg.relay {
+		if err := runRelayDemo(ctx, cfg, stdout, stderr); err != nil {
+			fmt.Fprintf(stderr, "listenhub demo: %s\n", oneLine(err))
+			return 1
+		}
+		return 0
+	}
 	d := &demo{cfg: cfg, out: stdout, errw: stderr}
 	err := d.run(ctx)
 	if cerr := d.cleanup(); err == nil {

@@ -303,6 +303,9 @@ func TestDemoBadFlags(t *testing.T) {
 		{"--duration", "-1s"},
 		{"--nope"},
 		{"extra"},
+		{"--relay", "--rate", "5"},
+		{"--writers", "4"},
+		{"--relay", "--writers", "0"},
 	} {
 		var out, errw bytes.Buffer
 		if code := runDemo(context.Background(), args, &out, &errw); code != 2 {
@@ -382,3 +385,130 @@ func TestDemoBinaryCtrlC(t *testing.T) {
 
 // syncBuffer is a bytes.Buffer safe for the demo's goroutines.
 type syncBuffer = testutil.SyncBuffer
+
+var (
+	relayDemoStartedRE = regexp.MustCompile(`^listenhub demo: started a throwaway PostgreSQL on 127\.0\.0\.1:(\d+) in (\S+) \(wal_level=logical, fsync on; removed on exit\)$`)
+	relayDemoHubRE     = regexp.MustCompile(`^listenhub demo: hub on (\S+); (\d+) workers subscribed to 16 queues; (\d+) writers insert one row per transaction, each second in turn into queues with pgmq's per-row NOTIFY trigger and into queues the relay wakes from the WAL\. Ctrl-C to stop\.$`)
+	relayDemoLineRE    = regexp.MustCompile(`^ +(\d+)s  commits/s  per-row trigger (\d+)  relay (\d+) \((\d+\.\d×|-)\)  wakes/s per worker  trigger (\d+)  relay (\d+)$`)
+	relayDemoSumRE     = regexp.MustCompile(`^listenhub demo: (\d+) writers, (\d+) s each: per-row trigger (\d+) commits/s, relay (\d+) commits/s \((\d+\.\d×|-)\)$`)
+	relayDemoStopRE    = regexp.MustCompile(`^listenhub demo: writers, workers, hub and relay stopped(, throwaway cluster removed)?$`)
+)
+
+// ownedClusterDirs lists the pgtest cluster directories next to dir that
+// this process created (their owner.pid is ours).
+func ownedClusterDirs(t *testing.T, dir string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	ents, _ := filepath.Glob(filepath.Join(dir, "listenhub-pgtest-*"))
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(e, "owner.pid"))
+		if err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(os.Getpid()) {
+			out[e] = true
+		}
+	}
+	return out
+}
+
+// TestDemoRelay runs `listenhub demo --relay` on its own throwaway cluster:
+// a line per pair of seconds with both sources' commits/s and wakes, the
+// averages, and nothing left behind (socket directory, cluster, its port).
+func TestDemoRelay(t *testing.T) {
+	if os.Getenv(pgtest.EnvURL) != "" {
+		t.Skip("the throwaway-cluster path needs " + pgtest.EnvURL + " unset")
+	}
+	before := ownedClusterDirs(t, os.TempDir())
+	var out, errw syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	code := runDemo(ctx, []string{"--relay", "--workers", "2", "--writers", "4", "--duration", "4s"}, &out, &errw)
+	t.Logf("demo output:\n%s", out.String())
+	if code != 0 {
+		t.Fatalf("demo exited %d; stderr:\n%s", code, errw.String())
+	}
+	if errw.String() != "" {
+		t.Errorf("demo wrote to stderr:\n%s", errw.String())
+	}
+	var port int
+	var clusterDir, socket string
+	var lines, sums int
+	stopped := false
+	for _, line := range strings.Split(strings.TrimRight(out.String(), "\n"), "\n") {
+		switch {
+		case relayDemoStartedRE.MatchString(line):
+			m := relayDemoStartedRE.FindStringSubmatch(line)
+			port, _ = strconv.Atoi(m[1])
+			clusterDir = m[2]
+		case relayDemoHubRE.MatchString(line):
+			m := relayDemoHubRE.FindStringSubmatch(line)
+			socket = m[1]
+			if m[2] != "2" || m[3] != "4" {
+				t.Errorf("hub line says %s workers, %s writers; want 2, 4", m[2], m[3])
+			}
+		case relayDemoLineRE.MatchString(line):
+			m := relayDemoLineRE.FindStringSubmatch(line)
+			lines++
+			n := func(k int) int { v, _ := strconv.Atoi(m[k]); return v }
+			if n(1) != 2*lines {
+				t.Errorf("line %d says %ss, want %ds", lines, m[1], 2*lines)
+			}
+			// Every commit of a trigger table NOTIFYs; the relay's
+			// NOTIFYs are coalesced but come.
+			if n(2) == 0 || n(3) == 0 || n(5) == 0 || n(6) == 0 {
+				t.Errorf("line %d: a zero: %q", lines, line)
+			}
+		case relayDemoSumRE.MatchString(line):
+			sums++
+			if m := relayDemoSumRE.FindStringSubmatch(line); m[1] != "4" || m[2] != "2" {
+				t.Errorf("summary says %s writers, %s s each; want 4, 2", m[1], m[2])
+			}
+		case relayDemoStopRE.MatchString(line):
+			stopped = relayDemoStopRE.FindStringSubmatch(line)[1] != ""
+		default:
+			t.Errorf("unexpected line %q", line)
+		}
+	}
+	if clusterDir == "" || socket == "" || lines != 2 || sums != 1 || !stopped {
+		t.Fatalf("want the cluster, hub, 2 report lines, a summary and the removal; got cluster %q socket %q, %d lines, %d summaries, removed %v",
+			clusterDir, socket, lines, sums, stopped)
+	}
+	for _, dir := range []string{filepath.Dir(socket), clusterDir} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s still exists (%v)", dir, err)
+		}
+	}
+	if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
+		c.Close()
+		t.Errorf("the throwaway server still accepts connections on port %d", port)
+	}
+	for dir := range ownedClusterDirs(t, filepath.Dir(clusterDir)) {
+		if !before[dir] {
+			t.Errorf("cluster directory %s left behind", dir)
+		}
+	}
+}
+
+// TestDemoRelayNotLogical points `demo --relay` at a server without
+// wal_level=logical: one line that names the fix, exit 1, and the schema and
+// publication it created dropped again.
+func TestDemoRelayNotLogical(t *testing.T) {
+	c := needDB(t)
+	if c.External() {
+		t.Skip("the external server's wal_level is not ours to know")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errw syncBuffer
+	code := runDemo(ctx, []string{"--relay", "--database-url", c.URL(), "--workers", "1", "--writers", "1", "--duration", "2s"}, &out, &errw)
+	if code != 1 {
+		t.Fatalf("demo exited %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out.String(), errw.String())
+	}
+	e := errw.String()
+	if strings.Count(e, "\n") != 1 || !strings.HasPrefix(e, "listenhub demo: ") || !strings.Contains(e, "wal_level") || !strings.Contains(e, "ALTER SYSTEM") {
+		t.Errorf("stderr %q: want one line naming wal_level and its fix", e)
+	}
+	name := fmt.Sprintf("listenhub_demo_%d", os.Getpid())
+	n, err := c.QueryInt(ctx, `SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = $1) + (SELECT count(*) FROM pg_publication WHERE pubname = $1)`, name)
+	if err != nil || n != 0 {
+		t.Errorf("the demo's schema or publication %s left on the server (%d, %v)", name, n, err)
+	}
+}

@@ -45,8 +45,8 @@ var commands = []command{
 		"turn committed row changes into NOTIFYs (logical replication), so writers need no NOTIFY trigger"},
 	{"census", "census --database-url URL [--application-name NAME] [--json]",
 		"count the hub's backends (pg_stat_activity by application_name)"},
-	{"demo", "demo [--workers N] [--rate N] [--duration D] [--database-url URL]",
-		"hub, N worker processes and a notifier; a throwaway cluster without a URL"},
+	{"demo", "demo [--workers N] [--rate N] [--duration D] [--database-url URL] [--relay [--writers N]]",
+		"hub, N worker processes and a notifier; a throwaway cluster without a URL; --relay: writers with a NOTIFY trigger vs the relay"},
 	{"version", "version",
 		"print the version, VCS revision and Go version of this binary"},
 }

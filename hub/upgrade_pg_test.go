@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,6 +221,20 @@ func TestHandoverInProcess(t *testing.T) {
 			testutil.WaitFor(t, timeout, "the old hub holds the partial frame", func() bool {
 				return partialBytes(env.h) == partial
 			})
+			partialSince := func(h *Hub) []int64 {
+				got := make(chan []int64, 1)
+				if err := h.loop.Post(func() {
+					var out []int64
+					for _, w := range h.partials {
+						out = append(out, w.partialSince)
+					}
+					got <- out
+				}); err != nil {
+					t.Fatal(err)
+				}
+				return <-got
+			}
+			since := partialSince(env.h)
 
 			fa, fb, err := fdpass.Pair()
 			if err != nil {
@@ -295,6 +310,11 @@ func TestHandoverInProcess(t *testing.T) {
 				if got[want] != 1 {
 					t.Fatalf("after the upgrade: %v; want %s once", got, want)
 				}
+			}
+			// Its --frame-timeout goes on from when it started in
+			// the old hub; an upgrade does not restart it.
+			if got := partialSince(nh); len(since) != 1 || !slices.Equal(got, since) {
+				t.Errorf("partial frame started at %v in the new hub, %v in the old", got, since)
 			}
 			if n := partialBytes(nh); n != partial {
 				t.Errorf("new hub counts %d bytes of partial frames, want the handed-over %d", n, partial)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -324,5 +325,49 @@ func TestRelayTemporarySlot(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "wake", func() bool { return l.count(a) == 2 })
 	if r1.Stats().Resyncs != 1 {
 		t.Errorf("resyncs %d, want 1", r1.Stats().Resyncs)
+	}
+}
+
+// TestRelayLatency measures commit to wake at a LISTENer for one writer
+// committing one row at a time (no coalescing to wait for): the relay
+// must not add a window's worth of latency when nothing more is waiting.
+// It logs the distribution; the assertion is loose (a loaded 2-core
+// machine).
+func TestRelayLatency(t *testing.T) {
+	f := newFixture(t, "q_jobs")
+	ch := f.schema + ".q_jobs.INSERT"
+	l := listen(t, ch)
+	opts := f.options()
+	opts.Window = 5 * time.Millisecond // longer than the wakes must take
+	r := f.startAndResync(opts, l, ch)
+	n := 200
+	if testing.Short() {
+		n = 50
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgconn.Connect(ctx, db.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	lat := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		if _, err := conn.Exec(ctx, "INSERT INTO "+f.schema+".q_jobs (v) VALUES ('a')").ReadAll(); err != nil {
+			t.Fatal(err)
+		}
+		c := time.Now()
+		testutil.WaitFor(t, 10*time.Second, "wake", func() bool { return l.count(ch) == i+2 })
+		l.mu.Lock()
+		lat = append(lat, l.at[ch][i+1].Sub(c))
+		l.mu.Unlock()
+	}
+	slices.Sort(lat)
+	p50, p90, p99 := lat[n/2], lat[n*9/10], lat[n*99/100]
+	h := r.CommitToNotify()
+	t.Logf("commit returned to wake received, %d sequential inserts: p50 %v p90 %v p99 %v max %v; relay's commit-to-NOTIFY histogram p50 <= %v p99 <= %v",
+		n, p50, p90, p99, lat[n-1], h.Quantile(0.5), h.Quantile(0.99))
+	if p50 > opts.Window {
+		t.Errorf("p50 %v: the relay waits for its window although nothing more is coming", p50)
 	}
 }

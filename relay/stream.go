@@ -32,8 +32,8 @@ type event struct {
 	commit  time.Time // commit timestamp
 	chans   []string  // distinct channels the transaction touched
 	changes int       // row changes (and truncated tables) decoded
-	// more: the reader had further bytes at hand when it finished this
-	// transaction, so another is already on its way.
+	// more: the reader had further bytes at hand after this event, so
+	// another is already on its way.
 	more  bool
 	reply bool // keepalive: the server asks for a status update now
 }
@@ -135,14 +135,16 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			if err != nil {
 				return err
 			}
+			// A keepalive goes to the batcher even when it asks for
+			// nothing: it may be what follows a commit in the buffer
+			// (PostgreSQL sends one after a transaction it skipped),
+			// and its more says whether anything else does.
+			ev := event{kind: evKeepalive, reply: ka.reply, more: s.br.Buffered() > 0}
 			if !inTx {
-				if err := send(event{kind: evKeepalive, end: ka.walEnd, reply: ka.reply}); err != nil {
-					return err
-				}
-			} else if ka.reply {
-				if err := send(event{kind: evKeepalive, reply: true}); err != nil {
-					return err
-				}
+				ev.end = ka.walEnd
+			}
+			if err := send(ev); err != nil {
+				return err
 			}
 			continue
 		case 'w':
@@ -399,6 +401,7 @@ func (s *session) stream(ctx context.Context) error {
 			case evCommit:
 				b.add(ev)
 			case evKeepalive:
+				b.more = ev.more
 				if b.txs == 0 && ev.end > confirmed {
 					// Nothing decoded is waiting: every transaction
 					// before this position has been NOTIFYed or

@@ -18,6 +18,7 @@
 //	lhbench worker  --mode socket|direct ...   a subscriber (see worker.go)
 //	lhbench churn   --socket PATH ...          connect/subscribe/close cycles
 //	lhbench wakeworker --socket PATH ...       a queue consumer of the writers scenario (see wakeworker.go)
+//	lhbench relay   --database-url URL ...     the relay package embedded (the writers smoke test's relay)
 //	lhbench gohub   --database-url URL --socket PATH   the goroutine-per-connection baseline
 //	lhbench gnethub --database-url URL --socket PATH   the gnet v2 baseline
 //	lhbench hublib  --database-url URL --socket PATH   the hub package embedded (for heap figures)
@@ -63,6 +64,8 @@ func main() {
 		err = churnMain(args)
 	case "wakeworker":
 		err = wakeWorkerMain(args)
+	case "relay":
+		err = relayMain(args)
 	case "report":
 		err = reportMain(args)
 	case "hopsink":

@@ -26,8 +26,9 @@ func init() {
 // TestWritersSmoke runs the writers scenario small (4 writers, 4 queues, 2
 // workers, 1 s per source) against its own cluster and the embedded hub:
 // every source gives a row, the per-row trigger wakes for every insert and
-// misses none, the throttled one wakes less. With LHBENCH_TEST_RELAY_BIN
-// set to a listenhub binary, the relay is measured too.
+// misses none, the throttled one wakes less, and the relay (the relay
+// package embedded in this binary: `lhbench relay`; LHBENCH_TEST_RELAY_BIN
+// names a listenhub binary to use instead) misses none either.
 func TestWritersSmoke(t *testing.T) {
 	if _, err := pgcluster.BinDir(); err != nil {
 		t.Skip(err)
@@ -40,10 +41,10 @@ func TestWritersSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	p := params{WritersW: []int{4}, WritersDur: time.Second, WritersDrain: 500 * time.Millisecond, WritersRounds: 1,
-		WritersQueues: 4, WritersWorkers: 2, WritersSources: []string{"none", "trigger", "throttled"}, WritersThrottle: 250 * time.Millisecond}
+		WritersQueues: 4, WritersWorkers: 2, WritersSources: []string{"none", "trigger", "throttled", "relay"}, WritersThrottle: 250 * time.Millisecond}
 	relayBin := os.Getenv("LHBENCH_TEST_RELAY_BIN")
-	if relayBin != "" {
-		p.WritersSources = append(p.WritersSources, "relay")
+	if relayBin == "" {
+		relayBin = self
 	}
 	b := &bench{ctx: ctx, p: p, dir: t.TempDir(), logf: t.Logf, res: &Results{}, relayBin: relayBin}
 	b.systems = []*system{{name: "hublib", argv: []string{self, "hublib"}, appName: "listenhub"}}
@@ -70,14 +71,16 @@ func TestWritersSmoke(t *testing.T) {
 	if thr.WakesPerInsert >= trig.WakesPerInsert {
 		t.Errorf("throttled trigger: %.2f wakes/insert, not fewer than the per-row trigger's %.2f", thr.WakesPerInsert, trig.WakesPerInsert)
 	}
-	if r, ok := rows["relay"]; ok && (r.Misses != 0 || r.Wakes == 0) {
-		t.Errorf("relay: %d misses, %d wakes", r.Misses, r.Wakes)
+	if r := rows["relay"]; r.Misses != 0 || r.Wakes == 0 || r.Wake.Count == 0 {
+		t.Errorf("relay: %d misses, %d wakes, %d latencies", r.Misses, r.Wakes, r.Wake.Count)
+	} else if r.Relay == nil || r.Relay.Transactions == 0 || r.Relay.quantile(0.5) == 0 {
+		t.Errorf("relay: its own figures were not read: %+v", r.Relay)
 	}
 	if i := b.res.WritersInfo; i == nil || !strings.Contains(strings.Join(i.Settings, " "), "fsync=on") || !strings.Contains(strings.Join(i.Settings, " "), "wal_level=logical") {
 		t.Errorf("set-up: %+v", b.res.WritersInfo)
 	}
 
-	// The verdicts: W=64 and W=16 were not run.
+	// The verdicts: W=64 and W=16 were not run; the misses were.
 	ts := evaluate17(b.res)
 	if len(ts) != 4 {
 		t.Fatalf("%d issue-17 targets, want 4", len(ts))
@@ -86,6 +89,9 @@ func TestWritersSmoke(t *testing.T) {
 		if x.Met != "not run" {
 			t.Errorf("%s: %q, want not run", x.Name, x.Met)
 		}
+	}
+	if x := ts[3]; x.Met != "met" || !strings.Contains(x.Figure, "W=4: 0 of") {
+		t.Errorf("%s: %q (%s), want met with the W=4 count", x.Name, x.Met, x.Figure)
 	}
 	b.res.Targets17 = ts
 	var sb strings.Builder

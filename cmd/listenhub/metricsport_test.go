@@ -17,13 +17,12 @@ func TestMetricsPortOneValue(t *testing.T) {
 	}
 	port := defaultMetricsAddr[strings.LastIndexByte(defaultMetricsAddr, ':'):]
 	for file, want := range map[string]string{
-		"deploy/systemd/listenhub.service":  "--metrics-addr " + defaultMetricsAddr,
-		"deploy/container/Containerfile":    "LISTENHUB_METRICS_ADDR=" + port,
-		"deploy/kubernetes/daemonset.yaml":  `value: "` + port + `"`,
-		"deploy/kubernetes/sidecar.yaml":    `value: "` + port + `"`,
-		"README.md":                         "listenhub status` prints a summary",
-		"docs/deploy.md":                    "`127.0.0.1" + port + "`",
-		"deploy/systemd/listenhub@.service": "127.0.0.1" + port,
+		"deploy/systemd/listenhub.service": "--metrics-addr " + defaultMetricsAddr,
+		"deploy/container/Containerfile":   "LISTENHUB_METRICS_ADDR=" + port,
+		"deploy/kubernetes/daemonset.yaml": `value: "` + port + `"`,
+		"deploy/kubernetes/sidecar.yaml":   `value: "` + port + `"`,
+		"README.md":                        "listenhub status` prints a summary",
+		"docs/deploy.md":                   "`127.0.0.1" + port + "`",
 	} {
 		b, err := os.ReadFile(filepath.Join("..", "..", file))
 		if err != nil {

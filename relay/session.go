@@ -135,7 +135,7 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	// Closing the replication socket is what ends a read in progress.
 	stop := context.AfterFunc(ctx, func() { s.rc.Close() })
 	defer stop()
-	s.br = bufio.NewReaderSize(s.rc, 256<<10)
+	s.br = bufioReader(s.rc)
 	if err := s.startReplication(ctx); err != nil {
 		return sessionResult{err: err}
 	}
@@ -415,6 +415,10 @@ func (s *session) startReplication(ctx context.Context) error {
 		}
 	}
 }
+
+// bufioReader is the replication connection's reader: large enough that
+// a burst of small messages is one read(2).
+func bufioReader(c net.Conn) *bufio.Reader { return bufio.NewReaderSize(c, 256<<10) }
 
 // maxMessage bounds one message from the server: a walsender message
 // carries one row, and a row is at most 1 GB.

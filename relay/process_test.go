@@ -194,6 +194,7 @@ func TestServeRelay(t *testing.T) {
 			strings.Contains(m, "listenhub_relay_commit_to_notify_seconds_count 1\n") && strings.Contains(m, "\nlistenhub_workers 0\n")
 	})
 	out, err := exec.Command(bin, "status", "--metrics-addr", addr).CombinedOutput()
+	t.Logf("listenhub status:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "relay  ") || !strings.Contains(string(out), "active") ||
 		!strings.Contains(string(out), "1 transactions, 1 changes") || !strings.Contains(string(out), "workers") {
 		t.Errorf("listenhub status: %v\n%s", err, out)

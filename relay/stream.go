@@ -496,6 +496,7 @@ func (s *session) resync(ctx context.Context) error {
 	}
 	r.resyncs.Add(1)
 	r.notifies.Add(uint64(len(chans)))
+	r.batches.Add(1)
 	r.log.Info("relay NOTIFYed every channel of the publication once (new slot)", "channels", len(chans))
 	return nil
 }

@@ -180,11 +180,11 @@ type handedChannel struct {
 // handedWorker is one worker. Offsets are relative to the first unsent byte
 // of Out; the first frame of Out may be partly written already.
 type handedWorker struct {
-	ID       uint64            `json:"id"`
-	FD       int               `json:"fd"`
-	PID      int32             `json:"pid"`
-	UID      int32             `json:"uid"`
-	Subs     []string          `json:"subs,omitempty"` // Postgres channel names
+	ID   uint64   `json:"id"`
+	FD   int      `json:"fd"`
+	PID  int32    `json:"pid"`
+	UID  int32    `json:"uid"`
+	Subs []string `json:"subs,omitempty"` // Postgres channel names
 	// In (received, not decoded), Out (produced, not sent) and Ends
 	// (frame ends in Out) are not part of the JSON: they follow the
 	// state as one raw message per worker with any (sendRaw), whose
@@ -199,12 +199,12 @@ type handedWorker struct {
 	out [2][]byte
 	// PartialSince: when the partial frame in In started (unix
 	// nanoseconds): its frame timeout goes on, it does not restart.
-	PartialSince int64 `json:"partial_since,omitempty"`
-	Durable  map[string]uint64 `json:"durable,omitempty"`
-	Spans    []span            `json:"spans,omitempty"`   // durable wakes in Out
-	Answers  []span            `json:"answers,omitempty"` // acks, nacks, status in Out
-	StatusAt int64             `json:"status_at"`         // -1: no unsent status
-	Unknown  bool              `json:"unknown,omitempty"`
+	PartialSince int64             `json:"partial_since,omitempty"`
+	Durable      map[string]uint64 `json:"durable,omitempty"`
+	Spans        []span            `json:"spans,omitempty"`   // durable wakes in Out
+	Answers      []span            `json:"answers,omitempty"` // acks, nacks, status in Out
+	StatusAt     int64             `json:"status_at"`         // -1: no unsent status
+	Unknown      bool              `json:"unknown,omitempty"`
 	// Introspection (Hub.Workers): when it connected to the first hub,
 	// and its counters; absent from an older hub.
 	Connected int64  `json:"connected_ns,omitempty"` // unix nanoseconds

@@ -338,7 +338,7 @@ func TestRelayLatency(t *testing.T) {
 	ch := f.schema + ".q_jobs.INSERT"
 	l := listen(t, ch)
 	opts := f.options()
-	opts.Window = 5 * time.Millisecond // longer than the wakes must take
+	opts.Window = 20 * time.Millisecond // far longer than the wakes must take
 	r := f.startAndResync(opts, l, ch)
 	n := 200
 	if testing.Short() {

@@ -80,9 +80,10 @@ func firstWakeAfter(w *workload, t0 time.Time) time.Duration {
 func TestRelayProcessStandbyTakeover(t *testing.T) {
 	f := newFixture(t, "q_a", "q_b")
 	w := newWorkload(t, f, "q_a", "q_b")
-	p1 := startRelayProc(t, f.procArgs()...)
+	// The default --standby-retry (1s): the 2 s target is for it.
+	p1 := startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
 	testutil.WaitFor(t, 20*time.Second, "the first relay's slot active", func() bool { return f.slotActivePID() != 0 })
-	p2 := startRelayProc(t, f.procArgs()...)
+	p2 := startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
 	testutil.WaitFor(t, 20*time.Second, "the second relay standing by", func() bool {
 		return strings.Contains(p2.out.String(), "standing by")
 	})

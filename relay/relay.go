@@ -292,10 +292,12 @@ func (r *Relay) CommitToNotify() Histogram { return r.hist.snapshot() }
 
 func (r *Relay) setState(s State) { r.state.Store(int32(s)) }
 
-// Backoff of the reconnects after a lost connection.
+// Backoff of the reconnects after a lost connection: capped at a second,
+// since every second without a relay is a second of wakes late (an
+// attempt costs the server two connections).
 const (
 	minBackoff = 100 * time.Millisecond
-	maxBackoff = 5 * time.Second
+	maxBackoff = time.Second
 )
 
 // Run runs the relay until ctx is done (then it returns nil) or the

@@ -1063,10 +1063,17 @@ func TestAttackEMFILE(t *testing.T) {
 		switch {
 		case err == nil && m.T == "status":
 			ws = append(ws, w)
-		case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		case err == nil && m.T == "nack" && m.Q == "":
+			// The refusal, told (docs/protocol.md), then EOF.
+			if !strings.Contains(m.Error, "too many workers") && !strings.Contains(m.Error, "file descriptors") {
+				t.Fatalf("connection %d refused with %q", i, m.Error)
+			}
+			w.eofWithin(timeout)
 			refused++
+		case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+			refused++ // shed before its nack fit (never expected, harmless)
 		default:
-			t.Fatalf("connection %d: %+v, %v; want a status frame or EOF", i, m, err)
+			t.Fatalf("connection %d: %+v, %v; want a status frame, a refusal or EOF", i, m, err)
 		}
 	}
 	fds := h.fds()

@@ -860,17 +860,22 @@ func TestServeEMFILE(t *testing.T) {
 		waiting[i] = c
 	}
 	// Each is served (a descriptor was still free: base may count one the
-	// ready probe was closing) or refused at once with EOF; none hangs.
+	// ready probe was closing) or refused at once, told why (a nack with
+	// an empty q, docs/protocol.md) and closed; none hangs.
 	refused := 0
 	for _, c := range waiting {
-		c.SetReadDeadline(time.Now().Add(timeout))
-		n, err := c.Read(make([]byte, 64))
+		w := &worker{t: t, c: c, buf: make([]byte, 4096)}
+		m, err := w.read(timeout)
 		switch {
-		case n == 0 && err != nil && !errors.Is(err, os.ErrDeadlineExceeded):
+		case err == nil && m.T == "nack" && m.Q == "":
+			if m.Error != "the hub is out of file descriptors (RLIMIT_NOFILE)" {
+				t.Fatalf("refused with %q", m.Error)
+			}
+			w.eofWithin(timeout)
 			refused++
-		case n > 0:
+		case err == nil && m.T == "status":
 		default:
-			t.Fatalf("a connection past the descriptor limit: read %d bytes, %v; want a status or EOF", n, err)
+			t.Fatalf("a connection past the descriptor limit: %+v, %v; want a status or a refusal", m, err)
 		}
 	}
 	if refused < 2 {

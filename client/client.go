@@ -30,6 +30,11 @@ const (
 	// hub are tiny, so a write that cannot finish within it means the hub
 	// has stopped reading.
 	DefaultWriteTimeout = 2 * time.Second
+	// DefaultFrameTimeout bounds the read of one frame from the hub, from
+	// its first byte to its last: the hub's own --frame-timeout default. A
+	// hub that stops in the middle of a frame is wedged; without a bound
+	// the client would wait forever.
+	DefaultFrameTimeout = 10 * time.Second
 )
 
 // readBufferSize is the size of one read from the hub socket. The hub writes
@@ -60,6 +65,10 @@ type Options struct {
 	// WriteTimeout bounds each write to the hub socket. Default
 	// DefaultWriteTimeout. A stalled write kills the client.
 	WriteTimeout time.Duration
+	// FrameTimeout bounds each frame from the hub, from its first byte to
+	// its last. Default DefaultFrameTimeout. A frame that stalls kills the
+	// client (a *ConnError, Op "read").
+	FrameTimeout time.Duration
 
 	// OnWake is called for every wake, in the order the hub sent them.
 	// OnStatus is called for every status frame with the hub's Postgres
@@ -107,6 +116,9 @@ func (o Options) withDefaults() Options {
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = DefaultWriteTimeout
 	}
+	if o.FrameTimeout <= 0 {
+		o.FrameTimeout = DefaultFrameTimeout
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -152,6 +164,10 @@ type Client struct {
 	closing   atomic.Bool
 
 	exited chan struct{} // closed when both goroutines have returned
+	// readerDone is closed when the reader has returned: a writer whose
+	// peer went away waits for it, so that the hub's last words (a
+	// refusal) win over the writer's EPIPE.
+	readerDone chan struct{}
 }
 
 // subState is the client's view of one subscription name. At most one sub
@@ -174,20 +190,31 @@ type call struct {
 	timer    *time.Timer   // ack timeout
 }
 
-// Dial connects to the hub socket at path and checks that the peer runs as
-// an allowed uid (Options.AllowUIDs). ctx bounds the connect only; the
-// client lives until Close or its first failure. Errors are *ConnError with
-// Op "dial": ENOENT for a missing socket, ECONNREFUSED for a stale one, a
-// *PeerError (errors.Is ErrNotOurHub) for a peer of another uid, whose
-// connection is closed before a byte is sent or read.
+// Dial connects to the hub socket at path and checks that it is our hub's:
+// the socket file and its directory first (see SocketError: lstat, a
+// socket, its owner, the directory's owner and mode, and a connect through
+// the directory that was checked), then the peer's uid (SO_PEERCRED,
+// Options.AllowUIDs). ctx bounds the connect only; the client lives until
+// Close or its first failure. An empty path is an error. Other errors are
+// *ConnError with Op "dial": ENOENT for a missing socket, ECONNREFUSED for
+// a stale one, a *SocketError or a *PeerError (both errors.Is
+// ErrNotOurHub) for a socket that is not our hub's, whose connection is
+// closed before a byte is sent or read.
+//
+// A hub that refuses this connection (its --allow-uid, --max-workers) says
+// why in its first frame and closes it: Dial has returned by then, and the
+// client dies with a *RefusedError (errors.Is ErrRefused), which Err and
+// the next Subscribe return.
 func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
+	if path == "" {
+		return nil, errEmptyPath
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
+	conn, err := dialSocket(ctx, path, opts.AllowUIDs)
 	if err != nil {
-		return nil, &ConnError{Op: "dial", Path: path, Err: err}
+		return nil, err
 	}
 	if err := checkPeer(conn, opts.AllowUIDs); err != nil {
 		conn.Close()
@@ -241,10 +268,12 @@ func newClient(conn net.Conn, path string, opts Options) *Client {
 		done:   make(chan struct{}),
 		kick:   make(chan struct{}, 1),
 		exited: make(chan struct{}),
+
+		readerDone: make(chan struct{}),
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); c.readLoop() }()
+	go func() { defer wg.Done(); defer close(c.readerDone); c.readLoop() }()
 	go func() { defer wg.Done(); c.writeLoop() }()
 	go func() { wg.Wait(); close(c.exited) }()
 	return c
@@ -479,19 +508,38 @@ func (c *Client) writeLoop() {
 			return
 		}
 		if _, err := c.conn.Write(buf); err != nil {
+			if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+				// The hub closed the connection: what it said before
+				// (a refusal), or the EOF the reader is about to
+				// see, is the better reason. Bounded, in case it
+				// only shut down its read side.
+				t := time.NewTimer(c.opts.WriteTimeout)
+				select {
+				case <-c.readerDone:
+				case <-t.C:
+				}
+				t.Stop()
+			}
 			c.fail(&ConnError{Op: "write", Path: c.path, Err: err})
 			return
 		}
 	}
 }
 
+// readLoop reads and handles the hub's frames until the client dies. While
+// a frame is partly read, a read deadline bounds it (FrameTimeout from its
+// first byte, or from the end of the frame before it in the same read);
+// between frames the reader waits without one.
 func (c *Client) readLoop() {
 	var dec frame.Decoder
 	buf := make([]byte, readBufferSize)
+	greeted := false // a frame arrived: a nack is no longer a refusal
+	partial := false // the read deadline is set
 	for {
 		n, err := c.conn.Read(buf)
 		if n > 0 {
 			dec.Feed(buf[:n])
+			completed := false
 			for {
 				m, ok, derr := dec.Next()
 				if derr != nil {
@@ -501,9 +549,26 @@ func (c *Client) readLoop() {
 				if !ok {
 					break
 				}
+				completed = true
+				if !greeted {
+					greeted = true
+					if m.T == "nack" && c.refusal(m) {
+						return
+					}
+				}
 				if !c.handle(m) {
 					return
 				}
+			}
+			switch {
+			case dec.Buffered() == 0:
+				if partial {
+					partial = false
+					c.conn.SetReadDeadline(time.Time{})
+				}
+			case !partial || completed:
+				partial = true
+				c.conn.SetReadDeadline(time.Now().Add(c.opts.FrameTimeout))
 			}
 		}
 		if err != nil {
@@ -514,6 +579,9 @@ func (c *Client) readLoop() {
 				// Closed by fail on another goroutine: its error stands.
 				return
 			}
+			if partial && errors.Is(err, os.ErrDeadlineExceeded) {
+				err = fmt.Errorf("a frame from the hub stalled: %d bytes of it in %v (frame timeout)", dec.Buffered(), c.opts.FrameTimeout)
+			}
 			if err == io.EOF && dec.Buffered() > 0 {
 				err = io.ErrUnexpectedEOF
 			}
@@ -521,6 +589,27 @@ func (c *Client) readLoop() {
 			return
 		}
 	}
+}
+
+// refusal handles a nack that is the connection's first frame: the hub's
+// refusal of this connection (docs/protocol.md: a served connection's first
+// frame is a status), unless it answers a pending sub (a scripted hub in
+// tests; the real hub never sends a nack before its status). True means the
+// client is dead.
+func (c *Client) refusal(m frame.Message) bool {
+	c.mu.Lock()
+	s := c.subs[m.Q]
+	answers := m.Q != "" && s != nil && s.call != nil
+	c.mu.Unlock()
+	if answers {
+		return false
+	}
+	reason := m.Error
+	if reason == "" {
+		reason = "no reason given"
+	}
+	c.fail(&RefusedError{Path: c.path, Reason: reason})
+	return true
 }
 
 // handle processes one frame; false means the client is dead.

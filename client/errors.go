@@ -98,6 +98,26 @@ func (e *PeerError) Error() string {
 // Is makes errors.Is(err, ErrNotOurHub) true.
 func (e *PeerError) Is(target error) bool { return target == ErrNotOurHub }
 
+// ErrRefused matches (errors.Is) a *RefusedError.
+var ErrRefused = errors.New("refused by the hub")
+
+// RefusedError is the hub's refusal of this connection: a peer uid its
+// --allow-uid does not name, its --max-workers reached, no descriptors left.
+// The hub says why in the connection's first frame (a nack with an empty
+// "q", docs/protocol.md) and closes it; the client dies with this error.
+// A Failover fails over to its local listener, as for any hub failure.
+type RefusedError struct {
+	Path   string // the hub socket
+	Reason string // the hub's words, e.g. "uid 1000 is not allowed (--allow-uid)"
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("listenhub client: the hub at %s refused this connection: %s", e.Path, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrRefused) true.
+func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+
 // ConnError is a transport failure of the hub connection: the dial, a read
 // (EOF when the hub closed the socket, which is also what eviction looks
 // like; or a malformed frame), or a write (including a write that stalled

@@ -62,15 +62,17 @@ const failbackParallel = 64
 
 // FailoverOptions configure a Failover.
 type FailoverOptions struct {
-	// SocketPath is the hub's socket.
+	// SocketPath is the hub's socket. Required: NewFailover fails without
+	// it.
 	SocketPath string
-	// AckTimeout, WriteTimeout and AllowUIDs configure the hub client (see
-	// Options). A hub whose uid is not allowed is refused at dial, which
-	// means local mode (and, for a fail-back, an attempt that failed).
-	// AckTimeout also bounds a fail-back's connect, and its wait for the
-	// hub's first healthy status.
-	AckTimeout, WriteTimeout time.Duration
-	AllowUIDs                []int
+	// AckTimeout, WriteTimeout, FrameTimeout and AllowUIDs configure the
+	// hub client (see Options). A socket that is not our hub's (see
+	// SocketError, PeerError) is refused at dial, which means local mode
+	// (and, for a fail-back, an attempt that failed). AckTimeout also
+	// bounds a fail-back's connect, and its wait for the hub's first
+	// healthy status.
+	AckTimeout, WriteTimeout, FrameTimeout time.Duration
+	AllowUIDs                              []int
 
 	// DatabaseURL (or ConnConfig, which wins) is where the local listener
 	// connects. Empty DatabaseURL means LISTENHUB_DATABASE_URL, then
@@ -220,9 +222,12 @@ type hubConn struct {
 
 // NewFailover dials the hub; if that fails it connects the local listener
 // instead (local mode from the start, and fail-back from there unless
-// OneWay). It fails only if the options are invalid, ctx ends, or neither
-// hub nor Postgres can be reached.
+// OneWay). It fails only if the options are invalid (an empty SocketPath, a
+// bad DatabaseURL), ctx ends, or neither hub nor Postgres can be reached.
 func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
+	if opts.SocketPath == "" {
+		return nil, errEmptyPath
+	}
 	if opts.LocalTimeout <= 0 {
 		opts.LocalTimeout = DefaultLocalTimeout
 	}
@@ -308,6 +313,7 @@ func (f *Failover) dialHub(ctx context.Context, hc *hubConn) (*Client, error) {
 	return Dial(ctx, f.opts.SocketPath, Options{
 		AckTimeout:   f.opts.AckTimeout,
 		WriteTimeout: f.opts.WriteTimeout,
+		FrameTimeout: f.opts.FrameTimeout,
 		AllowUIDs:    f.opts.AllowUIDs,
 		OnWake:       f.onHubWake,
 		OnStatus:     func(healthy bool) { f.onHubStatus(hc, healthy) },

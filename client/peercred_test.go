@@ -146,7 +146,9 @@ func TestDialRefusesForeignHub(t *testing.T) {
 	}
 	const nobody = 65534
 	dir := shortDir(t)
-	if err := os.Chmod(dir, 0o777); err != nil {
+	// Sticky, like /tmp: nobody may create its socket here, and the
+	// directory passes Dial's StrictModes check.
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
 		t.Fatal(err)
 	}
 	// The test binary lives in go's private work directory; nobody needs
@@ -196,6 +198,11 @@ func TestDialRefusesForeignHub(t *testing.T) {
 	}
 	if l := next(); l != "ready" {
 		t.Fatalf("helper: %s", l)
+	}
+	// A socket file of ours (root's) with nobody behind it: only the peer
+	// check (SO_PEERCRED) can tell.
+	if err := os.Chown(path, 0, 0); err != nil {
+		t.Fatal(err)
 	}
 
 	_, err = Dial(context.Background(), path, Options{})

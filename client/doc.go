@@ -52,8 +52,20 @@
 // errors.Is(err, ErrInvalidName) for a name no channel can carry and
 // errors.Is(err, ErrLimit) for a refusal at one of the hub's caps (both
 // harmless to the listener); *NackError, *AckTimeoutError (ErrAckTimeout) and
-// *ConnError for hub failures (at Dial, a *PeerError, errors.Is
-// ErrNotOurHub, when the socket's peer runs as a uid that is not allowed:
-// Options.AllowUIDs, by default this process's own uid and root);
-// *FailoverError when the local listener fails too; ErrClosed after Close.
+// *ConnError for hub failures (at Dial, a *SocketError or a *PeerError,
+// both errors.Is ErrNotOurHub, for a socket that is not our hub's: see
+// Dial; a stalled frame from the hub, see Options.FrameTimeout);
+// *RefusedError (ErrRefused) when the hub refuses the connection and says
+// why (its --allow-uid, --max-workers); *FailoverError when the local
+// listener fails too; ErrClosed after Close. An empty socket path is an
+// error at Dial and NewFailover.
+//
+// # Processes
+//
+// A Client, Local or Failover belongs to the process that made it. Go
+// processes do not inherit one: a Go program cannot fork without exec, and
+// a program started with os/exec (or syscall.ForkExec) starts afresh, with
+// the client's socket and Postgres connection closed on exec. Each process
+// makes its own. (The Python client, where fork without exec is a
+// pattern, raises ForkedError in a child that uses its parent's client.)
 package client

@@ -53,7 +53,8 @@ type params struct {
 	// The writers scenario (issue 17).
 	WritersW         []int         `json:"writers_w,omitempty"`
 	WritersDur       time.Duration `json:"writers_dur_ns,omitempty"`
-	WritersDrain     time.Duration `json:"writers_drain_ns,omitempty"` // wait for the last wakes after the writers stop
+	WritersDrain     time.Duration `json:"writers_drain_ns,omitempty"`    // wait for the last wakes after the writers stop
+	WritersCatchUp   time.Duration `json:"writers_catch_up_ns,omitempty"` // at most this long for the relay to decode the last commits
 	WritersRounds    int           `json:"writers_rounds,omitempty"`
 	WritersQueues    int           `json:"writers_queues,omitempty"`
 	WritersWorkers   int           `json:"writers_workers,omitempty"`
@@ -75,7 +76,7 @@ func fullParams() params {
 		WedgedDur: 4 * time.Second, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, SatOneProc: true, SatOneProcN: []int{64, 256}, BigCensusProcs: 8,
 		ChannelsN: []int{1000, 10000, 50000},
-		WritersW:  []int{1, 16, 64}, WritersDur: 10 * time.Second, WritersDrain: time.Second, WritersRounds: 2,
+		WritersW:  []int{1, 16, 64}, WritersDur: 10 * time.Second, WritersDrain: time.Second, WritersCatchUp: time.Minute, WritersRounds: 2,
 		WritersQueues: 50, WritersWorkers: 8, WritersSources: writersSources, WritersThrottle: 250 * time.Millisecond, WritersFsyncSecs: 2,
 	}
 }
@@ -90,7 +91,7 @@ func quickParams() params {
 		WedgedDur: 2500 * time.Millisecond, WedgedRate: 1000, WedgedPad: 500, WedgedN: 64,
 		OneProcN: 256, BigCensusProcs: 8,
 		ChannelsN: []int{1000, 10000},
-		WritersW:  []int{1, 16}, WritersDur: 2 * time.Second, WritersDrain: time.Second, WritersRounds: 1,
+		WritersW:  []int{1, 16}, WritersDur: 2 * time.Second, WritersDrain: time.Second, WritersCatchUp: time.Minute, WritersRounds: 1,
 		WritersQueues: 50, WritersWorkers: 8, WritersSources: writersSources, WritersThrottle: 250 * time.Millisecond, WritersFsyncSecs: 2,
 	}
 }

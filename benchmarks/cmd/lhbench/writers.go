@@ -87,6 +87,9 @@ type relayFigures struct {
 	Batches         float64            `json:"batches"`
 	VisibilityWaits float64            `json:"visibility_waits"`
 	CommitToNotify  map[string]float64 `json:"commit_to_notify_buckets"`
+	// CatchUpS is how long after the writers stopped the relay had
+	// decoded all their transactions (the longest of the rounds).
+	CatchUpS float64 `json:"catch_up_s"`
 }
 
 func (f *relayFigures) add(g *relayFigures) {
@@ -94,12 +97,26 @@ func (f *relayFigures) add(g *relayFigures) {
 	f.Notifies += g.Notifies
 	f.Batches += g.Batches
 	f.VisibilityWaits += g.VisibilityWaits
+	f.CatchUpS = max(f.CatchUpS, g.CatchUpS)
 	if f.CommitToNotify == nil {
 		f.CommitToNotify = map[string]float64{}
 	}
 	for k, v := range g.CommitToNotify {
 		f.CommitToNotify[k] += v
 	}
+}
+
+// fractionWithin is the fraction of the commit → NOTIFY observations at
+// or under the bucket bound le (seconds, one of the histogram's bounds);
+// -1 when the histogram is empty or has no such bound.
+func (f *relayFigures) fractionWithin(le float64) float64 {
+	total := f.CommitToNotify["+Inf"]
+	for k, v := range f.CommitToNotify {
+		if b, err := strconv.ParseFloat(k, 64); err == nil && b == le && total > 0 {
+			return v / total
+		}
+	}
+	return -1
 }
 
 // quantile is the upper bound (seconds) of the bucket holding quantile q
@@ -376,8 +393,8 @@ func (b *bench) writersScenario() error {
 					src, w, round+1, float64(rr.commits)/rr.seconds, us(float64(rr.commit.Summarize().P99)), us(rr.wake.Summarize().P50), us(rr.wake.Summarize().P99),
 					float64(rr.wakes)/float64(e.nworkers)/float64(max(rr.commits, 1)), rr.misses, rr.pgCPU*1e6/float64(max(rr.commits, 1)), loadavg())
 				if rr.relay != nil {
-					b.logf("  relay's own figures: %.0f transactions, %.0f NOTIFY transactions, %.0f visibility waits, commit → NOTIFY p50 ≤ %s, p99 ≤ %s",
-						rr.relay.Transactions, rr.relay.Batches, rr.relay.VisibilityWaits, bound(rr.relay.quantile(0.5)), bound(rr.relay.quantile(0.99)))
+					b.logf("  relay's own figures: %.0f transactions, %.0f NOTIFY transactions, %.0f visibility waits, commit → NOTIFY p50 ≤ %s, p99 ≤ %s; caught up %.1fs after the writers stopped",
+						rr.relay.Transactions, rr.relay.Batches, rr.relay.VisibilityWaits, bound(rr.relay.quantile(0.5)), bound(rr.relay.quantile(0.99)), rr.relay.CatchUpS)
 				}
 			}
 		}
@@ -404,6 +421,7 @@ type roundResult struct {
 	misses, reads           int
 	pgCPU, relayCPU, hubCPU float64
 	relay                   *relayFigures
+	catchUp                 time.Duration // writers' end → the relay decoded their last commit
 }
 
 func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
@@ -477,6 +495,29 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	rr := &roundResult{seconds: elapsed.Seconds()}
+	if rm0 != nil && errors.Join(errs...) == nil {
+		// The relay may lag the writers: wait until it has decoded every
+		// one of the round's transactions (each insert is one), so that
+		// its last NOTIFYs, their CPU and its own latency figures are the
+		// round's. Wakes of earlier commits reach the workers meanwhile.
+		n := 0
+		for i := range recs {
+			n += len(recs[i])
+		}
+		deadline := time.Now().Add(b.p.WritersCatchUp)
+		for {
+			rm, err := scrapeRelay(relayMetrics)
+			if err == nil && rm.Transactions-rm0.Transactions >= float64(n) {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.logf("  relay: not caught up %v after the writers stopped", b.p.WritersCatchUp)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		rr.catchUp = time.Since(start) - elapsed
+	}
 	rr.pgCPU = (e.pgCPU() - pg0).Seconds()
 	rr.relayCPU = (procCPU(pidOf(relay)) - relay0).Seconds()
 	rr.hubCPU = (procCPU(e.hub.serverPID()) - hub0).Seconds()
@@ -497,6 +538,7 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	if rm0 != nil {
 		if rm1, err := scrapeRelay(relayMetrics); err == nil {
 			rr.relay = rm1.sub(rm0)
+			rr.relay.CatchUpS = rr.catchUp.Seconds()
 		}
 	}
 	reps := make([]wakeReport, len(e.workers))

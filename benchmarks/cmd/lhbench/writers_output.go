@@ -19,7 +19,7 @@ func writersTable(r *Results) *table {
 			i.Queues, i.Dur, i.Rounds, strings.Join(i.Settings, ", "), fsync, i.Workers)
 	}
 	t := &table{title: title,
-		header: []string{"source", "W", "commits/s", "each round", "commit p50", "commit p99", "wake p50", "wake p99", "wake max", "wakes/insert", "misses", "PG CPU/commit", "relay CPU/commit", "hub CPU/commit", "relay commit→NOTIFY p50/p99", ""}}
+		header: []string{"source", "W", "commits/s", "each round", "commit p50", "commit p99", "wake p50", "wake p99", "wake max", "wakes/insert", "misses", "PG CPU/commit", "relay CPU/commit", "hub CPU/commit", "relay commit→NOTIFY p50/p99", "relay caught up", ""}}
 	for _, w := range r.Writers {
 		var rounds []string
 		for _, v := range w.RoundRates {
@@ -43,20 +43,24 @@ func writersTable(r *Results) *table {
 		if w.Source == "relay" {
 			relay = per(w.RelayCPU)
 		}
-		c2n := "-"
+		c2n, caught := "-", "-"
 		if w.Relay != nil {
 			c2n = "≤ " + bound(w.Relay.quantile(0.5)) + " / ≤ " + bound(w.Relay.quantile(0.99))
+			caught = fmt.Sprintf("%.1f s", w.Relay.CatchUpS)
 		}
 		t.add(w.Source, w.W, si(w.CommitsPerS), strings.Join(rounds, " "), us(w.Commit.P50), us(w.Commit.P99), wp50, wp99, wmax, wpi, miss,
-			per(w.PGCPU), relay, per(w.HubCPU), c2n, errCol(w.Err))
+			per(w.PGCPU), relay, per(w.HubCPU), c2n, caught, errCol(w.Err))
 	}
 	return t
 }
 
 // bound formats a histogram bucket's upper bound (seconds).
 func bound(s float64) string {
-	if math.IsInf(s, 1) {
+	switch {
+	case math.IsInf(s, 1):
 		return "∞"
+	case s >= 1:
+		return fmt.Sprintf("%.3g s", s)
 	}
 	return us(s * 1e6)
 }
@@ -107,9 +111,21 @@ func evaluate17(r *Results) []Target {
 		}
 	}
 	{
+		// Two figures: when the workers knew of each row (a wake of an
+		// earlier commit counts, which hides a relay that lags), and the
+		// relay's own commit → NOTIFY, which the wake of the commit itself
+		// cannot beat. Both must be within 10 ms.
 		name := "relay: wake p99 ≤ 10 ms at W=16"
 		if x := f.writers("relay", 16); x != nil {
-			add(name, true, x.Wake.P99 <= 10000, fmt.Sprintf("p99 %s (p50 %s, max %s) over %d inserts", us(x.Wake.P99), us(x.Wake.P50), us(x.Wake.Max), x.Commits))
+			ok := x.Wake.P99 <= 10000
+			fig := fmt.Sprintf("workers: p99 %s (p50 %s, max %s) over %d inserts", us(x.Wake.P99), us(x.Wake.P50), us(x.Wake.Max), x.Commits)
+			if x.Relay != nil {
+				within := x.Relay.fractionWithin(0.01)
+				ok = ok && within >= 0.99
+				fig += fmt.Sprintf("; relay's own commit → NOTIFY: %.1f%% within 10 ms, p50 ≤ %s, p99 ≤ %s, caught up %.1f s after the writers stopped",
+					100*max(within, 0), bound(x.Relay.quantile(0.5)), bound(x.Relay.quantile(0.99)), x.Relay.CatchUpS)
+			}
+			add(name, true, ok, fig)
 		} else {
 			add(name, false, false, missing(need{false, "relay row at W=16"}))
 		}

@@ -40,7 +40,7 @@ func TestWritersSmoke(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p := params{WritersW: []int{4}, WritersDur: time.Second, WritersDrain: 500 * time.Millisecond, WritersRounds: 1,
+	p := params{WritersW: []int{4}, WritersDur: time.Second, WritersDrain: 500 * time.Millisecond, WritersCatchUp: time.Minute, WritersRounds: 1,
 		WritersQueues: 4, WritersWorkers: 2, WritersSources: []string{"none", "trigger", "throttled", "relay"}, WritersThrottle: 250 * time.Millisecond}
 	relayBin := os.Getenv("LHBENCH_TEST_RELAY_BIN")
 	if relayBin == "" {

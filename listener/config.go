@@ -185,7 +185,7 @@ func IsConfigError(err error) bool {
 		return false
 	}
 	var ce *pgconn.ParseConfigError
-	return errors.As(err, &ce) || errors.Is(err, errNoConnConfig)
+	return errors.As(err, &ce) || errors.Is(err, errNoConnConfig) || errors.Is(err, ErrURLScheme)
 }
 
 // errNoConnConfig is the configuration error of a Config without ConnConfig.
@@ -198,6 +198,9 @@ var errNoConnConfig = errors.New("listener: Config.ConnConfig is nil (use ParseC
 // DefaultApplicationName when that is empty, unless the string or
 // PGAPPNAME already sets one.
 func ParseConfig(connString, applicationName string) (*pgconn.Config, error) {
+	if err := checkScheme(connString); err != nil {
+		return nil, err
+	}
 	cfg, err := pgconn.ParseConfig(connString)
 	if err != nil {
 		// pgconn's ParseConfigError already redacts the password.
@@ -210,6 +213,27 @@ func ParseConfig(connString, applicationName string) (*pgconn.Config, error) {
 		cfg.RuntimeParams["application_name"] = applicationName
 	}
 	return cfg, nil
+}
+
+// ErrURLScheme is returned by ParseConfig for a URL whose scheme is not
+// postgres:// or postgresql:// (a typo such as postgress://), which pgconn
+// would otherwise try to read as a key=value string and refuse with "failed
+// to parse as keyword/value".
+var ErrURLScheme = errors.New("listener: not a PostgreSQL URL")
+
+// checkScheme refuses "scheme://…" with a scheme libpq does not know. A
+// key=value string has an "=" or a space before any "://".
+func checkScheme(s string) error {
+	i := strings.Index(s, "://")
+	if i <= 0 || strings.ContainsAny(s[:i], "= \t") {
+		return nil
+	}
+	switch scheme := s[:i]; scheme {
+	case "postgres", "postgresql":
+		return nil
+	default:
+		return fmt.Errorf("%w: unknown scheme %q (want postgres:// or postgresql://)", ErrURLScheme, scheme+"://")
+	}
 }
 
 // ValidChannel reports why ch cannot be LISTENed to as given, or nil. Empty

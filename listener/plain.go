@@ -124,7 +124,7 @@ func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
 
 	conn, err := pgconn.ConnectConfig(ctx, cc)
 	if err != nil {
-		return nil, fmt.Errorf("listener: connect: %w", err)
+		return nil, connectErr(err)
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	if err := p.checkDelivery(ctx, conn); err != nil {
@@ -450,7 +450,7 @@ func (p *Plain) connect(set map[string]struct{}) (*pgconn.PgConn, error) {
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, p.connCfg)
 	if err != nil {
-		return nil, fmt.Errorf("listener: connect: %w", err)
+		return nil, connectErr(err)
 	}
 	if err := p.checkDelivery(ctx, conn); err != nil {
 		conn.Close(context.Background())

@@ -7,13 +7,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // TestJSONLogDurations: a duration in a JSON log line is a string such as
@@ -59,5 +64,79 @@ func TestStatusRevisionLikeVersion(t *testing.T) {
 	}
 	if got := shortRevision(rev); got != "0123456789ab" {
 		t.Fatalf("shortRevision = %q", got)
+	}
+}
+
+// TestServeNoDatabase: serve with no URL and no PG* variable naming a
+// server exits 1 at once with a hint (it used to retry the default socket
+// forever, one warning every 30 s). A PG* variable keeps libpq's fallback:
+// the hub then runs and retries what it names.
+func TestServeNoDatabase(t *testing.T) {
+	sock := sockPath(t)
+	cmd := exec.Command(hubBinary(t), "serve", "--socket", sock)
+	cmd.Env = cleanEnv()
+	done := make(chan error, 1)
+	var out syncBuf
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("exit %v, want 1; output %q", err, out.String())
+		}
+	case <-time.After(timeout):
+		cmd.Process.Kill()
+		t.Fatalf("serve without a database still running after %v; output %q", timeout, out.String())
+	}
+	got := out.String()
+	if strings.Count(got, "\n") != 1 || !strings.HasPrefix(got, "listenhub serve: no database named: give --database-url URL") ||
+		!strings.Contains(got, "PGHOST") {
+		t.Fatalf("output %q, want one line naming the flag and the variables", got)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket file left: %v", err)
+	}
+
+	// PGHOST names a server (here one that is not there): the hub runs.
+	p := serveEnv(t, []string{"PGHOST=" + t.TempDir(), "LISTENHUB_SOCKET=" + sockPath(t)})
+	testutil.WaitFor(t, timeout, "the connect failure logged", func() bool {
+		return strings.Contains(p.stderr.String(), "listener: connect failed")
+	})
+	select {
+	case <-p.done:
+		t.Fatalf("serve with PGHOST exited: %s", p.stderr.String())
+	default:
+	}
+}
+
+// TestServeURLTypoAndAuthFailure: a misspelt scheme and a role the server
+// refuses each end serve with one line that gives the real cause first
+// (not "failed to parse as keyword/value", not "tls error: server refused
+// TLS connection").
+func TestServeURLTypoAndAuthFailure(t *testing.T) {
+	code, _, errOut := runCmd([]string{"serve", "--socket", sockPath(t), "--database-url", "postgress://x"})
+	want := `listenhub serve: --database-url: listener: not a PostgreSQL URL: unknown scheme "postgress://" (want postgres:// or postgresql://)` + "\n"
+	if code != 1 || errOut != want {
+		t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errOut, want)
+	}
+
+	c := needDB(t)
+	u := fmt.Sprintf("postgres://nobody@127.0.0.1:%d/postgres", c.Port()) // sslmode=prefer
+	cmd := exec.Command(hubBinary(t), "serve", "--socket", sockPath(t), "--database-url", u)
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit %v, want 1; output %s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	last := lines[len(lines)-1]
+	wantLast := "listenhub serve: hub: postgres: listener: connect to `user=nobody database=postgres`: FATAL: role \"nobody\" does not exist (SQLSTATE 28000)"
+	if last != wantLast || strings.Contains(string(out), "tls error") {
+		t.Fatalf("output:\n%s\nwant the last line %q and no tls error", out, wantLast)
 	}
 }

@@ -131,6 +131,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return 1
 		}
 	}
+	if *databaseURL == "" && !pgEnvNamesServer() {
+		// libpq's defaults alone (the local socket, the OS user's
+		// name) are rarely what a hub is meant for, and retrying a
+		// server nobody named would look like an outage, not a
+		// missing setting.
+		fmt.Fprintf(stderr, "listenhub serve: no database named: give --database-url URL (or set %s, DATABASE_URL, or libpq's PGHOST, PGPORT, PGDATABASE, PGUSER…; PGHOST=/var/run/postgresql is the local server's socket)\n", envName("database-url"))
+		return 1
+	}
 	cc, err := listener.ParseConfig(*databaseURL, *appName)
 	if err != nil {
 		// A configuration error like a refused password or an unknown
@@ -347,6 +355,20 @@ wait:
 		return 1
 	}
 	return 0
+}
+
+// pgServerVars are the libpq variables that name a server, a database or
+// a role: with any of them set, an empty URL means "libpq's defaults plus
+// these" (docs/design.md: the PG* fallback), as psql would read it.
+var pgServerVars = []string{"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE"}
+
+func pgEnvNamesServer() bool {
+	for _, v := range pgServerVars {
+		if os.Getenv(v) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // oneLine flattens a multi-line error (pgconn joins one line per host it

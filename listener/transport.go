@@ -2,8 +2,8 @@ package listener
 
 import (
 	"context"
-	"errors"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"

@@ -116,15 +116,31 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// `listenhub demo | head -3`: once the reader is gone, a write to
+	// stdout would kill the process with SIGPIPE, leaving the cluster and
+	// the socket directory behind. With SIGPIPE caught the write fails
+	// with EPIPE instead, and a failed write to stdout ends the run like
+	// Ctrl-C does: through the cleanup.
+	sigpipe := make(chan os.Signal, 1)
+	signal.Notify(sigpipe, syscall.SIGPIPE)
+	defer signal.Stop(sigpipe)
+	ctx, gone := context.WithCancel(ctx)
+	defer gone()
+	out := &stopOnError{w: stdout, stop: gone}
 	if cfg.relay {
-		if err := runRelayDemo(ctx, cfg, stdout, stderr); err != nil {
+		if err := runRelayDemo(ctx, cfg, out, stderr); err != nil {
 			fmt.Fprintf(stderr, "listenhub demo: %s\n", oneLine(err))
 			return 1
 		}
 		return 0
 	}
-	d := &demo{cfg: cfg, out: stdout, errw: stderr}
+	d := &demo{cfg: cfg, out: out, errw: stderr}
 	err := d.run(ctx)
+	if ctx.Err() != nil {
+		// Ctrl-C (or the reader gone) during a step of the start: the
+		// step failed because it was cancelled, which is no error.
+		err = nil
+	}
 	if cerr := d.cleanup(); err == nil {
 		err = cerr
 	}
@@ -133,6 +149,29 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// stopOnError is the demo's stdout: the first failed write (the reader went
+// away) calls stop, and later writes are dropped.
+type stopOnError struct {
+	w    io.Writer
+	stop func()
+	mu   sync.Mutex
+	err  error
+}
+
+func (s *stopOnError) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.w.Write(p)
+	if err != nil {
+		s.err = err
+		s.stop()
+	}
+	return n, err
 }
 
 // demo is one run of `listenhub demo`. Everything it starts is recorded as

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -510,5 +511,84 @@ func TestDemoRelayNotLogical(t *testing.T) {
 	n, err := c.QueryInt(ctx, `SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = $1) + (SELECT count(*) FROM pg_publication WHERE pubname = $1)`, name)
 	if err != nil || n != 0 {
 		t.Errorf("the demo's schema or publication %s left on the server (%d, %v)", name, n, err)
+	}
+}
+
+// TestDemoLeavesNothingInTmp: `listenhub demo | head -3` (the reader goes
+// away: SIGPIPE) and a Ctrl-C while it is still starting each end the demo
+// through its cleanup: nothing is left in its TMPDIR (the throwaway
+// cluster, the hub's socket directory). The demo used to die of SIGPIPE and
+// leave both behind.
+func TestDemoLeavesNothingInTmp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	if os.Getenv(pgtest.EnvURL) != "" {
+		t.Skip("the throwaway-cluster path needs " + pgtest.EnvURL + " unset")
+	}
+	for _, how := range []string{"sigpipe", "ctrl-c"} {
+		t.Run(how, func(t *testing.T) {
+			// A TMPDIR of its own, reachable by the postgres user
+			// when we are root (pgtest falls back to /tmp otherwise).
+			tmp, err := os.MkdirTemp("", "lhdemo-tmp-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(tmp) })
+			if err := os.Chmod(tmp, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(hubBinary(t), "demo", "--workers", "1")
+			cmd.Env = append(cleanEnv(), "TMPDIR="+tmp)
+			var errw syncBuffer
+			cmd.Stderr = &errw
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cmd.Process.Kill() })
+			r := bufio.NewReader(stdout)
+			want := 3 // head -3
+			if how == "ctrl-c" {
+				want = 1 // the cluster is up; the hub and workers are starting
+			}
+			for i := range want {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					t.Fatalf("line %d: %v; stderr:\n%s", i+1, err, errw.String())
+				}
+				t.Logf("%s", strings.TrimSpace(line))
+			}
+			if how == "sigpipe" {
+				stdout.Close() // the reader is gone
+			} else {
+				cmd.Process.Signal(syscall.SIGINT)
+				go io.Copy(io.Discard, r)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Fatalf("demo: %v; stderr:\n%s", err, errw.String())
+				}
+			case <-time.After(time.Minute):
+				t.Fatalf("demo still running a minute after %s; stderr:\n%s", how, errw.String())
+			}
+			left, err := os.ReadDir(tmp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(left) > 0 {
+				var names []string
+				for _, e := range left {
+					names = append(names, e.Name())
+				}
+				t.Fatalf("left in TMPDIR after %s: %v; stderr:\n%s", how, names, errw.String())
+			}
+		})
 	}
 }

@@ -127,7 +127,7 @@ func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
 		return nil, connectErr(err)
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
-	if err := p.checkDelivery(ctx, conn); err != nil {
+	if _, err := p.checkDelivery(ctx, conn); err != nil {
 		p.cancel()
 		conn.Close(context.Background())
 		return nil, err
@@ -452,7 +452,7 @@ func (p *Plain) connect(set map[string]struct{}) (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, connectErr(err)
 	}
-	if err := p.checkDelivery(ctx, conn); err != nil {
+	if _, err := p.checkDelivery(ctx, conn); err != nil {
 		conn.Close(context.Background())
 		return nil, err
 	}
@@ -493,43 +493,42 @@ func (p *Plain) finish(pending []*plainReq, conn *pgconn.PgConn) {
 // LISTEN the private channel, compare pg_backend_pid() with BackendKeyData,
 // NOTIFY it and wait for it; when the pids differ (a pooler), a second
 // session must NOTIFY it too and that must arrive.
-func (p *Plain) checkDelivery(ctx context.Context, conn *pgconn.PgConn) error {
+func (p *Plain) checkDelivery(ctx context.Context, conn *pgconn.PgConn) (server uint32, err error) {
 	qctx, cancel := context.WithTimeout(ctx, p.cfg.HealthCheckTimeout)
 	defer cancel()
 	sql := appendQuoted([]byte("LISTEN "), p.check)
 	sql = append(sql, "; SELECT pg_backend_pid()"...)
 	res, err := conn.Exec(qctx, string(sql)).ReadAll()
 	if err != nil {
-		return fmt.Errorf("listener: delivery check: %w", err)
+		return 0, fmt.Errorf("listener: delivery check: %w", err)
 	}
-	var server uint32
 	if len(res) == 2 && len(res[1].Rows) == 1 && len(res[1].Rows[0]) == 1 {
 		v, _ := strconv.ParseUint(string(res[1].Rows[0][0]), 10, 32)
 		server = uint32(v)
 	}
 	if err := p.selfNotify(qctx, conn); err != nil {
 		if errors.Is(err, ErrNotDelivered) {
-			return fmt.Errorf("%w: LISTEN and NOTIFY on it brought nothing back within %s", ErrNotDelivered, p.cfg.HealthCheckTimeout)
+			return server, fmt.Errorf("%w: LISTEN and NOTIFY on it brought nothing back within %s", ErrNotDelivered, p.cfg.HealthCheckTimeout)
 		}
-		return err
+		return server, err
 	}
 	if server == conn.PID() {
-		return nil
+		return server, nil
 	}
 	payload := "peer-" + strconv.FormatUint(rand.Uint64(), 16)
 	if err := notifyFrom(p.connCfg, p.check, payload); err != nil {
-		return fmt.Errorf("%w: a pooler sits between (the backend pid differs from BackendKeyData's) and a second connection to check it failed: %v",
+		return server, fmt.Errorf("%w: a pooler sits between (the backend pid differs from BackendKeyData's) and a second connection to check it failed: %v",
 			ErrNotDelivered, err)
 	}
 	wctx, wcancel := context.WithTimeout(ctx, p.cfg.HealthCheckTimeout)
 	defer wcancel()
 	if err := p.await(wctx, conn, payload); err != nil {
-		return fmt.Errorf("%w: %s (the backend pid differs from BackendKeyData's: a pooler sits between, and a NOTIFY from a second session did not arrive within %s)",
+		return server, fmt.Errorf("%w: %s (the backend pid differs from BackendKeyData's: a pooler sits between, and a NOTIFY from a second session did not arrive within %s)",
 			ErrNotDelivered, poolerAdvice, p.cfg.HealthCheckTimeout)
 	}
 	p.log.Info("listener: connected through a pooler that delivers notifications (session pooling)",
 		"pid", server, "backend_key_pid", conn.PID())
-	return nil
+	return server, nil
 }
 
 // selfNotify NOTIFYs the private channel on conn and waits for it to come
@@ -557,4 +556,50 @@ func (p *Plain) await(ctx context.Context, conn *pgconn.PgConn, payload string) 
 		}
 	}
 	return nil
+}
+
+// Delivery is what CheckDelivery found out about a connection.
+type Delivery struct {
+	// BackendPID is the server's pg_backend_pid() (0 when the check did
+	// not get that far); KeyDataPID is the pid of the BackendKeyData the
+	// connection got at start-up.
+	BackendPID, KeyDataPID uint32
+}
+
+// Pooled reports whether something other than the server made up the
+// BackendKeyData: a pooler (PgBouncer does, in every pool mode) or a proxy.
+func (d Delivery) Pooled() bool { return d.BackendPID != 0 && d.BackendPID != d.KeyDataPID }
+
+// CheckDelivery connects with cfg and runs the delivery check every Conn and
+// Plain runs on each connection (check.go): LISTEN a private channel,
+// compare pg_backend_pid() with BackendKeyData, NOTIFY it and wait for it,
+// and when a pooler sits between, have a second session NOTIFY it too. An
+// error wrapping ErrNotDelivered says notifications do not arrive on such a
+// connection (and why, most likely); any other error is the connection's.
+// timeout bounds each wait (default DefaultHealthCheckTimeout); ctx the
+// whole. For tools (listenhub doctor).
+func CheckDelivery(ctx context.Context, cfg *pgconn.Config, timeout time.Duration) (Delivery, error) {
+	if timeout <= 0 {
+		timeout = DefaultHealthCheckTimeout
+	}
+	p := &Plain{check: newCheckChannel(), log: slog.New(slog.DiscardHandler)}
+	p.cfg.HealthCheckTimeout = timeout
+	cc := cfg.Copy()
+	cc.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		if n.Channel == p.check {
+			p.got = n.Payload
+		}
+	}
+	cc.OnNotice = nil
+	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	p.connCfg = cc
+	conn, err := pgconn.ConnectConfig(ctx, cc)
+	if err != nil {
+		return Delivery{}, connectErr(err)
+	}
+	defer conn.Close(context.Background())
+	server, err := p.checkDelivery(ctx, conn)
+	return Delivery{BackendPID: server, KeyDataPID: conn.PID()}, err
 }

@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/listener"
+)
+
+// doctorApp is the doctor's own application_name, so that its census does
+// not count itself.
+const doctorApp = "listenhub-doctor"
+
+// doctorTimeout bounds each wait of the doctor's checks (a notification, the
+// hub's first frame).
+const doctorTimeout = 3 * time.Second
+
+// finding is one line of `listenhub doctor`: a check, its verdict, what was
+// seen and, unless it passed, what to do about it.
+type finding struct {
+	Check   string `json:"check"`
+	Status  string `json:"status"` // pass, warn or fail
+	Message string `json:"message"`
+	Fix     string `json:"fix,omitempty"`
+}
+
+const (
+	statusPass = "pass"
+	statusWarn = "warn"
+	statusFail = "fail"
+)
+
+const doctorDescription = `
+Checks a set-up and prints one line per check: pass, warn or fail, what was
+seen and, unless it passed, the fix. Exits 1 when any check failed.
+
+  database     the URL connects
+  delivery     notifications arrive on it (a private LISTEN and NOTIFY; a
+               second session's NOTIFY when a pooler is suspected)
+  connections  max_connections headroom against the backends in use and
+               the LISTEN backends of hubs and fallen-back workers
+  socket       (--socket) exists, is a socket, its mode and owner, and a
+               live hub answers on it with its status
+  relay        (--publication, --slot) wal_level, the publication, the
+               slot and its lag
+`
+
+// runDoctor is `listenhub doctor`.
+func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("doctor")
+	databaseURL := fs.String("database-url", "", "PostgreSQL URL or key=value DSN to check (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
+	socket := fs.String("socket", "", "the hub's socket to check (env "+envName("socket")+"; not checked when empty)")
+	appName := fs.String("application-name", hub.DefaultApplicationName, "the hubs' application_name, counted as LISTEN backends (and NAME-local for fallen-back workers)")
+	publication := fs.String("publication", "", "the relay's publication to check (relay checks off when this and --slot are empty)")
+	slot := fs.String("slot", "", "the relay's replication slot to check")
+	asJSON := fs.Bool("json", false, "print the findings as a JSON array")
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, fs, "doctor", true)
+			fmt.Fprint(stdout, doctorDescription)
+		}
+		return flagError(stderr, "doctor", err)
+	}
+	if !isSet(fs, "database-url") && os.Getenv("DATABASE_URL") != "" {
+		*databaseURL = os.Getenv("DATABASE_URL")
+	}
+	var fs2 []finding
+	add := func(f finding) { fs2 = append(fs2, f) }
+	ctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
+	defer cancel()
+
+	doctorDatabase(ctx, *databaseURL, *appName, *publication, *slot, add)
+	if *socket != "" {
+		doctorSocket(*socket, add)
+	}
+
+	failed := false
+	for _, f := range fs2 {
+		failed = failed || f.Status == statusFail
+	}
+	if *asJSON {
+		b, _ := json.MarshalIndent(fs2, "", "  ")
+		fmt.Fprintf(stdout, "%s\n", b)
+	} else {
+		for _, f := range fs2 {
+			line := fmt.Sprintf("%-4s  %-11s  %s", f.Status, f.Check, f.Message)
+			if f.Fix != "" {
+				line += " (fix: " + f.Fix + ")"
+			}
+			fmt.Fprintln(stdout, line)
+		}
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// doctorDatabase runs the checks of the URL: it connects, proves delivery,
+// counts the connection budget and, when asked, the relay's prerequisites.
+func doctorDatabase(ctx context.Context, url, app, publication, slot string, add func(finding)) {
+	if url == "" && !pgEnvNamesServer() {
+		add(finding{"database", statusFail, "no database named",
+			"give --database-url URL (or set " + envName("database-url") + ", DATABASE_URL or PGHOST…)"})
+		return
+	}
+	cc, err := listener.ParseConfig(url, doctorApp)
+	if err != nil {
+		add(finding{"database", statusFail, oneLine(err), "a URL looks like postgres://user:password@host:5432/dbname"})
+		return
+	}
+	cc.RuntimeParams["application_name"] = doctorApp
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	conn, err := pgconn.ConnectConfig(cctx, cc)
+	cancel()
+	if err != nil {
+		add(finding{"database", statusFail, oneLine(connectError(err)), "check the host, port, user, password and database of the URL"})
+		return
+	}
+	defer conn.Close(context.Background())
+	add(finding{"database", statusPass, fmt.Sprintf("connected to %s as %s, database %s", hostPort(cc), cc.User, cc.Database), ""})
+
+	d, err := listener.CheckDelivery(ctx, cc, doctorTimeout)
+	switch {
+	case err == nil && d.Pooled():
+		add(finding{"delivery", statusPass, fmt.Sprintf("notifications arrive, through a pooler in session mode (backend pid %d, BackendKeyData pid %d)", d.BackendPID, d.KeyDataPID), ""})
+	case err == nil:
+		add(finding{"delivery", statusPass, fmt.Sprintf("notifications arrive; direct connection (backend pid %d)", d.BackendPID), ""})
+	case errors.Is(err, listener.ErrNotDelivered) && d.Pooled():
+		add(finding{"delivery", statusFail, oneLine(err), "point --database-url at PostgreSQL itself (or a session-pooled PgBouncer database), not a transaction pooler"})
+	default:
+		add(finding{"delivery", statusFail, oneLine(err), "LISTEN/NOTIFY must work on this connection: a direct URL to the primary"})
+	}
+
+	doctorBudget(ctx, conn, app, add)
+	if publication != "" || slot != "" {
+		doctorRelay(ctx, conn, publication, slot, add)
+	}
+}
+
+// connectError is listener's wording of a failed connect (the server's
+// reason first).
+func connectError(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("connect: %s", pe.Error())
+	}
+	return fmt.Errorf("connect: %w", err)
+}
+
+func hostPort(cc *pgconn.Config) string {
+	if strings.HasPrefix(cc.Host, "/") {
+		return fmt.Sprintf("%s (socket, port %d)", cc.Host, cc.Port)
+	}
+	return net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
+}
+
+// query runs sql with text params and returns the first row's columns.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string, params ...string) ([]string, error) {
+	var ps [][]byte
+	for _, p := range params {
+		ps = append(ps, []byte(p))
+	}
+	qctx, cancel := context.WithTimeout(ctx, doctorTimeout)
+	defer cancel()
+	res := conn.ExecParams(qctx, sql, ps, nil, nil, nil).Read()
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	if len(res.Rows) == 0 {
+		return nil, nil
+	}
+	row := make([]string, len(res.Rows[0]))
+	for i, v := range res.Rows[0] {
+		row[i] = string(v)
+	}
+	return row, nil
+}
+
+// doctorBudget weighs max_connections against what is in use: every worker
+// whose hub goes away opens a LISTEN connection of its own, so a server with
+// no room left turns a hub restart into refused connections.
+func doctorBudget(ctx context.Context, conn *pgconn.PgConn, app string, add func(finding)) {
+	row, err := query(ctx, conn, `SELECT current_setting('max_connections')::int,
+		current_setting('superuser_reserved_connections')::int,
+		(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
+		(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND application_name = $1)::int,
+		(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND application_name = $2)::int`,
+		app, app+"-local")
+	if err != nil || len(row) != 5 {
+		add(finding{"connections", statusWarn, fmt.Sprintf("cannot read the connection budget: %v", err), "run the doctor as a role that may read pg_stat_activity and pg_settings"})
+		return
+	}
+	n := make([]int, 5)
+	for i, v := range row {
+		n[i], _ = strconv.Atoi(v)
+	}
+	maxConn, reserved, inUse, hubs, locals := n[0], n[1], n[2], n[3], n[4]
+	free := maxConn - reserved - inUse
+	msg := fmt.Sprintf("max_connections %d (%d reserved), %d in use, %d free; LISTEN backends: %d of hubs (%q), %d of workers listening on their own (%q)",
+		maxConn, reserved, inUse, free, hubs, app, locals, app+"-local")
+	switch {
+	case free < 2:
+		add(finding{"connections", statusFail, msg, "raise max_connections or close idle connections: a hub needs one to reconnect, and every worker that falls back needs its own"})
+	case free < max(5, maxConn/10):
+		add(finding{"connections", statusWarn, msg, "little headroom: if the hub goes away, each of its workers opens a LISTEN connection of its own; raise max_connections or keep the hub up"})
+	case locals > 0:
+		add(finding{"connections", statusWarn, msg, "workers are on their own LISTEN connections: is their hub down, or their --socket wrong?"})
+	default:
+		add(finding{"connections", statusPass, msg, ""})
+	}
+}
+
+// doctorRelay checks what `listenhub relay` needs: logical decoding, its
+// publication, its slot and how far behind the slot is.
+func doctorRelay(ctx context.Context, conn *pgconn.PgConn, publication, slot string, add func(finding)) {
+	row, err := query(ctx, conn, "SELECT current_setting('wal_level')")
+	switch {
+	case err != nil || len(row) != 1:
+		add(finding{"relay", statusFail, fmt.Sprintf("cannot read wal_level: %v", err), ""})
+		return
+	case row[0] != "logical":
+		add(finding{"relay", statusFail, fmt.Sprintf("wal_level is %s", row[0]), "set wal_level = logical in postgresql.conf and restart PostgreSQL"})
+	default:
+		add(finding{"relay", statusPass, "wal_level is logical", ""})
+	}
+	if publication != "" {
+		row, err := query(ctx, conn, "SELECT count(*) FROM pg_publication WHERE pubname = $1", publication)
+		switch {
+		case err != nil || len(row) != 1:
+			add(finding{"relay", statusFail, fmt.Sprintf("cannot look up publication %q: %v", publication, err), ""})
+		case row[0] == "0":
+			add(finding{"relay", statusFail, fmt.Sprintf("publication %q does not exist", publication),
+				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE …", listener.QuoteIdentifier(publication))})
+		default:
+			add(finding{"relay", statusPass, fmt.Sprintf("publication %q exists", publication), ""})
+		}
+	}
+	if slot != "" {
+		row, err := query(ctx, conn, `SELECT active::text, coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
+			FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		switch {
+		case err != nil:
+			add(finding{"relay", statusFail, fmt.Sprintf("cannot look up slot %q: %v", slot, err), ""})
+		case len(row) != 2:
+			add(finding{"relay", statusWarn, fmt.Sprintf("slot %q does not exist yet", slot), "listenhub relay creates it at its first start"})
+		default:
+			lag, _ := strconv.ParseInt(row[1], 10, 64)
+			msg := fmt.Sprintf("slot %q: active %s, %s of WAL behind", slot, row[0], byteSize(lag))
+			switch {
+			case lag > 1<<30:
+				add(finding{"relay", statusWarn, msg, "the slot holds WAL back: is the relay running and keeping up? (drop the slot if the relay is gone for good)"})
+			case row[0] != "true":
+				add(finding{"relay", statusWarn, msg, "no relay is streaming from the slot: start listenhub relay"})
+			default:
+				add(finding{"relay", statusPass, msg, ""})
+			}
+		}
+	}
+}
+
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// doctorSocket checks the hub's socket: the file (without following a
+// link), its mode and owner, and that a hub answers on it with a status.
+func doctorSocket(path string, add func(finding)) {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		add(finding{"socket", statusFail, fmt.Sprintf("%s: %v", path, err), "start listenhub serve --socket " + path + ", or give the --socket it was started with"})
+		return
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
+		add(finding{"socket", statusFail, fmt.Sprintf("%s is not a socket (%s)", path, fileType(st.Mode)), "give the path the hub listens on (serve --socket)"})
+		return
+	}
+	mode := os.FileMode(st.Mode & 0o777)
+	desc := fmt.Sprintf("%s: socket, mode %04o, owner uid %d", path, mode, st.Uid)
+	if mode&0o077 != 0 {
+		add(finding{"socket", statusWarn, desc, "a hub creates its socket 0600: others than its owner may connect (the hub still checks their uid)"})
+	}
+	if uid := uint32(os.Geteuid()); st.Uid != uid && st.Uid != 0 {
+		add(finding{"socket", statusWarn, fmt.Sprintf("%s belongs to uid %d, not to us (uid %d) or root", path, st.Uid, uid),
+			"run the workers as the hub's user, or tell the client that uid (client.Options.AllowUIDs) and the hub ours (--allow-uid)"})
+	}
+	healthy, err := hubStatus(path)
+	switch {
+	case err != nil:
+		add(finding{"socket", statusFail, fmt.Sprintf("%s: no hub answers: %v", desc, err), "start the hub (a stale socket file is replaced when it starts)"})
+	case !healthy:
+		add(finding{"socket", statusWarn, desc + "; the hub answers, healthy:false (its Postgres connection is down or does not deliver)", "see the hub's log, and this doctor's database checks against its URL"})
+	default:
+		add(finding{"socket", statusPass, desc + "; the hub answers, healthy:true", ""})
+	}
+}
+
+func fileType(m uint32) string {
+	switch m & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		return "a regular file"
+	case syscall.S_IFDIR:
+		return "a directory"
+	case syscall.S_IFLNK:
+		return "a symbolic link"
+	case syscall.S_IFIFO:
+		return "a FIFO"
+	}
+	return fmt.Sprintf("type %o", m&syscall.S_IFMT)
+}
+
+// hubStatus connects to the socket and reads the status frame a hub sends
+// on connect.
+func hubStatus(path string) (bool, error) {
+	c, err := net.DialTimeout("unix", path, doctorTimeout)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(doctorTimeout))
+	var dec frame.Decoder
+	buf := make([]byte, 4096)
+	for {
+		m, ok, err := dec.Next()
+		if err != nil {
+			return false, fmt.Errorf("not a hub: %w", err)
+		}
+		if ok {
+			if m.T != frame.TypeStatus {
+				return false, fmt.Errorf("not a hub: first frame %q, want status", m.T)
+			}
+			return m.Healthy, nil
+		}
+		n, err := c.Read(buf)
+		if n > 0 {
+			dec.Feed(buf[:n])
+			continue
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return false, errors.New("closed without a word (a uid the hub does not allow?)")
+			}
+			return false, err
+		}
+	}
+}
+

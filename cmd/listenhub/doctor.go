@@ -62,11 +62,11 @@ seen and, unless it passed, the fix. Exits 1 when any check failed.
 // runDoctor is `listenhub doctor`.
 func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("doctor")
-	databaseURL := fs.String("database-url", "", "PostgreSQL URL or key=value DSN to check (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-	socket := fs.String("socket", "", "the hub's socket to check (env "+envName("socket")+"; not checked when empty)")
-	appName := fs.String("application-name", hub.DefaultApplicationName, "the hubs' application_name, counted as LISTEN backends (and NAME-local for fallen-back workers)")
-	publication := fs.String("publication", "", "the relay's publication to check (relay checks off when this and --slot are empty)")
-	slot := fs.String("slot", "", "the relay's replication slot to check")
+	databaseURL := fs.String("database-url", "", "PostgreSQL `URL` or key=value DSN to check (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
+	socket := fs.String("socket", "", "the hub's socket `PATH` to check (env "+envName("socket")+"; not checked when empty)")
+	appName := fs.String("application-name", hub.DefaultApplicationName, "the hubs' application_name `NAME`, counted as LISTEN backends (and NAME-local for fallen-back workers)")
+	publication := fs.String("publication", "", "the relay's publication `NAME` to check (relay checks off when this and --slot are empty)")
+	slot := fs.String("slot", "", "the relay's replication slot `NAME` to check")
 	asJSON := fs.Bool("json", false, "print the findings as a JSON array")
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -366,4 +366,3 @@ func hubStatus(path string) (bool, error) {
 		}
 	}
 }
-

@@ -6,6 +6,7 @@
 //	listenhub status [--metrics-addr ADDR] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]
 //	listenhub relay --database-url URL [flags]
 //	listenhub census --database-url URL [--application-name NAME] [--json]
+//	listenhub doctor --database-url URL [--socket PATH] [--application-name NAME] [--publication NAME] [--slot NAME] [--json]
 //	listenhub demo [--workers N] [--rate N] [--duration D] [--database-url URL]
 //	listenhub version
 //
@@ -45,6 +46,8 @@ var commands = []command{
 		"turn committed row changes into NOTIFYs (logical replication), so writers need no NOTIFY trigger"},
 	{"census", "census --database-url URL [--application-name NAME] [--json]",
 		"count the hub's backends (pg_stat_activity by application_name)"},
+	{"doctor", "doctor --database-url URL [--socket PATH] [--application-name NAME] [--publication NAME] [--slot NAME] [--json]",
+		"check a set-up: notifications arrive on the URL (no transaction pooler), connection headroom, the hub's socket, the relay's prerequisites; exit 1 on a failure"},
 	{"demo", "demo [--workers N] [--rate N] [--duration D] [--database-url URL] [--relay [--writers N]]",
 		"hub, N worker processes and a notifier; a throwaway cluster without a URL; --relay: writers with a NOTIFY trigger vs the relay"},
 	{"version", "version",
@@ -93,6 +96,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runRelay(ctx, args[1:], stdout, stderr)
 	case "census":
 		return runCensus(ctx, args[1:], stdout, stderr)
+	case "doctor":
+		return runDoctor(ctx, args[1:], stdout, stderr)
 	case "demo":
 		return runDemo(ctx, args[1:], stdout, stderr)
 	case "demo-worker": // hidden: a worker process of the demo (demo.go)

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+)
+
+// doctor runs `listenhub doctor` in-process and returns its exit status and
+// findings (from --json) by check.
+func doctor(t *testing.T, args ...string) (int, map[string][]finding, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), append([]string{"doctor", "--json"}, args...), &out, &errOut)
+	var fs []finding
+	if err := json.Unmarshal(out.Bytes(), &fs); err != nil {
+		t.Fatalf("doctor --json: %v: %q (stderr %q)", err, out.String(), errOut.String())
+	}
+	by := map[string][]finding{}
+	for _, f := range fs {
+		by[f.Check] = append(by[f.Check], f)
+	}
+	return code, by, out.String()
+}
+
+func only(t *testing.T, by map[string][]finding, check, status string) finding {
+	t.Helper()
+	fs := by[check]
+	if len(fs) == 0 {
+		t.Fatalf("no %s finding in %v", check, by)
+	}
+	for _, f := range fs {
+		if f.Status != status {
+			t.Fatalf("%s: %+v, want %s", check, f, status)
+		}
+	}
+	return fs[0]
+}
+
+// TestDoctorGoodSetup: a direct URL and a live, healthy hub: every check
+// passes, exit 0, and the text form is one line per check.
+func TestDoctorGoodSetup(t *testing.T) {
+	c := needDB(t)
+	sock := sockPath(t)
+	p := serve(t, sock, nil)
+	p.ready()
+	code, by, out := doctor(t, "--database-url", c.URL(), "--socket", sock, "--application-name", p.app)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	only(t, by, "database", statusPass)
+	if f := only(t, by, "delivery", statusPass); !strings.Contains(f.Message, "direct connection") {
+		t.Fatalf("delivery: %+v", f)
+	}
+	if f := only(t, by, "connections", statusPass); !strings.Contains(f.Message, "LISTEN backends: 1 of hubs") {
+		t.Fatalf("connections: %+v, want the hub's one backend counted", f)
+	}
+	if f := only(t, by, "socket", statusPass); !strings.Contains(f.Message, "mode 0600") || !strings.Contains(f.Message, "healthy:true") {
+		t.Fatalf("socket: %+v", f)
+	}
+	var text, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"doctor", "--database-url", c.URL(), "--socket", sock}, &text, &errOut); code != 0 {
+		t.Fatalf("text form: exit %d: %s%s", code, text.String(), errOut.String())
+	}
+	for _, l := range strings.Split(strings.TrimSpace(text.String()), "\n") {
+		if !strings.HasPrefix(l, "pass  ") {
+			t.Fatalf("text line %q, want pass", l)
+		}
+	}
+}
+
+// TestDoctorTransactionPooler: through a transaction-pooling PgBouncer the
+// delivery check fails with the pooler named and the fix, exit 1.
+func TestDoctorTransactionPooler(t *testing.T) {
+	c := needDB(t)
+	b := pgtesting.PgBouncer(t, c, "transaction")
+	code, by, out := doctor(t, "--database-url", b.URL())
+	if code != 1 {
+		t.Fatalf("exit %d, want 1:\n%s", code, out)
+	}
+	only(t, by, "database", statusPass)
+	f := only(t, by, "delivery", statusFail)
+	if !strings.Contains(f.Message, "a transaction-pooling PgBouncer? use a direct URL") || !strings.Contains(f.Fix, "not a transaction pooler") {
+		t.Fatalf("delivery: %+v", f)
+	}
+	// A session pooler delivers.
+	s := pgtesting.PgBouncer(t, c, "session")
+	code, by, out = doctor(t, "--database-url", s.URL())
+	if code != 0 {
+		t.Fatalf("session pooler: exit %d:\n%s", code, out)
+	}
+	if f := only(t, by, "delivery", statusPass); !strings.Contains(f.Message, "session mode") {
+		t.Fatalf("delivery through a session pooler: %+v", f)
+	}
+}
+
+// TestDoctorWrongSocket: a path that does not exist, a regular file and a
+// socket nobody accepts on each fail the socket check, exit 1.
+func TestDoctorWrongSocket(t *testing.T) {
+	c := needDB(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, "stale.sock")
+	staleSocket(t, stale)
+	for path, want := range map[string]string{
+		filepath.Join(dir, "missing.sock"): "no such file",
+		file:                               "is not a socket (a regular file)",
+		stale:                              "no hub answers",
+	} {
+		code, by, out := doctor(t, "--database-url", c.URL(), "--socket", path)
+		if code != 1 {
+			t.Fatalf("%s: exit %d, want 1:\n%s", path, code, out)
+		}
+		found := false
+		for _, f := range by["socket"] {
+			found = found || f.Status == statusFail && strings.Contains(f.Message, want) && f.Fix != ""
+		}
+		if !found {
+			t.Fatalf("%s: %+v, want a failure saying %q, with a fix", path, by["socket"], want)
+		}
+		only(t, by, "delivery", statusPass)
+	}
+}
+
+// TestDoctorRelay: the relay's prerequisites on a server without logical
+// decoding: wal_level and the missing publication fail, the missing slot
+// is a warning (the relay creates it).
+func TestDoctorRelay(t *testing.T) {
+	c := needDB(t)
+	code, by, out := doctor(t, "--database-url", c.URL(), "--publication", "nopub", "--slot", "noslot")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1:\n%s", code, out)
+	}
+	var wal, pub, slot bool
+	for _, f := range by["relay"] {
+		switch {
+		case strings.HasPrefix(f.Message, "wal_level is") && f.Status == statusFail && strings.Contains(f.Fix, "wal_level = logical"):
+			wal = true
+		case f.Message == `publication "nopub" does not exist` && f.Status == statusFail:
+			pub = true
+		case f.Message == `slot "noslot" does not exist yet` && f.Status == statusWarn:
+			slot = true
+		}
+	}
+	if !wal || !pub || !slot {
+		t.Fatalf("relay findings %+v", by["relay"])
+	}
+}
+
+// staleSocket leaves a socket file at path that nobody accepts on
+// (a hub that died).
+func staleSocket(t *testing.T, path string) {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+}

@@ -90,6 +90,9 @@ type relayFigures struct {
 	// CatchUpS is how long after the writers stopped the relay had
 	// decoded all their transactions (the longest of the rounds).
 	CatchUpS float64 `json:"catch_up_s"`
+	// WalsenderCPU is the CPU time of the relay's walsender (the
+	// backend that decodes the WAL), included in the PostgreSQL CPU.
+	WalsenderCPU float64 `json:"walsender_cpu_s"`
 }
 
 func (f *relayFigures) add(g *relayFigures) {
@@ -98,6 +101,7 @@ func (f *relayFigures) add(g *relayFigures) {
 	f.Batches += g.Batches
 	f.VisibilityWaits += g.VisibilityWaits
 	f.CatchUpS = max(f.CatchUpS, g.CatchUpS)
+	f.WalsenderCPU += g.WalsenderCPU
 	if f.CommitToNotify == nil {
 		f.CommitToNotify = map[string]float64{}
 	}
@@ -393,8 +397,9 @@ func (b *bench) writersScenario() error {
 					src, w, round+1, float64(rr.commits)/rr.seconds, us(float64(rr.commit.Summarize().P99)), us(rr.wake.Summarize().P50), us(rr.wake.Summarize().P99),
 					float64(rr.wakes)/float64(e.nworkers)/float64(max(rr.commits, 1)), rr.misses, rr.pgCPU*1e6/float64(max(rr.commits, 1)), loadavg())
 				if rr.relay != nil {
-					b.logf("  relay's own figures: %.0f transactions, %.0f NOTIFY transactions, %.0f visibility waits, commit → NOTIFY p50 ≤ %s, p99 ≤ %s; caught up %.1fs after the writers stopped",
-						rr.relay.Transactions, rr.relay.Batches, rr.relay.VisibilityWaits, bound(rr.relay.quantile(0.5)), bound(rr.relay.quantile(0.99)), rr.relay.CatchUpS)
+					b.logf("  relay's own figures: %.0f transactions, %.0f NOTIFY transactions, %.0f visibility waits, commit → NOTIFY p50 ≤ %s, p99 ≤ %s; caught up %.1fs after the writers stopped; walsender CPU %.1f µs/commit",
+						rr.relay.Transactions, rr.relay.Batches, rr.relay.VisibilityWaits, bound(rr.relay.quantile(0.5)), bound(rr.relay.quantile(0.99)), rr.relay.CatchUpS,
+						rr.relay.WalsenderCPU*1e6/float64(max(rr.commits, 1)))
 				}
 			}
 		}
@@ -454,8 +459,12 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	}
 	pg0, relay0, hub0 := e.pgCPU(), procCPU(pidOf(relay)), procCPU(e.hub.serverPID())
 	var rm0 *relayFigures
+	var walsender int
+	var ws0 time.Duration
 	if relayMetrics != "" {
 		rm0, _ = scrapeRelay(relayMetrics)
+		e.db.QueryRow(b.ctx, "SELECT coalesce(max(active_pid), 0) FROM pg_replication_slots WHERE slot_name = $1", writersSlot).Scan(&walsender)
+		ws0 = procCPU(walsender)
 	}
 
 	// The writers.
@@ -539,6 +548,7 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 		if rm1, err := scrapeRelay(relayMetrics); err == nil {
 			rr.relay = rm1.sub(rm0)
 			rr.relay.CatchUpS = rr.catchUp.Seconds()
+			rr.relay.WalsenderCPU = (procCPU(walsender) - ws0).Seconds()
 		}
 	}
 	reps := make([]wakeReport, len(e.workers))

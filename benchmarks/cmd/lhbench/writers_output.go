@@ -42,6 +42,9 @@ func writersTable(r *Results) *table {
 		relay := "-"
 		if w.Source == "relay" {
 			relay = per(w.RelayCPU)
+			if w.Relay != nil && w.Relay.WalsenderCPU > 0 {
+				relay += " (walsender " + per(w.Relay.WalsenderCPU) + ")"
+			}
 		}
 		c2n, caught := "-", "-"
 		if w.Relay != nil {

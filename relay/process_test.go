@@ -36,7 +36,7 @@ func (w *workload) readsSince(t0 time.Time) int {
 func TestRelayProcessKilledMidStream(t *testing.T) {
 	f := newFixture(t, "q_a", "q_b", "q_c")
 	w := newWorkload(t, f, "q_a", "q_b", "q_c")
-	p := startRelayProc(t, f.procArgs()...)
+	p := startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
 	testutil.WaitFor(t, 20*time.Second, "the relay's slot active", func() bool { return f.slotActivePID() != 0 })
 	w.burst(20)
 	w.settle(10 * time.Second)
@@ -48,7 +48,7 @@ func TestRelayProcessKilledMidStream(t *testing.T) {
 		testutil.WaitFor(t, 10*time.Second, "wakes of the burst", func() bool { return w.readsSince(t0) >= 5*(round+1) })
 		p.kill()
 		restart := time.Now()
-		p = startRelayProc(t, f.procArgs()...)
+		p = startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
 		<-done
 		w.settle(15 * time.Second)
 		t.Logf("round %d: first wake %v after the restart", round, firstWakeAfter(w, restart))

@@ -308,6 +308,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run called twice")
 	}
 	defer r.setState(StateStopped)
+	started := time.Now()
 	backoff := minBackoff
 	standby := false // logged that we stand by
 	everActive := false
@@ -338,6 +339,12 @@ func (r *Relay) Run(ctx context.Context) error {
 					"retry", r.opts.StandbyRetry, "reason", err)
 			}
 			wait = r.opts.StandbyRetry
+			if !everActive && time.Since(started) < time.Second {
+				// Just (re)started: the walsender holding the slot
+				// may be the one of this relay's previous run,
+				// exiting now that its client is gone.
+				wait = min(wait, 100*time.Millisecond)
+			}
 		default:
 			r.setState(StateRetrying)
 			standby = false

@@ -312,7 +312,11 @@ func (s *session) stream(ctx context.Context) error {
 	}()
 
 	var b batch
-	confirmed := r.confirmed.Load()
+	// confirmed is what this session has NOTIFYed (or needed not to):
+	// it starts at 0, never at a previous session's position, which a
+	// server that crashed may have lost (the slot then replays from
+	// further back, and the server ignores a position behind its own).
+	var confirmed, sent uint64
 	var lastStatus time.Time
 	sendStatus := func(reply bool) error {
 		msg := appendStandbyStatus(nil, confirmed, time.Now())
@@ -321,8 +325,10 @@ func (s *session) stream(ctx context.Context) error {
 		}
 		s.rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
 		_, err := s.rc.Write(msg)
-		lastStatus = time.Now()
-		r.confirmed.Store(confirmed)
+		lastStatus, sent = time.Now(), confirmed
+		if confirmed > 0 {
+			r.confirmed.Store(confirmed)
+		}
 		return err
 	}
 	ticker := time.NewTicker(min(r.opts.StatusInterval, 2*time.Second))
@@ -372,7 +378,7 @@ func (s *session) stream(ctx context.Context) error {
 				if err := sendStatus(true); err != nil {
 					return err
 				}
-			} else if b.txs == 0 && confirmed != r.confirmed.Load() {
+			} else if b.txs == 0 && confirmed != sent {
 				if err := sendStatus(false); err != nil {
 					return err
 				}

@@ -186,8 +186,14 @@ func (d *relayDemo) run(ctx context.Context) error {
 		d.writers = append(d.writers, conn)
 		d.wdone.Go(func() { d.write(wctx, conn, i) })
 	}
-	fmt.Fprintf(d.out, "listenhub demo: hub on %s; %d workers subscribed to %d queues; %d writers insert one row per transaction, each second in turn into queues with pgmq's per-row NOTIFY trigger and into queues the relay wakes from the WAL. Ctrl-C to stop.\n",
-		sock, d.cfg.workers, 2*relayDemoQueues, d.cfg.writers)
+	plural := func(n int, what string) string {
+		if n == 1 {
+			return "1 " + what
+		}
+		return fmt.Sprintf("%d %ss", n, what)
+	}
+	fmt.Fprintf(d.out, "listenhub demo: hub on %s; %s subscribed to %d queues; %s insert one row per transaction, each second in turn into queues with pgmq's per-row NOTIFY trigger and into queues the relay wakes from the WAL. Ctrl-C to stop.\n",
+		sock, plural(d.cfg.workers, "worker"), 2*relayDemoQueues, plural(d.cfg.writers, "writer"))
 
 	// One line per pair of phases; --duration counts seconds of writing.
 	start := time.Now()
@@ -243,8 +249,11 @@ func (d *relayDemo) summary(total [2]int64, phases int) {
 	if t > 0 {
 		ratio = fmt.Sprintf("%.1f×", float64(r)/float64(t))
 	}
-	fmt.Fprintf(d.out, "listenhub demo: %d writers, %d s each: per-row trigger %d commits/s, relay %d commits/s (%s)\n",
-		d.cfg.writers, n, t, r, ratio)
+	w := fmt.Sprintf("%d writers", d.cfg.writers)
+	if d.cfg.writers == 1 {
+		w = "1 writer"
+	}
+	fmt.Fprintf(d.out, "listenhub demo: %s, %d s each: per-row trigger %d commits/s, relay %d commits/s (%s)\n", w, n, t, r, ratio)
 }
 
 // write is one writer: one row per transaction, into a random queue of

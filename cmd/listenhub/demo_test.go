@@ -389,9 +389,9 @@ type syncBuffer = testutil.SyncBuffer
 
 var (
 	relayDemoStartedRE = regexp.MustCompile(`^listenhub demo: started a throwaway PostgreSQL on 127\.0\.0\.1:(\d+) in (\S+) \(wal_level=logical, fsync on; removed on exit\)$`)
-	relayDemoHubRE     = regexp.MustCompile(`^listenhub demo: hub on (\S+); (\d+) workers subscribed to 16 queues; (\d+) writers insert one row per transaction, each second in turn into queues with pgmq's per-row NOTIFY trigger and into queues the relay wakes from the WAL\. Ctrl-C to stop\.$`)
+	relayDemoHubRE     = regexp.MustCompile(`^listenhub demo: hub on (\S+); (\d+) workers? subscribed to 16 queues; (\d+) writers? insert one row per transaction, each second in turn into queues with pgmq's per-row NOTIFY trigger and into queues the relay wakes from the WAL\. Ctrl-C to stop\.$`)
 	relayDemoLineRE    = regexp.MustCompile(`^ +(\d+)s  commits/s  per-row trigger (\d+)  relay (\d+) \((\d+\.\d×|-)\)  wakes/s per worker  trigger (\d+)  relay (\d+)$`)
-	relayDemoSumRE     = regexp.MustCompile(`^listenhub demo: (\d+) writers, (\d+) s each: per-row trigger (\d+) commits/s, relay (\d+) commits/s \((\d+\.\d×|-)\)$`)
+	relayDemoSumRE     = regexp.MustCompile(`^listenhub demo: (\d+) writers?, (\d+) s each: per-row trigger (\d+) commits/s, relay (\d+) commits/s \((\d+\.\d×|-)\)$`)
 	relayDemoStopRE    = regexp.MustCompile(`^listenhub demo: writers, workers, hub and relay stopped(, throwaway cluster removed)?$`)
 )
 
@@ -590,5 +590,44 @@ func TestDemoLeavesNothingInTmp(t *testing.T) {
 				t.Fatalf("left in TMPDIR after %s: %v; stderr:\n%s", how, names, errw.String())
 			}
 		})
+	}
+}
+
+// TestDemoRelayDatabaseURL runs `demo --relay` on a logical server it does
+// not own: it works there, says what it dropped, and leaves no schema,
+// publication, slot or backend behind.
+func TestDemoRelayDatabaseURL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	if os.Getenv(pgtest.EnvURL) != "" {
+		t.Skip("needs a throwaway logical cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := pgtest.Start(ctx, pgtest.Options{Logical: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var out, errw syncBuffer
+	code := runDemo(ctx, []string{"--relay", "--database-url", c.URL(), "--workers", "1", "--writers", "2", "--duration", "2s"}, &out, &errw)
+	t.Logf("demo output:\n%s", out.String())
+	if code != 0 {
+		t.Fatalf("demo exited %d; stderr:\n%s", code, errw.String())
+	}
+	name := fmt.Sprintf("listenhub_demo_%d", os.Getpid())
+	if !strings.Contains(out.String(), "listenhub demo: using ") || !strings.Contains(out.String(), "listenhub demo: writers, workers, hub and relay stopped, schema "+name+" dropped\n") {
+		t.Errorf("want the using and the dropped lines:\n%s", out.String())
+	}
+	if !relayDemoLineRE.MatchString(strings.Split(out.String(), "\n")[2]) {
+		t.Errorf("third line is not a report line:\n%s", out.String())
+	}
+	n, err := c.QueryInt(ctx, `SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = $1)
+		+ (SELECT count(*) FROM pg_publication WHERE pubname = $1)
+		+ (SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1)
+		+ (SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 || '%')`, name)
+	if err != nil || n != 0 {
+		t.Errorf("the demo left %d of its schema, publication, slot and backends on the server (%v)", n, err)
 	}
 }

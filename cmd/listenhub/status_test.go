@@ -270,7 +270,11 @@ func TestCensusOutput(t *testing.T) {
 // one.
 func TestCLIHelpAndErrors(t *testing.T) {
 	code, _, errOut := runCmd([]string{"bogus"})
-	if code != 2 || !strings.HasPrefix(errOut, `listenhub: unknown command "bogus" (want serve, tail, status, census, demo, version or help)`) ||
+	var names []string
+	for _, c := range commands {
+		names = append(names, c.name)
+	}
+	if code != 2 || !strings.HasPrefix(errOut, `listenhub: unknown command "bogus" (want `+strings.Join(names, ", ")+` or help)`) ||
 		!strings.Contains(errOut, commandList()) {
 		t.Errorf("unknown command: exit %d\n%s", code, errOut)
 	}

@@ -65,9 +65,9 @@ func (r *Relay) connect(ctx context.Context, replication bool) (*pgconn.PgConn, 
 			switch pe.Code {
 			case "28P01", "28000", "3D000":
 				return nil, configErrorf(err, "%s", oneLine(err))
-			case "53300": // too many connections, or max_wal_senders reached
-				if replication && strings.Contains(pe.Message, "wal_sender") {
-					return nil, fmt.Errorf("replication connection: %w", err)
+			case "08P01": // protocol violation: a pooler refusing replication=database
+				if replication && strings.Contains(pe.Message, "replication") {
+					return nil, configErrorf(err, "the replication connection was refused (%s): point the relay at PostgreSQL itself, not at a connection pooler", pe.Message)
 				}
 			}
 		}

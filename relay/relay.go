@@ -218,12 +218,15 @@ type Stats struct {
 // Relay is one relay. Its methods are safe for concurrent use; Run is
 // called once.
 type Relay struct {
-	opts  Options
-	tmpl  Template
-	log   *slog.Logger
-	hist  *histogram
-	state atomic.Int32
-	ran   atomic.Bool
+	opts Options
+	tmpl Template
+	log  *slog.Logger
+	hist *histogram
+	// decodeHist: commit timestamp to the relay reading the Commit
+	// message (the walsender's share of hist).
+	decodeHist *histogram
+	state      atomic.Int32
+	ran        atomic.Bool
 
 	transactions, changes, notifies, batches, coalesced atomic.Uint64
 	tooLong, visWaits, reconnects, takeovers, resyncs   atomic.Uint64
@@ -257,7 +260,8 @@ func New(opts Options) (*Relay, error) {
 			return nil, fmt.Errorf("relay: channel template %q makes channels of %d bytes or more for %s, over the %d PostgreSQL keeps", opts.ChannelTemplate, n, opNames[o], MaxChannelLen)
 		}
 	}
-	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: newHistogram(commitToNotifyBounds)}
+	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: newHistogram(commitToNotifyBounds),
+		decodeHist: newHistogram(commitToNotifyBounds)}
 	r.tooLongLog = rateLimit{every: 10 * time.Second}
 	return r, nil
 }
@@ -289,6 +293,12 @@ func (r *Relay) Stats() Stats {
 // commit (its commit timestamp, the server's clock) to the commit of the
 // NOTIFY transaction that covered it (the relay's clock), per transaction.
 func (r *Relay) CommitToNotify() Histogram { return r.hist.snapshot() }
+
+// CommitToDecode returns the histogram of the time from a transaction's
+// commit timestamp to the relay reading its Commit message, per
+// transaction: the server's (walsender's) share of CommitToNotify. Same
+// buckets.
+func (r *Relay) CommitToDecode() Histogram { return r.decodeHist.snapshot() }
 
 func (r *Relay) setState(s State) { r.state.Store(int32(s)) }
 

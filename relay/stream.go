@@ -176,6 +176,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			cur.end = c.endLSN
 			cur.commit = c.commitTime
 			cur.more = s.br.Buffered() > 0
+			r.decodeHist.observe(time.Since(c.commitTime))
 			inTx = false
 			if err := send(cur); err != nil {
 				return err

@@ -134,7 +134,7 @@ func newTestRelay(t testing.TB, ops Ops) *Relay {
 	tm, _ := ParseTemplate(DefaultChannelTemplate)
 	o := Options{Ops: ops}.withDefaults()
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	r = &Relay{opts: o, tmpl: tm, log: o.Logger, hist: newHistogram(commitToNotifyBounds)}
+	r = &Relay{opts: o, tmpl: tm, log: o.Logger, hist: newHistogram(commitToNotifyBounds), decodeHist: newHistogram(commitToNotifyBounds)}
 	return r
 }
 

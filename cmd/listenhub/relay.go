@@ -276,4 +276,8 @@ func writeRelayMetrics(buf *bytes.Buffer, rl *relay.Relay) {
 	writeHistogram(buf, "listenhub_relay_commit_to_notify_seconds",
 		"Per transaction: from its commit timestamp (the server's clock) to the commit of the NOTIFY that covered it.",
 		hub.Histogram{Bounds: h.Bounds, Counts: h.Counts, Count: h.Count, Sum: h.Sum})
+	d := rl.CommitToDecode()
+	writeHistogram(buf, "listenhub_relay_commit_to_decode_seconds",
+		"Per transaction: from its commit timestamp to the relay reading its Commit message (the server's share of commit_to_notify).",
+		hub.Histogram{Bounds: d.Bounds, Counts: d.Counts, Count: d.Count, Sum: d.Sum})
 }

@@ -145,6 +145,9 @@ type Hub struct {
 	// at Start to what RLIMIT_NOFILE leaves after the descriptors open
 	// then and FDReserve.
 	maxWorkers int
+	// fdWorkers is what RLIMIT_NOFILE leaves for workers (budgetFDs);
+	// SetLive's MaxWorkers is capped by it.
+	fdWorkers int
 	// spareFD is a descriptor held (on /dev/null) for the moment accept
 	// fails with EMFILE anyway (descriptors taken by something else than
 	// workers): closed, it lets the hub accept and close the waiting

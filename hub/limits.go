@@ -18,6 +18,7 @@ import (
 // runtime raises to the hard one at start).
 func (h *Hub) budgetFDs() {
 	h.maxWorkers = h.cfg.MaxWorkers
+	h.fdWorkers = maxInt
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < 1<<31 {
 		// Workers handed over by an upgrade are open already, and are
@@ -28,6 +29,7 @@ func (h *Hub) budgetFDs() {
 		// not be open yet (Start does not wait for Postgres).
 		reserve := FDReserve + h.cfg.PostgresConnections
 		left := int(rl.Cur) - open - reserve - 1 // 1: the spare
+		h.fdWorkers = max(left, 1)
 		if left < h.maxWorkers {
 			h.maxWorkers = max(left, 1)
 			h.log.Warn("worker cap lowered by RLIMIT_NOFILE", "max_workers", h.maxWorkers,
@@ -39,6 +41,8 @@ func (h *Hub) budgetFDs() {
 		h.spareFD = fd
 	}
 }
+
+const maxInt = int(^uint(0) >> 1)
 
 // openFDs counts the process's open descriptors (/proc/self/fd), or
 // guesses 16 where that cannot be read.

@@ -666,8 +666,10 @@ func (h *Hub) overLimit(w *worker) string {
 // the largest size and for an ack to MaxSubscriptions subscriptions (and
 // as many more answers again), which it does not judge. Nothing is
 // allocated up front: the ring grows on demand.
-func (h *Hub) bufferMax() int {
-	return h.cfg.HardQueueBytes + h.cfg.DurableQueueLimit*maxDurableFrame + 2*h.cfg.MaxSubscriptions*maxAckFrame
+func (h *Hub) bufferMax() int { return bufferMaxOf(&h.cfg) }
+
+func bufferMaxOf(c *Config) int {
+	return c.HardQueueBytes + c.DurableQueueLimit*maxDurableFrame + 2*c.MaxSubscriptions*maxAckFrame
 }
 
 // enqueueControl queues an answer (ack, nack, status). Answers do not count

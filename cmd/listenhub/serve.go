@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -56,6 +57,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		pgConns       = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
 		writeThreads  = fs.Int("write-threads", 0, "threads writing a large fanout (32 or more workers in one loop iteration) while the loop has been idle more than busy lately; 1 keeps every write on the loop's thread; 0 means min(GOMAXPROCS, 4)")
 		relayOn       = fs.Bool("relay", false, "also run the relay (listenhub relay) in this process, on connections of its own; the relay flags (see relay -h) apply")
+		configPath    = fs.String("config", "", "file of settings, one key = value per line, the keys being these flags' names; flags and LISTENHUB_ variables override it; re-read by the new process of every upgrade (SIGUSR2), and on SIGHUP for the log level and format, the caps, the timeouts, the status interval and --allow-uid")
 		allowUIDs     uidList
 		databaseGiven bool
 		rf            relayFlags
@@ -71,10 +73,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return flagError(stderr, "serve", err)
 	}
+	fromArgs, confEntries, err := loadConfig(fs, *configPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "listenhub serve: %v\n", err)
+		return 2
+	}
 	// SIGHUP is never fatal (Go's default would exit 129 and leave the
-	// socket file): SIGUSR2 is the upgrade, SIGTERM the stop, and a
-	// reload of the configuration is a restart, which the socket unit
-	// makes free. Caught before anything else can take time.
+	// socket file): it re-reads --config and applies what can change
+	// live (configReloader); SIGUSR2 is the upgrade, whose new process
+	// reads the file afresh, SIGTERM the stop. Caught before anything
+	// else can take time.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -121,10 +129,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return bad(err)
 		}
 	}
-	log, err := newLogger(stderr, *logFormat, *logLevel)
+	logs, err := newLogSwitch(stderr, *logFormat, *logLevel) // SIGHUP may switch them
 	if err != nil {
 		return bad(err)
 	}
+	log := slog.New(logs)
 	if *pidFile != "" {
 		if err := checkPIDFile(*pidFile); err != nil {
 			fmt.Fprintf(stderr, "listenhub serve: --pid-file: %v\n", err)
@@ -284,6 +293,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if rl != nil {
 		go func() { relayDone <- rl.Run(rctx) }()
 	}
+	reloader := newConfigReloader(fs, *configPath, fromArgs, confEntries)
+	reloader.h, reloader.log, reloader.logs = h, log, logs
 	up := &upgrader{exe: exe, args: append([]string{"serve"}, args...), timeout: *upTimeout, log: log,
 		stdout: stdout, stderr: stderr, h: h}
 	up.predecessor = predecessor
@@ -304,7 +315,7 @@ wait:
 				return 0
 			}
 		case <-hup:
-			log.Warn("SIGHUP ignored; send SIGUSR2 to upgrade, SIGTERM to stop")
+			reloader.reload(ctx)
 		case err := <-relayDone:
 			// Only a misconfiguration ends the relay (it retries
 			// everything else): the hub stops with it, so that it is

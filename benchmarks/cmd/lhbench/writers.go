@@ -87,6 +87,10 @@ type relayFigures struct {
 	Batches         float64            `json:"batches"`
 	VisibilityWaits float64            `json:"visibility_waits"`
 	CommitToNotify  map[string]float64 `json:"commit_to_notify_buckets"`
+	// CommitToDecode is the part of it spent before the relay had the
+	// commit from its walsender (listenhub_relay_commit_to_decode_seconds;
+	// empty when the relay does not export it).
+	CommitToDecode map[string]float64 `json:"commit_to_decode_buckets,omitempty"`
 	// CatchUpS is how long after the writers stopped the relay had
 	// decoded all their transactions (the longest of the rounds).
 	CatchUpS float64 `json:"catch_up_s"`
@@ -108,6 +112,12 @@ func (f *relayFigures) add(g *relayFigures) {
 	for k, v := range g.CommitToNotify {
 		f.CommitToNotify[k] += v
 	}
+	if len(g.CommitToDecode) > 0 && f.CommitToDecode == nil {
+		f.CommitToDecode = map[string]float64{}
+	}
+	for k, v := range g.CommitToDecode {
+		f.CommitToDecode[k] += v
+	}
 }
 
 // fractionWithin is the fraction of the commit → NOTIFY observations at
@@ -125,10 +135,13 @@ func (f *relayFigures) fractionWithin(le float64) float64 {
 
 // quantile is the upper bound (seconds) of the bucket holding quantile q
 // of the commit → NOTIFY histogram; +Inf past the last bound, 0 if empty.
-func (f *relayFigures) quantile(q float64) float64 {
+func (f *relayFigures) quantile(q float64) float64 { return bucketQuantile(f.CommitToNotify, q) }
+
+// bucketQuantile is quantile for any cumulative histogram by bound.
+func bucketQuantile(h map[string]float64, q float64) float64 {
 	type b struct{ le, n float64 }
 	var bs []b
-	for k, v := range f.CommitToNotify {
+	for k, v := range h {
 		le, err := strconv.ParseFloat(k, 64)
 		if k == "+Inf" {
 			le, err = math.Inf(1), nil
@@ -148,6 +161,15 @@ func (f *relayFigures) quantile(q float64) float64 {
 		}
 	}
 	return math.Inf(1)
+}
+
+// decodeNote is ", of which commit → decode p50 ≤ …, p99 ≤ …" when the
+// relay exports that histogram.
+func (f *relayFigures) decodeNote() string {
+	if len(f.CommitToDecode) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; commit → decoded p50 ≤ %s, p99 ≤ %s", bound(bucketQuantile(f.CommitToDecode, 0.5)), bound(bucketQuantile(f.CommitToDecode, 0.99)))
 }
 
 // scrapeRelay reads the relay's counters from its /metrics.
@@ -182,6 +204,12 @@ func scrapeRelay(addr string) (*relayFigures, error) {
 		if le, ok := strings.CutPrefix(name, `listenhub_relay_commit_to_notify_seconds_bucket{le="`); ok {
 			f.CommitToNotify[strings.TrimSuffix(le, `"}`)] = v
 		}
+		if le, ok := strings.CutPrefix(name, `listenhub_relay_commit_to_decode_seconds_bucket{le="`); ok {
+			if f.CommitToDecode == nil {
+				f.CommitToDecode = map[string]float64{}
+			}
+			f.CommitToDecode[strings.TrimSuffix(le, `"}`)] = v
+		}
 	}
 	return f, sc.Err()
 }
@@ -192,6 +220,12 @@ func (f *relayFigures) sub(g *relayFigures) *relayFigures {
 		Batches: f.Batches - g.Batches, VisibilityWaits: f.VisibilityWaits - g.VisibilityWaits, CommitToNotify: map[string]float64{}}
 	for k, v := range f.CommitToNotify {
 		d.CommitToNotify[k] = v - g.CommitToNotify[k]
+	}
+	for k, v := range f.CommitToDecode {
+		if d.CommitToDecode == nil {
+			d.CommitToDecode = map[string]float64{}
+		}
+		d.CommitToDecode[k] = v - g.CommitToDecode[k]
 	}
 	return d
 }
@@ -397,9 +431,9 @@ func (b *bench) writersScenario() error {
 					src, w, round+1, float64(rr.commits)/rr.seconds, us(float64(rr.commit.Summarize().P99)), us(rr.wake.Summarize().P50), us(rr.wake.Summarize().P99),
 					float64(rr.wakes)/float64(e.nworkers)/float64(max(rr.commits, 1)), rr.misses, rr.pgCPU*1e6/float64(max(rr.commits, 1)), loadavg())
 				if rr.relay != nil {
-					b.logf("  relay's own figures: %.0f transactions, %.0f NOTIFY transactions, %.0f visibility waits, commit → NOTIFY p50 ≤ %s, p99 ≤ %s; caught up %.1fs after the writers stopped; walsender CPU %.1f µs/commit",
+					b.logf("  relay's own figures: %.0f transactions, %.0f NOTIFY transactions, %.0f visibility waits, commit → NOTIFY p50 ≤ %s, p99 ≤ %s; caught up %.1fs after the writers stopped; walsender CPU %.1f µs/commit%s",
 						rr.relay.Transactions, rr.relay.Batches, rr.relay.VisibilityWaits, bound(rr.relay.quantile(0.5)), bound(rr.relay.quantile(0.99)), rr.relay.CatchUpS,
-						rr.relay.WalsenderCPU*1e6/float64(max(rr.commits, 1)))
+						rr.relay.WalsenderCPU*1e6/float64(max(rr.commits, 1)), rr.relay.decodeNote())
 				}
 			}
 		}

@@ -49,6 +49,9 @@ func writersTable(r *Results) *table {
 		c2n, caught := "-", "-"
 		if w.Relay != nil {
 			c2n = "≤ " + bound(w.Relay.quantile(0.5)) + " / ≤ " + bound(w.Relay.quantile(0.99))
+			if len(w.Relay.CommitToDecode) > 0 {
+				c2n += " (decoded ≤ " + bound(bucketQuantile(w.Relay.CommitToDecode, 0.5)) + " / ≤ " + bound(bucketQuantile(w.Relay.CommitToDecode, 0.99)) + ")"
+			}
 			caught = fmt.Sprintf("%.1f s", w.Relay.CatchUpS)
 		}
 		t.add(w.Source, w.W, si(w.CommitsPerS), strings.Join(rounds, " "), us(w.Commit.P50), us(w.Commit.P99), wp50, wp99, wmax, wpi, miss,
@@ -125,8 +128,8 @@ func evaluate17(r *Results) []Target {
 			if x.Relay != nil {
 				within := x.Relay.fractionWithin(0.01)
 				ok = ok && within >= 0.99
-				fig += fmt.Sprintf("; relay's own commit → NOTIFY: %.1f%% within 10 ms, p50 ≤ %s, p99 ≤ %s, caught up %.1f s after the writers stopped",
-					100*max(within, 0), bound(x.Relay.quantile(0.5)), bound(x.Relay.quantile(0.99)), x.Relay.CatchUpS)
+				fig += fmt.Sprintf("; relay's own commit → NOTIFY: %.1f%% within 10 ms, p50 ≤ %s, p99 ≤ %s%s, caught up %.1f s after the writers stopped",
+					100*max(within, 0), bound(x.Relay.quantile(0.5)), bound(x.Relay.quantile(0.99)), x.Relay.decodeNote(), x.Relay.CatchUpS)
 			}
 			add(name, true, ok, fig)
 		} else {

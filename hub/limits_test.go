@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -60,7 +61,13 @@ func TestInboundFrameCap(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := c.Write(chunk); err != nil {
-			t.Fatal(err)
+			// Severed before the kernel took the whole chunk (the hub
+			// read the header first): what the cap promises.
+			if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatal(err)
+			}
+			c.Close()
+			continue
 		}
 		c.SetReadDeadline(time.Now().Add(timeout))
 		var small [512]byte

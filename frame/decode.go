@@ -200,7 +200,9 @@ func (f *fields) message(body []byte) (Message, error) {
 		}
 		first, firstDst = fq, &m.Q
 		if fq.esc || fq.high {
-			m.QNotUTF8 = !exactUTF8(body[fq.start:fq.end])
+			if m.QNotUTF8 = !exactUTF8(body[fq.start:fq.end]); m.QNotUTF8 {
+				m.QRaw = string(appendSent(nil, body[fq.start:fq.end]))
+			}
 		}
 		switch typ {
 		case TypeNack:
@@ -388,6 +390,39 @@ func unit(raw []byte, i int) (r rune, n int, verbatim bool) {
 	default: // '"', '\\', '/'
 		return rune(e), 2, false
 	}
+}
+
+// appendSent appends the bytes the JSON string contents raw, which the
+// scanner has validated, were meant to be (Message.QRaw): escapes decoded,
+// other bytes copied as they are, valid or not, and a \u escape of a
+// surrogate outside a pair as its 3-byte form.
+func appendSent(dst, raw []byte) []byte {
+	for i := 0; i < len(raw); {
+		c := raw[i]
+		if c != '\\' {
+			dst = append(dst, c)
+			i++
+			continue
+		}
+		if raw[i+1] == 'u' {
+			if r := hex4(raw[i+2:]); utf16.IsSurrogate(r) {
+				if j := i + 6; j+6 <= len(raw) && raw[j] == '\\' && raw[j+1] == 'u' {
+					if dec := utf16.DecodeRune(r, hex4(raw[j+2:])); dec != utf8.RuneError {
+						dst = utf8.AppendRune(dst, dec)
+						i += 12
+						continue
+					}
+				}
+				dst = append(dst, 0xE0|byte(r>>12), 0x80|byte(r>>6)&0x3F, 0x80|byte(r)&0x3F)
+				i += 6
+				continue
+			}
+		}
+		r, n, _ := unit(raw, i)
+		dst = utf8.AppendRune(dst, r)
+		i += n
+	}
+	return dst
 }
 
 // exactUTF8 reports whether the JSON string contents raw, which the scanner

@@ -1,6 +1,7 @@
 package frame
 
 import (
+	"encoding/base64"
 	"encoding/binary"
 	"unicode/utf8"
 )
@@ -40,6 +41,24 @@ func AppendNack(dst []byte, q, reason string) []byte {
 	dst = append(dst, `{"t":"nack","q":`...)
 	dst = appendString(dst, q)
 	dst = append(dst, `,"error":`...)
+	dst = appendString(dst, reason)
+	dst = append(dst, '}')
+	return finish(dst, start)
+}
+
+// AppendNackQ64 is AppendNack for a sub whose name was not valid UTF-8
+// (Message.QNotUTF8): {"t":"nack","q":Q,"q64":base64(sent),"error":R},
+// where q is the name as decoded (U+FFFD in place of what was not UTF-8)
+// and sent the name's bytes as sent (Message.QRaw), in standard base64
+// with padding, so that the peer can match the nack to its sub.
+func AppendNackQ64(dst []byte, q, sent, reason string) []byte {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0)
+	dst = append(dst, `{"t":"nack","q":`...)
+	dst = appendString(dst, q)
+	dst = append(dst, `,"q64":"`...)
+	dst = base64.StdEncoding.AppendEncode(dst, []byte(sent))
+	dst = append(dst, `","error":`...)
 	dst = appendString(dst, reason)
 	dst = append(dst, '}')
 	return finish(dst, start)

@@ -210,3 +210,33 @@ func TestOutputIsValidJSON(t *testing.T) {
 		}
 	}
 }
+
+// The nack for a name that was not valid UTF-8 carries the name's bytes as
+// sent, in base64: decoding the sub and answering with its QRaw gives the
+// peer back exactly the bytes it wrote.
+func TestAppendNackQ64(t *testing.T) {
+	for _, tc := range []struct{ sub, q64 string }{
+		{"{\"t\":\"sub\",\"q\":\"a\xffb\"}", "Yf9i"},
+		{`{"t":"sub","q":"x\ud83d"}`, "eO2gvQ=="},
+		{"{\"t\":\"sub\",\"q\":\"\xed\xa0\xbd\\\"\"}", "7aC9Ig=="},
+	} {
+		m, err := Decode([]byte(tc.sub))
+		if err != nil || !m.QNotUTF8 {
+			t.Fatalf("%q: %+v, %v", tc.sub, m, err)
+		}
+		b := AppendNackQ64(nil, m.Q, m.QRaw, "invalid channel: not valid UTF-8")
+		if n := binary.BigEndian.Uint32(b); int(n) != len(b)-4 {
+			t.Fatalf("header %d for a %d-byte body", n, len(b)-4)
+		}
+		var got struct{ T, Q, Q64, Error string }
+		if err := json.Unmarshal(b[4:], &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.T != "nack" || got.Q != m.Q || got.Q64 != tc.q64 || got.Error != "invalid channel: not valid UTF-8" {
+			t.Fatalf("%q: nack %s, want q64 %s", tc.sub, b[4:], tc.q64)
+		}
+		if d, err := Decode(b[4:]); err != nil || d.T != "nack" || d.Q != m.Q || d.Error != got.Error {
+			t.Fatalf("the nack decodes to %+v, %v", d, err)
+		}
+	}
+}

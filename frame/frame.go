@@ -73,6 +73,13 @@ type Message struct {
 	// such a sub with nack. The encoders never produce such a frame (they
 	// write U+FFFD), so it does not survive a round trip.
 	QNotUTF8 bool
+	// QRaw, set only with QNotUTF8, is the name as the peer sent it:
+	// escapes decoded, bytes that are not UTF-8 kept as they are, and a \u
+	// escape of a surrogate outside a pair as that surrogate's 3-byte form
+	// (WTF-8, which is what Python's "surrogatepass" and Node write for
+	// it). The hub's nack for such a name carries these bytes ("q64",
+	// AppendNackQ64), so that the peer can match it to its sub.
+	QRaw string
 }
 
 var (

@@ -99,7 +99,9 @@ func refDecode(body []byte) (m Message, ok bool) {
 			return Message{}, false
 		}
 		m.Q = q
-		m.QNotUTF8 = refNotUTF8(body)
+		if m.QNotUTF8 = refNotUTF8(body); m.QNotUTF8 {
+			m.QRaw = refSent(body)
+		}
 		switch t {
 		case TypeNack:
 			switch e := obj["error"].(type) {
@@ -128,6 +130,65 @@ func refDecode(body []byte) (m Message, ok bool) {
 		m.Q, _ = obj["q"].(string)
 	}
 	return m, true
+}
+
+// refSent is the oracle for Message.QRaw: the last "q" of the object body
+// as its sender meant the bytes, collected from the JSON text on its own:
+// escapes decoded, raw bytes kept, a \u surrogate pair as its rune, and a
+// surrogate outside a pair as its 3-byte (WTF-8) form.
+func refSent(body []byte) string {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		panic(err)
+	}
+	raw := obj["q"]
+	raw = raw[1 : len(raw)-1]
+	wtf8 := func(u rune) []byte { return []byte{0xe0 | byte(u>>12), 0x80 | byte(u>>6)&0x3f, 0x80 | byte(u)&0x3f} }
+	escapes := map[byte]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+	var out []byte
+	high := rune(-1)
+	flush := func() {
+		if high >= 0 {
+			out = append(out, wtf8(high)...)
+			high = -1
+		}
+	}
+	for i := 0; i < len(raw); {
+		if raw[i] == '\\' && raw[i+1] == 'u' {
+			v, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 16)
+			if err != nil {
+				panic(err)
+			}
+			u := rune(v)
+			i += 6
+			switch {
+			case 0xd800 <= u && u < 0xdc00:
+				flush()
+				high = u
+			case 0xdc00 <= u && u < 0xe000:
+				if high >= 0 {
+					out = utf8.AppendRune(out, 0x10000+(high-0xd800)<<10+(u-0xdc00))
+					high = -1
+				} else {
+					out = append(out, wtf8(u)...)
+				}
+			default:
+				flush()
+				out = utf8.AppendRune(out, u)
+			}
+			continue
+		}
+		flush()
+		if raw[i] == '\\' {
+			out = append(out, escapes[raw[i+1]])
+			i += 2
+			continue
+		}
+		out = append(out, raw[i])
+		i++
+	}
+	flush()
+	return string(out)
 }
 
 // refNotUTF8 is the oracle for Message.QNotUTF8: whether the last "q" of

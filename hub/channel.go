@@ -119,6 +119,21 @@ func (h *Hub) refuseSub(w *worker, q, reason string) {
 	h.sendNack(w, q, reason)
 }
 
+// refuseSubQ64 is refuseSub for a name that was not valid UTF-8: the nack
+// carries the name's bytes as sent, in base64 ("q64", docs/protocol.md).
+func (h *Hub) refuseSubQ64(w *worker, q, sent, reason string) {
+	if h.logOK(logRefusedSub, slog.LevelInfo) {
+		h.logLine(logRefusedSub, slog.LevelInfo, "sub refused", "worker", w.id, "pid", w.pid,
+			"q", logName(q), "reason", reason)
+	}
+	if w.closed {
+		return
+	}
+	h.stats.nacks.Add(1)
+	h.scratch = frame.AppendNackQ64(h.scratch[:0], q, sent, reason)
+	h.enqueueControl(w, h.scratch)
+}
+
 // subscribe handles {"t":"sub"}: routing table first, LISTEN second, ack
 // last.
 func (h *Hub) subscribe(w *worker, q string) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -288,6 +289,25 @@ func (w *tw) read(d time.Duration) (frame.Message, error) {
 			return m, err
 		}
 	}
+}
+
+// rawBody reads the next frame's body as the hub wrote it, bytes for bytes
+// (for fields the decoder does not keep). Nothing may be buffered in w.dec.
+func (w *tw) rawBody() string {
+	w.t.Helper()
+	if w.dec.Buffered() != 0 {
+		w.t.Fatal("rawBody with frames buffered")
+	}
+	w.c.SetReadDeadline(time.Now().Add(timeout))
+	var hdr [4]byte
+	if _, err := io.ReadFull(w.c, hdr[:]); err != nil {
+		w.t.Fatalf("worker read: %v", err)
+	}
+	body := make([]byte, int(hdr[0])<<24|int(hdr[1])<<16|int(hdr[2])<<8|int(hdr[3]))
+	if _, err := io.ReadFull(w.c, body); err != nil {
+		w.t.Fatalf("worker read: %v", err)
+	}
+	return string(body)
 }
 
 // next returns the next frame, compactly encoded.

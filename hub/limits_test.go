@@ -319,10 +319,16 @@ func TestInvalidUTF8Nacked(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
+	// The nack carries the name as sent, in base64 ("q64"): raw bytes
+	// as they came, an escaped lone surrogate in its 3-byte form.
 	w.send(rawFrame("{\"t\":\"sub\",\"q\":\"a\xffb\"}"))
-	w.expect(nack("a\uFFFDb", "invalid channel: not valid UTF-8"))
+	if got, want := w.rawBody(), "{\"t\":\"nack\",\"q\":\"a\uFFFDb\",\"q64\":\"Yf9i\",\"error\":\"invalid channel: not valid UTF-8\"}"; got != want {
+		t.Fatalf("nack %s, want %s", got, want)
+	}
 	w.send(rawFrame(`{"t":"sub","q":"x\ud800"}`))
-	w.expect(nack("x\uFFFD", "invalid channel: not valid UTF-8"))
+	if got, want := w.rawBody(), "{\"t\":\"nack\",\"q\":\"x\uFFFD\",\"q64\":\"eO2ggA==\",\"error\":\"invalid channel: not valid UTF-8\"}"; got != want {
+		t.Fatalf("nack %s, want %s", got, want)
+	}
 	w.send(rawFrame("{\"t\":\"unsub\",\"q\":\"a\xffb\"}"))
 	// U+FFFD itself is a valid name.
 	w.sub("x\uFFFD")

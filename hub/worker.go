@@ -559,8 +559,9 @@ func (h *Hub) handle(w *worker, m *frame.Message) {
 	case "sub":
 		if m.QNotUTF8 {
 			// Decoded with U+FFFD in it, the name is not the one the
-			// worker meant: an ack for it would never match.
-			h.refuseSub(w, m.Q, errNotUTF8.Error())
+			// worker meant: an ack for it would never match. The nack
+			// carries the bytes it sent ("q64"), which the worker can.
+			h.refuseSubQ64(w, m.Q, m.QRaw, errNotUTF8.Error())
 			return
 		}
 		h.subscribe(w, m.Q)

@@ -1,7 +1,8 @@
 'use strict';
 
 // Issue 19, the client's side: never silently wrong. Socket identity (the
-// symlink-flipping attack), the hub's refusal, stalled and large frames.
+// symlink-flipping attack), the hub's refusal, stalled and large frames,
+// the UTF-8 nack.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -153,6 +154,32 @@ test('refusal: a nack before any status is the refusal', async (t) => {
   const err = await c.wait();
   assert.ok(err instanceof listenhub.RefusedError, String(err));
   assert.match(err.message, /uid 1000 is not allowed/);
+});
+
+test('utf8: the nack for a name that is not UTF-8 matches the sub (q64)', { skip }, async (t) => {
+  const hub = await Hub.start('utf8nack');
+  t.after(() => hub.kill());
+  const c = await listenhub.connect(hub.socket);
+  t.after(() => c.close());
+  const q = 'a\ud83d'; // a lone surrogate: the client refuses it itself ...
+  await assert.rejects(c.subscribe(q), listenhub.InvalidNameError);
+  // ... so let it through to the hub, which nacks it with the name as sent
+  // ("q64"): the client matches it to its sub and lives. Before q64 the
+  // nack named "a\ufffd", matched nothing, and the subscribe ran into its
+  // ack timeout (AckTimeoutError), which killed the client.
+  const orig = frame.nameProblem;
+  frame.nameProblem = () => null;
+  try {
+    await assert.rejects(c.subscribe(q), (e) => {
+      assert.ok(e instanceof listenhub.InvalidNameError, String(e));
+      assert.match(e.message, /not valid UTF-8/);
+      return true;
+    });
+  } finally {
+    frame.nameProblem = orig;
+  }
+  assert.equal(c.err, null);
+  await c.subscribe('fine');
 });
 
 test('frames: a stalled partial frame times out', async (t) => {

@@ -11,6 +11,7 @@ import tempfile
 import textwrap
 import time
 import unittest
+from unittest import mock
 
 import listenhub
 from listenhub import _frame
@@ -258,6 +259,28 @@ class ForkTest(unittest.TestCase):
                 resp += data
         self.assertIn(b"ForkedError", resp)
         self.assertLess(time.monotonic() - t0, 4.0, "the worker's subscribe did not fail at once")
+
+
+class Utf8NackTest(unittest.TestCase):
+    def test_nack_for_a_name_that_is_not_utf8_matches_the_sub(self):
+        require_env()
+        hub = Hub("utf8nack")
+        self.addCleanup(hub.close)
+        c = listenhub.connect(hub.socket)
+        self.addCleanup(c.close)
+        q = "a\ud83d"  # a lone surrogate: the client refuses it itself ...
+        with self.assertRaises(listenhub.InvalidNameError):
+            c.subscribe(q)
+        # ... so let it through to the hub, which nacks it with the name as
+        # sent ("q64"): the client matches it to its sub and lives. Before
+        # q64 the nack named "a\ufffd", matched nothing, and the subscribe
+        # ran into its ack timeout (AckTimeoutError), which killed the client.
+        with mock.patch.object(_frame, "name_problem", lambda q: None):
+            with self.assertRaises(listenhub.InvalidNameError) as cm:
+                c.subscribe(q)
+        self.assertIn("not valid UTF-8", str(cm.exception))
+        self.assertIsNone(c.err)
+        c.subscribe("fine")
 
 
 if __name__ == "__main__":

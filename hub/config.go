@@ -175,8 +175,11 @@ type Config struct {
 	// accepted and closed at once (the worker falls back to its own
 	// LISTEN), counted in Stats.ConnectionsRefused and logged. The cap in
 	// force is lower when RLIMIT_NOFILE is: the descriptors open at Start
-	// and FDReserve more are never spent on workers, so that neither the
-	// Postgres reconnect nor the metrics server fails with EMFILE.
+	// and FDReserve (plus ReservedFDs) more are never spent on workers,
+	// so that neither the Postgres reconnect nor the metrics server fails
+	// with EMFILE. The limit is read again on every status tick and when
+	// accept fails with EMFILE, so a limit lowered on the running hub
+	// (prlimit) lowers the cap too.
 	// Default 10,000.
 	MaxWorkers int
 	// MaxSubscriptions caps the subscriptions of one worker (and its subs
@@ -227,6 +230,13 @@ type Config struct {
 	// thread. The helpers write only while the loop has been idle more
 	// than busy lately (see loopLoad). Default min(GOMAXPROCS, 4).
 	WriteThreads int
+
+	// ReservedFDs is how many descriptors the program embedding the hub
+	// may hold at most besides it (the binary: its metrics server's
+	// capped connections and listener). They are kept out of the worker
+	// budget on top of FDReserve, so that a flood of them cannot take
+	// the workers' descriptors nor the Postgres reconnect's. Default 0.
+	ReservedFDs int
 }
 
 // MaxPostgresConnections bounds Config.PostgresConnections: each is a
@@ -280,6 +290,7 @@ func (c Config) withDefaults() (Config, error) {
 		defInt(&c.MaxChannels, DefaultMaxChannels, "MaxChannels"),
 		defDur(&c.FrameTimeout, DefaultFrameTimeout, "FrameTimeout"),
 		defInt(&c.PostgresConnections, 1, "PostgresConnections"),
+		defInt(&c.ReservedFDs, 0, "ReservedFDs"),
 		defInt(&c.WriteThreads, defaultWriteThreads(), "WriteThreads"),
 		defDur(&c.StatusInterval, DefaultStatusInterval, "StatusInterval"),
 		defDur(&c.HealthCheckInterval, DefaultHealthCheckInterval, "HealthCheckInterval"),

@@ -148,6 +148,10 @@ type Hub struct {
 	// fdWorkers is what RLIMIT_NOFILE leaves for workers (budgetFDs);
 	// SetLive's MaxWorkers is capped by it.
 	fdWorkers int
+	// fdBase is the descriptors open at Start other than workers, and
+	// fdLimit RLIMIT_NOFILE when the cap was last set (rebudgetFDs).
+	fdBase  int
+	fdLimit uint64
 	// spareFD is a descriptor held (on /dev/null) for the moment accept
 	// fails with EMFILE anyway (descriptors taken by something else than
 	// workers): closed, it lets the hub accept and close the waiting
@@ -220,6 +224,8 @@ type Hub struct {
 	stopTimer   *loop.Timer
 
 	up *upgrade // a hot upgrade in progress, either side (upgrade.go)
+
+	snaps snapshots // Workers and Channels (snapshot.go)
 }
 
 // New validates cfg and returns a hub that is not running yet.
@@ -255,6 +261,7 @@ func New(cfg Config) (*Hub, error) {
 			return nil, err
 		}
 	}
+	h.initSnapshots()
 	return h, nil
 }
 
@@ -516,6 +523,7 @@ func (h *Hub) onStatusTick() {
 		return // the workers are the new process's now
 	}
 	h.ticks++
+	h.rebudgetFDs()
 	for w := range h.workers.all() {
 		w.out.Retain = w.active && w.wasActive
 		w.wasActive, w.active = w.active, false

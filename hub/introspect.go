@@ -9,10 +9,14 @@ import (
 )
 
 // Introspection: who is connected and what is LISTENed, for an operator
-// (the binary serves it as JSON next to /metrics). The snapshot is taken on
-// the loop goroutine, which owns the state; the loop's work is bounded by
-// what is asked: one pass over the workers (or channels) to pick the
-// requested page, and a copy of that page only.
+// (the binary serves it as JSON next to /metrics). The loop owns the state,
+// so the loop copies it, but never more than a slice of loop time per
+// iteration, whatever is asked and however many ask (snapshot.go): the
+// copy is a compact record per worker or channel, taken in slices of at
+// most introspectSlice across loop iterations; the callers waiting at the
+// same moment share one copy; copies start at a bounded rate; a copy
+// nobody waits for any more is dropped half-way. Sorting and paging run on
+// the caller's goroutine, from the copy.
 
 // List bounds.
 const (
@@ -131,15 +135,26 @@ func (o ListOptions) check(sorts []string) (ListOptions, error) {
 	return o, nil
 }
 
-// Workers returns a page of the connected workers. It waits for the loop
-// goroutine to take the snapshot, until ctx is done. Safe from any
-// goroutine.
+// Workers returns a page of the connected workers, from a snapshot begun
+// after the call: what it shows happened before it was called (the
+// workers that connected while it was taken may be missing, those that
+// left are). It waits for the snapshot until ctx is done; a caller that
+// gives up costs the loop nothing more. However many goroutines call it,
+// they share the snapshots, and the loop spends at most introspectSlice
+// per iteration on them. Safe from any goroutine.
 func (h *Hub) Workers(ctx context.Context, opts ListOptions) (WorkerList, error) {
 	opts, err := opts.check(workerSorts)
 	if err != nil {
 		return WorkerList{}, err
 	}
-	return onLoop(ctx, h, func() WorkerList { return h.listWorkers(opts) })
+	if !h.started.Load() || h.loop == nil {
+		return WorkerList{}, ErrNotRunning
+	}
+	j, err := h.snaps.workers.wait(ctx, h)
+	if err != nil {
+		return WorkerList{}, err
+	}
+	return j.workers.page(opts), nil
 }
 
 // Channels returns a page of the channels of the union. As Workers.
@@ -148,191 +163,12 @@ func (h *Hub) Channels(ctx context.Context, opts ListOptions) (ChannelList, erro
 	if err != nil {
 		return ChannelList{}, err
 	}
-	return onLoop(ctx, h, func() ChannelList { return h.listChannels(opts) })
-}
-
-// onLoop runs f on the loop goroutine and returns its result.
-func onLoop[T any](ctx context.Context, h *Hub, f func() T) (T, error) {
-	var zero T
 	if !h.started.Load() || h.loop == nil {
-		return zero, ErrNotRunning
+		return ChannelList{}, ErrNotRunning
 	}
-	res := make(chan T, 1) // f never blocks, even once nobody waits
-	if err := h.loop.Post(func() { res <- f() }); err != nil {
-		return zero, ErrNotRunning
+	j, err := h.snaps.channels.wait(ctx, h)
+	if err != nil {
+		return ChannelList{}, err
 	}
-	select {
-	case v := <-res:
-		return v, nil
-	case <-ctx.Done():
-		return zero, ctx.Err()
-	case <-h.done:
-		return zero, ErrNotRunning
-	}
-}
-
-// ranked is a list entry with its sort key: larger keys first, ties by id
-// (workers) or name (channels).
-type ranked[T any] struct {
-	v   T
-	key int64
-}
-
-func (h *Hub) listWorkers(o ListOptions) WorkerList {
-	var key func(w *worker) int64
-	switch o.Sort {
-	case "backlog":
-		key = func(w *worker) int64 { return int64(w.out.Len()) }
-	case "sent":
-		key = func(w *worker) int64 { return int64(w.framesSent) }
-	case "subscriptions":
-		key = func(w *worker) int64 { return int64(w.subs.len()) }
-	case "dropped":
-		key = func(w *worker) int64 { return int64(w.durableDropped) }
-	default: // "id"
-		key = func(*worker) int64 { return 0 }
-	}
-	less := func(a, b ranked[*worker]) bool {
-		if a.key != b.key {
-			return a.key > b.key
-		}
-		return a.v.id < b.v.id
-	}
-	page := topK(h.workers.len(), o, less, func(add func(ranked[*worker])) {
-		for w := range h.workers.all() {
-			add(ranked[*worker]{w, key(w)})
-		}
-	})
-	out := WorkerList{Total: h.workers.len(), Offset: o.Offset, Limit: o.Limit, Sort: o.Sort,
-		Workers: make([]WorkerInfo, 0, len(page))}
-	for _, r := range page {
-		w := r.v
-		n := min(w.subs.len(), WorkerNames)
-		names := make([]string, n)
-		for i := range n {
-			names[i] = w.subs.list[i].ch.q
-		}
-		slices.Sort(names)
-		out.Workers = append(out.Workers, WorkerInfo{
-			ID:               w.id,
-			PID:              int(w.pid),
-			UID:              int(w.uid),
-			ConnectedAt:      time.Unix(0, w.connectedAt),
-			Subscriptions:    w.subs.len(),
-			Names:            names,
-			BacklogFrames:    w.out.Frames(),
-			BacklogBytes:     w.out.Len(),
-			DurablePending:   w.pendingDurable(),
-			FramesSent:       w.framesSent,
-			DurableCoalesced: w.durableCoalesced,
-			DurableDropped:   w.durableDropped,
-		})
-	}
-	return out
-}
-
-func (h *Hub) listChannels(o ListOptions) ChannelList {
-	var key func(ch *channel) int64
-	switch o.Sort {
-	case "subscribers":
-		key = func(ch *channel) int64 { return int64(len(ch.subs)) }
-	case "received":
-		key = func(ch *channel) int64 { return int64(ch.wakesReceived) }
-	case "delivered":
-		key = func(ch *channel) int64 { return int64(ch.wakesDelivered) }
-	default: // "name"
-		key = func(*channel) int64 { return 0 }
-	}
-	less := func(a, b ranked[*channel]) bool {
-		if a.key != b.key {
-			return a.key > b.key
-		}
-		return a.v.q < b.v.q
-	}
-	page := topK(len(h.channels), o, less, func(add func(ranked[*channel])) {
-		for _, ch := range h.channels {
-			add(ranked[*channel]{ch, key(ch)})
-		}
-	})
-	out := ChannelList{Total: len(h.channels), Offset: o.Offset, Limit: o.Limit, Sort: o.Sort,
-		Channels: make([]ChannelInfo, 0, len(page))}
-	for _, r := range page {
-		ch := r.v
-		state := ch.state.String()
-		if ch.unlistenFailed {
-			state = "unlisten-failed"
-		}
-		out.Channels = append(out.Channels, ChannelInfo{
-			Name:           ch.q,
-			Channel:        ch.pg,
-			Subscribers:    len(ch.subs),
-			State:          state,
-			Waiting:        len(ch.waiters),
-			WakesReceived:  ch.wakesReceived,
-			WakesDelivered: ch.wakesDelivered,
-		})
-	}
-	return out
-}
-
-// topK returns entries [o.Offset, o.Offset+o.Limit) of the n entries that
-// each yields, in less order. It keeps only the best Offset+Limit in a
-// bounded heap (worst at the root): O(n log k) time and k entries of
-// storage, however many workers the hub holds.
-func topK[T any](n int, o ListOptions, less func(a, b T) bool, each func(add func(T))) []T {
-	if o.Offset >= n {
-		return nil
-	}
-	k := n
-	if o.Limit < n-o.Offset { // not o.Offset+o.Limit < n: that can overflow
-		k = o.Offset + o.Limit
-	}
-	heap := make([]T, 0, k)
-	// worse reports whether heap[i] ranks after heap[j]: the root is the
-	// worst entry kept.
-	worse := func(i, j int) bool { return less(heap[j], heap[i]) }
-	down := func(i int) {
-		for {
-			c := 2*i + 1
-			if c >= len(heap) {
-				return
-			}
-			if c+1 < len(heap) && worse(c+1, c) {
-				c++
-			}
-			if !worse(c, i) {
-				return
-			}
-			heap[i], heap[c] = heap[c], heap[i]
-			i = c
-		}
-	}
-	each(func(v T) {
-		if len(heap) < k {
-			heap = append(heap, v)
-			for i := len(heap) - 1; i > 0; {
-				p := (i - 1) / 2
-				if !worse(i, p) {
-					break
-				}
-				heap[i], heap[p] = heap[p], heap[i]
-				i = p
-			}
-			return
-		}
-		if less(v, heap[0]) {
-			heap[0] = v
-			down(0)
-		}
-	})
-	slices.SortFunc(heap, func(a, b T) int {
-		switch {
-		case less(a, b):
-			return -1
-		case less(b, a):
-			return 1
-		}
-		return 0
-	})
-	return heap[o.Offset:]
+	return j.channels.page(opts), nil
 }

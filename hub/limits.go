@@ -12,30 +12,18 @@ import (
 
 // budgetFDs sets the worker cap in force and takes the spare descriptor.
 // Called by Start once the hub's own descriptors (loop, socket, Postgres)
-// are open (and by an upgrade's new process once it has taken over): every descriptor open now stays open, FDReserve more are kept
-// for the Postgres reconnect, the metrics server and the like, and workers
-// get at most what is left of RLIMIT_NOFILE (the soft limit, which the Go
-// runtime raises to the hard one at start).
+// are open (and by an upgrade's new process once it has taken over):
+// every descriptor open now stays open, FDReserve more (and
+// Config.ReservedFDs, and one per Postgres connection) are kept for the
+// Postgres reconnect, the metrics server and the like, and workers get at
+// most what is left of RLIMIT_NOFILE (the soft limit, which the Go runtime
+// raises to the hard one at start).
 func (h *Hub) budgetFDs() {
+	// Workers handed over by an upgrade are open already, and are what
+	// the budget is for.
+	h.fdBase = openFDs() - h.workers.len()
 	h.maxWorkers = h.cfg.MaxWorkers
-	h.fdWorkers = maxInt
-	var rl unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < 1<<31 {
-		// Workers handed over by an upgrade are open already, and are
-		// what the budget is for.
-		open := openFDs() - h.workers.len()
-		// Each Postgres connection may need a descriptor of its own to
-		// reconnect, all K at once after a network blip, and they may
-		// not be open yet (Start does not wait for Postgres).
-		reserve := FDReserve + h.cfg.PostgresConnections
-		left := int(rl.Cur) - open - reserve - 1 // 1: the spare
-		h.fdWorkers = max(left, 1)
-		if left < h.maxWorkers {
-			h.maxWorkers = max(left, 1)
-			h.log.Warn("worker cap lowered by RLIMIT_NOFILE", "max_workers", h.maxWorkers,
-				"configured", h.cfg.MaxWorkers, "rlimit_nofile", rl.Cur, "open_fds", open, "fd_reserve", reserve)
-		}
-	}
+	h.rebudgetFDs()
 	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err == nil {
 		h.spareFD = fd
@@ -43,6 +31,46 @@ func (h *Hub) budgetFDs() {
 }
 
 const maxInt = int(^uint(0) >> 1)
+
+// rebudgetFDs sets the worker cap from RLIMIT_NOFILE as it is now: at
+// start, on every status tick and when accept fails with EMFILE, so that a
+// limit lowered on the running hub (prlimit, a container runtime) lowers
+// the cap instead of letting new workers take the reserve, and a limit
+// raised again raises it. Workers connected already stay: closing them
+// would send them to their own backends, the very thing the hub is for;
+// the reserve comes back as they leave. One getrlimit(2), no /proc walk:
+// the descriptors other than workers are those counted at start (fdBase),
+// the rest of what the hub may open being the reserve.
+func (h *Hub) rebudgetFDs() {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return
+	}
+	capped := h.cfg.MaxWorkers // SetLive changes it
+	h.fdWorkers = maxInt
+	// Each Postgres connection may need a descriptor of its own to
+	// reconnect, all K at once after a network blip, and they may not
+	// be open yet (Start does not wait for Postgres).
+	reserve := FDReserve + h.cfg.PostgresConnections + h.cfg.ReservedFDs
+	if rl.Cur < 1<<31 {
+		left := int(rl.Cur) - h.fdBase - reserve - 1 // 1: the spare
+		h.fdWorkers = max(left, 1)
+		capped = min(capped, h.fdWorkers)
+	}
+	if capped == h.maxWorkers && h.fdLimit == rl.Cur {
+		return
+	}
+	was, wasLimit := h.maxWorkers, h.fdLimit
+	h.maxWorkers, h.fdLimit = capped, rl.Cur
+	switch {
+	case capped < h.cfg.MaxWorkers:
+		h.log.Warn("worker cap lowered by RLIMIT_NOFILE", "max_workers", capped, "was", was,
+			"configured", h.cfg.MaxWorkers, "rlimit_nofile", rl.Cur, "open_fds", h.fdBase, "fd_reserve", reserve,
+			"workers", h.workers.len())
+	case wasLimit != 0 && capped != was:
+		h.log.Info("worker cap back to the configured one", "max_workers", capped, "rlimit_nofile", rl.Cur)
+	}
+}
 
 // openFDs counts the process's open descriptors (/proc/self/fd), or
 // guesses 16 where that cannot be read.

@@ -349,7 +349,9 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 			// Out of descriptors, though workers are capped below the
 			// limit: something else holds them. Refuse what waits
 			// (with the spare descriptor) rather than leave it hanging
-			// in the backlog; without the spare, pause.
+			// in the backlog; without the spare, pause. The limit may
+			// have been lowered under the hub: read it again.
+			h.rebudgetFDs()
 			if !h.shedWithSpare() {
 				h.pauseAccept(err)
 			}

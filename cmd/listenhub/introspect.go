@@ -21,10 +21,30 @@ import (
 //
 // limit defaults to hub.DefaultListLimit and may not exceed
 // hub.MaxListLimit; a bad parameter is a 400 with {"error": "..."}. The
-// snapshot is taken on the hub's loop, bounded by introspectTimeout.
+// snapshot is taken on the hub's loop in bounded slices (hub.Workers),
+// bounded by introspectTimeout. At most introspectInFlight /workers and
+// /channels requests are served at once; past that the answer is 503 with
+// Retry-After, so that patient clients cannot pile up pages in memory. A
+// client that goes away cancels its request.
 
-// introspectTimeout bounds the wait for the hub's loop to take a snapshot.
-const introspectTimeout = 5 * time.Second
+const (
+	// introspectTimeout bounds the wait for the hub's loop to take a
+	// snapshot.
+	introspectTimeout = 5 * time.Second
+	// introspectInFlight caps the /workers and /channels requests served
+	// at once: a page of 10,000 workers is a few MB of JSON.
+	introspectInFlight = 4
+	// retryAfter is the Retry-After of a 503, in seconds.
+	retryAfter = "1"
+)
+
+// introspectSlots holds a token per /workers or /channels request being
+// served; workSlot is held while one of them gets its page from the hub
+// and encodes it.
+var (
+	introspectSlots = make(chan struct{}, introspectInFlight)
+	workSlot        = make(chan struct{}, 1)
+)
 
 // statusJSON is the body of /status.
 type statusJSON struct {
@@ -86,18 +106,46 @@ func serveList[T any](w http.ResponseWriter, r *http.Request, list func(context.
 		return
 	}
 	o.Sort = q.Get("sort")
+	select {
+	case introspectSlots <- struct{}{}:
+		defer func() { <-introspectSlots }()
+	default:
+		w.Header().Set("Retry-After", retryAfter)
+		writeJSONError(w, http.StatusServiceUnavailable,
+			fmt.Errorf("%d introspection requests in flight already; retry later", introspectInFlight))
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), introspectTimeout)
 	defer cancel()
-	v, err := list(ctx, o)
+	var body []byte
+	err := func() error {
+		// One request at a time asks, pages and encodes: the snapshot is
+		// begun after the request came, so queueing here costs no
+		// freshness, and the work takes one core at most, leaving the
+		// other to the hub's loop. Its answer is written after.
+		select {
+		case workSlot <- struct{}{}:
+			defer func() { <-workSlot }()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		v, err := list(ctx, o)
+		if err != nil {
+			return err
+		}
+		body, err = json.Marshal(v)
+		return err
+	}()
 	switch {
 	case err == nil:
-		writeJSON(w, http.StatusOK, v)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(append(body, '\n'))
 	case errors.Is(err, hub.ErrNotRunning):
 		writeJSONError(w, http.StatusServiceUnavailable, err)
-	case errors.Is(err, context.DeadlineExceeded):
-		writeJSONError(w, http.StatusGatewayTimeout, fmt.Errorf("the hub's loop did not answer within %v", introspectTimeout))
 	case r.Context().Err() != nil:
 		// The client went away; nobody reads the answer.
+	case errors.Is(err, context.DeadlineExceeded):
+		writeJSONError(w, http.StatusGatewayTimeout, fmt.Errorf("the hub's loop did not answer within %v", introspectTimeout))
 	default:
 		writeJSONError(w, http.StatusBadRequest, err) // ListOptions refused
 	}

@@ -3,7 +3,7 @@
 //
 //	listenhub serve --database-url URL --socket PATH [flags]
 //	listenhub tail --socket PATH Q [Q...]
-//	listenhub status [--metrics-addr ADDR] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]
+//	listenhub status [--metrics-addr ADDR] [--metrics-token-file PATH] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]
 //	listenhub relay --database-url URL [flags]
 //	listenhub census --database-url URL [--application-name NAME] [--json]
 //	listenhub doctor --database-url URL [--socket PATH] [--application-name NAME] [--publication NAME] [--slot NAME] [--json]
@@ -40,7 +40,7 @@ var commands = []command{
 		"run the hub"},
 	{"tail", "tail --socket PATH Q [Q...]",
 		"subscribe to each Q, print every frame the hub sends as a JSON line"},
-	{"status", "status [--metrics-addr ADDR] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]",
+	{"status", "status [--metrics-addr ADDR] [--metrics-token-file PATH] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]",
 		"the workers and channels of a running hub, from its --metrics-addr"},
 	{"relay", "relay --database-url URL [flags]",
 		"turn committed row changes into NOTIFYs (logical replication), so writers need no NOTIFY trigger"},

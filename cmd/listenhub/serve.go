@@ -50,6 +50,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		maxChannels   = fs.Int("max-channels", hub.DefaultMaxChannels, "channels LISTENed by the hub; past it a sub is nacked \"too many channels\"")
 		frameTimeout  = durationFlag(fs, "frame-timeout", hub.DefaultFrameTimeout, "a worker's frame still incomplete this long after its first byte severs the connection")
 		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics, /healthz and the JSON endpoints of listenhub status on this address, e.g. 127.0.0.1:9064 (off when empty)")
+		metricsToken  = fs.String("metrics-token-file", "", "require \"Authorization: Bearer TOKEN\" on the metrics address (all but /healthz), TOKEN read from this file (not readable by other users)")
 		logFormat     = fs.String("log-format", "text", "log format: text or json")
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
 		pidFile       = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically; removed on a normal stop)")
@@ -148,6 +149,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "listenhub serve: no database named: give --database-url URL (or set %s, DATABASE_URL, or libpq's PGHOST, PGPORT, PGDATABASE, PGUSER…; PGHOST=/var/run/postgresql is the local server's socket)\n", envName("database-url"))
 		return 1
 	}
+	var token string
+	if *metricsToken != "" {
+		if token, err = readTokenFile(*metricsToken); err != nil {
+			return bad(fmt.Errorf("--metrics-token-file: %w", err))
+		}
+	}
 	cc, err := listener.ParseConfig(*databaseURL, *appName)
 	if err != nil {
 		// A configuration error like a refused password or an unknown
@@ -206,6 +213,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		ReportInterval:      sd.interval,
 		PostgresConnections: *pgConns,
 		WriteThreads:        *writeThreads,
+		// The metrics server's descriptors (an upgrade may hand over the
+		// listener even without --metrics-addr).
+		ReservedFDs: metricsFDs,
 	})
 	if err != nil {
 		return bad(err)
@@ -236,9 +246,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var metricsLn net.Listener
 	serveMetrics := func(ln net.Listener) {
 		metricsLn = ln
-		srv = &http.Server{Handler: metricsHandler(h, rl), ReadHeaderTimeout: 5 * time.Second}
-		log.Info("metrics listening", "addr", ln.Addr().String())
-		go srv.Serve(ln)
+		srv = newMetricsServer(h, rl, token)
+		log.Info("metrics listening", "addr", ln.Addr().String(), "token", token != "")
+		go serveCapped(srv, ln)
 	}
 	defer func() {
 		if srv != nil {

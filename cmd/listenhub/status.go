@@ -42,6 +42,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	sortBy := fs.String("sort", "", fmt.Sprintf("with --workers: %s; with --channels: %s (largest first; default the first, ascending)",
 		strings.Join(hub.WorkerSorts(), ", "), strings.Join(hub.ChannelSorts(), ", ")))
 	asJSON := fs.Bool("json", false, "print the JSON of the endpoints instead of tables")
+	tokenFile := fs.String("metrics-token-file", "", "the bearer token file of serve --metrics-token-file, when the hub requires one")
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printUsage(stdout, fs, "status", true)
@@ -61,6 +62,13 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case *offset < 0:
 		return bad(fmt.Errorf("--offset must not be negative (got %d)", *offset))
 	}
+	var token string
+	if *tokenFile != "" {
+		var err error
+		if token, err = readTokenFile(*tokenFile); err != nil {
+			return bad(fmt.Errorf("--metrics-token-file: %w", err))
+		}
+	}
 	base := *addr
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
@@ -73,7 +81,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		page.Set("sort", *sortBy)
 	}
 	get := func(path string, v any) (json.RawMessage, error) {
-		return getJSON(ctx, base+path, v)
+		return getJSON(ctx, base+path, token, v)
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "listenhub status: %v\n", err)
@@ -92,12 +100,12 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	)
 	// A relay (serve --relay, or listenhub relay on its own) answers
 	// /relay; a relay on its own has no hub endpoints.
-	rj, relayRaw, err := getRelay(ctx, base)
+	rj, relayRaw, err := getRelay(ctx, base, token)
 	if err != nil {
 		return fail(err)
 	}
 	if rj != nil {
-		if _, found, err := getOptional(ctx, base+"/status", &st); err != nil {
+		if _, found, err := getOptional(ctx, base+"/status", token, &st); err != nil {
 			return fail(err)
 		} else if !found {
 			if !wantStats {
@@ -244,11 +252,15 @@ func cell(s string) string {
 // errNotFound is a 404 from the metrics server.
 var errNotFound = errors.New("404 Not Found")
 
-// getJSON fetches one endpoint into v and returns its body as well.
-func getJSON(ctx context.Context, u string, v any) (json.RawMessage, error) {
+// getJSON fetches one endpoint into v and returns its body as well; token,
+// when set, goes in an Authorization header.
+func getJSON(ctx context.Context, u, token string, v any) (json.RawMessage, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -285,8 +297,8 @@ func trailingSpace(b []byte) []byte {
 
 // getOptional is getJSON for an endpoint that may not exist: found is
 // false on 404.
-func getOptional(ctx context.Context, u string, v any) (raw json.RawMessage, found bool, err error) {
-	raw, err = getJSON(ctx, u, v)
+func getOptional(ctx context.Context, u, token string, v any) (raw json.RawMessage, found bool, err error) {
+	raw, err = getJSON(ctx, u, token, v)
 	if errors.Is(err, errNotFound) {
 		return nil, false, nil
 	}
@@ -294,9 +306,9 @@ func getOptional(ctx context.Context, u string, v any) (raw json.RawMessage, fou
 }
 
 // getRelay reads /relay, nil when the server runs no relay.
-func getRelay(ctx context.Context, base string) (*relayJSON, json.RawMessage, error) {
+func getRelay(ctx context.Context, base, token string) (*relayJSON, json.RawMessage, error) {
 	var rj relayJSON
-	raw, found, err := getOptional(ctx, base+"/relay", &rj)
+	raw, found, err := getOptional(ctx, base+"/relay", token, &rj)
 	if err != nil || !found {
 		return nil, nil, err
 	}

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// The connection cap holds: past it the connection idle longest is closed
+// for the newcomer, a newcomer waits while none is idle, and the server
+// never holds more than the cap.
+func TestMetricsConnectionCap(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		fmt.Fprintln(w, "ok")
+	})}
+	cl := newConnLimiter(ln, 2)
+	srv.ConnState = cl.track
+	go srv.Serve(cl)
+	t.Cleanup(func() { srv.Close() })
+	addr := ln.Addr().String()
+
+	// Two idle keep-alive connections fill the cap.
+	a, code := idleHTTP(addr, "/", timeout)
+	if code != 200 {
+		t.Fatalf("first: %d", code)
+	}
+	defer a.Close()
+	time.Sleep(10 * time.Millisecond) // a is idle longer than b
+	b, code := idleHTTP(addr, "/", timeout)
+	if code != 200 {
+		t.Fatalf("second: %d", code)
+	}
+	defer b.Close()
+	// A third is served: the oldest idle one (a) is closed for it.
+	c, code := idleHTTP(addr, "/", timeout)
+	if code != 200 {
+		t.Fatalf("third: %d", code)
+	}
+	defer c.Close()
+	closed := func(conn net.Conn) bool {
+		conn.SetReadDeadline(time.Now().Add(time.Second))
+		_, err := conn.Read(make([]byte, 1))
+		return err == io.EOF
+	}
+	if !closed(a) {
+		t.Fatal("the connection idle longest was not closed for the newcomer")
+	}
+	if n := len(cl.slots); n != 2 {
+		t.Fatalf("%d slots taken, want 2", n)
+	}
+
+	// Both slots busy with requests that do not end: a newcomer waits
+	// (connected in the backlog, not served) until one ends.
+	b.Close()
+	c.Close()
+	testutil.WaitFor(t, timeout, "slots free", func() bool { return len(cl.slots) == 0 })
+	slow := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp, err := http.Get("http://" + addr + "/slow")
+			if err != nil {
+				slow <- 0
+				return
+			}
+			resp.Body.Close()
+			slow <- resp.StatusCode
+		}()
+	}
+	testutil.WaitFor(t, timeout, "two slow requests in", func() bool { return len(cl.slots) == 2 })
+	got := make(chan int, 1)
+	go func() {
+		_, code := idleHTTP(addr, "/", timeout)
+		got <- code
+	}()
+	select {
+	case code := <-got:
+		t.Fatalf("served (%d) past the cap while both slots are busy", code)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if code := <-got; code != 200 {
+		t.Fatalf("newcomer after a slot freed: %d", code)
+	}
+	for range 2 {
+		if code := <-slow; code != 200 {
+			t.Fatalf("slow request: %d", code)
+		}
+	}
+}
+
+// Past introspectInFlight requests, /workers answers 503 with Retry-After
+// at once.
+func TestIntrospectionInFlightCap(t *testing.T) {
+	for range introspectInFlight {
+		introspectSlots <- struct{}{}
+	}
+	defer func() {
+		for range introspectInFlight {
+			<-introspectSlots
+		}
+	}()
+	rec := httptest.NewRecorder()
+	serveList(rec, httptest.NewRequest("GET", "/workers?limit=10", nil),
+		func(context.Context, hub.ListOptions) (hub.WorkerList, error) {
+			t.Fatal("the hub was asked past the cap")
+			return hub.WorkerList{}, nil
+		})
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("past the cap: %d, Retry-After %q: %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
+	}
+}
+
+// --metrics-token-file: every path but /healthz needs the bearer token;
+// `listenhub status` sends it; a token file other users can read is
+// refused at start.
+func TestServeMetricsToken(t *testing.T) {
+	dir := t.TempDir()
+	tokFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokFile, []byte("s3cret-token\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	p := serve(t, sockPath(t), nil, "--metrics-addr", "127.0.0.1:0", "--metrics-token-file", tokFile)
+	p.ready()
+	addr := p.metricsAddr()
+	get := func(path, auth string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("WWW-Authenticate") + " " + string(b)
+	}
+	for _, path := range []string{"/metrics", "/status", "/workers", "/channels"} {
+		for _, auth := range []string{"", "Bearer wrong", "Bearer s3cret-tokenX", "Basic czNjcmV0LXRva2Vu"} {
+			if code, body := get(path, auth); code != http.StatusUnauthorized || !strings.Contains(body, "Bearer") {
+				t.Errorf("%s with %q: %d %s, want 401 with WWW-Authenticate: Bearer", path, auth, code, body)
+			}
+		}
+		if code, body := get(path, "Bearer s3cret-token"); code != 200 {
+			t.Errorf("%s with the token: %d %s", path, code, body)
+		}
+	}
+	if code, body := get("/healthz", ""); code != 200 {
+		t.Errorf("/healthz without a token: %d %s", code, body)
+	}
+	if code, out, errOut := runCmd([]string{"status", "--metrics-addr", addr, "--metrics-token-file", tokFile}); code != 0 || !strings.Contains(out, "healthy   yes") {
+		t.Errorf("status with the token file: %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut := runCmd([]string{"status", "--metrics-addr", addr}); code != 1 || !strings.Contains(errOut, "401") {
+		t.Errorf("status without the token: %d %s", code, errOut)
+	}
+
+	// Refused: readable by others, empty.
+	loose := filepath.Join(dir, "loose")
+	os.WriteFile(loose, []byte("tok"), 0o644)
+	empty := filepath.Join(dir, "empty")
+	os.WriteFile(empty, nil, 0o600)
+	for file, want := range map[string]string{loose: "other users", empty: "empty", filepath.Join(dir, "none"): "no such file"} {
+		q := serve(t, sockPath(t), nil, "--metrics-addr", "127.0.0.1:0", "--metrics-token-file", file)
+		if code := q.exit(); code != 2 || !strings.Contains(q.stderr.String(), want) {
+			t.Errorf("token file %s: exit %d, %s; want 2 and %q", filepath.Base(file), code, q.stderr.String(), want)
+		}
+	}
+}
+
+// The metrics server's timeouts: a connection that sends half a header is
+// closed after the header timeout, an idle keep-alive one after the idle
+// timeout (both shortened here).
+func TestMetricsServerTimeouts(t *testing.T) {
+	srv := newMetricsServer(nil, nil, "")
+	if srv.ReadHeaderTimeout == 0 || srv.ReadTimeout == 0 || srv.WriteTimeout == 0 || srv.IdleTimeout == 0 {
+		t.Fatalf("a timeout is unset: %+v", srv)
+	}
+	if srv.WriteTimeout <= introspectTimeout {
+		t.Fatalf("WriteTimeout %v cuts the introspection wait %v", srv.WriteTimeout, introspectTimeout)
+	}
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	srv.ReadHeaderTimeout, srv.IdleTimeout = 200*time.Millisecond, 300*time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go serveCapped(srv, ln)
+	t.Cleanup(func() { srv.Close() })
+	half, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	fmt.Fprint(half, "GET / HTTP/1.1\r\nHost: x\r\n")
+	idle, code := idleHTTP(ln.Addr().String(), "/", timeout)
+	if code != 200 {
+		t.Fatalf("keep-alive request: %d", code)
+	}
+	defer idle.Close()
+	for name, c := range map[string]net.Conn{"half a header": half, "idle keep-alive": idle} {
+		start := time.Now()
+		c.SetReadDeadline(time.Now().Add(timeout))
+		_, err := bufio.NewReader(c).ReadString('\n')
+		for err == nil {
+			_, err = bufio.NewReader(c).ReadString('\n')
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: closed after %v", name, d)
+		}
+	}
+}

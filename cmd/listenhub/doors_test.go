@@ -446,10 +446,10 @@ func TestAttackMetricsConnections(t *testing.T) {
 			if first == nil {
 				first = w
 			}
-		case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
-			refused++
+		case err == nil && m.T == "nack" && m.Q == "", errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+			refused++ // told why (a nack), or closed
 		default:
-			t.Fatalf("worker %d: %+v, %v; want a status frame or EOF", i, m, err)
+			t.Fatalf("worker %d: %+v, %v; want a status frame, a refusal or EOF", i, m, err)
 		}
 	}
 	fdsWorkers := h.fds()
@@ -548,10 +548,10 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 		switch {
 		case err == nil && m.T == "status":
 			admitted++
-		case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
-			refused++
+		case err == nil && m.T == "nack" && m.Q == "", errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+			refused++ // told why (a nack), or closed
 		default:
-			t.Fatalf("worker %d: %+v, %v; want a status frame or EOF", i, m, err)
+			t.Fatalf("worker %d: %+v, %v; want a status frame, a refusal or EOF", i, m, err)
 		}
 	}
 	fds := h.fds()

@@ -850,7 +850,7 @@ func TestServeEMFILE(t *testing.T) {
 	admitted[0].sub("emfile")
 	// These connect (the backlog takes them), but there is no descriptor
 	// to serve them with.
-	waiting := make([]*net.UnixConn, 5)
+	waiting := make([]*net.UnixConn, 8)
 	for i := range waiting {
 		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 		if err != nil {

@@ -111,8 +111,7 @@ func cgroupMemoryMax() uint64 {
 func (h *Hub) appendOut(w *worker, b []byte) error {
 	err := w.out.Append(b)
 	if err == nil {
-		h.outBytes += len(b)
-		h.stats.outBytes.Store(int64(h.outBytes))
+		h.outBytes += len(b) // published once per iteration, by flush
 	}
 	return err
 }
@@ -120,7 +119,6 @@ func (h *Hub) appendOut(w *worker, b []byte) error {
 // dropOut forgets everything w has queued (it is closing or evicted).
 func (h *Hub) dropOut(w *worker) {
 	h.outBytes -= w.out.Len()
-	h.stats.outBytes.Store(int64(h.outBytes))
 	w.out.Reset()
 }
 

@@ -813,6 +813,7 @@ func (h *Hub) flush() {
 	if len(h.closedWorkers) > 0 {
 		h.recycle()
 	}
+	h.stats.outBytes.Store(int64(h.outBytes)) // once here, not per frame: an atomic store per subscriber would cost a fanout
 	// One clock read per iteration, however many notifications and
 	// workers.
 	now := time.Now()
@@ -875,7 +876,6 @@ func (h *Hub) wrote(w *worker, n int, err error) {
 		frames := w.out.Frames()
 		w.out.Discard(n)
 		h.outBytes -= n
-		h.stats.outBytes.Store(int64(h.outBytes))
 		sent := uint64(frames - w.out.Frames())
 		w.framesSent += sent
 		h.stats.framesSent.Add(sent)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -204,5 +205,59 @@ func TestDefaultMaxOutboundBytes(t *testing.T) {
 	}
 	if _, err := New(Config{SocketPath: "x", HardQueueBytes: 1 << 20, MaxOutboundBytes: 1 << 19}); err == nil {
 		t.Fatal("a budget below HardQueueBytes was accepted")
+	}
+}
+
+// A durable wake that would cross the budget for the worker that holds the
+// most is dropped (counted), never a reason to evict it (rule 4).
+func TestOutboundBudgetDropsDurable(t *testing.T) {
+	const budget = 1 << 20
+	e := newEnv(t, func(c *Config) {
+		c.HardQueueBytes = budget
+		c.HardQueueLimit = 1 << 20
+		c.MaxOutboundBytes = budget
+	})
+	e.do(func() { e.pg.auto = true })
+	w := e.dial()
+	names := []string{"e"}
+	for i := range 40 {
+		names = append(names, "d"+strconv.Itoa(i))
+	}
+	for _, q := range names {
+		w.sub(q)
+		w.expect(ack(q))
+	}
+	payload := strings.Repeat("p", 7000)
+	for i := 0; ; i++ {
+		var held int
+		e.do(func() { held = e.h.outBytes })
+		if held+2*7100 > budget {
+			break
+		}
+		if i > 1000 {
+			t.Fatal("never filled")
+		}
+		e.notify("e", payload)
+	}
+	for i := 0; ; i++ { // then to within 800 bytes of it
+		var held int
+		e.do(func() { held = e.h.outBytes })
+		if held+200 > budget-800 {
+			break
+		}
+		if i > 1000 {
+			t.Fatal("never filled")
+		}
+		e.notify("e", payload[:100])
+	}
+	for _, q := range names[1:] { // 40 of about 40 bytes
+		e.notify(q, "") // durable
+	}
+	s := e.h.Stats()
+	if s.Evictions != 0 || s.Workers != 1 || s.DurableDropped == 0 {
+		t.Fatalf("stats %+v: want durable wakes dropped, nobody evicted", s)
+	}
+	if s.OutboundBytes > budget {
+		t.Fatalf("hub holds %d, budget %d", s.OutboundBytes, budget)
 	}
 }

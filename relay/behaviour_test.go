@@ -201,13 +201,18 @@ func TestRelayPostgresRestart(t *testing.T) {
 	waitActive(t, r)
 	w.burst(20)
 	w.settle(10 * time.Second)
-	done := make(chan struct{})
-	go func() { w.burst(200); close(done) }()
-	t0 := time.Now()
-	testutil.WaitFor(t, 10*time.Second, "wakes of the burst", func() bool { return w.readsSince(t0) >= 5 })
+	t0, n0 := time.Now(), w.commitCount()
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { w.write(1<<30, stop); close(done) }()
+	testutil.WaitFor(t, 20*time.Second, "wakes of the burst", func() bool {
+		return w.readsSince(t0) >= 1 && w.commitCount() >= n0+20
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	pgtesting.Must(t, db.Restart(ctx))
+	n1 := w.commitCount()
+	testutil.WaitFor(t, 30*time.Second, "commits after the restart", func() bool { return w.commitCount() >= n1+60 })
+	close(stop)
 	<-done
 	w.settle(20 * time.Second)
 	testutil.WaitFor(t, 10*time.Second, "relay active again", func() bool {

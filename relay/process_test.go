@@ -41,14 +41,20 @@ func TestRelayProcessKilledMidStream(t *testing.T) {
 	w.burst(20)
 	w.settle(10 * time.Second)
 	for round := 0; round < 3; round++ {
-		t0 := time.Now()
-		done := make(chan struct{})
-		go func() { w.burst(150); close(done) }()
-		// Kill it once it has NOTIFYed part of the burst.
-		testutil.WaitFor(t, 10*time.Second, "wakes of the burst", func() bool { return w.readsSince(t0) >= 5*(round+1) })
+		// The writers write until told to stop; the relay is killed
+		// once it has NOTIFYed part of what they wrote, and they go on
+		// writing across the restart.
+		t0, n0 := time.Now(), w.commitCount()
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { w.write(1<<30, stop); close(done) }()
+		testutil.WaitFor(t, 20*time.Second, "wakes of the burst", func() bool {
+			return w.readsSince(t0) >= 1 && w.commitCount() >= n0+20*(round+1)
+		})
 		p.kill()
-		restart := time.Now()
+		restart, n1 := time.Now(), w.commitCount()
 		p = startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
+		testutil.WaitFor(t, 20*time.Second, "commits after the restart", func() bool { return w.commitCount() >= n1+60 })
+		close(stop)
 		<-done
 		w.settle(15 * time.Second)
 		t.Logf("round %d: first wake %v after the restart", round, firstWakeAfter(w, restart))
@@ -84,6 +90,7 @@ func TestRelayProcessStandbyTakeover(t *testing.T) {
 	p1 := startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
 	testutil.WaitFor(t, 20*time.Second, "the first relay's slot active", func() bool { return f.slotActivePID() != 0 })
 	p2 := startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
+	p2started := time.Now()
 	testutil.WaitFor(t, 20*time.Second, "the second relay standing by", func() bool {
 		return strings.Contains(p2.out.String(), "standing by")
 	})
@@ -92,11 +99,17 @@ func TestRelayProcessStandbyTakeover(t *testing.T) {
 	if n := strings.Count(p2.out.String(), "standing by"); n != 1 {
 		t.Errorf("the standby logged %d times that it stands by, want once", n)
 	}
+	// Past its first second, the standby retries at --standby-retry.
+	testutil.WaitFor(t, 5*time.Second, "the standby's first second over", func() bool {
+		return time.Since(p2started) > 1200*time.Millisecond
+	})
 	active := f.slotActivePID()
-	done := make(chan struct{})
-	go func() { w.burst(150); close(done) }()
-	t0 := time.Now()
-	testutil.WaitFor(t, 10*time.Second, "wakes of the burst", func() bool { return w.readsSince(t0) >= 5 })
+	t0, n0 := time.Now(), w.commitCount()
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { w.write(1<<30, stop); close(done) }()
+	testutil.WaitFor(t, 20*time.Second, "wakes of the burst", func() bool {
+		return w.readsSince(t0) >= 1 && w.commitCount() >= n0+20
+	})
 	p1.kill()
 	killed := time.Now()
 	testutil.WaitFor(t, 10*time.Second, "the standby streaming", func() bool {
@@ -104,6 +117,9 @@ func TestRelayProcessStandbyTakeover(t *testing.T) {
 		return pid != 0 && pid != active
 	})
 	took := time.Since(killed)
+	n1 := w.commitCount()
+	testutil.WaitFor(t, 20*time.Second, "commits after the take-over", func() bool { return w.commitCount() >= n1+60 })
+	close(stop)
 	<-done
 	w.settle(15 * time.Second)
 	t.Logf("standby streaming %v after the SIGKILL; first wake after it %v", took, firstWakeAfter(w, killed))

@@ -235,6 +235,10 @@ type Relay struct {
 	confirmed                                           atomic.Uint64
 
 	tooLongLog rateLimit
+
+	// Run's goroutine only:
+	started       time.Time // when Run started
+	standbyLogged bool      // "standing by" logged since the last active session
 }
 
 // New checks opts and returns a relay; nothing is connected before Run.
@@ -318,9 +322,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run called twice")
 	}
 	defer r.setState(StateStopped)
-	started := time.Now()
+	r.started = time.Now()
 	backoff := minBackoff
-	standby := false // logged that we stand by
 	everActive := false
 	for {
 		res := r.session(ctx, everActive)
@@ -330,46 +333,54 @@ func (r *Relay) Run(ctx context.Context) error {
 		if res.active {
 			everActive = true
 			backoff = minBackoff
-			if standby {
-				standby = false
-			}
 		}
 		err := res.err
 		var ce *ConfigError
 		if errors.As(err, &ce) {
 			return err
 		}
-		var wait time.Duration
-		switch {
-		case errors.Is(err, errSlotBusy):
-			r.setState(StateStandby)
-			if !standby {
-				standby = true
-				r.log.Info("relay standing by: the slot is in use by another relay", "slot", r.opts.Slot,
-					"retry", r.opts.StandbyRetry, "reason", err)
-			}
-			wait = r.opts.StandbyRetry
-			if !everActive && time.Since(started) < time.Second {
-				// Just (re)started: the walsender holding the slot
-				// may be the one of this relay's previous run,
-				// exiting now that its client is gone.
-				wait = min(wait, 100*time.Millisecond)
-			}
-		default:
-			r.setState(StateRetrying)
-			standby = false
-			r.log.Warn("relay connection lost; reconnecting", "reason", err, "in", backoff)
-			wait = backoff
-			backoff = min(2*backoff, maxBackoff)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		r.standbyLogged = false
+		r.setState(StateRetrying)
+		r.log.Warn("relay connection lost; reconnecting", "reason", err, "in", backoff)
+		if !sleep(ctx, backoff) {
 			return nil
-		case <-t.C:
 		}
+		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// sleep waits d, or less when ctx is done first (then it reports false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// standBy is a session's wait while another relay has the slot (busy
+// says how the server refused it): the relay is the standby, says so
+// once, and tries again after --standby-retry on the connections it
+// holds, so that a take-over costs no connection set-up. Run's goroutine
+// only.
+func (r *Relay) standBy(ctx context.Context, everActive bool, busy error) bool {
+	r.setState(StateStandby)
+	if !r.standbyLogged {
+		r.standbyLogged = true
+		r.log.Info("relay standing by: the slot is in use by another relay", "slot", r.opts.Slot,
+			"retry", r.opts.StandbyRetry, "reason", busy)
+	}
+	wait := r.opts.StandbyRetry
+	if !everActive && time.Since(r.started) < time.Second {
+		// Just (re)started: the walsender holding the slot may be the
+		// one of this relay's previous run, exiting now that its
+		// client is gone.
+		wait = min(wait, 100*time.Millisecond)
+	}
+	return sleep(ctx, wait)
 }
 
 // errSlotBusy: the slot is in use by another walsender (another relay).

@@ -120,7 +120,18 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	}
 	rconn = d.c
 	closeR := func() { rconn.Close(context.Background()) }
-	created, err := s.ensureSlot(ctx, rconn, slot)
+	var created bool
+	for {
+		created, err = s.ensureSlot(ctx, rconn, slot)
+		if !errors.Is(err, errSlotBusy) {
+			break
+		}
+		// Another relay's temporary slot has the name.
+		if !r.standBy(ctx, everActive, err) {
+			closeR()
+			return sessionResult{err: ctx.Err()}
+		}
+	}
 	if err != nil {
 		closeR()
 		return sessionResult{err: err}
@@ -136,9 +147,23 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	stop := context.AfterFunc(ctx, func() { s.rc.Close() })
 	defer stop()
 	s.br = bufioReader(s.rc)
-	if err := s.startReplication(ctx); err != nil {
-		return sessionResult{err: err}
+	for {
+		err := s.startReplication(ctx)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errSlotBusy) {
+			return sessionResult{err: err}
+		}
+		if !r.standBy(ctx, everActive, err) {
+			return sessionResult{err: ctx.Err()}
+		}
+		// The standby's lag is the slot's too.
+		if err := s.refreshXidRef(ctx); err != nil {
+			return sessionResult{err: err}
+		}
 	}
+	r.standbyLogged = false
 	r.log.Debug("relay session set up", "connect_and_check", t1.Sub(t0), "total", time.Since(t0))
 	prev := State(r.state.Load())
 	r.setState(StateActive)
@@ -404,12 +429,16 @@ func (s *session) startReplication(ctx context.Context) error {
 		case 'W': // CopyBothResponse
 			return nil
 		case 'E':
+			// Read up to ReadyForQuery, so that the connection can
+			// ask again.
 			pe := pgError(body)
+			for typ != 'Z' {
+				if typ, _, err = s.readMsg(); err != nil {
+					return fmt.Errorf("START_REPLICATION: %w", err)
+				}
+			}
 			if pe.Code == "55006" { // object_in_use: another walsender has the slot
 				return fmt.Errorf("%w: %s", errSlotBusy, pe.Message)
-			}
-			if pe.Code == "42704" { // undefined_object: slot dropped in between
-				return fmt.Errorf("START_REPLICATION: %w", pe)
 			}
 			return fmt.Errorf("START_REPLICATION: %w", pe)
 		}

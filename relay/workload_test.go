@@ -120,7 +120,21 @@ func (w *workload) reread(ctx context.Context, conn *pgx.Conn, i int, wake time.
 
 // burst makes every writer insert n rows, one transaction each; an insert
 // that fails (the server restarting) is retried.
-func (w *workload) burst(n int) {
+func (w *workload) burst(n int) { w.write(n, nil) }
+
+// commitCount is the number of inserts committed so far.
+func (w *workload) commitCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, c := range w.commits {
+		n += len(c)
+	}
+	return n
+}
+
+// write is burst, stopping early when stop is closed.
+func (w *workload) write(n int, stop <-chan struct{}) {
 	var wg sync.WaitGroup
 	for i := range w.tables {
 		wg.Add(1)
@@ -135,6 +149,11 @@ func (w *workload) burst(n int) {
 				}
 			}()
 			for k := 0; k < n && ctx.Err() == nil; {
+				select {
+				case <-stop:
+					return
+				default:
+				}
 				if conn == nil {
 					c, err := pgx.Connect(ctx, db.URL())
 					if err != nil {

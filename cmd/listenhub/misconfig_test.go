@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -138,5 +140,50 @@ func TestServeURLTypoAndAuthFailure(t *testing.T) {
 	wantLast := "listenhub serve: hub: postgres: listener: connect to `user=nobody database=postgres`: FATAL: role \"nobody\" does not exist (SQLSTATE 28000)"
 	if last != wantLast || strings.Contains(string(out), "tls error") {
 		t.Fatalf("output:\n%s\nwant the last line %q and no tls error", out, wantLast)
+	}
+}
+
+// TestServeTransactionPooler: `serve` pointed at a transaction-pooling
+// PgBouncer stays unhealthy: /healthz answers 503, a worker's sub is never
+// acked (it hears only healthy:false), and the log has one error line that
+// names the likely cause, however many times the hub retries meanwhile.
+func TestServeTransactionPooler(t *testing.T) {
+	c := needDB(t)
+	b := pgtesting.PgBouncer(t, c, "transaction")
+	sock := sockPath(t)
+	p := serve(t, sock, nil, "--database-url", b.URL(), "--metrics-addr", "127.0.0.1:0", "--health-check-timeout", "300ms")
+	addr := p.metricsAddr()
+	w := dialWorker(t, sock)
+	if _, err := w.c.Write(frame.AppendSub(nil, "pooled")); err != nil {
+		t.Fatal(err)
+	}
+	// Three rounds of a connection and a second session's check.
+	testutil.WaitFor(t, 30*time.Second, "three rounds of checks", func() bool {
+		return strings.Count(b.Log(), "login attempt") >= 6
+	})
+	for {
+		m, err := w.read(100 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		if m.T != "status" || m.Healthy {
+			t.Fatalf("worker got %+v through a transaction pooler", m)
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/healthz %d, want 503", resp.StatusCode)
+	}
+	log := p.stderr.String()
+	want := `"msg":"listener: notifications do not arrive on this connection: a transaction-pooling PgBouncer? use a direct URL`
+	if n := strings.Count(log, want); n != 1 {
+		t.Fatalf("%d lines with %s, want 1:\n%s", n, want, log)
+	}
+	if n := strings.Count(log, `"level":"ERROR"`); n != 1 {
+		t.Fatalf("%d error lines, want 1:\n%s", n, log)
 	}
 }

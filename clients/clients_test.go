@@ -6,6 +6,10 @@
 //	LHTEST_HUB_BIN       the binary (each test starts its own hubs: killing
 //	                     one for a failover test touches no other test)
 //	LHTEST_DATABASE_URL  the cluster
+//	LHTEST_PGBOUNCER_TRANSACTION_URL, LHTEST_PGBOUNCER_SESSION_URL
+//	                     a PgBouncer in front of it in each pool mode
+//	                     (the local listeners' delivery check); unset
+//	                     without pgbouncer, which fails under CI=true
 //
 // in the environment, failing with their output on a non-zero exit.
 // LISTENHUB_CLIENT_TEST_RUN=PATTERN runs only the matching tests (unittest
@@ -89,6 +93,7 @@ func run(t *testing.T, dir string, name string, args ...string) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "LHTEST_HUB_BIN="+bin, "LHTEST_DATABASE_URL="+db.URL())
+	cmd.Env = append(cmd.Env, pgbouncers(t)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	out := &testutil.SyncBuffer{}
@@ -109,6 +114,33 @@ func run(t *testing.T, dir string, name string, args ...string) {
 		t.Fatal(err)
 	}
 	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
+}
+
+// pgbouncers starts a PgBouncer in each pool mode in front of the cluster
+// for the suite (closed at the end of t) and returns their URLs as
+// environment variables. Without pgbouncer the suites skip those tests,
+// except under CI=true.
+func pgbouncers(t *testing.T) []string {
+	t.Helper()
+	var env []string
+	for _, mode := range []string{"transaction", "session"} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		b, err := db.StartPgBouncer(ctx, mode)
+		cancel()
+		if errors.Is(err, pgtest.ErrNoPgBouncer) || errors.Is(err, pgtest.ErrExternal) {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%v (CI=true: the local listeners' delivery check must be tested)", err)
+			}
+			t.Logf("no PgBouncer: %v", err)
+			return nil
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		env = append(env, "LHTEST_PGBOUNCER_"+strings.ToUpper(mode)+"_URL="+b.URL())
+	}
+	return env
 }
 
 func TestPython(t *testing.T) {

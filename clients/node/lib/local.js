@@ -4,6 +4,8 @@
 // connection through the pg package (required lazily, so the hub client
 // needs only node:net).
 
+const crypto = require('node:crypto');
+
 const frame = require('./frame');
 const { DEFAULT_MAX_PENDING, Sink, wake, status } = require('./events');
 const { ClosedError, InvalidNameError, ListenhubError, SlowConsumerError } = require('./errors');
@@ -22,6 +24,72 @@ const BACKOFF_MAX = 5000;
 // undefined (pg then reads the PG* variables).
 function databaseUrl(url) {
   return url || process.env.LISTENHUB_DATABASE_URL || process.env.DATABASE_URL || undefined;
+}
+
+// Bounds the delivery check's wait for its notification (twice the hub's
+// --health-check-timeout default: a client's machine may be busy).
+const DELIVERY_CHECK_TIMEOUT = 2000;
+
+// The most likely reason notifications from another session do not arrive
+// through a pooler: the advice the hub gives too.
+const POOLER_ADVICE = 'a transaction-pooling PgBouncer? use a direct URL';
+
+// Proves that notifications arrive on conn (a connected pg Client), as the
+// hub's delivery check does, or rejects with a ListenhubError saying what
+// it most likely looks at. LISTENs on a private channel and compares
+// pg_backend_pid() with BackendKeyData's pid (conn.processID). Equal: a
+// direct connection, and its own NOTIFY must come back. Different:
+// something sits between that made up its own key (PgBouncer does, in every
+// pool mode); through a transaction pooler our own NOTIFY comes back all
+// the same, so the NOTIFY comes from a second session, which only a session
+// pooler delivers. The channel is UNLISTENed afterwards. newClient(opts)
+// makes the second session's client.
+async function checkDelivery(conn, newClient, timeout = DELIVERY_CHECK_TIMEOUT) {
+  const ch = `listenhub.check.${process.pid}.${crypto.randomBytes(4).toString('hex')}`;
+  const payload = crypto.randomBytes(8).toString('hex');
+  let arrived;
+  const got = new Promise((resolve) => {
+    arrived = resolve;
+  });
+  const onNote = (n) => {
+    if (n.channel === ch && n.payload === payload) arrived(true);
+  };
+  conn.on('notification', onNote);
+  const bad = (why) => new ListenhubError(`listenhub: notifications do not arrive on this connection: ${why}`);
+  try {
+    await conn.query('LISTEN ' + frame.quoteIdent(ch));
+    const serverPid = Number((await conn.query('SELECT pg_backend_pid() AS pid')).rows[0].pid);
+    const keyPid = conn.processID;
+    const pooled = serverPid !== keyPid;
+    if (!pooled) {
+      await conn.query('SELECT pg_notify($1, $2)', [ch, payload]);
+    } else {
+      const other = newClient();
+      try {
+        await other.connect();
+        await other.query('SELECT pg_notify($1, $2)', [ch, payload]);
+      } catch (e) {
+        throw bad(`a pooler sits between (pg_backend_pid() ${serverPid} is not BackendKeyData's ${keyPid}) and a second connection to check it failed: ${e.message}`);
+      } finally {
+        other.end().catch(() => {});
+      }
+    }
+    let timer;
+    const ok = await Promise.race([
+      got,
+      new Promise((resolve) => {
+        timer = setTimeout(() => resolve(false), timeout);
+      }),
+    ]);
+    clearTimeout(timer);
+    if (!ok && pooled) {
+      throw bad(`${POOLER_ADVICE} (pg_backend_pid() ${serverPid} is not BackendKeyData's ${keyPid}: a pooler sits between, and a NOTIFY from a second session did not arrive within ${timeout / 1000}s)`);
+    }
+    if (!ok) throw bad(`LISTEN and NOTIFY on it brought nothing back within ${timeout / 1000}s`);
+    await conn.query('UNLISTEN ' + frame.quoteIdent(ch));
+  } finally {
+    conn.removeListener('notification', onNote);
+  }
 }
 
 function withTimeout(promise, ms, what) {
@@ -90,6 +158,12 @@ class Local {
       keepAlive: true,
       keepAliveInitialDelayMillis: 10000,
     });
+    const second = () =>
+      new PgClient({
+        connectionString: this.url,
+        application_name: `${this.applicationName}-check`,
+        connectionTimeoutMillis: this.commandTimeout,
+      });
     conn.on('notification', (n) => {
       this._lastTraffic = Date.now();
       if (conn === this._conn) this._onChannel(n.channel, n.payload);
@@ -98,6 +172,8 @@ class Local {
     conn.on('end', () => this._lost(conn, new Error('connection ended')));
     try {
       await conn.connect();
+      // Before the connection counts: notifications must provably arrive.
+      await checkDelivery(conn, second, Math.min(this.commandTimeout, DELIVERY_CHECK_TIMEOUT));
     } catch (e) {
       conn.end().catch(() => {});
       throw e;
@@ -290,4 +366,4 @@ class Local {
   }
 }
 
-module.exports = { Local, DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, databaseUrl };
+module.exports = { Local, DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, DELIVERY_CHECK_TIMEOUT, checkDelivery, databaseUrl };

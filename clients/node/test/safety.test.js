@@ -2,7 +2,7 @@
 
 // Issue 19, the client's side: never silently wrong. Socket identity (the
 // symlink-flipping attack), the hub's refusal, stalled and large frames,
-// the UTF-8 nack.
+// the UTF-8 nack, the local listener's delivery check.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -11,7 +11,8 @@ const path = require('node:path');
 
 const listenhub = require('..');
 const frame = require('../lib/frame');
-const { TIMEOUT, skip, tmpDir, Hub, FakeHub, attackConnects, startAttacker, stickyDir } = require('./hubtest');
+const { DATABASE_URL, TIMEOUT, skip, tmpDir, Hub, FakeHub, attackConnects, startAttacker, stickyDir } = require('./hubtest');
+const local = require('../lib/local');
 
 function dir(t, mode = 0o700) {
   const d = tmpDir('lhnode-id-');
@@ -222,4 +223,59 @@ test('frames: reassembly is linear', () => {
   assert.ok(got);
   // Linear: about 0.1 s here; the quadratic one took 8.9 s.
   assert.ok(cpu < 3, `4 MiB in 128-byte pieces took ${cpu.toFixed(2)} s of CPU`);
+});
+
+// The local listener proves that notifications arrive before it counts as
+// connected: through a transaction-pooling PgBouncer they do not.
+const TXN_URL = process.env.LHTEST_PGBOUNCER_TRANSACTION_URL || '';
+const SESSION_URL = process.env.LHTEST_PGBOUNCER_SESSION_URL || '';
+const noBouncer = skip || (!TXN_URL && 'no PgBouncer (LHTEST_PGBOUNCER_*_URL; go test ./clients/ starts them)');
+
+test('delivery: a direct connection passes', { skip }, async (t) => {
+  const l = await listenhub.Local.create({ databaseUrl: DATABASE_URL });
+  t.after(() => l.close());
+  assert.ok(l.healthy());
+});
+
+test('delivery: a transaction pooler is refused', { skip: noBouncer }, async () => {
+  // Before the check the listener "worked": its LISTEN was acked, and it
+  // received nothing.
+  await assert.rejects(listenhub.Local.create({ databaseUrl: TXN_URL }), (e) => {
+    assert.ok(e instanceof listenhub.ListenhubError, String(e));
+    assert.match(e.message, /^listenhub: notifications do not arrive on this connection: a transaction-pooling PgBouncer\? use a direct URL/);
+    assert.match(e.message, /is not BackendKeyData's/);
+    return true;
+  });
+});
+
+test('delivery: a session pooler delivers', { skip: noBouncer }, async (t) => {
+  const got = [];
+  const l = await listenhub.Local.create({ databaseUrl: SESSION_URL, onWake: (w) => got.push(w) });
+  t.after(() => l.close());
+  await l.subscribe('pooled');
+  const { Client } = require('pg');
+  const other = new Client({ connectionString: DATABASE_URL });
+  await other.connect();
+  try {
+    await other.query("NOTIFY pooled, 'x'");
+  } finally {
+    await other.end();
+  }
+  const deadline = Date.now() + TIMEOUT;
+  while (!got.some((w) => w.q === 'pooled' && w.payload === 'x')) {
+    assert.ok(Date.now() < deadline, 'no wake through the session pooler');
+    await new Promise((r) => setTimeout(r, 10));
+  }
+});
+
+test('delivery: a pid mismatch without the notification fails', { skip }, async (t) => {
+  // A fake of the pooler's tell: BackendKeyData's pid is not
+  // pg_backend_pid(), and the second session's NOTIFY goes nowhere.
+  const { Client } = require('pg');
+  const conn = new Client({ connectionString: DATABASE_URL });
+  await conn.connect();
+  t.after(() => conn.end());
+  Object.defineProperty(conn, 'processID', { value: 1 });
+  const nowhere = () => ({ connect: async () => {}, query: async () => {}, end: async () => {} });
+  await assert.rejects(local.checkDelivery(conn, nowhere, 300), /a transaction-pooling PgBouncer\? use a direct URL/);
 });

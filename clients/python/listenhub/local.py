@@ -5,6 +5,7 @@ the standard library)."""
 import collections
 import logging
 import os
+import secrets
 import select
 import threading
 import time
@@ -47,6 +48,98 @@ def _connect(url, application_name, timeout):
     return psycopg.connect(url, **kwargs)
 
 
+#: Bounds the delivery check's wait for its notification (twice the hub's
+#: --health-check-timeout default: a client's machine may be busy).
+DELIVERY_CHECK_TIMEOUT = 2.0
+
+#: The most likely reason notifications from another session do not arrive
+#: through a pooler: the advice the hub gives too.
+_POOLER_ADVICE = "a transaction-pooling PgBouncer? use a direct URL"
+
+
+def check_delivery(conn, url, application_name, timeout=DELIVERY_CHECK_TIMEOUT):
+    """Proves that notifications arrive on conn (the hub's delivery check,
+    docs/design.md rule 13), or raises ListenhubError saying what it most
+    likely looks at.
+
+    LISTENs on a private channel and compares pg_backend_pid() with the
+    pid of BackendKeyData (conn.info.backend_pid). Equal: a direct
+    connection, and its own NOTIFY must come back. Different: something
+    sits between that made up its own key (PgBouncer does, in every pool
+    mode); through a transaction pooler our own NOTIFY comes back all the
+    same, so the NOTIFY comes from a second session, which only a session
+    pooler delivers. The channel is UNLISTENed afterwards."""
+    import psycopg
+
+    ch = "listenhub.check.%d.%s" % (os.getpid(), secrets.token_hex(4))
+    payload = secrets.token_hex(8)
+    got = []
+
+    def on_notify(n):
+        if n.channel == ch:
+            got.append(n.payload)
+
+    conn.add_notify_handler(on_notify)
+    try:
+        conn.execute("LISTEN " + _frame.quote_ident(ch))
+        server_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        key_pid = conn.info.backend_pid
+        pooled = server_pid != key_pid
+        if not pooled:
+            conn.execute("SELECT pg_notify(%s, %s)", (ch, payload))
+        else:
+            try:
+                with _connect(url, application_name + "-check", timeout + 2) as other:
+                    other.execute("SELECT pg_notify(%s, %s)", (ch, payload))
+            except psycopg.Error as e:
+                raise ListenhubError(
+                    "listenhub: notifications do not arrive on this connection: a pooler sits between (pg_backend_pid() %d is not "
+                    "BackendKeyData's %d) and a second connection to check it failed: %s" % (server_pid, key_pid, e)
+                ) from e
+        deadline = time.monotonic() + timeout
+        pg = conn.pgconn
+        enc = conn.info.encoding
+        while payload not in got:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if pooled:
+                    raise ListenhubError(
+                        "listenhub: notifications do not arrive on this connection: %s (pg_backend_pid() %d is not BackendKeyData's %d: "
+                        "a pooler sits between, and a NOTIFY from a second session did not arrive within %gs)"
+                        % (_POOLER_ADVICE, server_pid, key_pid, timeout)
+                    )
+                raise ListenhubError(
+                    "listenhub: notifications do not arrive on this connection: LISTEN and NOTIFY on it brought nothing back within %gs" % timeout
+                )
+            r, _, _ = select.select([conn.fileno()], [], [], left)
+            if r:
+                pg.consume_input()
+                while True:
+                    n = pg.notifies()
+                    if n is None:
+                        break
+                    if n.relname.decode(enc, "replace") == ch:
+                        got.append(n.extra.decode(enc, "replace"))
+        if pooled:
+            log.info("listenhub local listener: connected through a pooler that delivers notifications (session pooling): "
+                     "pid %d, BackendKeyData pid %d", server_pid, key_pid)
+        conn.execute("UNLISTEN " + _frame.quote_ident(ch))
+    finally:
+        conn.remove_notify_handler(on_notify)
+
+
+def _connect_checked(url, application_name, timeout):
+    """_connect, then the delivery check; the connection is closed if it
+    fails."""
+    conn = _connect(url, application_name, timeout)
+    try:
+        check_delivery(conn, url, application_name, min(timeout, DELIVERY_CHECK_TIMEOUT))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 class _Op:
     __slots__ = ("q", "listen", "reply", "err")
 
@@ -85,7 +178,7 @@ class Local:
         self.application_name = application_name or DEFAULT_LOCAL_APPLICATION_NAME
         self.command_timeout = command_timeout or DEFAULT_LOCAL_TIMEOUT
         self._sink = Sink(on_wake, on_status, max_pending)
-        self._conn = _connect(self.url, self.application_name, self.command_timeout)
+        self._conn = _connect_checked(self.url, self.application_name, self.command_timeout)
         self._conn.add_notify_handler(self._on_notify)
 
         self._mu = threading.Lock()
@@ -372,7 +465,7 @@ class Local:
         while not self.done.is_set():
             conn = None
             try:
-                conn = _connect(self.url, self.application_name, self.command_timeout)
+                conn = _connect_checked(self.url, self.application_name, self.command_timeout)
                 conn.add_notify_handler(self._on_notify)
                 with self._mu:
                     names = sorted(self._listening)

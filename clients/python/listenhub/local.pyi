@@ -2,17 +2,20 @@
 
 import logging
 import threading
-from typing import Iterator, Optional, Set
+from typing import Any, Iterator, Optional, Set
 
 from ._events import _Event, _OnStatus, _OnWake
 
 DEFAULT_LOCAL_APPLICATION_NAME: str
 DEFAULT_LOCAL_TIMEOUT: float
 HEALTH_CHECK_INTERVAL: float
+DELIVERY_CHECK_TIMEOUT: float
 
 def database_url(url: Optional[str] = ...) -> str: ...
 
 log: logging.Logger
+
+def check_delivery(conn: Any, url: str, application_name: str, timeout: float = ...) -> None: ...
 
 class Local:
     url: str

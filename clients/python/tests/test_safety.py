@@ -16,7 +16,7 @@ from unittest import mock
 import listenhub
 from listenhub import _frame
 
-from hubtest import TIMEOUT, Attacker, FakeHub, Hub, attack_connects, require_env, sticky_dir, wait_for
+from hubtest import DATABASE_URL, TIMEOUT, Attacker, FakeHub, Hub, attack_connects, require_env, sticky_dir, wait_for
 
 
 def tmpdir(test, mode=0o700):
@@ -281,6 +281,88 @@ class Utf8NackTest(unittest.TestCase):
         self.assertIn("not valid UTF-8", str(cm.exception))
         self.assertIsNone(c.err)
         c.subscribe("fine")
+
+
+PGBOUNCER_TRANSACTION_URL = os.environ.get("LHTEST_PGBOUNCER_TRANSACTION_URL", "")
+PGBOUNCER_SESSION_URL = os.environ.get("LHTEST_PGBOUNCER_SESSION_URL", "")
+
+
+class DeliveryCheckTest(unittest.TestCase):
+    """The local listener proves that notifications arrive before it counts
+    as connected: through a transaction-pooling PgBouncer they do not."""
+
+    def setUp(self):
+        require_env()
+        if not PGBOUNCER_TRANSACTION_URL:
+            self.skipTest("no PgBouncer (LHTEST_PGBOUNCER_*_URL; go test ./clients/ starts them)")
+
+    def test_direct_connection_passes(self):
+        loc = listenhub.Local(DATABASE_URL)
+        self.addCleanup(loc.close)
+        self.assertTrue(loc.healthy())
+
+    def test_transaction_pooler_is_refused(self):
+        # Before the check the listener "worked": its LISTEN was acked, and
+        # it received nothing.
+        with self.assertRaises(listenhub.ListenhubError) as cm:
+            listenhub.Local(PGBOUNCER_TRANSACTION_URL)
+        msg = str(cm.exception)
+        self.assertIn("listenhub: notifications do not arrive on this connection: "
+                      "a transaction-pooling PgBouncer? use a direct URL", msg)
+        self.assertIn("is not BackendKeyData's", msg)
+
+    def test_session_pooler_delivers(self):
+        with self.assertLogs("listenhub", "INFO") as logs:
+            loc = listenhub.Local(PGBOUNCER_SESSION_URL)
+        self.addCleanup(loc.close)
+        self.assertTrue(any("session pooling" in line for line in logs.output), logs.output)
+        loc.subscribe("pooled")
+        import psycopg
+        with psycopg.connect(DATABASE_URL, autocommit=True) as other:
+            other.execute("NOTIFY pooled, 'x'")
+        while True:
+            ev = loc.get(TIMEOUT)
+            self.assertIsNotNone(ev, "no wake through the session pooler")
+            if isinstance(ev, listenhub.Wake):
+                break
+        self.assertEqual((ev.q, ev.payload), ("pooled", "x"))
+
+    def test_pid_mismatch_without_a_notification_fails(self):
+        # A fake of the pooler's tell: BackendKeyData's pid is not
+        # pg_backend_pid(), and the second session's NOTIFY never arrives.
+        from listenhub import local
+
+        import psycopg
+        conn = psycopg.connect(DATABASE_URL, autocommit=True)
+        self.addCleanup(conn.close)
+
+        class Info:
+            backend_pid = 1
+            encoding = conn.info.encoding
+
+        class Lying:
+            def __getattr__(self, name):
+                return getattr(conn, name)
+
+            info = Info()
+
+        with mock.patch.object(local, "_connect", lambda *a: contextlib_null()):
+            with self.assertRaises(listenhub.ListenhubError) as cm:
+                local.check_delivery(Lying(), DATABASE_URL, "lh-test", 0.3)
+        self.assertIn("a transaction-pooling PgBouncer? use a direct URL", str(cm.exception))
+
+
+class contextlib_null:
+    """A second session whose NOTIFY goes nowhere."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def execute(self, *a):
+        pass
 
 
 if __name__ == "__main__":

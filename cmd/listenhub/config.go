@@ -150,7 +150,7 @@ func newConfigReloader(fs *flag.FlagSet, path string, fromArgs map[string]bool, 
 // not parse, or a value that is invalid, changes nothing.
 func (r *configReloader) reload(ctx context.Context) {
 	if r.path == "" {
-		r.log.Warn("SIGHUP: no --config file to re-read; send SIGUSR2 to upgrade, SIGTERM to stop")
+		r.log.Warn("SIGHUP ignored; send SIGUSR2 to upgrade, SIGTERM to stop (no --config file to re-read)")
 		return
 	}
 	entries, err := readConfigFile(r.path)

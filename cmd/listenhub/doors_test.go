@@ -260,7 +260,8 @@ func (h *hammer) result() (map[int]int, map[string]int) {
 //     flight get 503 with Retry-After.
 func TestAttackIntrospection(t *testing.T) {
 	n := doorWorkers(t)
-	h := startAttackHub(t, nil)
+	// Room for the sibling, the prober and the subscriber's clients.
+	h := startAttackHub(t, nil, "--max-workers", strconv.Itoa(n+200))
 	sib := startSibling(t, h.socket, "sib", 100)
 	connectWorkers(t, h.socket, "door", n)
 	h.waitMetric("listenhub_workers", float64(n+1), time.Minute)

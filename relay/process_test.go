@@ -248,3 +248,28 @@ func TestRelayProcessStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayProcessGracefulStop: on SIGTERM the relay NOTIFYs what it has
+// decoded and confirms it before it exits 0, so the next start replays
+// nothing: no wake twice.
+func TestRelayProcessGracefulStop(t *testing.T) {
+	f := newFixture(t, "q_a", "fence")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch, f.schema+".fence.INSERT")
+	p := startRelayProc(t, f.procArgs()...)
+	testutil.WaitFor(t, 20*time.Second, "the resync wake", func() bool { return l.count(ch) == 1 })
+	for i := 0; i < 5; i++ {
+		f.exec("INSERT INTO " + f.schema + ".q_a (v) VALUES ('x')")
+	}
+	f.fence(l) // all five are NOTIFYed
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.exitCode(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d on SIGTERM:\n%s", code, p.out.String())
+	}
+	n := l.count(ch)
+	startRelayProc(t, f.procArgs()...)
+	f.fence(l)
+	if got := l.count(ch); got != n {
+		t.Errorf("%d wakes on %s after the restart, want none: the stop did not confirm what it had NOTIFYed", got-n, ch)
+	}
+}

@@ -187,6 +187,11 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 			return sessionResult{active: true, err: err}
 		}
 	}
+	// From here the stream closes the socket itself, after its last
+	// word on a stop (stream).
+	if !stop() {
+		return sessionResult{active: true, err: ctx.Err()}
+	}
 	return sessionResult{active: true, err: s.stream(ctx)}
 }
 

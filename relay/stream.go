@@ -281,6 +281,9 @@ func (b *batch) reset() {
 	b.more = false
 }
 
+// stopFlushTimeout bounds the last NOTIFY and status update on a stop.
+const stopFlushTimeout = 2 * time.Second
+
 // maxBatch bounds the transactions of one batch (and so the size of the
 // NOTIFY statement's parameters) when a backlog is replayed.
 const maxBatch = 10000
@@ -368,6 +371,18 @@ func (s *session) stream(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			// A stop: what is decoded is NOTIFYed and confirmed
+			// before the connections close, so that the next start
+			// replays nothing twice. Bounded: past it, the next
+			// start replays the rest.
+			if b.txs > 0 || confirmed != sent {
+				fctx, fcancel := context.WithTimeout(context.Background(), stopFlushTimeout)
+				defer fcancel()
+				if b.txs == 0 || s.flush(fctx, &b) == nil {
+					confirmed = max(confirmed, b.end)
+					sendStatus(false)
+				}
+			}
 			return ctx.Err()
 		case err := <-readErr:
 			readErr <- err // for the deferred wait

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/listener"
 )
 
 // censusApp is the census connection's own application_name, so that it
@@ -37,7 +38,7 @@ func runCensus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if !isSet(fs, "database-url") && os.Getenv("DATABASE_URL") != "" {
 		*databaseURL = os.Getenv("DATABASE_URL")
 	}
-	cc, err := pgconn.ParseConfig(*databaseURL)
+	cc, err := listener.ParseConfig(*databaseURL, censusApp)
 	if err != nil {
 		return flagError(stderr, "census", fmt.Errorf("--database-url: %s", oneLine(err)))
 	}
@@ -46,7 +47,7 @@ func runCensus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, cc)
 	if err != nil {
-		fmt.Fprintf(stderr, "listenhub census: %s\n", oneLine(err))
+		fmt.Fprintf(stderr, "listenhub census: %s\n", oneLine(connectError(err)))
 		return 1
 	}
 	defer conn.Close(context.Background())

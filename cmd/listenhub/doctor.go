@@ -152,12 +152,14 @@ func doctorDatabase(ctx context.Context, url, app, publication, slot string, add
 	}
 }
 
-// connectError is listener's wording of a failed connect (the server's
-// reason first).
+// connectError is listener's wording of a failed connect: when the server
+// refused us, its reason comes first (pgconn lists every attempt in order,
+// so "tls error: server refused TLS connection" would lead).
 func connectError(err error) error {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return fmt.Errorf("connect: %s", pe.Error())
+	var ce *pgconn.ConnectError
+	if errors.As(err, &pe) && errors.As(err, &ce) && ce.Config != nil {
+		return fmt.Errorf("connect to `user=%s database=%s`: %s", ce.Config.User, ce.Config.Database, pe.Error())
 	}
 	return fmt.Errorf("connect: %w", err)
 }

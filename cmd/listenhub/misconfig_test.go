@@ -126,8 +126,17 @@ func TestServeURLTypoAndAuthFailure(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errOut, want)
 	}
 
+	code, _, errOut = runCmd([]string{"census", "--database-url", "postgress://x"})
+	if code != 2 || !strings.Contains(errOut, `unknown scheme "postgress://"`) {
+		t.Fatalf("census: exit %d, stderr %q", code, errOut)
+	}
+
 	c := needDB(t)
 	u := fmt.Sprintf("postgres://nobody@127.0.0.1:%d/postgres", c.Port()) // sslmode=prefer
+	code, _, errOut = runCmd([]string{"census", "--database-url", u})
+	if want := "listenhub census: connect to `user=nobody database=postgres`: FATAL: role \"nobody\" does not exist (SQLSTATE 28000)\n"; code != 1 || errOut != want {
+		t.Fatalf("census: exit %d, stderr %q, want %q", code, errOut, want)
+	}
 	cmd := exec.Command(hubBinary(t), "serve", "--socket", sockPath(t), "--database-url", u)
 	cmd.Env = cleanEnv()
 	out, err := cmd.CombinedOutput()

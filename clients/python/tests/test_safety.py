@@ -4,6 +4,7 @@ frames, the UTF-8 nack."""
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -241,10 +242,21 @@ class ForkTest(unittest.TestCase):
         bind = os.path.join(d, "g.sock")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([d, os.path.dirname(os.path.dirname(listenhub.__file__))]))
         proc = subprocess.Popen(
-            [gunicorn, "--preload", "--workers", "2", "--bind", "unix:" + bind, "--chdir", d, "lhapp:app"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addCleanup(proc.wait, TIMEOUT)
-        self.addCleanup(proc.terminate)
+            [gunicorn, "--preload", "--workers", "2", "--graceful-timeout", "1", "--bind", "unix:" + bind,
+             "--chdir", d, "lhapp:app"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+        def stop():
+            # SIGINT: gunicorn's quick shutdown; its whole session goes if
+            # that does not end it (the workers hold the client's threads).
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+        self.addCleanup(stop)
         wait_for("gunicorn listening", lambda: os.path.exists(bind))
         t0 = time.monotonic()
         with socket.socket(socket.AF_UNIX) as s:

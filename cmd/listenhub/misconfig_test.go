@@ -162,6 +162,8 @@ func TestServeTransactionPooler(t *testing.T) {
 	sock := sockPath(t)
 	p := serve(t, sock, nil, "--database-url", b.URL(), "--metrics-addr", "127.0.0.1:0", "--health-check-timeout", "300ms")
 	addr := p.metricsAddr()
+	// The metrics address is bound before the socket: wait for the latter.
+	testutil.WaitFor(t, timeout, "the socket", func() bool { _, err := os.Stat(sock); return err == nil })
 	w := dialWorker(t, sock)
 	if _, err := w.c.Write(frame.AppendSub(nil, "pooled")); err != nil {
 		t.Fatal(err)

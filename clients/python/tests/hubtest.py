@@ -28,6 +28,14 @@ DATABASE_URL = os.environ.get("LHTEST_DATABASE_URL", "")
 TIMEOUT = 20.0
 
 
+def scratch_dir(test, prefix="lhpy-"):
+    """A fresh directory removed when test ends (nothing is left in TMPDIR:
+    go test ./clients/ checks)."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    test.addCleanup(shutil.rmtree, d, True)
+    return d
+
+
 def require_env():
     if not HUB_BIN or not DATABASE_URL:
         raise unittest.SkipTest("LHTEST_HUB_BIN and LHTEST_DATABASE_URL are not set (run go test ./clients/)")
@@ -199,6 +207,7 @@ class FakeHub:
     on demand."""
 
     def __init__(self, mode, dir=None):
+        self._own_dir = not dir  # removed by close()
         self.dir = dir or tempfile.mkdtemp(prefix="lhpy-fake-")
         self.socket = os.path.join(self.dir, "fake.sock")
         self.mode = mode
@@ -263,6 +272,8 @@ class FakeHub:
                 c.close()
             except OSError:
                 pass
+        if self._own_dir:
+            shutil.rmtree(self.dir, True)
 
 
 

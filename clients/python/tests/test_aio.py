@@ -2,14 +2,13 @@
 
 import asyncio
 import os
-import tempfile
 import unittest
 
 import listenhub
 from listenhub import Status, Wake
 from listenhub import aio
 
-from hubtest import DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, require_env
+from hubtest import DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, require_env, scratch_dir
 
 PREFIX, SUFFIX = "lh.", ".ev"
 
@@ -206,7 +205,7 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
             await asyncio.sleep(0.02)
 
     async def test_no_hub_at_start_is_local_mode_at_once(self):
-        f = await self.failover(os.path.join(tempfile.mkdtemp(), "absent.sock"))
+        f = await self.failover(os.path.join(scratch_dir(self), "absent.sock"))
         self.assertEqual(f.mode(), listenhub.LOCAL)
         await f.subscribe("jobs")
         self.notify("jobs", "x")

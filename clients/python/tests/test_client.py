@@ -10,7 +10,7 @@ import unittest
 import listenhub
 from listenhub import Status, Wake
 
-from hubtest import TIMEOUT, DB, Collector, FakeHub, Hub, wait_for
+from hubtest import TIMEOUT, DB, Collector, FakeHub, Hub, scratch_dir, wait_for
 
 
 class ClientTest(unittest.TestCase):
@@ -145,7 +145,7 @@ class FakeHubTest(unittest.TestCase):
 
     def test_missing_socket_is_a_dial_error(self):
         with self.assertRaises(listenhub.ConnError) as cm:
-            listenhub.connect(os.path.join(tempfile.mkdtemp(), "none.sock"))
+            listenhub.connect(os.path.join(scratch_dir(self), "none.sock"))
         self.assertEqual(cm.exception.op, "dial")
 
     @unittest.skipUnless(os.getuid() == 0, "needs root to run a fake hub as another user")

@@ -2,7 +2,6 @@
 client goes on with its own LISTEN connection."""
 
 import os
-import tempfile
 import threading
 import time
 import unittest
@@ -10,7 +9,7 @@ import unittest
 import listenhub
 from listenhub import Wake
 
-from hubtest import DATABASE_URL, TIMEOUT, DB, Collector, FakeHub, Hub, require_env, wait_for
+from hubtest import DATABASE_URL, TIMEOUT, DB, Collector, FakeHub, Hub, require_env, scratch_dir, wait_for
 
 PREFIX, SUFFIX = "lh.", ".ev"
 # Needs quoting (a dot, a capital, a double quote): the local LISTEN must
@@ -224,7 +223,7 @@ class FailoverTest(unittest.TestCase):
         self.col.wait("the durable wake of the failover", lambda s: Wake("flood", None, True) in s.wakes)
 
     def test_no_hub_at_start_is_local_mode_at_once(self):
-        path = os.path.join(tempfile.mkdtemp(), "absent.sock")
+        path = os.path.join(scratch_dir(self), "absent.sock")
         f = self.failover(path)
         self.assertEqual(f.mode(), listenhub.LOCAL)
         self.assertIsInstance(f.reason, listenhub.ConnError)
@@ -233,7 +232,7 @@ class FailoverTest(unittest.TestCase):
         self.col.wait("a local wake", lambda s: Wake("jobs", "x", False) in s.wakes)
 
     def test_local_listener_reconnects_and_resyncs(self):
-        path = os.path.join(tempfile.mkdtemp(), "absent.sock")
+        path = os.path.join(scratch_dir(self), "absent.sock")
         f = self.failover(path)
         f.subscribe("jobs")
         wait_for("the local backend", lambda: self.db.backends(self.app) == 1)

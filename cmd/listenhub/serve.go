@@ -322,6 +322,13 @@ wait:
 				// here may keep this process: the deferred Close of the
 				// metrics server is bounded, and so is the rest.
 				time.AfterFunc(stopTimeout, func() { os.Exit(0) })
+				if rl != nil {
+					// The new process's relay stands by until this
+					// one has NOTIFYed and confirmed what it decoded
+					// and let go of the slot.
+					stopRelay()
+					<-relayDone
+				}
 				return 0
 			}
 		case <-hup:

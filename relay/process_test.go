@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"io"
+	"os"
+	"strconv"
 	"net"
 	"net/http"
 	"os/exec"
@@ -272,4 +274,62 @@ func TestRelayProcessGracefulStop(t *testing.T) {
 	if got := l.count(ch); got != n {
 		t.Errorf("%d wakes on %s after the restart, want none: the stop did not confirm what it had NOTIFYed", got-n, ch)
 	}
+}
+
+// TestServeRelayUpgrade: a hot upgrade (SIGUSR2) of serve --relay hands
+// the slot to the new process's relay, and wakes go on.
+func TestServeRelayUpgrade(t *testing.T) {
+	f := newFixture(t, "q_jobs")
+	ch := f.schema + ".q_jobs.INSERT"
+	l := listen(t, ch)
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "hub.pid")
+	p := &relayProc{done: make(chan struct{})}
+	p.cmd = exec.Command(relayBinary(t), "serve", "--relay", "--socket", filepath.Join(dir, "hub.sock"),
+		"--pid-file", pidFile, "--database-url", db.URL(), "--publication", f.pub, "--slot", f.slot)
+	// A file, not a pipe: the new process inherits it, and Wait would
+	// wait for it to close.
+	logf, err := os.Create(filepath.Join(dir, "serve.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	readPID := func() int {
+		b, _ := os.ReadFile(pidFile)
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	t.Cleanup(func() {
+		if pid := readPID(); pid > 0 {
+			syscall.Kill(pid, syscall.SIGTERM)
+			testutil.WaitFor(t, 15*time.Second, "the new process gone", func() bool { return syscall.Kill(pid, 0) != nil })
+		}
+		p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("serve output:\n%s", b)
+		}
+	})
+	testutil.WaitFor(t, 20*time.Second, "the resync wake", func() bool { return l.count(ch) == 1 })
+	first := readPID()
+	active := f.slotActivePID()
+	p.cmd.Process.Signal(syscall.SIGUSR2)
+	testutil.WaitFor(t, 20*time.Second, "the new process serving", func() bool { pid := readPID(); return pid != 0 && pid != first })
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the old process did not exit after the upgrade")
+	}
+	testutil.WaitFor(t, 10*time.Second, "the new process's relay streaming", func() bool {
+		pid := f.slotActivePID()
+		return pid != 0 && pid != active
+	})
+	f.exec("INSERT INTO " + f.schema + ".q_jobs (v) VALUES ('a')")
+	testutil.WaitFor(t, 10*time.Second, "the wake after the upgrade", func() bool { return l.count(ch) == 2 })
 }

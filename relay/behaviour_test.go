@@ -26,6 +26,8 @@ func (f *fixture) startAndResync(opts Options, l *listener, chans ...string) *Re
 	for _, ch := range chans {
 		testutil.WaitFor(f.t, 10*time.Second, "resync wake on "+ch, func() bool { return l.count(ch) >= 1 })
 	}
+	// Counted just after its NOTIFY commits.
+	testutil.WaitFor(f.t, 10*time.Second, "the resync counted", func() bool { return r.Stats().Resyncs >= 1 })
 	return r
 }
 
@@ -133,6 +135,11 @@ func TestRelayLargeTransaction(t *testing.T) {
 	t.Logf("%d rows in one transaction: written in %v, woken %v after the commit", rows, commit.Sub(t0), time.Since(commit))
 	f.fence(l)
 	l.quiet(t, nil, map[string]int{a: 2, b: 2})
+	// The counters move just after the NOTIFY commits, so a moment
+	// after its wake.
+	testutil.WaitFor(t, 5*time.Second, "the fence counted", func() bool {
+		return r.Stats().Changes-before.Changes >= uint64(rows)+1
+	})
 	st := r.Stats()
 	if d := st.Changes - before.Changes; d != uint64(rows)+1 { // and the fence
 		t.Errorf("%d changes decoded, want %d", d, rows+1)
@@ -157,6 +164,7 @@ func TestRelayOutsidePublication(t *testing.T) {
 	}
 	f.fence(l)
 	l.quiet(t, nil, map[string]int{out: 0})
+	testutil.WaitFor(t, 5*time.Second, "the fence counted", func() bool { return r.Stats().Transactions > before.Transactions })
 	if d := r.Stats().Transactions - before.Transactions; d != 1 {
 		t.Errorf("%d transactions relayed, want 1 (the fence)", d)
 	}
@@ -308,6 +316,7 @@ func TestRelayChannelTooLongLater(t *testing.T) {
 	f.exec("ALTER TABLE " + f.schema + ".q_jobs RENAME TO " + long)
 	f.exec("INSERT INTO " + f.schema + "." + long + " (v) VALUES ('a')")
 	f.fence(l)
+	testutil.WaitFor(t, 5*time.Second, "the rename's change counted", func() bool { return r.Stats().ChannelsTooLong >= 1 })
 	if n := r.Stats().ChannelsTooLong; n != 1 {
 		t.Errorf("ChannelsTooLong = %d, want 1", n)
 	}

@@ -193,6 +193,7 @@ func TestRelayInsert(t *testing.T) {
 	if n := l.count(f.schema + ".q_other.INSERT"); n != 1 {
 		t.Errorf("q_other got %d wakes, want the resync's 1", n)
 	}
+	testutil.WaitFor(t, 5*time.Second, "the counters", func() bool { return r.Stats().Transactions >= 6 })
 	st := r.Stats()
 	if st.Transactions != 6 || st.Changes != 6 {
 		t.Errorf("stats %+v", st)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // An empty socket path is an error at construction, for Dial and for a
@@ -418,5 +420,34 @@ func TestAttackFlippingTheDirectory(t *testing.T) {
 	}
 	if refused == 0 {
 		t.Fatal("never refused: the flipping did not happen")
+	}
+}
+
+// A Failover whose hub refuses the connection goes local, with the hub's
+// refusal as its reason, logged.
+func TestFailoverRefusedByHub(t *testing.T) {
+	h := newFakeHub(t, false)
+	fl := &fakeLocals{}
+	logs := &testutil.SyncBuffer{}
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{
+		OneWay: true,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	fc.nack("", "too many workers: this hub serves at most 2 (--max-workers)")
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return f.Mode() == ModeLocal })
+	var re *RefusedError
+	if !errors.As(f.Reason(), &re) || re.Reason != "too many workers: this hub serves at most 2 (--max-workers)" {
+		t.Fatalf("Reason %v, want the hub's refusal", f.Reason())
+	}
+	if out := logs.String(); !strings.Contains(out, "refused this connection: too many workers") {
+		t.Fatalf("the log does not say why:\n%s", out)
+	}
+	if err := f.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
 	}
 }

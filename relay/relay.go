@@ -325,6 +325,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.started = time.Now()
 	backoff := minBackoff
 	everActive := false
+	failures := 0 // attempts failed since the last streaming session
+	var lastWarn time.Time
 	for {
 		res := r.session(ctx, everActive)
 		if ctx.Err() != nil {
@@ -333,6 +335,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if res.active {
 			everActive = true
 			backoff = minBackoff
+			failures = 0
 		}
 		err := res.err
 		var ce *ConfigError
@@ -341,7 +344,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.standbyLogged = false
 		r.setState(StateRetrying)
-		r.log.Warn("relay connection lost; reconnecting", "reason", err, "in", backoff)
+		// A server that stays away is retried every second: one line
+		// for the first failure, then one every 30 s with the count.
+		failures++
+		if failures == 1 || time.Since(lastWarn) >= 30*time.Second {
+			lastWarn = time.Now()
+			r.log.Warn("relay not streaming; retrying", "reason", oneLine(err), "failures", failures, "retry_in", backoff)
+		}
 		if !sleep(ctx, backoff) {
 			return nil
 		}

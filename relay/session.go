@@ -501,5 +501,6 @@ func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''
 
 // oneLine flattens a multi-line error into one line.
 func oneLine(err error) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+	s := strings.ReplaceAll(err.Error(), ":\n", ": ")
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
 }

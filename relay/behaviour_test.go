@@ -418,3 +418,39 @@ func TestRelayLoad(t *testing.T) {
 	h := r.CommitToNotify()
 	t.Logf("commit to NOTIFY (relay's histogram): p50 <= %v, p99 <= %v", h.Quantile(0.5), h.Quantile(0.99))
 }
+
+// TestRelayConnectionsKilled terminates the relay's walsender, then its
+// NOTIFY connection, while writers commit: each time the relay reconnects
+// and the slot replays; no insert misses its wake.
+func TestRelayConnectionsKilled(t *testing.T) {
+	f := newFixture(t, "q_a", "q_b")
+	w := newWorkload(t, f, "q_a", "q_b")
+	opts := f.options()
+	opts.ApplicationName = "relay-" + f.slot
+	r := f.start(opts)
+	waitActive(t, r)
+	w.burst(10)
+	w.settle(10 * time.Second)
+	for _, kind := range []string{"walsender", "client backend"} {
+		t0, n0 := time.Now(), w.commitCount()
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { w.write(1<<30, stop); close(done) }()
+		testutil.WaitFor(t, 20*time.Second, "wakes", func() bool { return w.readsSince(t0) >= 1 && w.commitCount() >= n0+20 })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		n, err := db.QueryInt(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))::int FROM pg_stat_activity
+			WHERE application_name = $1 AND backend_type = $2`, opts.ApplicationName, kind)
+		cancel()
+		if err != nil || n != 1 {
+			t.Fatalf("terminated %d %s backends (%v), want 1", n, kind, err)
+		}
+		n1 := w.commitCount()
+		testutil.WaitFor(t, 20*time.Second, "commits after the kill", func() bool { return w.commitCount() >= n1+40 })
+		close(stop)
+		<-done
+		w.settle(15 * time.Second)
+	}
+	if st := r.Stats(); st.Reconnects < 2 {
+		t.Errorf("%d reconnects, want 2", st.Reconnects)
+	}
+	w.report()
+}

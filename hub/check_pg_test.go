@@ -59,6 +59,12 @@ func TestPGTransactionPooler(t *testing.T) {
 	c := needDB(t)
 	b := pgtesting.PgBouncer(t, c, "transaction")
 	h, logs, path := startPooled(t, b.URL(), 2)
+	t.Cleanup(func() {
+		if t.Failed() {
+			l := b.Log()
+			t.Logf("pgbouncer log (its end):\n%s", l[max(0, len(l)-4096):])
+		}
+	})
 	w := dialRaw(t, path)
 	w.expect(statusFalse)
 	w.sub("pooled")

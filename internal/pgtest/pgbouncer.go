@@ -150,14 +150,11 @@ func (b *PgBouncer) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", b.port)
 }
 
-// Log returns the PgBouncer's log file (its last 4 KiB).
+// Log returns the PgBouncer's whole log file (tests count its lines).
 func (b *PgBouncer) Log() string {
 	s, err := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log"))
 	if err != nil {
 		return err.Error()
-	}
-	if len(s) > 4096 {
-		s = s[len(s)-4096:]
 	}
 	return string(s)
 }

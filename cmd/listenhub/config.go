@@ -347,18 +347,31 @@ func (s *logSwitch) WithGroup(name string) slog.Handler {
 }
 
 // derivedLog is a logSwitch with attributes or groups added: they are
-// applied to the handler in force at each record.
+// applied to the handler in force, once each time it changes (not at every
+// record: a JSON handler's WithAttrs formats them).
 type derivedLog struct {
-	s   *logSwitch
-	ops []func(slog.Handler) slog.Handler
+	s     *logSwitch
+	ops   []func(slog.Handler) slog.Handler
+	cache atomic.Pointer[derivedHandler]
+}
+
+// derivedHandler is ops applied to the logSwitch handler base.
+type derivedHandler struct {
+	base *slog.Handler
+	h    slog.Handler
 }
 
 func (d *derivedLog) Enabled(ctx context.Context, l slog.Level) bool { return d.s.Enabled(ctx, l) }
 func (d *derivedLog) Handle(ctx context.Context, r slog.Record) error {
-	h := *d.s.cur.Load()
+	base := d.s.cur.Load()
+	if c := d.cache.Load(); c != nil && c.base == base {
+		return c.h.Handle(ctx, r)
+	}
+	h := *base
 	for _, op := range d.ops {
 		h = op(h)
 	}
+	d.cache.Store(&derivedHandler{base: base, h: h})
 	return h.Handle(ctx, r)
 }
 func (d *derivedLog) WithAttrs(as []slog.Attr) slog.Handler {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,5 +172,37 @@ func TestServeConfigUpgrade(t *testing.T) {
 	}
 	if m := w.answer("c"); m.T != "nack" {
 		t.Fatalf("sub c past max-subscriptions 2: %+v", m)
+	}
+}
+
+// A logger derived from the switch (the relay's, With a component) keeps
+// its attributes across a SIGHUP's switch of format and level, and writes
+// in the format now in force.
+func TestLogSwitchDerived(t *testing.T) {
+	var buf bytes.Buffer
+	s, err := newLogSwitch(&buf, "text", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(s).With("component", "relay").WithGroup("g")
+	log.Info("one", "k", 1)
+	log.Debug("hidden")
+	if err := s.set("json", "debug"); err != nil {
+		t.Fatal(err)
+	}
+	log.Debug("two", "k", 2)
+	log.Info("three", "k", 3)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("got %d lines, want 3:\n%s", len(lines), buf.String())
+	}
+	if l := lines[0]; !strings.Contains(l, "msg=one") || !strings.Contains(l, "component=relay") || !strings.Contains(l, "g.k=1") {
+		t.Errorf("text line: %s", l)
+	}
+	for i, msg := range []string{"two", "three"} {
+		l := lines[i+1]
+		if !strings.Contains(l, `"msg":"`+msg+`"`) || !strings.Contains(l, `"component":"relay"`) || !strings.Contains(l, `"g":{"k":`) {
+			t.Errorf("json line %d: %s", i+1, l)
+		}
 	}
 }

@@ -189,7 +189,8 @@ func TestUpgradeWedgedBacklog(t *testing.T) {
 	_, took := u.upgrade()
 	close(stopSampling)
 	<-sampled
-	time.Sleep(200 * time.Millisecond) // a few more paced wakes after the upgrade
+	after, _, _, _ := sib.state()
+	testutil.WaitFor(t, timeout, "a few more paced wakes after the upgrade", func() bool { k, _, _, _ := sib.state(); return k >= after+20 })
 	sent := n.finish(t)
 	testutil.WaitFor(t, timeout, "every sibling wake", func() bool { k, _, _, _ := sib.state(); return k >= sent })
 	k, seqs, gap, err := sib.state()

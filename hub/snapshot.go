@@ -79,6 +79,11 @@ type snapper struct {
 // snapshots are the hub's two snappers.
 type snapshots struct {
 	workers, channels snapper
+	// The buffers of the last abandoned snapshot of each kind, reused by
+	// the next one. Loop goroutine.
+	spareRecs  []workerRec
+	spareNames []string
+	spareChans []chanRec
 }
 
 func (h *Hub) initSnapshots() {
@@ -167,10 +172,18 @@ func (s *snapper) slice(h *Hub) {
 			return
 		}
 	}
-	// Complete, or nobody waits any more: drop what was copied.
+	// Complete, or nobody waits any more: drop what was copied, keeping
+	// its buffers for the next snapshot (nobody else can hold them), so
+	// that a flood of abandoned requests does not turn into garbage.
 	if !complete {
 		if j.cancel != nil {
 			j.cancel()
+		}
+		if j.workers != nil {
+			h.snaps.spareRecs, h.snaps.spareNames = j.workers.recs[:0], j.workers.names[:0]
+		}
+		if j.channels != nil {
+			h.snaps.spareChans = j.channels.recs[:0]
 		}
 		j.abandoned, j.workers, j.channels = true, nil, nil
 		s.dropped++
@@ -213,7 +226,11 @@ type workerSnap struct {
 // already (and may be copied twice; byID drops the duplicate). Workers
 // that connect meanwhile are appended behind the walk and not copied.
 func (h *Hub) beginWorkers(j *snapJob) func(time.Time) bool {
-	ws := &workerSnap{recs: make([]workerRec, 0, h.workers.len())}
+	ws := &workerSnap{recs: h.snaps.spareRecs, names: h.snaps.spareNames}
+	h.snaps.spareRecs, h.snaps.spareNames = nil, nil
+	if ws.recs == nil {
+		ws.recs = make([]workerRec, 0, h.workers.len())
+	}
 	j.workers = ws
 	i := h.workers.len() - 1
 	return func(until time.Time) bool {
@@ -341,7 +358,11 @@ type channelSnap struct {
 // seen once, one added or deleted meanwhile may or may not be, and a name
 // deleted and added again may be seen twice (names drops the duplicate).
 func (h *Hub) beginChannels(j *snapJob) func(time.Time) bool {
-	cs := &channelSnap{recs: make([]chanRec, 0, len(h.channels))}
+	cs := &channelSnap{recs: h.snaps.spareChans}
+	h.snaps.spareChans = nil
+	if cs.recs == nil {
+		cs.recs = make([]chanRec, 0, len(h.channels))
+	}
 	j.channels = cs
 	next, stop := iter.Pull(maps.Values(h.channels))
 	j.cancel = stop

@@ -121,6 +121,7 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 		return n
 	}
 	payload := strings.Repeat("p", 7000)
+	sentSmall := 0
 	// small falls 100 KB behind, big 850 KB (each past what its socket
 	// took): 950 KB of the 1 MiB.
 	for i := 0; held(2) < 100<<10; i++ {
@@ -128,6 +129,7 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 			t.Fatal("small never fell behind")
 		}
 		e.notify("small", payload)
+		sentSmall++
 	}
 	for i := 0; held(1) < 850<<10; i++ {
 		if i > 1000 {
@@ -144,6 +146,7 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 			t.Fatalf("never evicted; hub holds %d of %d", e.h.Stats().OutboundBytes, budget)
 		}
 		e.notify("small", payload)
+		sentSmall++
 	}
 	big.c.SetReadDeadline(time.Now().Add(timeout))
 	if _, err := copyAll(big.c); err != nil {
@@ -159,6 +162,7 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 	sib.expect(wake("s", ptr("1")))
 	// small is served: everything it was sent arrives.
 	go e.notify("small", "last")
+	got := 0
 	for {
 		m, err := small.read(timeout)
 		if err != nil {
@@ -167,6 +171,12 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 		if m.P == "last" {
 			break
 		}
+		if m.T == "wake" && m.P == payload {
+			got++
+		}
+	}
+	if got != sentSmall {
+		t.Fatalf("small got %d of the %d wakes it was sent", got, sentSmall)
 	}
 }
 

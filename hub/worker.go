@@ -736,23 +736,17 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) bool {
 		}
 	}
 	if w.pendingDurable() >= h.cfg.DurableQueueLimit {
-		h.stats.durableDropped.Add(1)
-		w.durableDropped++
-		return false
+		return h.dropDurable(w)
 	}
 	if !h.roomFor(w, len(b)) {
 		// w holds the most of the outbound budget: a durable wake
 		// never evicts (rule 4), so it is the one that goes.
-		h.stats.durableDropped.Add(1)
-		w.durableDropped++
-		return false
+		return h.dropDurable(w)
 	}
 	start := w.out.Appended()
 	if err := h.appendOut(w, b); err != nil {
 		// Not with bufferMax's room for durable wakes; kept as a guard.
-		h.stats.durableDropped.Add(1)
-		w.durableDropped++
-		return false
+		return h.dropDurable(w)
 	}
 	tr := h.track(w)
 	if tr.durable == nil {
@@ -764,6 +758,14 @@ func (h *Hub) enqueueDurable(w *worker, q string, b []byte) bool {
 	tr.durableBytes += len(b)
 	h.touch(w)
 	return true
+}
+
+// dropDurable counts a durable wake for w dropped; it returns false, what
+// enqueueDurable then reports.
+func (h *Hub) dropDurable(w *worker) bool {
+	h.stats.durableDropped.Add(1)
+	w.durableDropped++
+	return false
 }
 
 func (h *Hub) sendStatus(w *worker) {

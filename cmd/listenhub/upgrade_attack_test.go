@@ -288,11 +288,7 @@ func TestUpgradeHangingBuild(t *testing.T) {
 	}
 	start := time.Now()
 	syscall.Kill(pid, syscall.SIGTERM)
-	select {
-	case <-u.firstDone:
-	case <-time.After(5 * time.Second):
-		t.Fatalf("SIGTERM after a failed upgrade: still running after 5 s")
-	}
+	u.waitFirstExit(5*time.Second, "SIGTERM after a failed upgrade")
 	t.Logf("SIGTERM after the failed upgrade: exited in %v (%v)", time.Since(start).Round(time.Millisecond), u.firstErr)
 	if u.firstErr != nil {
 		t.Errorf("exit: %v, want 0", u.firstErr)
@@ -312,11 +308,7 @@ func TestUpgradeSIGTERMDuring(t *testing.T) {
 	testutil.WaitFor(t, timeout, "the script's child", func() bool { return sleeping(arg) })
 	start := time.Now()
 	syscall.Kill(pid, syscall.SIGTERM)
-	select {
-	case <-u.firstDone:
-	case <-time.After(5 * time.Second):
-		t.Fatalf("SIGTERM during an upgrade: still running after 5 s")
-	}
+	u.waitFirstExit(5*time.Second, "SIGTERM during an upgrade")
 	t.Logf("SIGTERM during the upgrade: exited in %v (%v)", time.Since(start).Round(time.Millisecond), u.firstErr)
 	if u.firstErr != nil {
 		t.Errorf("exit: %v, want 0", u.firstErr)
@@ -355,11 +347,7 @@ func TestUpgradeFailedThenGood(t *testing.T) {
 	testutil.WaitFor(t, timeout, "a new serving pid", func() bool { return u.pid() != pid && u.pid() != 0 })
 	u.seen = append(u.seen, u.pid())
 	start := time.Now()
-	select {
-	case <-u.firstDone:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the old process did not exit within 5 s of a successful upgrade")
-	}
+	u.waitFirstExit(5*time.Second, "a successful upgrade")
 	t.Logf("the old process exited %v after the new one wrote the pid file", time.Since(start).Round(time.Millisecond))
 	u.upgrade() // the next one is not refused
 }

@@ -43,6 +43,17 @@ type upHub struct {
 	firstErr  error
 }
 
+// waitFirstExit fails the test unless the process the test started exits
+// within d; what says what should have ended it.
+func (u *upHub) waitFirstExit(d time.Duration, what string) {
+	u.t.Helper()
+	select {
+	case <-u.firstDone:
+	case <-time.After(d):
+		u.t.Fatalf("%s: the first process is still running after %v", what, d)
+	}
+}
+
 // startUpHub copies the binary into a directory of the test's (so that a
 // test can replace the file at that path) and starts it serving.
 func startUpHub(t *testing.T, dbURL string, args ...string) *upHub {
@@ -517,11 +528,7 @@ func runUpgrades(t *testing.T, dbURL string, upgrades int, wantPG string, k int)
 		tookMax = max(tookMax, took)
 		waitProgress(fmt.Sprintf("wakes from the new process after upgrade %d", i+1))
 		if i == 0 {
-			select {
-			case <-u.firstDone:
-			case <-time.After(timeout):
-				t.Fatal("the first hub did not exit")
-			}
+			u.waitFirstExit(timeout, "the first upgrade")
 			if u.firstErr != nil {
 				t.Fatalf("the first hub exited with %v after the upgrade, want 0", u.firstErr)
 			}

@@ -441,7 +441,10 @@ func (h *Hub) freeze(marker string, frozen chan<- error, prepared chan<- upPrepa
 	case h.up != nil:
 		frozen <- errors.New("hub: upgrade: one is in progress already")
 		return
-	case !ok || pg.CanDetach() != (marker == ""):
+	case !ok || marker == "" && !pg.CanDetach():
+		// Planned as descriptors, and the connection went down since. The
+		// other way round (not up when planned, so the marker was
+		// LISTENed, and up now) the marker hand-over serves as planned.
 		frozen <- errors.New("hub: upgrade: the Postgres side changed since the plan")
 		return
 	}
@@ -588,7 +591,7 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 		Socket:  handedSocket{FD: 0, Path: h.sock.path, Dev: h.sock.dev, Ino: h.sock.ino, Inherited: h.sock.adopted},
 	}
 	fds = append(fds, h.sock.fd)
-	if u.pg.CanDetach() {
+	if u.marker == "" {
 		hos, err := u.pg.Detach()
 		if err != nil {
 			return nil, nil, fmt.Errorf("hub: upgrade: %w", err)

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -269,5 +270,56 @@ func TestOutboundBudgetDropsDurable(t *testing.T) {
 	}
 	if s.OutboundBytes > budget {
 		t.Fatalf("hub holds %d, budget %d", s.OutboundBytes, budget)
+	}
+}
+
+// A budget lowered by SetLive below what the hub holds is enforced at once,
+// at the end of that iteration, as the budget always is: the worker holding
+// the most is evicted, the one that then fits keeps its backlog.
+func TestSetLiveLowersBudget(t *testing.T) {
+	const hard = 512 << 10
+	e := newEnv(t, func(c *Config) {
+		c.HardQueueBytes = hard
+		c.HardQueueLimit = 1 << 20
+		c.MaxOutboundBytes = 4 * hard
+	})
+	e.do(func() { e.pg.auto = true })
+	big, small := e.dial(), e.dial()
+	for _, x := range []struct {
+		w *tw
+		q string
+	}{{big, "big"}, {small, "small"}} {
+		x.w.sub(x.q)
+		x.w.expect(ack(x.q))
+	}
+	held := func(id uint64) (n int) {
+		e.workerState(id, func(w *worker) { n = w.out.Len() })
+		return n
+	}
+	payload := strings.Repeat("p", 7000)
+	for _, x := range []struct {
+		id   uint64
+		q    string
+		want int
+	}{{1, "big", 400 << 10}, {2, "small", 200 << 10}} {
+		for i := 0; held(x.id) < x.want; i++ {
+			if i > 1000 {
+				t.Fatalf("%s never fell behind", x.q)
+			}
+			e.notify(x.q, payload)
+		}
+	}
+	if s := e.h.Stats(); s.Evictions != 0 {
+		t.Fatalf("evicted under the budget: %+v", s)
+	}
+	if err := e.h.SetLive(context.Background(), Live{HardQueueBytes: hard, HardQueueLimit: 1 << 20, MaxOutboundBytes: hard}); err != nil {
+		t.Fatal(err)
+	}
+	big.c.SetReadDeadline(time.Now().Add(timeout))
+	if _, err := copyAll(big.c); err != nil {
+		t.Fatalf("big not closed: %v", err)
+	}
+	if s := e.h.Stats(); s.Evictions != 1 || s.Workers != 1 || s.OutboundBytes > hard || held(2) < 200<<10 {
+		t.Fatalf("stats %+v, small holds %d", s, held(2))
 	}
 }

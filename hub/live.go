@@ -30,7 +30,9 @@ type Live struct {
 // keeps what it has: connected workers stay whatever AllowUIDs now says
 // (only new connections are checked), and a worker or channel over a
 // lowered cap is not cut (only new subs are refused). A lowered hard limit
-// or budget applies from the next frame queued. It must not run
+// applies from the next frame queued; a budget lowered below what the hub
+// holds is enforced at the end of the iteration, as always: the workers
+// holding the most are evicted until the rest fits. It must not run
 // concurrently with Config.
 func (h *Hub) SetLive(ctx context.Context, l Live) error {
 	if !h.started.Load() || h.loop == nil {

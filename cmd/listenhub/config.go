@@ -163,15 +163,12 @@ func (r *configReloader) reload(ctx context.Context) {
 	}
 	want := map[string]string{}
 	line := map[string]int{}
-	for _, e := range entries {
-		if !r.fromArgs[e.key] {
-			want[e.key], line[e.key] = e.value, e.line
-		}
-	}
 	var live, upgrade, overridden []string
 	for _, e := range entries {
 		if r.fromArgs[e.key] {
 			overridden = append(overridden, e.key)
+		} else {
+			want[e.key], line[e.key] = e.value, e.line
 		}
 	}
 	for _, k := range union(want, r.applied) {

@@ -7,7 +7,7 @@
 //	listenhub relay --database-url URL [flags]
 //	listenhub census --database-url URL [--application-name NAME] [--json]
 //	listenhub doctor --database-url URL [--socket PATH] [--application-name NAME] [--publication NAME] [--slot NAME] [--json]
-//	listenhub demo [--workers N] [--rate N] [--duration D] [--database-url URL]
+//	listenhub demo [--workers N] [--rate N] [--duration D] [--database-url URL] [--relay [--writers N]]
 //	listenhub version
 //
 // Every command is a function run(ctx, args, stdout, stderr) int, so the

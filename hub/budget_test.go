@@ -83,11 +83,15 @@ func TestPausedWorkerKeepsItsPartialFrame(t *testing.T) {
 	w := e.dial()
 	bad := strings.Repeat("b", 64)
 	var subs []byte
+	n := 0
 	for len(subs) < 4*answerPause {
 		subs = frame.AppendSub(subs, bad)
+		n++
 	}
-	subs = append(subs, frame.AppendSub(nil, "cut")[:8]...) // a partial frame last
-	go w.c.Write(subs)
+	cut := frame.AppendSub(nil, "cut")
+	subs = append(subs, cut[:8]...) // a partial frame last
+	wrote := make(chan error, 1)
+	go func() { _, err := w.c.Write(subs); wrote <- err }()
 	testutil.WaitFor(t, timeout, "paused", func() bool { return e.h.Stats().ReadsPaused == 1 })
 	// The fake clock drives the status timer only; the frame timer is
 	// the loop's own. Five timeouts pass.
@@ -96,6 +100,24 @@ func TestPausedWorkerKeepsItsPartialFrame(t *testing.T) {
 	if s := e.h.Stats(); s.Workers != 1 || s.ProtocolErrors != 0 {
 		t.Fatalf("stats %+v: a paused worker was severed", s)
 	}
+	// Read, it is read again, and the frame it held completes (under a
+	// long timeout now: the machine may be slow to read n answers).
+	if err := e.h.SetLive(context.Background(), Live{FrameTimeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if m, err := w.read(timeout); err != nil || m.T != "nack" || m.Q != bad {
+			t.Fatalf("answer %d: %+v, %v", i, m, err)
+		}
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	e.do(func() { e.pg.auto = true })
+	if _, err := w.c.Write(cut[8:]); err != nil {
+		t.Fatal(err)
+	}
+	w.expect(ack("cut"))
 }
 
 // The outbound budget: past MaxOutboundBytes the worker holding the most

@@ -490,12 +490,13 @@ func (h *Hub) freeze(marker string, frozen chan<- error, prepared chan<- upPrepa
 // worker with any, straight from its buffers: In, Out, then the length of
 // each frame in Out (4 bytes, little-endian).
 func sendRaw(conn *fdpass.Conn, ws []handedWorker) error {
+	var ends []byte // reused: SendParts has sent it when it returns
 	for i := range ws {
 		hw := &ws[i]
 		if hw.InLen+hw.OutLen+hw.Frames == 0 {
 			continue
 		}
-		ends := make([]byte, 0, 4*len(hw.Ends))
+		ends = ends[:0]
 		prev := uint64(0)
 		for _, e := range hw.Ends {
 			ends = binary.LittleEndian.AppendUint32(ends, uint32(e-prev))

@@ -95,7 +95,8 @@ func serveConfig(t *testing.T, socket, conf string, args ...string) *proc {
 // SIGHUP re-reads the file: live settings (a cap, the log level and
 // format) take effect at once on the same connections; a setting that
 // needs an upgrade is logged as such; a flag still wins over the file; a
-// broken file changes nothing.
+// broken file changes nothing; a setting taken out goes back to its
+// default.
 func TestServeConfigSIGHUP(t *testing.T) {
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "listenhub.conf")
@@ -147,6 +148,13 @@ func TestServeConfigSIGHUP(t *testing.T) {
 	}
 	if m := w.answer("d"); m.T != "nack" {
 		t.Fatalf("sub d past max-subscriptions 3: %+v", m)
+	}
+
+	// A setting taken out of the file goes back to its default.
+	writeConfig(t, conf, "log-format = text\n")
+	hup(`msg="config reloaded"`)
+	if m := w.answer("d"); m.T != "ack" {
+		t.Fatalf("sub d with max-subscriptions out of the file (the default, 10,000): %+v", m)
 	}
 }
 

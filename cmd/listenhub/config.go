@@ -124,6 +124,37 @@ var liveKeys = []string{"log-level", "log-format", "max-workers", "max-subscript
 	"hard-queue-limit", "hard-queue-bytes", "durable-queue-limit", "max-outbound-bytes", "frame-timeout",
 	"status-interval", "allow-uid"}
 
+// intOf and durationOf read fs's int and duration flags by name.
+func intOf(fs *flag.FlagSet) func(string) int {
+	return func(k string) int { return fs.Lookup(k).Value.(flag.Getter).Get().(int) }
+}
+
+func durationOf(fs *flag.FlagSet) func(string) time.Duration {
+	return func(k string) time.Duration { return fs.Lookup(k).Value.(flag.Getter).Get().(time.Duration) }
+}
+
+// checkLiveFlags checks the numeric settings of liveKeys: at start, and
+// before SIGHUP applies them.
+func checkLiveFlags(fs *flag.FlagSet) error {
+	num, dur := intOf(fs), durationOf(fs)
+	for _, err := range []error{
+		positiveInt("durable-queue-limit", num("durable-queue-limit")),
+		positiveInt("hard-queue-limit", num("hard-queue-limit")),
+		positiveInt("hard-queue-bytes", num("hard-queue-bytes")),
+		nonNegativeInt("max-outbound-bytes", num("max-outbound-bytes")),
+		positiveInt("max-workers", num("max-workers")),
+		positiveInt("max-subscriptions", num("max-subscriptions")),
+		positiveInt("max-channels", num("max-channels")),
+		positiveDuration("frame-timeout", dur("frame-timeout")),
+		positiveDuration("status-interval", dur("status-interval")),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // configReloader re-reads the --config file on SIGHUP.
 type configReloader struct {
 	fs       *flag.FlagSet
@@ -246,23 +277,10 @@ func (r *configReloader) applyLive(ctx context.Context, keys []string, want map[
 			return fmt.Errorf("%s:%d: %s: invalid value %q: %w", r.path, line[k], k, v, err)
 		}
 	}
-	num := func(k string) int { return r.fs.Lookup(k).Value.(flag.Getter).Get().(int) }
-	dur := func(k string) time.Duration { return r.fs.Lookup(k).Value.(flag.Getter).Get().(time.Duration) }
-	for _, err := range []error{
-		positiveInt("durable-queue-limit", num("durable-queue-limit")),
-		positiveInt("hard-queue-limit", num("hard-queue-limit")),
-		positiveInt("hard-queue-bytes", num("hard-queue-bytes")),
-		nonNegativeInt("max-outbound-bytes", num("max-outbound-bytes")),
-		positiveInt("max-workers", num("max-workers")),
-		positiveInt("max-subscriptions", num("max-subscriptions")),
-		positiveInt("max-channels", num("max-channels")),
-		positiveDuration("frame-timeout", dur("frame-timeout")),
-		positiveDuration("status-interval", dur("status-interval")),
-	} {
-		if err != nil {
-			return err
-		}
+	if err := checkLiveFlags(r.fs); err != nil {
+		return err
 	}
+	num, dur := intOf(r.fs), durationOf(r.fs)
 	// The log first, so that what follows is written as asked.
 	if err := r.logs.set(r.fs.Lookup("log-format").Value.String(), r.fs.Lookup("log-level").Value.String()); err != nil {
 		return err

@@ -111,17 +111,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return bad(errors.New("--socket is required"))
 	}
 	for _, err := range []error{
-		positiveInt("durable-queue-limit", *durableLimit),
-		positiveInt("hard-queue-limit", *hardLimit),
-		positiveInt("hard-queue-bytes", *hardBytes),
-		nonNegativeInt("max-outbound-bytes", *maxOutbound),
-		positiveInt("max-workers", *maxWorkers),
-		positiveInt("max-subscriptions", *maxSubs),
-		positiveInt("max-channels", *maxChannels),
-		positiveDuration("frame-timeout", *frameTimeout),
+		checkLiveFlags(fs),
 		positiveInt("postgres-connections", *pgConns),
 		nonNegativeInt("write-threads", *writeThreads),
-		positiveDuration("status-interval", *statusIvl),
 		positiveDuration("health-check-interval", *hcInterval),
 		positiveDuration("health-check-timeout", *hcTimeout),
 		positiveDuration("upgrade-timeout", *upTimeout),

@@ -10,7 +10,7 @@ import (
 )
 
 // The multi-user set-up of the README without a socket unit: a hub run as
-// root with --socket-mode 0660 --socket-group nogroup --allow-uid 65534
+// root with --socket-mode 0660 --socket-group 65534 --allow-uid 0,65534
 // serves a worker running as nobody (uid and gid 65534), which the default
 // mode 0600 keeps out before the uid check is even reached.
 func TestServeSocketModeGroup(t *testing.T) {

@@ -239,6 +239,15 @@ func TestDefaultMaxOutboundBytes(t *testing.T) {
 	if _, err := New(Config{SocketPath: "x", HardQueueBytes: 1 << 20, MaxOutboundBytes: 1 << 19}); err == nil {
 		t.Fatal("a budget below HardQueueBytes was accepted")
 	}
+	// The default is never below HardQueueBytes (above the largest
+	// default here): a large hard cap alone is not an error.
+	h, err := New(Config{SocketPath: "x", HardQueueBytes: 5 << 30})
+	if err != nil {
+		t.Fatalf("HardQueueBytes 5 GiB with the default budget: %v", err)
+	}
+	if h.cfg.MaxOutboundBytes != 5<<30 {
+		t.Fatalf("default budget %d under HardQueueBytes 5 GiB", h.cfg.MaxOutboundBytes)
+	}
 }
 
 // A durable wake that would cross the budget for the worker that holds the

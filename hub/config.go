@@ -261,6 +261,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SocketMode == 0 {
 		c.SocketMode = DefaultSocketMode
 	}
+	outboundDefault := c.MaxOutboundBytes == 0
 	defInt := func(v *int, def int, name string) error {
 		if *v < 0 {
 			return fmt.Errorf("hub: config: %s must not be negative (got %d)", name, *v)
@@ -306,6 +307,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ReportInterval == 0 {
 		c.ReportInterval = c.StatusInterval
+	}
+	if outboundDefault {
+		// The machine's share, but never below one worker's cap.
+		c.MaxOutboundBytes = max(c.MaxOutboundBytes, c.HardQueueBytes)
 	}
 	if c.PostgresConnections > MaxPostgresConnections {
 		return c, fmt.Errorf("hub: config: PostgresConnections %d is above the maximum %d", c.PostgresConnections, MaxPostgresConnections)

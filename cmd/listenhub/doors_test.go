@@ -54,6 +54,11 @@ func connectWorkers(t *testing.T, socket, q string, n int) []*net.UnixConn {
 	out := make([]*net.UnixConn, 0, n)
 	for i := range n {
 		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+		for deadline := time.Now().Add(timeout); errors.Is(err, syscall.EAGAIN) && time.Now().Before(deadline); {
+			// The listen backlog is full: the hub accepts in batches.
+			time.Sleep(time.Millisecond)
+			c, err = net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+		}
 		if err != nil {
 			t.Fatalf("worker %d: %v", i, err)
 		}

@@ -107,23 +107,21 @@ export interface Listener {
   readonly done: Promise<Error>;
 }
 
+// Client has every member of Listener, declared there once (declaration
+// merging).
+export interface Client extends Listener {}
+
 /** A connection to a hub. Dead after its first failure; never reconnects. */
 export class Client implements Listener {
   private constructor();
   readonly path: string;
   readonly ackTimeout: number;
   readonly writeTimeout: number;
-  subscribe(q: string, opts?: SubscribeOptions): Promise<void>;
-  unsubscribe(q: string): void;
-  healthy(): boolean;
-  subscriptions(): Set<string>;
-  events(): AsyncIterableIterator<Event>;
-  get(timeoutMs?: number): Promise<Event | null>;
-  close(): void;
-  wait(): Promise<Error>;
-  readonly err: Error | null;
-  readonly done: Promise<Error>;
 }
+
+// Local has every member of Listener, declared there once (declaration
+// merging).
+export interface Local extends Listener {}
 
 /** This process's own LISTEN connection (the pg package). */
 export class Local implements Listener {
@@ -135,21 +133,15 @@ export class Local implements Listener {
   backendPid(): number | undefined;
   /** A round trip after every LISTEN/UNLISTEN queued before it. */
   sync(): Promise<void>;
-  subscribe(q: string, opts?: SubscribeOptions): Promise<void>;
-  unsubscribe(q: string): void;
-  healthy(): boolean;
-  subscriptions(): Set<string>;
-  events(): AsyncIterableIterator<Event>;
-  get(timeoutMs?: number): Promise<Event | null>;
-  close(): void;
-  wait(): Promise<Error>;
-  readonly err: Error | null;
-  readonly done: Promise<Error>;
 }
 
 export type Mode = 'hub' | 'local';
 export const HUB: 'hub';
 export const LOCAL: 'local';
+
+// Failover has every member of Listener, declared there once (declaration
+// merging).
+export interface Failover extends Listener {}
 
 /** The hub while it works, this process's own LISTEN while it does not. */
 export class Failover implements Listener {
@@ -160,16 +152,6 @@ export class Failover implements Listener {
   mode(): Mode;
   /** The hub's error that caused the last failover (null on the hub). */
   readonly reason: Error | null;
-  subscribe(q: string, opts?: SubscribeOptions): Promise<void>;
-  unsubscribe(q: string): void;
-  healthy(): boolean;
-  subscriptions(): Set<string>;
-  events(): AsyncIterableIterator<Event>;
-  get(timeoutMs?: number): Promise<Event | null>;
-  close(): void;
-  wait(): Promise<Error>;
-  readonly err: Error | null;
-  readonly done: Promise<Error>;
 }
 
 /** Connects to the hub at path. Rejects with ConnError. */

@@ -228,12 +228,7 @@ func TestUpgradeWedgedBacklog(t *testing.T) {
 func hangingBuild(t *testing.T, u *upHub) string {
 	t.Helper()
 	arg := strconv.Itoa(100000 + int(time.Now().UnixNano()%100000))
-	if err := os.Remove(u.bin); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(u.bin, []byte("#!/bin/sh\nsleep "+arg+" &\nwait\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	u.replaceBin("#!/bin/sh\nsleep " + arg + " &\nwait\n")
 	return arg
 }
 
@@ -328,10 +323,7 @@ func TestUpgradeFailedThenGood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.Remove(u.bin)
-	if err := os.WriteFile(u.bin, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	u.replaceBin("#!/bin/sh\nexit 1\n")
 	pid := u.pid()
 	syscall.Kill(pid, syscall.SIGUSR2)
 	testutil.WaitFor(t, timeout, "the failed upgrade in the log", func() bool {

@@ -43,6 +43,18 @@ type upHub struct {
 	firstErr  error
 }
 
+// replaceBin puts a script at the hub's path, unlinking the running binary
+// first (never written into).
+func (u *upHub) replaceBin(script string) {
+	u.t.Helper()
+	if err := os.Remove(u.bin); err != nil {
+		u.t.Fatal(err)
+	}
+	if err := os.WriteFile(u.bin, []byte(script), 0o755); err != nil {
+		u.t.Fatal(err)
+	}
+}
+
 // waitFirstExit fails the test unless the process the test started exits
 // within d; what says what should have ended it.
 func (u *upHub) waitFirstExit(d time.Duration, what string) {
@@ -631,12 +643,7 @@ func TestUpgradeFailingBinary(t *testing.T) {
 	c := needDB(t)
 	u := startUpHub(t, c.URL())
 	w := dialSeqWorker(t, u.socket, "upgrade_fail")
-	if err := os.Remove(u.bin); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(u.bin, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	u.replaceBin("#!/bin/sh\nexit 1\n")
 	pid := u.pid()
 	syscall.Kill(pid, syscall.SIGUSR2)
 	testutil.WaitFor(t, timeout, "the failed upgrade in the log", func() bool {

@@ -53,7 +53,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		metricsToken  = fs.String("metrics-token-file", "", "require \"Authorization: Bearer TOKEN\" on the metrics address (all but /healthz), TOKEN read from this file (not readable by other users)")
 		logFormat     = fs.String("log-format", "text", "log format: text or json")
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
-		pidFile       = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically; removed on a normal stop)")
+		pidFile       = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically, never through a link; in a directory others can write to, only if it is sticky, else exit 1; removed on a normal stop)")
 		upTimeout     = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
 		pgConns       = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
 		writeThreads  = fs.Int("write-threads", 0, "threads writing a large fanout (32 or more workers in one loop iteration) while the loop has been idle more than busy lately; 1 keeps every write on the loop's thread; 0 means min(GOMAXPROCS, 4)")

@@ -125,12 +125,7 @@ func TestPausedWorkerKeepsItsPartialFrame(t *testing.T) {
 // wedged worker with a small backlog and a reading sibling keep theirs.
 func TestOutboundBudgetEvictsLargest(t *testing.T) {
 	const budget = 1 << 20
-	e := newEnv(t, func(c *Config) {
-		c.HardQueueBytes = budget
-		c.HardQueueLimit = 1 << 20
-		c.MaxOutboundBytes = budget
-	})
-	e.do(func() { e.pg.auto = true })
+	e := budgetEnv(t, budget, budget)
 	big, small, sib := e.dial(), e.dial(), e.dial()
 	for _, x := range []struct {
 		w *tw
@@ -203,6 +198,18 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 	}
 }
 
+// budgetEnv is a hub with a byte cap of hard per worker (and no frame cap
+// to speak of), an outbound budget of budget, and every LISTEN answered.
+func budgetEnv(t *testing.T, hard, budget int) *env {
+	e := newEnv(t, func(c *Config) {
+		c.HardQueueBytes = hard
+		c.HardQueueLimit = 1 << 20
+		c.MaxOutboundBytes = budget
+	})
+	e.do(func() { e.pg.auto = true })
+	return e
+}
+
 // copyAll reads c to EOF (or a reset) and returns the bytes read.
 func copyAll(c net.Conn) (int, error) {
 	buf := make([]byte, 64<<10)
@@ -254,12 +261,7 @@ func TestDefaultMaxOutboundBytes(t *testing.T) {
 // most is dropped (counted), never a reason to evict it (rule 4).
 func TestOutboundBudgetDropsDurable(t *testing.T) {
 	const budget = 1 << 20
-	e := newEnv(t, func(c *Config) {
-		c.HardQueueBytes = budget
-		c.HardQueueLimit = 1 << 20
-		c.MaxOutboundBytes = budget
-	})
-	e.do(func() { e.pg.auto = true })
+	e := budgetEnv(t, budget, budget)
 	w := e.dial()
 	names := []string{"e"}
 	for i := range 40 {
@@ -309,12 +311,7 @@ func TestOutboundBudgetDropsDurable(t *testing.T) {
 // the most is evicted, the one that then fits keeps its backlog.
 func TestSetLiveLowersBudget(t *testing.T) {
 	const hard = 512 << 10
-	e := newEnv(t, func(c *Config) {
-		c.HardQueueBytes = hard
-		c.HardQueueLimit = 1 << 20
-		c.MaxOutboundBytes = 4 * hard
-	})
-	e.do(func() { e.pg.auto = true })
+	e := budgetEnv(t, hard, 4*hard)
 	big, small := e.dial(), e.dial()
 	for _, x := range []struct {
 		w *tw

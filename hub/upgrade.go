@@ -1059,14 +1059,21 @@ func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
 		w.connectedAt = hw.Connected
 	}
 	w.dec.Max = MaxInboundFrame
-	prev := uint64(0)
-	for _, end := range hw.Ends {
-		if end > uint64(len(hw.Out)) || end <= prev {
-			break
+	// The received bytes become the ring's storage as they are: no
+	// copy, no growth by doubling (40 workers at the caps hold hundreds
+	// of megabytes, all inside the freeze). Ends that do not describe
+	// Out (a confused old process) keep the whole frames, copied.
+	if w.out.Adopt(hw.Out, hw.Ends) != nil {
+		prev := uint64(0)
+		for _, end := range hw.Ends {
+			if end > uint64(len(hw.Out)) || end <= prev {
+				break
+			}
+			_ = w.out.Append(hw.Out[prev:end]) // no cap yet: cannot fail
+			prev = end
 		}
-		_ = w.out.Append(hw.Out[prev:end]) // no cap yet: cannot fail
-		prev = end
 	}
+	hw.Out = nil // the ring's now
 	w.out.Max = h.bufferMax()
 	if len(hw.Durable) > 0 || len(hw.Spans) > 0 || len(hw.Answers) > 0 || hw.StatusAt >= 0 {
 		tr := h.track(w)

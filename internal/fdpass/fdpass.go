@@ -159,10 +159,41 @@ func (c *Conn) recv(body []byte) (_ []byte, fds []int, err error) {
 			fds = nil
 		}
 	}()
-	buf := make([]byte, 1+maxData+1)
+	rc, err := c.c.SyscallConn()
+	if err != nil {
+		return nil, nil, fmt.Errorf("fdpass: recv: %w", err)
+	}
+	var flag [1]byte
+	var buf []byte // for packets that do not fit body's spare room
 	oob := make([]byte, unix.CmsgSpace(4*MaxFDsPerPacket))
+	iov := make([][]byte, 2)
 	for {
-		n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
+		// Straight into body's spare room when a whole packet fits: a
+		// sized message (RecvSized) is read without a copy but the last
+		// packet's. One byte more than a packet holds, to see a longer one.
+		iov[0] = flag[:]
+		direct := cap(body)-len(body) >= maxData+1
+		if direct {
+			iov[1] = body[len(body) : len(body)+maxData+1]
+		} else {
+			if buf == nil {
+				buf = make([]byte, maxData+1)
+			}
+			iov[1] = buf
+		}
+		var n, oobn, rflags int
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			for {
+				n, oobn, rflags, _, rerr = unix.RecvmsgBuffers(int(fd), iov, oob, unix.MSG_CMSG_CLOEXEC)
+				if rerr != unix.EINTR {
+					return rerr != unix.EAGAIN
+				}
+			}
+		})
+		if err == nil && rerr != nil {
+			err = os.NewSyscallError("recvmsg", rerr)
+		}
 		if oobn > 0 {
 			got, perr := parseRights(oob[:oobn])
 			fds = append(fds, got...)
@@ -176,14 +207,18 @@ func (c *Conn) recv(body []byte) (_ []byte, fds []int, err error) {
 		if n == 0 {
 			return nil, fds, fmt.Errorf("fdpass: recv: %w", os.ErrClosed)
 		}
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > 1+maxData {
+		if rflags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > 1+maxData {
 			return nil, fds, ErrTruncated
 		}
 		if uint64(len(body))+uint64(n-1) > maxMessage {
 			return nil, fds, fmt.Errorf("fdpass: message over %d bytes", uint64(maxMessage))
 		}
-		body = append(body, buf[1:n]...)
-		if buf[0] == flagLast {
+		if direct {
+			body = body[:len(body)+n-1]
+		} else {
+			body = append(body, buf[:n-1]...)
+		}
+		if flag[0] == flagLast {
 			return body, fds, nil
 		}
 	}

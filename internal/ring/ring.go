@@ -350,6 +350,52 @@ func (s *store) resizeEnds(size int) {
 	s.ends, s.endSlab, s.ehead = ends, slab, 0
 }
 
+// Adopt makes an empty buffer hold data as its pending bytes, without
+// copying them: data becomes the storage (sized exactly, so the next Append
+// grows it once). ends are the frames' end offsets relative to the start of
+// data, ascending, the last one len(data); the first frame may be partly
+// written already (its start is not recorded). It is for a process taking
+// over another's buffer (a hot upgrade), which received data in one piece.
+// The caller must not use data afterwards. It returns an error, adopting
+// nothing, when the buffer is not empty or the ends do not describe data.
+func (b *Buffer) Adopt(data []byte, ends []uint64) error {
+	if b.Len() != 0 {
+		return errors.New("ring: Adopt into a non-empty buffer")
+	}
+	if len(data) == 0 {
+		if len(ends) != 0 {
+			return errors.New("ring: Adopt: frame ends without bytes")
+		}
+		return nil
+	}
+	prev := uint64(0)
+	for _, e := range ends {
+		if e <= prev || e > uint64(len(data)) {
+			return fmt.Errorf("ring: Adopt: frame end %d after %d in %d bytes", e, prev, len(data))
+		}
+		prev = e
+	}
+	if prev != uint64(len(data)) {
+		return fmt.Errorf("ring: Adopt: frames end at %d of %d bytes", prev, len(data))
+	}
+	b.release()
+	s := storePool.Get().(*store)
+	b.st = s
+	s.buf, s.slab, s.head, s.n = data[:len(data):len(data)], nil, 0, len(data)
+	size := minEnds
+	for size < len(ends) {
+		size *= 2
+	}
+	s.resizeEnds(size)
+	base := b.appended
+	for i, e := range ends {
+		s.ends[i] = base + e
+	}
+	s.en = len(ends)
+	b.appended += uint64(len(data))
+	return nil
+}
+
 // FrameEnds appends to dst the absolute end offsets (in Appended terms) of the
 // frames not fully written, oldest first, and returns it. With Written and
 // Peek it describes the pending bytes frame by frame: what a process handing

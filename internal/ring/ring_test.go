@@ -435,3 +435,62 @@ func TestRetainKeepsSmallStorageUntilRelease(t *testing.T) {
 		t.Fatalf("large storage kept on drain: Cap() = %d", b.Cap())
 	}
 }
+
+// TestAdopt: a received buffer becomes the storage as it is (no copy), its
+// frames counted and ends kept in Appended terms; appending grows it, and
+// ends that do not describe the bytes are refused without a change.
+func TestAdopt(t *testing.T) {
+	var b Buffer
+	if err := b.Append(fill(10, 1)); err != nil {
+		t.Fatal(err)
+	}
+	b.Discard(10)
+	data := fill(300, 7)
+	want := append([]byte{}, data...)
+	if err := b.Adopt(data, []uint64{5, 100, 300}); err != nil {
+		t.Fatal(err)
+	}
+	if first, _ := b.Peek(); &first[0] != &data[0] {
+		t.Error("Adopt copied the bytes")
+	}
+	if b.Len() != 300 || b.Frames() != 3 || b.Appended() != 310 || b.Written() != 10 {
+		t.Fatalf("Len %d Frames %d Appended %d Written %d", b.Len(), b.Frames(), b.Appended(), b.Written())
+	}
+	if got := b.FrameEnds(nil); len(got) != 3 || got[0] != 15 || got[1] != 110 || got[2] != 310 {
+		t.Fatalf("FrameEnds %v", got)
+	}
+	if err := b.Append(fill(50, 9)); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, fill(50, 9)...)
+	if !bytes.Equal(pending(&b), want) || b.Frames() != 4 {
+		t.Fatalf("after Append: %d bytes, %d frames", b.Len(), b.Frames())
+	}
+	b.Discard(100)
+	if b.Frames() != 2 || !bytes.Equal(pending(&b), want[100:]) {
+		t.Fatalf("after Discard: %d frames", b.Frames())
+	}
+	if err := b.Adopt(fill(4, 1), []uint64{4}); err == nil {
+		t.Error("Adopt into a non-empty buffer")
+	}
+	b.Reset()
+	for _, ends := range [][]uint64{nil, {2}, {2, 2, 4}, {5}, {3, 2, 4}} {
+		if err := b.Adopt(fill(4, 1), ends); err == nil || b.Len() != 0 {
+			t.Errorf("Adopt with ends %v: %v, Len %d", ends, err, b.Len())
+		}
+	}
+	if err := b.Adopt(nil, nil); err != nil || b.Len() != 0 {
+		t.Errorf("Adopt(nil): %v", err)
+	}
+	big := make([]uint64, 100)
+	for i := range big {
+		big[i] = uint64(i + 1)
+	}
+	if err := b.Adopt(fill(100, 3), big); err != nil || b.Frames() != 100 {
+		t.Fatalf("100 frames: %v, %d", err, b.Frames())
+	}
+	b.Discard(100)
+	if b.Len() != 0 || b.Frames() != 0 {
+		t.Fatalf("drained: Len %d Frames %d", b.Len(), b.Frames())
+	}
+}

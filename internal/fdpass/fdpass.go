@@ -110,6 +110,7 @@ func (c *Conn) Send(body []byte, fds []int) error {
 // descriptors, and without concatenating them first: a hot upgrade sends a
 // worker's unsent bytes straight from its buffer.
 func (c *Conn) SendParts(parts ...[]byte) error {
+	parts = append([][]byte(nil), parts...) // consumed below, not the caller's
 	pkt := make([]byte, 0, 1+maxData)
 	total := 0
 	for _, p := range parts {

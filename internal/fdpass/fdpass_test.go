@@ -100,3 +100,45 @@ func pair(t *testing.T) (*Conn, *Conn) {
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a, b
 }
+
+// TestSendPartsRecvSized: parts of every size (empty ones, ones across a
+// packet boundary) arrive as their concatenation, whether received sized
+// (straight into the body), undersized or unsized; an empty message too.
+func TestSendPartsRecvSized(t *testing.T) {
+	a, b := pair(t)
+	var parts [][]byte
+	var want []byte
+	for i, n := range []int{0, 5, maxData - 3, 0, 2*maxData + 7, 1, maxData} {
+		p := bytes.Repeat([]byte{byte('a' + i)}, n)
+		parts = append(parts, p)
+		want = append(want, p...)
+	}
+	for _, size := range []int{len(want), len(want) / 2, -1} {
+		errc := make(chan error, 1)
+		go func() { errc <- a.SendParts(parts...) }()
+		var got []byte
+		var err error
+		if size < 0 {
+			got, _, err = b.Recv()
+		} else {
+			got, _, err = b.RecvSized(size)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("size %d: got %d bytes, want %d", size, len(got), len(want))
+		}
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- a.SendParts() }()
+	if got, _, err := b.RecvSized(0); err != nil || len(got) != 0 {
+		t.Fatalf("empty: %d bytes, %v", len(got), err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}

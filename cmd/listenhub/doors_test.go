@@ -439,23 +439,14 @@ func TestAttackMetricsConnections(t *testing.T) {
 	admitted, refused := 0, 0
 	var first *worker
 	for i := range workers {
-		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: h.socket, Net: "unix"})
-		if err != nil {
-			t.Fatalf("worker %d: %v", i, err)
-		}
-		t.Cleanup(func() { c.Close() })
-		w := &worker{t: t, c: c, buf: make([]byte, 4096)}
-		m, err := w.read(timeout)
-		switch {
-		case err == nil && m.T == "status":
-			admitted++
-			if first == nil {
-				first = w
-			}
-		case err == nil && m.T == "nack" && m.Q == "", errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		w, ok, _ := dialRaw(t, h.socket, i)
+		if !ok {
 			refused++ // told why (a nack), or closed
-		default:
-			t.Fatalf("worker %d: %+v, %v; want a status frame, a refusal or EOF", i, m, err)
+			continue
+		}
+		admitted++
+		if first == nil {
+			first = w
 		}
 	}
 	fdsWorkers := h.fds()
@@ -544,20 +535,10 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 	}
 	admitted, refused := 0, 0
 	for i := range late {
-		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: h.socket, Net: "unix"})
-		if err != nil {
-			t.Fatalf("worker %d: %v", i, err)
-		}
-		t.Cleanup(func() { c.Close() })
-		w := &worker{t: t, c: c, buf: make([]byte, 4096)}
-		m, err := w.read(timeout)
-		switch {
-		case err == nil && m.T == "status":
+		if _, ok, _ := dialRaw(t, h.socket, i); ok {
 			admitted++
-		case err == nil && m.T == "nack" && m.Q == "", errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		} else {
 			refused++ // told why (a nack), or closed
-		default:
-			t.Fatalf("worker %d: %+v, %v; want a status frame, a refusal or EOF", i, m, err)
 		}
 	}
 	fds := h.fds()

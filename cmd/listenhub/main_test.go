@@ -322,6 +322,31 @@ func (w *worker) read(d time.Duration) (frame.Message, error) {
 	}
 }
 
+// dialRaw connects a raw worker (no client library) and reads the hub's
+// first frame, which says whether it was admitted: a status frame (admitted
+// true), or a refusal, told as a nack with an empty q (its words in nack)
+// and then EOF, or a bare close (nack ""). Anything else fails the test.
+func dialRaw(t *testing.T, socket string, i int) (w *worker, admitted bool, nack string) {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		t.Fatalf("worker %d: %v", i, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	w = &worker{t: t, c: c, buf: make([]byte, 4096)}
+	m, err := w.read(timeout)
+	switch {
+	case err == nil && m.T == "status":
+		return w, true, ""
+	case err == nil && m.T == "nack" && m.Q == "":
+		return w, false, m.Error
+	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		return w, false, ""
+	}
+	t.Fatalf("worker %d: %+v, %v; want a status frame, a refusal or EOF", i, m, err)
+	return nil, false, ""
+}
+
 // expect reads the next frame and checks its type. Status frames (the
 // hub re-sends them every 5 intervals) are skipped unless typ is "status".
 func (w *worker) expect(typ string) frame.Message {

@@ -28,23 +28,7 @@ func startPooled(t *testing.T, url string, k int) (*Hub, *logBuf, string) {
 		HealthCheckTimeout:  300 * time.Millisecond,
 		Logger:              slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
-	h, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		if err := h.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("hub log:\n%s", logs.String())
-		}
-	})
+	h := startHub(t, cfg, logs)
 	return h, logs, cfg.SocketPath
 }
 

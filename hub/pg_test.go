@@ -89,6 +89,17 @@ func newPGEnv(t testing.TB, mutate func(*Config)) *pgEnv {
 	if mutate != nil {
 		mutate(&cfg)
 	}
+	h := startHub(t, cfg, logs)
+	// Start returns once the socket accepts; Postgres is reached in the
+	// background. These tests begin from a connected hub.
+	testutil.WaitFor(t, timeout, "hub connected to postgres", func() bool { return h.Stats().PostgresHealthy })
+	return &pgEnv{t: t, h: h, db: c, app: app, path: cfg.SocketPath, logs: logs}
+}
+
+// startHub starts a hub with cfg, whose logger writes to logs, and stops
+// it at the end of the test (showing its log if the test failed).
+func startHub(t testing.TB, cfg Config, logs *logBuf) *Hub {
+	t.Helper()
 	h, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -106,10 +117,7 @@ func newPGEnv(t testing.TB, mutate func(*Config)) *pgEnv {
 			t.Logf("hub log:\n%s", logs.String())
 		}
 	})
-	// Start returns once the socket accepts; Postgres is reached in the
-	// background. These tests begin from a connected hub.
-	testutil.WaitFor(t, timeout, "hub connected to postgres", func() bool { return h.Stats().PostgresHealthy })
-	return &pgEnv{t: t, h: h, db: c, app: app, path: cfg.SocketPath, logs: logs}
+	return h
 }
 
 func (e *pgEnv) dial() *tw {

@@ -208,22 +208,11 @@ func (d *demo) run(ctx context.Context) error {
 	readyCtx, cancel := context.WithTimeout(ctx, demoReadyTimeout)
 	defer cancel()
 
-	url := d.cfg.databaseURL
-	if url == "" {
-		c, err := pgtest.Start(readyCtx, pgtest.Options{})
-		if err != nil {
-			return fmt.Errorf("start a throwaway PostgreSQL: %w (or pass --database-url)", err)
-		}
-		d.cluster = c
-		url = c.URL()
-		if c.External() {
-			fmt.Fprintf(d.out, "listenhub demo: using %s from %s\n", redactURL(url), pgtest.EnvURL)
-		} else {
-			fmt.Fprintf(d.out, "listenhub demo: started a throwaway PostgreSQL on 127.0.0.1:%d in %s (removed on exit)\n", c.Port(), c.Dir())
-		}
-	} else {
-		fmt.Fprintf(d.out, "listenhub demo: using %s\n", redactURL(url))
+	url, cluster, err := demoDatabase(readyCtx, d.out, d.cfg.databaseURL, pgtest.Options{}, "")
+	if err != nil {
+		return err
 	}
+	d.cluster = cluster
 
 	dir, err := os.MkdirTemp("", "listenhub-demo-")
 	if err != nil {
@@ -716,4 +705,28 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		mu.Unlock()
 	}
+}
+
+// demoDatabase is the demo's server: url when given, else a throwaway
+// cluster started with opts (what, when not empty, tells how it differs
+// from a default one), announced on out either way. The caller owns the
+// cluster (nil for a given url) and closes it.
+func demoDatabase(ctx context.Context, out io.Writer, url string, opts pgtest.Options, what string) (string, *pgtest.Cluster, error) {
+	if url != "" {
+		fmt.Fprintf(out, "listenhub demo: using %s\n", redactURL(url))
+		return url, nil, nil
+	}
+	c, err := pgtest.Start(ctx, opts)
+	if err != nil {
+		return "", nil, fmt.Errorf("start a throwaway PostgreSQL: %w (or pass --database-url)", err)
+	}
+	if c.External() {
+		fmt.Fprintf(out, "listenhub demo: using %s from %s\n", redactURL(c.URL()), pgtest.EnvURL)
+	} else {
+		if what != "" {
+			what += "; "
+		}
+		fmt.Fprintf(out, "listenhub demo: started a throwaway PostgreSQL on 127.0.0.1:%d in %s (%sremoved on exit)\n", c.Port(), c.Dir(), what)
+	}
+	return c.URL(), c, nil
 }

@@ -91,26 +91,15 @@ func (d *relayDemo) run(ctx context.Context) error {
 	readyCtx, cancel := context.WithTimeout(ctx, demoReadyTimeout)
 	defer cancel()
 
-	url := d.cfg.databaseURL
-	if url == "" {
-		// fsync on: the trigger's cost is a commit queue behind a WAL
-		// flush, which a cluster without fsync hides.
-		c, err := pgtest.Start(readyCtx, pgtest.Options{Logical: true, Settings: map[string]string{"fsync": "on"}})
-		if err != nil {
-			return fmt.Errorf("start a throwaway PostgreSQL: %w (or pass --database-url)", err)
-		}
-		d.cluster = c
-		url = c.URL()
-		if c.External() {
-			fmt.Fprintf(d.out, "listenhub demo: using %s from %s\n", redactURL(url), pgtest.EnvURL)
-		} else {
-			fmt.Fprintf(d.out, "listenhub demo: started a throwaway PostgreSQL on 127.0.0.1:%d in %s (wal_level=logical, fsync on; removed on exit)\n", c.Port(), c.Dir())
-		}
-	} else {
-		fmt.Fprintf(d.out, "listenhub demo: using %s\n", redactURL(url))
+	// fsync on: the trigger's cost is a commit queue behind a WAL flush,
+	// which a cluster without fsync hides.
+	url, cluster, err := demoDatabase(readyCtx, d.out, d.cfg.databaseURL,
+		pgtest.Options{Logical: true, Settings: map[string]string{"fsync": "on"}}, "wal_level=logical, fsync on")
+	if err != nil {
+		return err
 	}
+	d.cluster = cluster
 
-	var err error
 	if d.admin, err = connectAs(readyCtx, url, d.schema+"-admin"); err != nil {
 		return err
 	}

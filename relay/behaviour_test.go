@@ -431,7 +431,7 @@ func TestRelayConnectionsKilled(t *testing.T) {
 	waitActive(t, r)
 	w.burst(10)
 	w.settle(10 * time.Second)
-	for _, kind := range []string{"walsender", "client backend"} {
+	for round, kind := range []string{"walsender", "client backend"} {
 		t0, n0 := time.Now(), w.commitCount()
 		stop, done := make(chan struct{}), make(chan struct{})
 		go func() { w.write(1<<30, stop); close(done) }()
@@ -445,6 +445,12 @@ func TestRelayConnectionsKilled(t *testing.T) {
 		}
 		n1 := w.commitCount()
 		testutil.WaitFor(t, 20*time.Second, "commits after the kill", func() bool { return w.commitCount() >= n1+40 })
+		// A reader's re-read can cover commits made after its wake, so the
+		// wakes alone do not show that the relay came back: wait for it.
+		testutil.WaitFor(t, 20*time.Second, "the relay streaming again", func() bool {
+			st := r.Stats()
+			return st.Reconnects >= uint64(round+1) && st.State == StateActive
+		})
 		close(stop)
 		<-done
 		w.settle(15 * time.Second)

@@ -221,7 +221,10 @@ type Hub struct {
 
 	ticks       uint64
 	statusTimer stopper
-	stopTimer   *loop.Timer
+	// resendAt is the index below which workers still wait for this
+	// round's status re-send (resendStatus); 0 when no round is going.
+	resendAt  int
+	stopTimer *loop.Timer
 
 	up *upgrade // a hot upgrade in progress, either side (upgrade.go)
 
@@ -533,10 +536,37 @@ func (h *Hub) onStatusTick() {
 		}
 	}
 	h.flushSuppressed()
-	if h.ticks%statusEvery != 0 {
+	if h.ticks%statusEvery != 0 || h.resendAt > 0 {
+		return // not this tick, or the last round is still going out
+	}
+	h.resendAt = h.workers.len()
+	h.resendStatus()
+}
+
+// statusSlice is how many workers one loop iteration re-sends the status
+// to. The re-send is the largest burst of work the loop does on its own
+// (a write to every worker); in one piece it held the loop for seconds at
+// 10,000 workers on a loaded machine, and every wake and ack with it. In
+// slices, the events that arrive meanwhile are served between two.
+const statusSlice = 128
+
+// resendStatus re-sends the status to the next statusSlice workers below
+// resendAt and posts itself for the rest. The index walks down: a worker
+// removed meanwhile hands its index to the last one, which was already
+// served (at worst it is served twice, and a status is idempotent), and a
+// worker that connects meanwhile got its status when it connected.
+func (h *Hub) resendStatus() {
+	if h.stopping || h.closed || (h.up != nil && h.up.handed) {
+		h.resendAt = 0
 		return
 	}
-	for w := range h.workers.all() {
+	for n := 0; n < statusSlice; n++ {
+		h.resendAt = min(h.resendAt, h.workers.len())
+		if h.resendAt == 0 {
+			return
+		}
+		h.resendAt--
+		w := h.workers.list[h.resendAt]
 		// A status frame still wholly unsent says the same thing: the
 		// re-send would only add to the backlog of a worker that is
 		// not reading.
@@ -544,6 +574,9 @@ func (h *Hub) onStatusTick() {
 			continue
 		}
 		h.sendStatus(w)
+	}
+	if h.resendAt > 0 && h.loop.Post(h.resendStatus) != nil {
+		h.resendAt = 0
 	}
 }
 

@@ -767,3 +767,35 @@ func TestRingStorageKeptOnlyWhileBusy(t *testing.T) {
 		t.Fatalf("a worker quiet for two intervals still holds %d bytes", got)
 	}
 }
+
+// The periodic status re-send goes out statusSlice workers per loop
+// iteration, so that the events arriving meanwhile are served between two
+// slices instead of behind a write to every worker; every worker still gets
+// it once per round.
+func TestStatusResendIsSliced(t *testing.T) {
+	e := newEnv(t, nil)
+	n := 2*statusSlice + 10
+	ws := make([]*tw, n)
+	for i := range ws {
+		ws[i] = e.dial()
+	}
+	for i := 0; i < statusEvery-1; i++ {
+		e.advance(time.Second)
+	}
+	// The tick that re-sends runs the first slice and posts the rest; a
+	// post made after it runs with the second slice, in the same
+	// iteration, and sees the round unfinished.
+	e.advance(time.Second)
+	var left int
+	e.do(func() { left = e.h.resendAt })
+	if left != n-2*statusSlice {
+		t.Fatalf("after two iterations %d workers wait for the status, want %d", left, n-2*statusSlice)
+	}
+	for _, w := range ws {
+		w.expect(statusTrue)
+	}
+	e.do(func() { left = e.h.resendAt })
+	if left != 0 {
+		t.Fatalf("the round ended with %d workers left", left)
+	}
+}

@@ -170,6 +170,9 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 	if _, err := copyAll(big.c); err != nil {
 		t.Fatalf("big not closed: %v", err)
 	}
+	// The close is seen before the iteration that made it has published
+	// its figures: wait for that iteration to end.
+	e.sync()
 	if s := e.h.Stats(); s.Evictions != 1 || s.Workers != 2 || s.OutboundBytes > budget {
 		t.Fatalf("stats %+v", s)
 	}
@@ -347,6 +350,9 @@ func TestSetLiveLowersBudget(t *testing.T) {
 	if _, err := copyAll(big.c); err != nil {
 		t.Fatalf("big not closed: %v", err)
 	}
+	// The close is seen before the iteration that made it has published
+	// its figures: wait for that iteration to end.
+	e.sync()
 	if s := e.h.Stats(); s.Evictions != 1 || s.Workers != 1 || s.OutboundBytes > hard || held(2) < 200<<10 {
 		t.Fatalf("stats %+v, small holds %d", s, held(2))
 	}

@@ -416,7 +416,9 @@ func TestRelayLoad(t *testing.T) {
 		float64(st.Notifies-before.Notifies)/float64(tx), st.Coalesced-before.Coalesced, st.VisibilityWaits-before.VisibilityWaits)
 	w.report()
 	h := r.CommitToNotify()
-	t.Logf("commit to NOTIFY (relay's histogram): p50 <= %v, p99 <= %v", h.Quantile(0.5), h.Quantile(0.99))
+	d := r.CommitToDecode()
+	t.Logf("commit to NOTIFY (relay's histogram): p50 <= %v, p99 <= %v; commit to decoded: p50 <= %v, p99 <= %v",
+		h.Quantile(0.5), h.Quantile(0.99), d.Quantile(0.5), d.Quantile(0.99))
 }
 
 // TestRelayConnectionsKilled terminates the relay's walsender, then its

@@ -333,3 +333,24 @@ func TestServeRelayUpgrade(t *testing.T) {
 	f.exec("INSERT INTO " + f.schema + ".q_jobs (v) VALUES ('a')")
 	testutil.WaitFor(t, 10*time.Second, "the wake after the upgrade", func() bool { return l.count(ch) == 2 })
 }
+
+// TestRelayProcessGOMAXPROCS: `listenhub relay` runs on one P unless the
+// environment sets GOMAXPROCS (cmd/listenhub relayProcs says why).
+func TestRelayProcessGOMAXPROCS(t *testing.T) {
+	f := newFixture(t, "q_a")
+	for _, c := range []struct{ env, want string }{{"", "gomaxprocs=1"}, {"GOMAXPROCS=2", "gomaxprocs=2"}} {
+		cmd := exec.Command(relayBinary(t), "relay", "--database-url", db.URL(), "--publication", "nope", "--slot", f.slot)
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "GOMAXPROCS=") {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+		if c.env != "" {
+			cmd.Env = append(cmd.Env, c.env)
+		}
+		out, _ := cmd.CombinedOutput() // exits 1: the publication is missing
+		if !strings.Contains(string(out), "listenhub relay starting") || !strings.Contains(string(out), c.want) {
+			t.Errorf("environment %q: want %s in the start line:\n%s", c.env, c.want, out)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -81,6 +82,23 @@ func (f *relayFlags) options(cc *pgconn.Config) (relay.Options, error) {
 	}, nil
 }
 
+// relayProcs gives `listenhub relay` one P (GOMAXPROCS=1) unless the
+// environment sets GOMAXPROCS. The relay does little work per message, on
+// two goroutines (the reader and the batcher) that hand each commit from
+// one to the other; with a P per core the runtime spends more CPU waking
+// and parking threads for those hand-offs than the relay spends on the
+// work. At 16 writers and ~20k commits/s on 2 cores the relay process
+// used 33-54 µs of CPU per commit with 2 Ps and 14-17 µs with one, and it
+// caught up with the writers 2-2.4 times sooner: the CPU it no longer
+// burns goes to its walsender, which decodes every commit for it and is
+// what a busy server starves first (docs/relay.md). In-process tests
+// call runRelay and keep their own setting.
+func relayProcs() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(1)
+	}
+}
+
 // runRelay is `listenhub relay`: the relay on its own.
 func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("relay")
@@ -140,7 +158,8 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer sd.close()
 	sd.ready()
 	log.Info("listenhub relay starting", "version", versionString(), "host", cc.Host, "port", cc.Port,
-		"database", cc.Database, "user", cc.User, "publication", opts.Publication, "slot", opts.Slot)
+		"database", cc.Database, "user", cc.User, "publication", opts.Publication, "slot", opts.Slot,
+		"gomaxprocs", runtime.GOMAXPROCS(0))
 	done := make(chan error, 1)
 	go func() { done <- rl.Run(ctx) }()
 	for {

@@ -173,12 +173,14 @@ func TestTimersFireInDeadlineOrderAndCancelledNeverFire(t *testing.T) {
 		for i := 0; i < n; i++ {
 			d := time.Duration(rng.Intn(80)) * time.Millisecond
 			id := i
-			deadline := time.Now().Add(d)
 			timers[i] = l.AfterFunc(d, func() {
 				if cancelled[id] {
 					t.Errorf("cancelled timer %d fired", id)
 				}
-				fired = append(fired, rec{id, deadline})
+				// The deadline the timer took when it was made: one read
+				// of the clock here, before AfterFunc's own, could order
+				// two timers made a preemption apart the other way.
+				fired = append(fired, rec{id, timers[id].when})
 				remaining--
 				if remaining == 0 {
 					close(allDone)

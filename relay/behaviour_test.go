@@ -272,6 +272,14 @@ func TestRelayMisconfiguration(t *testing.T) {
 	opts.ConnConfig.User = role
 	check("no REPLICATION", run(opts), `ALTER ROLE "`+role+`" REPLICATION`)
 
+	// An op NOTIFYed that the publication does not publish would never
+	// wake anyone.
+	f.exec("ALTER PUBLICATION " + f.pub + " SET (publish = 'insert')")
+	opts = f.options()
+	opts.Ops = OpInsert | OpDelete
+	check("op not published", run(opts), "does not publish delete", `ALTER PUBLICATION "`+f.pub+`" SET (publish = 'insert,delete')`)
+	f.exec("ALTER PUBLICATION " + f.pub + " SET (publish = 'insert, update, delete, truncate')")
+
 	long := "q_" + strings.Repeat("x", 56)
 	f.exec("CREATE TABLE " + f.schema + "." + long + " (id int)")
 	check("channel too long", run(f.options()), "over the 63", long)
@@ -302,6 +310,14 @@ func TestRelayCreatePublication(t *testing.T) {
 	f.startAndResync(opts, l, ch)
 	f.exec("INSERT INTO " + f.schema + ".q_jobs (v) VALUES ('a')")
 	testutil.WaitFor(t, 10*time.Second, "wake", func() bool { return l.count(ch) == 2 })
+	// It publishes only what the relay NOTIFYs (insert, the default ops):
+	// the walsender sends no update or delete for nothing.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := db.QueryInt(ctx, "SELECT count(*)::int FROM pg_publication WHERE pubname = $1 AND pubinsert AND NOT (pubupdate OR pubdelete OR pubtruncate)", f.pub)
+	if err != nil || n != 1 {
+		t.Errorf("the publication created publishes more than inserts (%d matching, %v)", n, err)
+	}
 }
 
 // TestRelayChannelTooLongLater: a table renamed after start to a name

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -229,7 +230,9 @@ type slotInfo struct {
 const preflightSQL = `SELECT current_setting('server_version_num'), current_setting('wal_level'),
 	current_setting('max_wal_senders'), current_setting('max_replication_slots'), pg_is_in_recovery()::text,
 	(r.rolreplication OR r.rolsuper)::text, current_user,
-	(SELECT count(*) FROM pg_publication WHERE pubname = $1)::text
+	coalesce((SELECT '+' || concat_ws(',', CASE WHEN pubinsert THEN 'insert' END, CASE WHEN pubupdate THEN 'update' END,
+		CASE WHEN pubdelete THEN 'delete' END, CASE WHEN pubtruncate THEN 'truncate' END)
+		FROM pg_publication WHERE pubname = $1), '')
 	FROM pg_roles r WHERE r.rolname = current_user;
 SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2;
 SELECT plugin, slot_type, (database = current_database())::text FROM pg_replication_slots WHERE slot_name = $2;
@@ -259,6 +262,35 @@ func (s *session) multi(ctx context.Context, sql string) ([][][]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// withClause finds a WITH (...) in --create-publication: the user chose the
+// publication's parameters.
+var withClause = regexp.MustCompile(`(?i)\bWITH\s*\(`)
+
+// checkPublished compares the publication's publish parameter (e.g.
+// "insert,update") with the ops NOTIFYed. An op NOTIFYed but not published
+// would never wake anyone: that is an error naming the fix. Ops published
+// and not NOTIFYed cost the walsender for nothing: a hint.
+func (r *Relay) checkPublished(published string) error {
+	var pub Ops
+	if published != "" {
+		var err error
+		if pub, err = ParseOps(published); err != nil {
+			return fmt.Errorf("relay: the publication's publish parameter %q: %w", published, err)
+		}
+	}
+	pubName := quoteIdent(r.opts.Publication)
+	if missing := r.opts.Ops &^ pub; missing != 0 {
+		return configErrorf(nil, "publication %s does not publish %s, which --ops NOTIFYs: run ALTER PUBLICATION %s SET (publish = %s);",
+			quoteLiteral(r.opts.Publication), missing, pubName, quoteLiteral((pub | r.opts.Ops).String()))
+	}
+	if extra := pub &^ r.opts.Ops; extra != 0 {
+		r.log.Info("relay: the publication also publishes changes the relay does not NOTIFY; the walsender sends them for nothing",
+			"publication", r.opts.Publication, "unused", extra.String(),
+			"fix", "ALTER PUBLICATION "+pubName+" SET (publish = "+quoteLiteral(r.opts.Ops.String())+")")
+	}
+	return nil
 }
 
 // preflight checks what no retry can fix and reads the publication's
@@ -295,12 +327,18 @@ func (s *session) preflight(ctx context.Context, everActive bool) (slotInfo, err
 	}
 	pub := r.opts.Publication
 	tables := res[1]
-	if v[7] == "0" {
+	if v[7] == "" {
 		if r.opts.CreatePublication == "" {
 			return slotInfo{}, configErrorf(nil, "publication %s does not exist: run CREATE PUBLICATION %s FOR TABLES IN SCHEMA pgmq; (or FOR TABLE ..., FOR ALL TABLES), or start the relay with --create-publication 'TABLES IN SCHEMA pgmq'",
 				quoteLiteral(pub), quoteIdent(pub))
 		}
 		sql := "CREATE PUBLICATION " + quoteIdent(pub) + " FOR " + r.opts.CreatePublication
+		if !withClause.MatchString(r.opts.CreatePublication) {
+			// Only the ops the relay NOTIFYs: the walsender then sends
+			// nothing for the others (a pgmq queue's reads are updates
+			// and its acks deletes, two more changes per message).
+			sql += " WITH (publish = " + quoteLiteral(r.opts.Ops.String()) + ")"
+		}
 		if _, err := s.nc.Exec(ctx, sql).ReadAll(); err != nil {
 			var pe *pgconn.PgError
 			if !errors.As(err, &pe) || pe.Code != "42710" { // not a concurrent creation
@@ -312,6 +350,8 @@ func (s *session) preflight(ctx context.Context, everActive bool) (slotInfo, err
 		if tables, err = query(ctx, s.nc, `SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2`, pub); err != nil {
 			return slotInfo{}, err
 		}
+	} else if err := r.checkPublished(strings.TrimPrefix(v[7], "+")); err != nil {
+		return slotInfo{}, err
 	}
 	s.tables = s.tables[:0]
 	for _, row := range tables {

@@ -117,8 +117,11 @@ type Hub struct {
 	// (histogram.go): written on the loop, read from anywhere.
 	fanoutLatency, ackLatency *histogram
 
-	openPG   pgOpener // set by New; tests replace it
-	newClock func(l *loop.Loop) clock
+	openPG pgOpener // set by New; tests replace it
+	// testPrecopied, when set (tests), runs on handover's goroutine
+	// between the pre-copy and the freeze.
+	testPrecopied func(*precopy)
+	newClock      func(l *loop.Loop) clock
 
 	started  atomic.Bool
 	stopOnce sync.Once

@@ -33,6 +33,10 @@ func init() {
 // The conversation, one JSON message each way at a time:
 //
 //	new → old  hello    {pid}
+//	old → new  plan     {marker}               (TLS: LISTENed already)
+//	new → old  prepared                        (TLS: its own connections)
+//	           old copies the large backlogs into a memfd, serving on
+//	           (precopy.go)
 //	           old freezes: stops accepting and reading workers (their
 //	           input waits in the kernel), waits for Postgres to be quiet
 //	           (no command in flight, the union LISTENed)
@@ -40,6 +44,7 @@ func init() {
 //	new → old  —        new LISTENs channels+marker on its own connection
 //	                    and NOTIFYs the marker; old delivers up to it
 //	old → new  state    {workers, channels, counters, …} + descriptors
+//	                    (the memfd among them), then the bytes not in it
 //	new → old  ready    new holds everything, has touched nothing
 //	old → new  commit   old will never touch any of it again
 //	new → old  serving  new reads, writes and accepts
@@ -76,6 +81,7 @@ type upgrade struct {
 	taking bool // this process is the new one
 	pg     pgHandover
 	marker string
+	pre    *precopy // old: the pre-copy, nil when none
 	// handed: old took the snapshot; workers, socket and Postgres are the
 	// new process's unless the upgrade is rolled back.
 	handed bool
@@ -149,6 +155,10 @@ type handedHub struct {
 	Workers  []handedWorker  `json:"workers"`
 	Extra    map[string]int  `json:"extra,omitempty"`
 
+	// MemFD is the pre-copy's file (precopy.go), holding the Out of the
+	// workers marked Mapped; -1: none.
+	MemFD int `json:"mem_fd"`
+
 	// PGMore are the Postgres connections after the first
 	// (Config.PostgresConnections), in order, their descriptors at
 	// PGMoreFDs; absent from a hub with one connection.
@@ -157,8 +167,9 @@ type handedHub struct {
 }
 
 // handedVersion 2: the conversation has plan and prepared before the
-// freeze, and the workers' bytes travel raw after the state.
-const handedVersion = 2
+// freeze, and the workers' bytes travel raw after the state. 3: the large
+// backlogs are in a memfd (MemFD, handedWorker.Mapped), not raw.
+const handedVersion = 3
 
 type handedSocket struct {
 	FD       int    `json:"fd"`
@@ -195,7 +206,14 @@ type handedWorker struct {
 	In     []byte   `json:"-"`
 	Out    []byte   `json:"-"`
 	Ends   []uint64 `json:"-"`
-	// out are Out's two parts in the old process's ring (not copied).
+	// Mapped: Out is not in the raw message but in the state's memfd,
+	// OutLen bytes at MapAt (pre-copied before the freeze). In the new
+	// process Out is then a mapping, which free lets go of.
+	Mapped bool   `json:"mapped,omitempty"`
+	MapAt  int64  `json:"map_at,omitempty"`
+	free   func() // the new process's, until a ring adopts Out
+	// out are Out's two parts in the old process's ring (not copied);
+	// none when Mapped.
 	out [2][]byte
 	// PartialSince: when the partial frame in In started (unix
 	// nanoseconds): its frame timeout goes on, it does not restart.
@@ -290,6 +308,17 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 		}
 		return fmt.Errorf("hub: upgrade: preparing: %w", err)
 	}
+	// The large backlogs go to a file while the workers are still
+	// served (precopy.go): the freeze then deals with what changed.
+	pc, err := h.precopy(ctx)
+	if err != nil {
+		unmark()
+		return fmt.Errorf("hub: upgrade: pre-copy: %w", err)
+	}
+	defer h.dropPrecopy(pc)
+	if h.testPrecopied != nil {
+		h.testPrecopied(pc)
+	}
 
 	// The freeze: from here to the commit, bounded by freezeLimit (and
 	// ctx), after which everything is undone.
@@ -305,7 +334,7 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 	frozen := make(chan error, 1)
 	prepared := make(chan upPrepare, 1)
 	snap := make(chan snapshotResult, 1)
-	if err := h.loop.Post(func() { h.freeze(pl.marker, frozen, prepared, snap, extra) }); err != nil {
+	if err := h.loop.Post(func() { h.freeze(pl.marker, pc, frozen, prepared, snap, extra) }); err != nil {
 		unmark()
 		return fmt.Errorf("hub: upgrade: %w", err)
 	}
@@ -430,9 +459,9 @@ func (h *Hub) plan(done chan<- upPlanned) {
 
 // freeze stops everything that could change what is handed over: accepts,
 // reads from workers, commands to Postgres. Wakes keep flowing to workers
-// until the snapshot. marker is the plan's (TLS), LISTENed already. Loop
-// goroutine.
-func (h *Hub) freeze(marker string, frozen chan<- error, prepared chan<- upPrepare, snap chan<- snapshotResult, extra map[string]int) {
+// until the snapshot. marker is the plan's (TLS), LISTENed already; pc is
+// the pre-copy (nil: none). Loop goroutine.
+func (h *Hub) freeze(marker string, pc *precopy, frozen chan<- error, prepared chan<- upPrepare, snap chan<- snapshotResult, extra map[string]int) {
 	pg, ok := h.pg.(pgHandover)
 	switch {
 	case h.stopping:
@@ -448,7 +477,7 @@ func (h *Hub) freeze(marker string, frozen chan<- error, prepared chan<- upPrepa
 		frozen <- errors.New("hub: upgrade: the Postgres side changed since the plan")
 		return
 	}
-	h.up = &upgrade{pg: pg, marker: marker}
+	h.up = &upgrade{pg: pg, marker: marker, pre: pc}
 	if h.acceptTimer != nil {
 		h.acceptTimer.Stop()
 		h.acceptTimer = nil
@@ -487,8 +516,8 @@ func (h *Hub) freeze(marker string, frozen chan<- error, prepared chan<- upPrepa
 }
 
 // sendRaw sends the workers' bytes after the state: one message per
-// worker with any, straight from its buffers: In, Out, then the length of
-// each frame in Out (4 bytes, little-endian).
+// worker with any, straight from its buffers: In, Out (unless Mapped),
+// then the length of each frame in Out (4 bytes, little-endian).
 func sendRaw(conn *fdpass.Conn, ws []handedWorker) error {
 	var ends []byte // reused: SendParts has sent it when it returns
 	for i := range ws {
@@ -519,7 +548,11 @@ func recvRaw(conn *fdpass.Conn, ws []handedWorker) error {
 		if hw.InLen < 0 || hw.OutLen < 0 || hw.Frames < 0 {
 			return fmt.Errorf("hub: upgrade: worker %d: negative lengths", hw.ID)
 		}
-		n := hw.InLen + hw.OutLen + 4*hw.Frames
+		outLen := hw.OutLen // in the memfd when Mapped
+		if hw.Mapped {
+			outLen = 0
+		}
+		n := hw.InLen + outLen + 4*hw.Frames
 		b, fds, err := conn.RecvSized(n)
 		closeAll(fds)
 		if err != nil {
@@ -528,8 +561,8 @@ func recvRaw(conn *fdpass.Conn, ws []handedWorker) error {
 		if len(b) != n {
 			return fmt.Errorf("hub: upgrade: worker %d's bytes: %d, want %d", hw.ID, len(b), n)
 		}
-		hw.In, hw.Out = b[:hw.InLen:hw.InLen], b[hw.InLen:hw.InLen+hw.OutLen]
-		ends := b[hw.InLen+hw.OutLen:]
+		hw.In, hw.Out = b[:hw.InLen:hw.InLen], b[hw.InLen:hw.InLen+outLen]
+		ends := b[hw.InLen+outLen:]
 		hw.Ends = make([]uint64, hw.Frames)
 		end := uint64(0)
 		for j := range hw.Ends {
@@ -612,13 +645,23 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 			Received: ch.wakesReceived, Delivered: ch.wakesDelivered})
 	}
 	ws := slices.SortedFunc(h.workers.all(), func(a, b *worker) int { return cmp.Compare(a.id, b.id) })
+	mapped := 0
 	for _, w := range ws {
 		if w.tok.Valid() {
 			_ = h.loop.Unregister(w.tok)
 			w.tok = loop.Token{}
 		}
-		st.Workers = append(st.Workers, handWorker(w, len(fds)))
+		hw := handWorker(w, len(fds))
+		if u.pre != nil && u.pre.hand(w, &hw) {
+			mapped++
+		}
+		st.Workers = append(st.Workers, hw)
 		fds = append(fds, int(w.fd))
+	}
+	st.MemFD = -1
+	if mapped > 0 {
+		st.MemFD = len(fds)
+		fds = append(fds, u.pre.fd)
 	}
 	if len(extra) > 0 {
 		st.Extra = make(map[string]int, len(extra))
@@ -627,7 +670,7 @@ func (h *Hub) snapshot(extra map[string]int) (st *handedHub, fds []int, err erro
 			fds = append(fds, fd)
 		}
 	}
-	h.log.Info("upgrade: handing over", "workers", len(st.Workers), "channels", len(st.Channels),
+	h.log.Info("upgrade: handing over", "workers", len(st.Workers), "mapped", mapped, "channels", len(st.Channels),
 		"postgres", map[bool]string{true: "descriptor", false: "new connection"}[st.Postgres != nil])
 	return st, fds, nil
 }
@@ -985,6 +1028,9 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	for _, i := range st.Extra {
 		idx = append(idx, i)
 	}
+	if st.MemFD >= 0 {
+		idx = append(idx, st.MemFD)
+	}
 	for _, i := range idx {
 		if i < 0 || i >= len(fds) {
 			closeAll(fds)
@@ -994,6 +1040,26 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	if st.Postgres == nil && h.pg == nil {
 		closeAll(fds)
 		return errors.New("hub: upgrade: no Postgres connection handed over")
+	}
+	// The pre-copied backlogs: mapped, the file kept by the mappings
+	// (backlogFile), no longer one of fds to close on an error.
+	for _, hw := range st.Workers {
+		if hw.Mapped && st.MemFD < 0 {
+			closeAll(fds)
+			return fmt.Errorf("hub: upgrade: worker %d's bytes are in a file not handed over", hw.ID)
+		}
+	}
+	if st.MemFD >= 0 {
+		f, err := openBacklogFile(fds[st.MemFD])
+		if err == nil {
+			fds = slices.Clone(fds)
+			fds[st.MemFD] = -1
+			err = mapWorkers(f, st.Workers)
+		}
+		if err != nil {
+			closeAll(fds)
+			return err
+		}
 	}
 	if st.Postgres != nil {
 		cfg := h.listenerConfig()
@@ -1022,6 +1088,7 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 				rest[i] = -1 // closed by Adopt or by Abandon
 			}
 			closeAll(rest)
+			unmapWorkers(st.Workers)
 			return err
 		}
 		h.pg = set
@@ -1060,10 +1127,18 @@ func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
 	}
 	w.dec.Max = MaxInboundFrame
 	// The received bytes become the ring's storage as they are: no
-	// copy, no growth by doubling (40 workers at the caps hold hundreds
-	// of megabytes, all inside the freeze). Ends that do not describe
-	// Out (a confused old process) keep the whole frames, copied.
-	if w.out.Adopt(hw.Out, hw.Ends) != nil {
+	// copy, no growth by doubling; the pre-copied ones are sent from
+	// their mapping, which the ring lets go of once they are written
+	// (40 workers at the caps hold hundreds of megabytes). Ends that do
+	// not describe Out (a confused old process) keep the whole frames,
+	// copied.
+	var err error
+	if hw.free != nil {
+		err = w.out.AdoptForeign(hw.Out, hw.Ends, hw.free)
+	} else {
+		err = w.out.Adopt(hw.Out, hw.Ends)
+	}
+	if err != nil {
 		prev := uint64(0)
 		for _, end := range hw.Ends {
 			if end > uint64(len(hw.Out)) || end <= prev {
@@ -1072,8 +1147,11 @@ func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
 			_ = w.out.Append(hw.Out[prev:end]) // no cap yet: cannot fail
 			prev = end
 		}
+		if hw.free != nil {
+			hw.free()
+		}
 	}
-	hw.Out = nil // the ring's now
+	hw.Out, hw.free = nil, nil // the ring's now
 	w.out.Max = h.bufferMax()
 	if len(hw.Durable) > 0 || len(hw.Spans) > 0 || len(hw.Answers) > 0 || hw.StatusAt >= 0 {
 		tr := h.track(w)

@@ -117,14 +117,17 @@ func childrenOf(pid int) []int {
 }
 
 // TestUpgradeWedgedBacklog: workers that never read hold a backlog near
-// the caps when SIGUSR2 comes. The freeze does not grow with it, a sibling
-// worker loses no wake and sees no ack time out, and the two processes
-// together stay near the old one's memory. CI runs 4 workers with 1 MB
-// each; LISTENHUB_TEST_LARGE_UPGRADE=1 runs the 40 with 6.5 MB.
+// the caps when SIGUSR2 comes. The freeze does not grow with it (the
+// backlog is pre-copied to a file before it), a sibling worker loses no
+// wake and sees no ack time out, and the two processes together stay near
+// the old one's memory: the new one maps the backlog and does not touch
+// it. CI runs 4 workers with 1 MB each; LISTENHUB_TEST_LARGE_UPGRADE=1
+// runs the 40 with 6.5 MB.
 func TestUpgradeWedgedBacklog(t *testing.T) {
 	c := needDB(t)
 	wedged, notifies := 4, 125 // ~8 KB each
-	if os.Getenv("LISTENHUB_TEST_LARGE_UPGRADE") != "" {
+	large := os.Getenv("LISTENHUB_TEST_LARGE_UPGRADE") != ""
+	if large {
 		wedged, notifies = 40, 830
 	}
 	u := startUpHub(t, c.URL())
@@ -152,6 +155,9 @@ func TestUpgradeWedgedBacklog(t *testing.T) {
 		}
 		// From here on it never reads.
 	}
+	// What a hub holding these workers and no backlog costs: about what
+	// the new process costs before it touches any of the backlog.
+	idle := rssKiB(u.pid())
 	done := dialSeqWorker(t, u.socket, "wedge_filled")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
 	defer cancel()
@@ -204,9 +210,10 @@ func TestUpgradeWedgedBacklog(t *testing.T) {
 	}
 	acked, timeouts, slowest := probe.finish()
 	freezes := u.frozenWindows()
-	t.Logf("%d wedged workers x %d KB: freeze %v, sibling's longest gap %v, upgrade %v, acks %d (slowest %v, %d over 2 s), RSS old before %d KiB, old+new peak %d KiB (%.2fx)",
+	backlog := wedged * notifies * 79 / 10
+	t.Logf("%d wedged workers x %d KB: freeze %v, sibling's longest gap %v, upgrade %v, acks %d (slowest %v, %d over 2 s), RSS old before %d KiB, old+new peak %d KiB (%.2fx), idle hub %d KiB, the peak beyond old+idle %d KiB (backlog %d KB)",
 		wedged, notifies*79/10, freezes, gap.Round(time.Millisecond), took.Round(time.Millisecond), acked, slowest.Round(time.Millisecond), timeouts,
-		before, peak, float64(peak)/float64(before))
+		before, peak, float64(peak)/float64(before), idle, peak-before-idle, backlog)
 	if os.Getenv("DBG") != "" {
 		for _, l := range strings.Split(u.log(), "\n") {
 			if strings.Contains(l, "upgrade") || strings.Contains(l, "listener") {
@@ -217,10 +224,26 @@ func TestUpgradeWedgedBacklog(t *testing.T) {
 	if timeouts > 0 {
 		t.Errorf("%d acks took over 2 s", timeouts)
 	}
-	if len(freezes) != 1 || freezes[0] > freezeLimitForTests {
-		t.Errorf("freeze %v, want one, under the limit (50 ms is the target on an idle machine)", freezes)
+	// 50 ms is the target on an idle machine (docs/robustness.md: about
+	// 20 ms at the large size on a loaded one); sending the backlog
+	// inside the freeze took 1.2 s at the large size.
+	if len(freezes) != 1 || freezes[0] > wedgedFreezeBound {
+		t.Errorf("freeze %v, want one, under %v", freezes, wedgedFreezeBound)
+	}
+	// The new process costs about what an idle hub does: raw, the
+	// backlog was in its heap too (peak beyond old+idle ≈ the backlog,
+	// 1.5x the old RSS at the large size).
+	if extra := peak - before - idle; extra > backlog/2 {
+		t.Errorf("the RSS peak is %d KiB beyond the old process's and an idle hub's, want at most half the backlog (%d KB)", extra, backlog)
+	}
+	if large && float64(peak) > 1.2*float64(before) {
+		t.Errorf("old+new RSS peak %d KiB, want at most 1.2x the old process's %d KiB", peak, before)
 	}
 }
+
+// wedgedFreezeBound is TestUpgradeWedgedBacklog's bound on the freeze: five
+// times the target, for a loaded CI machine.
+const wedgedFreezeBound = 250 * time.Millisecond
 
 // hangingBuild replaces u's binary by a script that starts a child and
 // waits for it, holding the hand-over descriptor without ever answering.

@@ -7,7 +7,10 @@
 // borrowed from a process-wide pool on the first Append, grows on demand
 // (copying the pending bytes, in order) up to the byte cap, and goes back to the
 // pool as soon as everything was written. In steady state (append, peek,
-// discard at a stable size) it allocates nothing.
+// discard at a stable size) it allocates nothing. A process taking over
+// another's buffers (a hot upgrade) can make received bytes the storage
+// (Adopt), or bytes it does not own, such as a mapping (AdoptForeign),
+// which are only read and given back once.
 //
 // A Buffer is not safe for concurrent use; in the hub it belongs to the loop
 // goroutine. It must not be copied after first use.
@@ -82,6 +85,9 @@ type store struct {
 	// e.g. clamped to Max or above the largest class).
 	buf  []byte
 	slab *[]byte
+	// free, when set, means buf is foreign (AdoptForeign): never written
+	// to nor pooled, and free is called once when the buffer lets go of it.
+	free func()
 	// head indexes the first pending byte in buf; n bytes are pending, the
 	// rest wrapping around to buf[0:].
 	head, n int
@@ -152,8 +158,8 @@ func (b *Buffer) Append(frame []byte) error {
 		b.st = storePool.Get().(*store)
 	}
 	s := b.st
-	if need > len(s.buf) {
-		b.grow(need)
+	if need > len(s.buf) || s.free != nil {
+		b.grow(need) // foreign storage is never written to
 	}
 	if s.en == len(s.ends) {
 		s.growEnds()
@@ -210,7 +216,7 @@ func (b *Buffer) Discard(n int) {
 	b.written += uint64(n)
 	s.n -= n
 	if s.n == 0 {
-		if b.Retain && len(s.buf) == minSlab && len(s.ends) == minEnds {
+		if b.Retain && len(s.buf) == minSlab && len(s.ends) == minEnds && s.free == nil {
 			s.head, s.ehead, s.en = 0, 0, 0
 			return
 		}
@@ -251,12 +257,14 @@ func (b *Buffer) Reset() {
 	b.release()
 }
 
-// release returns both slabs and the store to their pools.
+// release returns both slabs and the store to their pools (and foreign
+// storage to its owner).
 func (b *Buffer) release() {
 	s := b.st
 	if s == nil {
 		return
 	}
+	s.dropForeign()
 	if s.slab != nil {
 		bytePools[bits.TrailingZeros(uint(len(s.buf)/minSlab))].Put(s.slab)
 	}
@@ -282,7 +290,7 @@ func slabSize(n int) int {
 func (b *Buffer) grow(need int) {
 	s := b.st
 	size := slabSize(need)
-	if size < 2*len(s.buf) {
+	if size < 2*len(s.buf) && s.free == nil { // foreign storage was sized to its bytes, not grown
 		size = 2 * len(s.buf)
 	}
 	if b.Max > minSlab && size > b.Max && need <= b.Max {
@@ -309,10 +317,21 @@ func (s *store) resize(size int) {
 	}
 	first, second := s.peek()
 	copy(buf[copy(buf, first):], second)
+	s.dropForeign()
 	if s.slab != nil {
 		bytePools[bits.TrailingZeros(uint(len(s.buf)/minSlab))].Put(s.slab)
 	}
 	s.buf, s.slab, s.head = buf, slab, 0
+}
+
+// dropForeign gives foreign storage back to its owner, once: buf must not
+// be used afterwards.
+func (s *store) dropForeign() {
+	if s.free != nil {
+		free := s.free
+		s.free, s.buf = nil, nil
+		free()
+	}
 }
 
 // growEnds doubles the frame-end ring (or borrows the first one).
@@ -359,6 +378,27 @@ func (s *store) resizeEnds(size int) {
 // The caller must not use data afterwards. It returns an error, adopting
 // nothing, when the buffer is not empty or the ends do not describe data.
 func (b *Buffer) Adopt(data []byte, ends []uint64) error {
+	return b.adopt(data, ends, nil)
+}
+
+// AdoptForeign is Adopt for storage the Buffer does not own: a mapping of
+// another process's bytes, say (a hot upgrade's pre-copied backlog). The
+// Buffer only reads data; free is called exactly once, on the Buffer's
+// goroutine, when it lets go of data: once the bytes are written, when an
+// Append or a shrink moves what is left to storage of its own, or on
+// Reset. Foreign storage never goes to a pool. On an error nothing was
+// adopted, free is not called and data is still the caller's.
+func (b *Buffer) AdoptForeign(data []byte, ends []uint64, free func()) error {
+	if free == nil {
+		return errors.New("ring: AdoptForeign without free")
+	}
+	if len(data) == 0 {
+		return errors.New("ring: AdoptForeign: no bytes")
+	}
+	return b.adopt(data, ends, free)
+}
+
+func (b *Buffer) adopt(data []byte, ends []uint64, free func()) error {
 	if b.Len() != 0 {
 		return errors.New("ring: Adopt into a non-empty buffer")
 	}
@@ -381,7 +421,7 @@ func (b *Buffer) Adopt(data []byte, ends []uint64) error {
 	b.release()
 	s := storePool.Get().(*store)
 	b.st = s
-	s.buf, s.slab, s.head, s.n = data[:len(data):len(data)], nil, 0, len(data)
+	s.buf, s.slab, s.head, s.n, s.free = data[:len(data):len(data)], nil, 0, len(data), free
 	size := minEnds
 	for size < len(ends) {
 		size *= 2

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // pending returns Peek's two slices joined.
@@ -492,5 +494,172 @@ func TestAdopt(t *testing.T) {
 	b.Discard(100)
 	if b.Len() != 0 || b.Frames() != 0 {
 		t.Fatalf("drained: Len %d Frames %d", b.Len(), b.Frames())
+	}
+}
+
+// foreign maps n read-only bytes of a pattern outside the Go heap, as a
+// hot upgrade's pre-copied backlog is: a write to them, or a read after
+// free unmapped them, crashes the test. freed counts free's calls.
+func foreign(t *testing.T, n int, seed byte) (data []byte, free func(), freed *int) {
+	t.Helper()
+	m, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(m, fill(n, seed))
+	if err := unix.Mprotect(m, unix.PROT_READ); err != nil {
+		t.Fatal(err)
+	}
+	freed = new(int)
+	return m, func() {
+		*freed++
+		if *freed == 1 {
+			unix.Munmap(m)
+		}
+	}, freed
+}
+
+// evenEnds are frame ends every step bytes up to n.
+func evenEnds(n, step int) []uint64 {
+	var ends []uint64
+	for e := step; e < n; e += step {
+		ends = append(ends, uint64(e))
+	}
+	return append(ends, uint64(n))
+}
+
+// TestAdoptForeign: foreign storage is read where it lies (no copy), never
+// written to, and given back exactly once whichever way the buffer lets go
+// of it (drained, an Append or a shrink moving the rest to storage of its
+// own, Reset, a Retain buffer drained), never to a pool: the pools'
+// slabs are written after it was unmapped.
+func TestAdoptForeign(t *testing.T) {
+	const n = 64 << 10
+	for _, tc := range []struct {
+		name string
+		// let makes b let go of the foreign bytes; want is what is
+		// pending afterwards, given what was adopted.
+		let  func(t *testing.T, b *Buffer)
+		want func(adopted []byte) []byte
+	}{
+		{"drained", func(t *testing.T, b *Buffer) {
+			b.Discard(100)
+			b.Discard(b.Len())
+		}, func([]byte) []byte { return nil }},
+		{"append", func(t *testing.T, b *Buffer) {
+			b.Discard(1000) // room in front: an Append would wrap into it
+			mustAppend(t, b, fill(300, 9))
+		}, func(a []byte) []byte { return append(append([]byte{}, a[1000:]...), fill(300, 9)...) }},
+		{"shrink", func(t *testing.T, b *Buffer) {
+			b.Discard(n - n/4)
+		}, func(a []byte) []byte { return append([]byte{}, a[n-n/4:]...) }},
+		{"reset", func(t *testing.T, b *Buffer) { b.Reset() }, func([]byte) []byte { return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data, free, freed := foreign(t, n, 5)
+			adopted := append([]byte{}, data...)
+			var b Buffer
+			b.Max = 1 << 20
+			mustAppend(t, &b, fill(10, 1))
+			b.Discard(10)
+			if err := b.AdoptForeign(data, evenEnds(n, 512), free); err != nil {
+				t.Fatal(err)
+			}
+			if first, second := b.Peek(); &first[0] != &data[0] || len(first) != n || len(second) != 0 {
+				t.Fatal("AdoptForeign copied the bytes")
+			}
+			if b.Appended() != 10+n || b.Written() != 10 || b.Frames() != n/512 {
+				t.Fatalf("Appended %d Written %d Frames %d", b.Appended(), b.Written(), b.Frames())
+			}
+			if *freed != 0 {
+				t.Fatal("freed on adoption")
+			}
+			tc.let(t, &b)
+			if *freed != 1 {
+				t.Fatalf("free called %d times, want once", *freed)
+			}
+			want := tc.want(adopted)
+			if got := pending(&b); !bytes.Equal(got, want) {
+				t.Fatalf("pending %d bytes, want %d", len(got), len(want))
+			}
+			// What is pending is the buffer's own now: it goes on as
+			// any buffer would, and free is not called again.
+			mustAppend(t, &b, fill(100, 3))
+			b.Discard(b.Len())
+			b.Reset()
+			if *freed != 1 {
+				t.Fatalf("free called %d times, want once", *freed)
+			}
+		})
+	}
+
+	t.Run("retain", func(t *testing.T) {
+		data, free, freed := foreign(t, minSlab, 5) // a retained size
+		var b Buffer
+		b.Retain = true
+		if err := b.AdoptForeign(data, []uint64{minSlab}, free); err != nil {
+			t.Fatal(err)
+		}
+		b.Discard(minSlab)
+		if *freed != 1 || b.Cap() != 0 {
+			t.Fatalf("drained Retain buffer: free called %d times, Cap %d; want 1, 0", *freed, b.Cap())
+		}
+		mustAppend(t, &b, fill(100, 3)) // into storage of its own
+		if *freed != 1 || !bytes.Equal(pending(&b), fill(100, 3)) {
+			t.Fatalf("after Append: free called %d times", *freed)
+		}
+	})
+
+	t.Run("full", func(t *testing.T) {
+		data, free, freed := foreign(t, 1000, 5)
+		b := New(1000)
+		if err := b.AdoptForeign(data, []uint64{1000}, free); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Append(fill(10, 1)); !errors.Is(err, ErrFull) {
+			t.Fatalf("Append past the cap: %v, want ErrFull", err)
+		}
+		if first, _ := b.Peek(); &first[0] != &data[0] || *freed != 0 {
+			t.Fatalf("a refused Append moved the foreign bytes (free called %d times)", *freed)
+		}
+		b.Reset()
+		if *freed != 1 {
+			t.Fatalf("free called %d times, want once", *freed)
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		data, free, freed := foreign(t, 1000, 5)
+		var b Buffer
+		for _, c := range []struct {
+			data []byte
+			ends []uint64
+			free func()
+		}{
+			{data, []uint64{1000}, nil},
+			{data[:0], nil, free},
+			{data, []uint64{999}, free},
+			{data, []uint64{500, 400, 1000}, free},
+		} {
+			if err := b.AdoptForeign(c.data, c.ends, c.free); err == nil || b.Len() != 0 {
+				t.Errorf("AdoptForeign(%d bytes, ends %v, free %v): %v, Len %d", len(c.data), c.ends, c.free != nil, err, b.Len())
+			}
+		}
+		mustAppend(t, &b, fill(10, 1))
+		if err := b.AdoptForeign(data, []uint64{1000}, free); err == nil {
+			t.Error("AdoptForeign into a non-empty buffer")
+		}
+		if *freed != 0 {
+			t.Errorf("a refused adoption called free %d times", *freed)
+		}
+		free()
+	})
+
+	// Every pooled slab class is written once more: had foreign storage
+	// gone to a pool, this writes to unmapped memory.
+	for c := range byteClasses {
+		var b Buffer
+		mustAppend(t, &b, fill(minSlab<<c, 1))
+		b.Reset()
 	}
 }

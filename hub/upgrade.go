@@ -171,6 +171,25 @@ type handedHub struct {
 // backlogs are in a memfd (MemFD, handedWorker.Mapped), not raw.
 const handedVersion = 3
 
+// fromVersion accepts the state of this version and of version 2 (0.1.0,
+// whose hub sends every worker's bytes raw and has no memfd), so that the
+// release before this one upgrades to it in place.
+func (st *handedHub) fromVersion() error {
+	switch st.Version {
+	case handedVersion:
+		return nil
+	case 2:
+		st.MemFD = -1 // absent from its JSON, which reads as 0
+		for _, hw := range st.Workers {
+			if hw.Mapped {
+				return fmt.Errorf("hub: upgrade: a version 2 state with a mapped worker (%d)", hw.ID)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("hub: upgrade: state version %d, this binary speaks 2 and %d", st.Version, handedVersion)
+}
+
 type handedSocket struct {
 	FD       int    `json:"fd"`
 	Path     string `json:"path"`
@@ -1009,9 +1028,9 @@ func (h *Hub) listenerConfig() listener.Config {
 // the loop yet but a paused Postgres connection. Loop goroutine (or before
 // the loop runs).
 func (h *Hub) adopt(st *handedHub, fds []int) error {
-	if st.Version != handedVersion {
+	if err := st.fromVersion(); err != nil {
 		closeAll(fds)
-		return fmt.Errorf("hub: upgrade: state version %d, this binary speaks %d", st.Version, handedVersion)
+		return err
 	}
 	idx := []int{st.Socket.FD}
 	if st.Postgres != nil {

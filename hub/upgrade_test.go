@@ -1,15 +1,16 @@
 package hub
 
 import (
-	"github.com/listenhub/listenhub/internal/fdpass"
-
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/fdpass"
 )
 
 // TestHandedWorkerRoundTrip: a worker's state survives encoding to JSON and
@@ -176,5 +177,34 @@ func rawRoundTrip(t *testing.T, from, to []handedWorker) {
 	}
 	if err := <-sent; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHandedStateFromVersion2: the state of a 0.1.0 hub (version 2: no
+// mem_fd field, every worker's bytes raw) is adopted as having no memfd,
+// instead of taking descriptor 0 for one; other versions are refused.
+func TestHandedStateFromVersion2(t *testing.T) {
+	var st handedHub
+	v2 := `{"version":2,"socket":{"fd":0,"path":"/run/x.sock","Dev":1,"Ino":2},"pg_fd":1,"healthy":true,"next_id":3,
+		"channels":[{"q":"q","pg":"q"}],"workers":[{"id":1,"fd":2,"subs":["q"],"out_len":2,"frames":1}]}`
+	if err := json.Unmarshal([]byte(v2), &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.fromVersion(); err != nil || st.MemFD != -1 {
+		t.Fatalf("version 2: %v, MemFD %d, want accepted with -1", err, st.MemFD)
+	}
+	st = handedHub{Version: 2, Workers: []handedWorker{{ID: 7, Mapped: true}}}
+	if err := st.fromVersion(); err == nil {
+		t.Error("a version 2 state with a mapped worker accepted")
+	}
+	for _, v := range []int{1, handedVersion + 1} {
+		st = handedHub{Version: v}
+		if err := st.fromVersion(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("state version %d", v)) {
+			t.Errorf("version %d: %v, want refused", v, err)
+		}
+	}
+	st = handedHub{Version: handedVersion, MemFD: 4}
+	if err := st.fromVersion(); err != nil || st.MemFD != 4 {
+		t.Errorf("this version: %v, MemFD %d", err, st.MemFD)
 	}
 }

@@ -478,3 +478,54 @@ func TestRelayConnectionsKilled(t *testing.T) {
 	}
 	w.report()
 }
+
+// TestRelayBacklogOneBatch: transactions decoded while a NOTIFY is stuck
+// (its backend stopped) go out together in one NOTIFY transaction once it
+// returns, even with a window far shorter than it takes to gather them:
+// they are decoded already, so joining the batch waits for nothing.
+func TestRelayBacklogOneBatch(t *testing.T) {
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	opts := f.options()
+	opts.ApplicationName = "relay-" + f.slot
+	opts.Window = time.Microsecond
+	r := f.start(opts)
+	waitActive(t, r)
+	f.exec("INSERT INTO " + f.schema + ".q_a (v) VALUES ('first')")
+	testutil.WaitFor(t, 10*time.Second, "the first wake", func() bool { return l.count(ch) >= 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pids, err := db.BackendPIDs(ctx, opts.ApplicationName)
+	if err != nil || len(pids) != 1 {
+		t.Fatalf("the relay's NOTIFY backend: %v (%v)", pids, err)
+	}
+	if err := db.Freeze(pids[0]); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	defer func() {
+		if !thawed {
+			db.Thaw(pids[0])
+		}
+	}()
+	// One insert whose NOTIFY gets stuck, then the backlog behind it.
+	decoded := r.CommitToDecode().Count
+	f.exec("INSERT INTO " + f.schema + ".q_a (v) VALUES ('stuck')")
+	testutil.WaitFor(t, 10*time.Second, "the stuck NOTIFY sent", func() bool { return r.CommitToDecode().Count > decoded })
+	const backlog = 200
+	for i := 0; i < backlog; i++ {
+		f.exec("INSERT INTO " + f.schema + ".q_a (v) VALUES ('b')")
+	}
+	testutil.WaitFor(t, 20*time.Second, "the backlog decoded", func() bool { return r.CommitToDecode().Count >= decoded+1+backlog })
+	before := r.Stats()
+	thawed = true
+	if err := db.Thaw(pids[0]); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "the backlog NOTIFYed", func() bool { return r.Stats().Transactions >= before.Transactions+1+backlog })
+	if n := r.Stats().Batches - before.Batches; n > 2 {
+		t.Errorf("%d NOTIFY transactions for a backlog of %d decoded behind a stuck one, want 2", n, backlog)
+	}
+}

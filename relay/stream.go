@@ -354,13 +354,47 @@ func (s *session) stream(ctx context.Context) error {
 		}
 		return nil
 	}
+	handle := func(ev event) error {
+		switch ev.kind {
+		case evCommit:
+			b.add(ev)
+		case evKeepalive:
+			b.more = ev.more
+			if b.txs == 0 && ev.end > confirmed {
+				// Nothing decoded is waiting: every transaction
+				// before this position has been NOTIFYed or needed
+				// none.
+				confirmed = ev.end
+				r.lagSeconds.Store(0)
+			}
+			if ev.reply {
+				return sendStatus(false)
+			}
+		}
+		return nil
+	}
 	for {
 		var timeout <-chan time.Time
 		if b.txs > 0 {
 			switch {
 			case r.opts.Window <= 0, b.txs >= maxBatch,
-				!b.more && len(events) == 0,
-				time.Since(b.start) >= r.opts.Window:
+				!b.more && len(events) == 0:
+				if err := flush(); err != nil {
+					return err
+				}
+				continue
+			case time.Since(b.start) >= r.opts.Window:
+				// The window is over, but what the reader has decoded
+				// meanwhile joins the batch: it waits for nothing more,
+				// and behind a slow NOTIFY round trip it is most of the
+				// stream. One NOTIFY transaction for all of it instead
+				// of one per window spares the server (and every
+				// listener) a transaction per millisecond of backlog.
+				for n := len(events); n > 0 && b.txs < maxBatch; n-- {
+					if err := handle(<-events); err != nil {
+						return err
+					}
+				}
 				if err := flush(); err != nil {
 					return err
 				}
@@ -419,23 +453,8 @@ func (s *session) stream(ctx context.Context) error {
 				default:
 				}
 			}
-			switch ev.kind {
-			case evCommit:
-				b.add(ev)
-			case evKeepalive:
-				b.more = ev.more
-				if b.txs == 0 && ev.end > confirmed {
-					// Nothing decoded is waiting: every transaction
-					// before this position has been NOTIFYed or
-					// needed none.
-					confirmed = ev.end
-					r.lagSeconds.Store(0)
-				}
-				if ev.reply {
-					if err := sendStatus(false); err != nil {
-						return err
-					}
-				}
+			if err := handle(ev); err != nil {
+				return err
 			}
 		}
 	}

@@ -57,7 +57,7 @@ type params struct {
 	WritersCatchUp   time.Duration `json:"writers_catch_up_ns,omitempty"` // at most this long for the relay to decode the last commits
 	WritersRounds    int           `json:"writers_rounds,omitempty"`
 	WritersQueues    int           `json:"writers_queues,omitempty"`
-	WritersWorkers   int           `json:"writers_workers,omitempty"`
+	WritersWorkers   int           `json:"writers_workers"` // 0: no hub, no workers (what the sources cost the writers alone)
 	WritersSources   []string      `json:"writers_sources,omitempty"`
 	WritersThrottle  time.Duration `json:"writers_throttle_ns,omitempty"`
 	WritersRelayArgs string        `json:"writers_relay_args,omitempty"`   // extra `listenhub relay` flags
@@ -137,6 +137,7 @@ func runMain(args []string) error {
 	writersW := fs.String("writers", "", "override the writers scenario's writer counts (e.g. 1,16,64)")
 	writersDur := fs.Duration("writers-dur", 0, "override the writers scenario's round duration")
 	writersRounds := fs.Int("writers-rounds", 0, "override the writers scenario's rounds")
+	writersWorkers := fs.Int("writers-workers", fullParams().WritersWorkers, "override the writers scenario's worker processes (0: no hub and no workers, only what each wake source costs the writers)")
 	writersSrc := fs.String("writers-sources", "", "override the writers scenario's wake sources (none,trigger,throttled,relay)")
 	relayArgs := fs.String("relay-args", "", "extra flags for `listenhub relay` in the writers scenario (e.g. \"--window 1ms\")")
 	relayBin := fs.String("relay-bin", "", "run `relay` from this listenhub binary (default: the hub's)")
@@ -172,6 +173,14 @@ func runMain(args []string) error {
 	}
 	if *writersRounds > 0 {
 		p.WritersRounds = *writersRounds
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "writers-workers" {
+			p.WritersWorkers = *writersWorkers
+		}
+	})
+	if p.WritersWorkers < 0 {
+		return fmt.Errorf("--writers-workers: bad count %d", p.WritersWorkers)
 	}
 	if *writersSrc != "" {
 		p.WritersSources = strings.Split(*writersSrc, ",")

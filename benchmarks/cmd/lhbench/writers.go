@@ -22,6 +22,11 @@ package main
 // when a re-read after an earlier wake returned it, whichever is first;
 // wake latency is that moment minus the commit's return (0 when the wake
 // beat the writer's own return). An insert never known is a miss.
+//
+// With K = 0 (--writers-workers 0) there is no hub and no worker process:
+// the rounds measure only what each source costs the writers themselves
+// (commits/s, commit latency, PostgreSQL CPU per commit, and the relay's
+// own figures), and the wake figures and misses are not measured at all.
 
 import (
 	"bufio"
@@ -290,10 +295,16 @@ func (b *bench) writersScenario() error {
 	if hubSys == nil {
 		hubSys = b.sys("hublib")
 	}
-	if hubSys == nil {
+	if p.WritersWorkers < 0 {
+		return fmt.Errorf("writers: %d workers", p.WritersWorkers)
+	}
+	if hubSys == nil && p.WritersWorkers > 0 {
 		return errors.New("writers: needs the hub among --systems")
 	}
 	e := &writersEnv{b: b, queues: p.WritersQueues, nworkers: p.WritersWorkers}
+	if e.nworkers == 0 {
+		info.Notes = append(info.Notes, "no hub and no workers (--writers-workers 0): what each wake source costs the writers alone; wake latency, wakes/insert and misses not measured")
+	}
 	defer e.close()
 
 	binDir, err := pgcluster.BinDir()
@@ -336,10 +347,12 @@ func (b *bench) writersScenario() error {
 	}
 	if slices.Contains(p.WritersSources, "relay") {
 		e.relayBin = b.relayBin
-		if e.relayBin == "" {
+		if e.relayBin == "" && hubSys != nil {
 			e.relayBin = hubSys.argv[0]
 		}
-		if err := exec.Command(e.relayBin, "relay", "--help").Run(); err != nil {
+		if e.relayBin == "" {
+			info.Notes = append(info.Notes, "relay not measured: no listenhub binary (--relay-bin, or the hub among --systems)")
+		} else if err := exec.Command(e.relayBin, "relay", "--help").Run(); err != nil {
 			info.Notes = append(info.Notes, fmt.Sprintf("relay not measured: %s relay --help: %v", e.relayBin, err))
 			e.relayBin = ""
 		} else {
@@ -347,11 +360,13 @@ func (b *bench) writersScenario() error {
 		}
 	}
 
-	hub := *hubSys
-	hub.name, hub.dbURL, hub.cpus = "hub-writers", e.url, 0
-	e.hub = &hub
-	if err := e.hub.start(b.dir); err != nil {
-		return err
+	if e.nworkers > 0 {
+		hub := *hubSys
+		hub.name, hub.dbURL, hub.cpus = "hub-writers", e.url, 0
+		e.hub = &hub
+		if err := e.hub.start(b.dir); err != nil {
+			return err
+		}
 	}
 	for i := range e.nworkers {
 		w, err := startProc(nil, "wakeworker", "--socket", e.hub.socket, "--database-url", e.url,
@@ -427,9 +442,13 @@ func (b *bench) writersScenario() error {
 				}
 				hs[key][0].Merge(&rr.commit)
 				hs[key][1].Merge(&rr.wake)
-				b.logf("writers %-9s W=%-2d round %d: %6.0f commits/s, commit p99 %s, wake p50 %s p99 %s, %.3f wakes/insert, %d misses, PG CPU %.1f µs/commit; load %s",
-					src, w, round+1, float64(rr.commits)/rr.seconds, us(float64(rr.commit.Summarize().P99)), us(rr.wake.Summarize().P50), us(rr.wake.Summarize().P99),
-					float64(rr.wakes)/float64(e.nworkers)/float64(max(rr.commits, 1)), rr.misses, rr.pgCPU*1e6/float64(max(rr.commits, 1)), loadavg())
+				wakes := "no workers: wakes not measured"
+				if e.nworkers > 0 {
+					wakes = fmt.Sprintf("wake p50 %s p99 %s, %.3f wakes/insert, %d misses", us(rr.wake.Summarize().P50), us(rr.wake.Summarize().P99),
+						float64(rr.wakes)/float64(e.nworkers)/float64(max(rr.commits, 1)), rr.misses)
+				}
+				b.logf("writers %-9s W=%-2d round %d: %6.0f commits/s, commit p99 %s, %s, PG CPU %.1f µs/commit; load %s",
+					src, w, round+1, float64(rr.commits)/rr.seconds, us(float64(rr.commit.Summarize().P99)), wakes, rr.pgCPU*1e6/float64(max(rr.commits, 1)), loadavg())
 				if rr.relay != nil {
 					b.logf("  relay's own figures: %.0f transactions, %.0f NOTIFY transactions, %.0f visibility waits, commit → NOTIFY p50 ≤ %s, p99 ≤ %s; caught up %.1fs after the writers stopped; walsender CPU %.1f µs/commit%s",
 						rr.relay.Transactions, rr.relay.Batches, rr.relay.VisibilityWaits, bound(rr.relay.quantile(0.5)), bound(rr.relay.quantile(0.99)), rr.relay.CatchUpS,
@@ -443,7 +462,9 @@ func (b *bench) writersScenario() error {
 			if row.Rounds > 0 {
 				row.CommitsPerS = float64(row.Commits) / row.Seconds
 				row.Commit, row.Wake = hs[key][0].Summarize(), hs[key][1].Summarize()
-				row.WakesPerInsert = float64(row.Wakes) / float64(e.nworkers) / float64(max(row.Commits, 1))
+				if e.nworkers > 0 {
+					row.WakesPerInsert = float64(row.Wakes) / float64(e.nworkers) / float64(max(row.Commits, 1))
+				}
 			}
 			b.res.Writers = append(b.res.Writers, *row)
 		}
@@ -491,7 +512,7 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 			return nil, err
 		}
 	}
-	pg0, relay0, hub0 := e.pgCPU(), procCPU(pidOf(relay)), procCPU(e.hub.serverPID())
+	pg0, relay0, hub0 := e.pgCPU(), procCPU(pidOf(relay)), procCPU(e.hubPID())
 	var rm0 *relayFigures
 	var walsender int
 	var ws0 time.Duration
@@ -563,7 +584,7 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	}
 	rr.pgCPU = (e.pgCPU() - pg0).Seconds()
 	rr.relayCPU = (procCPU(pidOf(relay)) - relay0).Seconds()
-	rr.hubCPU = (procCPU(e.hub.serverPID()) - hub0).Seconds()
+	rr.hubCPU = (procCPU(e.hubPID()) - hub0).Seconds()
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("writer: %w", err)
 	}
@@ -576,8 +597,11 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	}
 
 	// The last wakes: the writers have stopped, what is coming comes
-	// within the drain.
-	time.Sleep(b.p.WritersDrain)
+	// within the drain. The relay's last NOTIFY transactions too, whose
+	// counters follow its decoding.
+	if e.nworkers > 0 || rm0 != nil {
+		time.Sleep(b.p.WritersDrain)
+	}
 	if rm0 != nil {
 		if rm1, err := scrapeRelay(relayMetrics); err == nil {
 			rr.relay = rm1.sub(rm0)
@@ -631,6 +655,9 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	for i := range recs {
 		rr.commits += len(recs[i])
 		rr.commit.Merge(&hists[i])
+		if e.nworkers == 0 {
+			continue // no one to know of the rows: no latency, no miss
+		}
 		for _, in := range recs[i] {
 			v := &views[in.q]
 			known := int64(-1)
@@ -879,6 +906,14 @@ func ppidOf(pid int) int {
 	}
 	ppid, _ := strconv.Atoi(f[1])
 	return ppid
+}
+
+// hubPID is the hub's process (0: no hub, with no workers).
+func (e *writersEnv) hubPID() int {
+	if e.hub == nil {
+		return 0
+	}
+	return e.hub.serverPID()
 }
 
 func pidOf(cmd *exec.Cmd) int {

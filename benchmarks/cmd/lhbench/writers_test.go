@@ -105,3 +105,135 @@ func TestWritersSmoke(t *testing.T) {
 		t.Errorf("a writers-only run prints the issue-6 targets:\n%s", sb.String())
 	}
 }
+
+// TestWritersNoWorkers runs the writers scenario with --writers-workers 0
+// and no hub among the systems: no hub and no worker is started, every
+// source still gives commits, the wake figures and misses are "-" in the
+// table and not counted, their targets are not run (not met), and the
+// relay's row still has its own figures (it waited until the relay had
+// decoded every commit).
+func TestWritersNoWorkers(t *testing.T) {
+	if _, err := pgcluster.BinDir(); err != nil {
+		t.Skip(err)
+	}
+	t.Setenv(childEnv, "1")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := params{WritersW: []int{4}, WritersDur: time.Second, WritersDrain: 500 * time.Millisecond, WritersCatchUp: time.Minute, WritersRounds: 1,
+		WritersQueues: 4, WritersWorkers: 0, WritersSources: []string{"none", "trigger", "relay"}, WritersThrottle: 250 * time.Millisecond}
+	relayBin := os.Getenv("LHBENCH_TEST_RELAY_BIN")
+	if relayBin == "" {
+		relayBin = self
+	}
+	// No hub among the systems: with no workers the scenario needs none.
+	b := &bench{ctx: ctx, p: p, dir: t.TempDir(), logf: t.Logf, res: &Results{}, relayBin: relayBin}
+	if err := b.writersScenario(); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]WritersRow{}
+	for _, r := range b.res.Writers {
+		if r.Err != "" || r.Rounds != 1 || r.Commits == 0 {
+			t.Errorf("%s W=%d: %d rounds, %d commits, error %q", r.Source, r.W, r.Rounds, r.Commits, r.Err)
+		}
+		if r.Wakes != 0 || r.Reads != 0 || r.Wake.Count != 0 || r.WakesPerInsert != 0 || r.Misses != 0 || r.HubCPU != 0 {
+			t.Errorf("%s: no workers, yet %d wakes, %d re-reads, %d latencies, %v wakes/insert, %d misses, hub CPU %v s",
+				r.Source, r.Wakes, r.Reads, r.Wake.Count, r.WakesPerInsert, r.Misses, r.HubCPU)
+		}
+		if r.PGCPU <= 0 {
+			t.Errorf("%s: PostgreSQL CPU %v s", r.Source, r.PGCPU)
+		}
+		rows[r.Source] = r
+	}
+	if len(rows) != len(p.WritersSources) {
+		t.Fatalf("rows for %d sources, want %d: %+v", len(rows), len(p.WritersSources), b.res.Writers)
+	}
+	relay := rows["relay"]
+	if relay.RelayCPU <= 0 || relay.Relay == nil || relay.Relay.Transactions < float64(relay.Commits) || relay.Relay.quantile(0.5) == 0 || relay.Relay.WalsenderCPU <= 0 {
+		t.Errorf("relay: CPU %v s, its own figures %+v; want all of its %d commits decoded, a commit → NOTIFY, walsender CPU", relay.RelayCPU, relay.Relay, relay.Commits)
+	}
+	if i := b.res.WritersInfo; i == nil || i.Workers != 0 {
+		t.Errorf("set-up: %+v", b.res.WritersInfo)
+	}
+
+	// The table: wake figures "-", the relay's own figures there.
+	tab := writersTable(b.res)
+	col := map[string]int{}
+	for i, h := range tab.header {
+		col[h] = i
+	}
+	if !strings.Contains(tab.title, "no hub and no workers") {
+		t.Errorf("title: %q", tab.title)
+	}
+	for _, row := range tab.rows {
+		for _, h := range []string{"wake p50", "wake p99", "wake max", "wakes/insert", "misses", "hub CPU/commit"} {
+			if row[col[h]] != "-" {
+				t.Errorf("%s: %s %q, want -", row[0], h, row[col[h]])
+			}
+		}
+		if row[col["PG CPU/commit"]] == "-" {
+			t.Errorf("%s: no PostgreSQL CPU per commit", row[0])
+		}
+		if row[0] == "relay" {
+			for _, h := range []string{"relay CPU/commit", "relay commit→NOTIFY p50/p99", "relay caught up"} {
+				if row[col[h]] == "-" {
+					t.Errorf("relay: %s %q", h, row[col[h]])
+				}
+			}
+			if c := row[col["relay CPU/commit"]]; !strings.Contains(c, "walsender") {
+				t.Errorf("relay: CPU/commit %q, without the walsender's", c)
+			}
+		}
+	}
+
+	// The verdicts: the wake and misses targets are not run, not met.
+	ts := evaluate17(b.res)
+	if len(ts) != 4 {
+		t.Fatalf("%d issue-17 targets, want 4", len(ts))
+	}
+	if x := ts[3]; x.Met != "not run" || !strings.Contains(x.Figure, "not counted") {
+		t.Errorf("%s: %q (%s), want not run", x.Name, x.Met, x.Figure)
+	}
+	b.res.Targets17 = ts
+	var sb strings.Builder
+	printAll(&sb, b.res)
+	t.Logf("the tables:\n%s", sb.String())
+}
+
+// TestWriters17NoWorkers: the issue-17 verdicts of a run without workers
+// judge the writers' rates, and give the wake and misses targets no verdict
+// (their zeros measured nothing), however good the relay's own figures.
+func TestWriters17NoWorkers(t *testing.T) {
+	relayFigs := &relayFigures{Transactions: 1000, CommitToNotify: map[string]float64{"0.001": 1000, "0.01": 1000, "+Inf": 1000}}
+	row := func(src string, w int, rate float64) WritersRow {
+		x := WritersRow{Source: src, W: w, Rounds: 1, Commits: int(rate), Seconds: 1, CommitsPerS: rate, PGCPU: 0.1}
+		if src == "relay" {
+			x.Relay = relayFigs
+		}
+		return x
+	}
+	r := &Results{WritersInfo: &WritersInfo{Workers: 0},
+		Writers: []WritersRow{row("none", 64, 1000), row("trigger", 64, 200), row("relay", 64, 900), row("relay", 16, 900)}}
+	ts := evaluate17(r)
+	want := []string{"met", "met", "not run", "not run"}
+	if len(ts) != len(want) {
+		t.Fatalf("%d targets, want %d", len(ts), len(want))
+	}
+	for i, x := range ts {
+		if x.Met != want[i] {
+			t.Errorf("%s: %q (%s), want %q", x.Name, x.Met, x.Figure, want[i])
+		}
+	}
+	if !strings.Contains(ts[2].Figure, "wakes not measured") || !strings.Contains(ts[2].Figure, "100.0% within 10 ms") {
+		t.Errorf("%s: %s; want no workers, and the relay's own figure", ts[2].Name, ts[2].Figure)
+	}
+
+	// The same rows with workers are judged on their (zero) wake figures.
+	r.WritersInfo.Workers = 8
+	if ts := evaluate17(r); ts[2].Met != "met" || ts[3].Met != "met" {
+		t.Errorf("with workers: %q, %q; want met, met", ts[2].Met, ts[3].Met)
+	}
+}

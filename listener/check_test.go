@@ -91,6 +91,10 @@ func wantOutcome(t testing.TB, errc chan error) error {
 	}
 }
 
+// checkTimeout is the health-check timeout of the tests of a connection
+// that delivers.
+const checkTimeout = 5 * time.Second
+
 // TestCheckDirect: a direct connection passes the check with matching
 // pids, keeps checking end to end while idle (a NOTIFY every few
 // intervals, not only empty queries), never hands the private channel to
@@ -101,7 +105,11 @@ func TestCheckDirect(t *testing.T) {
 			continue
 		}
 		t.Run(v.name, func(t *testing.T) {
-			s := startChecked(t, v.url(), Config{HealthCheckInterval: 10 * time.Millisecond, HealthCheckTimeout: 2 * time.Second})
+			// A timeout well above a check's round trip: what is tested
+			// is that a direct connection passes, and a check that a
+			// loaded machine (race build, TLS) answers in 2 s now and
+			// then would read as a lost connection.
+			s := startChecked(t, v.url(), Config{HealthCheckInterval: 10 * time.Millisecond, HealthCheckTimeout: checkTimeout})
 			s.r.waitHealth(t, 0, pgTimeout, true)
 			var key, server uint32
 			var check string
@@ -109,11 +117,16 @@ func TestCheckDirect(t *testing.T) {
 			if key == 0 || key != server {
 				t.Fatalf("BackendKeyData pid %d, pg_backend_pid() %d: want equal", key, server)
 			}
+			t0 := time.Now()
 			testutil.WaitFor(t, pgTimeout, "three end-to-end checks", func() bool {
 				var n int
 				s.on(t, func() { n = s.c.chk.checks })
 				return n >= 3
 			})
+			// The probes keep the interval's pace, not the timeout's.
+			if d := time.Since(t0); d >= checkTimeout {
+				t.Errorf("three checks took %v: the next probe waited for the timeout (%v), not the interval", d, checkTimeout)
+			}
 			if err := wantOutcome(t, s.listen(t, check)); err == nil || !strings.Contains(err.Error(), "reserved") {
 				t.Fatalf("Listen(%q): %v, want refused as reserved", check, err)
 			}
@@ -188,7 +201,7 @@ func TestCheckTransactionPooler(t *testing.T) {
 // and works.
 func TestCheckSessionPooler(t *testing.T) {
 	b := pgtesting.PgBouncer(t, db, "session")
-	s := startChecked(t, b.URL(), Config{HealthCheckInterval: 10 * time.Millisecond, HealthCheckTimeout: 2 * time.Second})
+	s := startChecked(t, b.URL(), Config{HealthCheckInterval: 10 * time.Millisecond, HealthCheckTimeout: checkTimeout})
 	errc := s.listen(t, "session")
 	s.r.waitHealth(t, 0, pgTimeout, true)
 	if err := wantOutcome(t, errc); err != nil {

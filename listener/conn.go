@@ -830,7 +830,7 @@ func (c *Conn) healthTick() {
 	if !c.probeSince.IsZero() {
 		if !c.lastRx.After(c.probeSince) {
 			if wait := c.cfg.HealthCheckTimeout - now.Sub(c.probeSince); wait > 0 {
-				c.hc.Reset(wait)
+				c.hc.Reset(min(wait, c.cfg.HealthCheckInterval))
 				return
 			}
 			c.fail(fmt.Errorf("%w within %s", ErrHealthCheck, c.cfg.HealthCheckTimeout))
@@ -844,7 +844,11 @@ func (c *Conn) healthTick() {
 		return
 	}
 	c.probeSince = now
-	c.hc.Reset(c.cfg.HealthCheckTimeout)
+	// Looked at again after an interval, not only at the timeout: a probe
+	// answered at once is followed by the next one an interval after the
+	// answer, whatever the timeout (one longer than the interval would
+	// otherwise set the pace).
+	c.hc.Reset(min(c.cfg.HealthCheckInterval, c.cfg.HealthCheckTimeout))
 	if len(c.inflight) == 0 {
 		if c.checkDue(now) {
 			// Every few intervals without a notification the

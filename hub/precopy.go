@@ -68,7 +68,10 @@ type precopy struct {
 	slices int           // loop iterations it took
 	busy   time.Duration // loop time it took
 	stop   atomic.Bool   // the upgrade gave up: the next slice ends it
-	done   chan error    // the copy is complete (nil) or abandoned
+	// handed are the page ranges of the parts handed over (hand), the
+	// only ones the new process maps.
+	handed [][2]int64
+	done   chan error // the copy is complete (nil) or abandoned
 }
 
 // prePart is one worker's region of the file: ring bytes [p0, p1) (absolute
@@ -280,7 +283,27 @@ func (pc *precopy) hand(w *worker, hw *handedWorker) bool {
 	}
 	hw.Mapped, hw.MapAt = true, p.at+int64(written-p.p0)
 	hw.out = [2][]byte{}
+	page := int64(unix.Getpagesize())
+	pc.handed = append(pc.handed, [2]int64{hw.MapAt / page * page, pageUp(hw.MapAt+int64(hw.OutLen), page)})
 	return true
+}
+
+// punchUnhanded frees the file's pages that no handed worker's part
+// covers: the regions of workers that went raw after all (they read past
+// their copy, or closed) and the bytes a handed worker read between the
+// copy and the freeze. The new process maps only the handed parts and
+// frees each when its ring lets go of it; without this the rest would
+// stay allocated as long as any part is mapped, a wedged worker's for
+// ever. Harmless on a rollback (the file goes with its last descriptor).
+func (pc *precopy) punchUnhanded() {
+	slices.SortFunc(pc.handed, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	var from int64
+	for _, r := range append(pc.handed, [2]int64{pc.end, pc.end}) {
+		if r[0] > from {
+			_ = unix.Fallocate(pc.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, from, r[0]-from)
+		}
+		from = max(from, r[1])
+	}
 }
 
 // dropPrecopy closes pc's file on the loop, after any slice in flight (or
@@ -291,6 +314,7 @@ func (h *Hub) dropPrecopy(pc *precopy) {
 	}
 	closeFile := func() {
 		if pc.fd >= 0 {
+			pc.punchUnhanded()
 			unix.Close(pc.fd)
 			pc.fd = -1
 		}
@@ -336,7 +360,8 @@ func (f *backlogFile) mapPart(off int64, n int) ([]byte, func(), error) {
 	f.parts++
 	free := func() {
 		unix.Munmap(m)
-		_ = unix.Fallocate(f.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, base, int64(len(m)))
+		// Whole pages: no other part shares one (mapWorkers).
+		_ = unix.Fallocate(f.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, base, pageUp(int64(len(m)), page))
 		if f.parts--; f.parts == 0 {
 			f.close()
 		}

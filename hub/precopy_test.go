@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,6 +111,27 @@ func (b *backlogWorker) read(t *testing.T, n int) {
 }
 
 // memfds counts this process's descriptors on an upgrade's backlog file.
+// memfdAllocated is the space the upgrade's memfds open in this process
+// hold (allocated blocks, not their sparse size).
+func memfdAllocated(t *testing.T) uint64 {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, e := range ents {
+		if l, _ := os.Readlink("/proc/self/fd/" + e.Name()); strings.HasPrefix(l, "/memfd:listenhub-upgrade") {
+			fi, err := os.Stat("/proc/self/fd/" + e.Name())
+			if err != nil {
+				continue // closed meanwhile
+			}
+			n += uint64(fi.Sys().(*syscall.Stat_t).Blocks) * 512
+		}
+	}
+	return n
+}
+
 func memfds(t *testing.T) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
@@ -213,7 +235,15 @@ func TestHandoverPrecopied(t *testing.T) {
 	handed := make(chan error, 1)
 	go func() { handed <- env.h.handover(ctx, oldEnd, nil) }()
 
-	drainAndGrow(t, env, b, <-copied)
+	pc := <-copied
+	drainAndGrow(t, env, b, pc)
+	// What the worker read since the copy (from p0 to written) is in the
+	// file but not handed over: the old hub frees those pages.
+	written, appended, _ := b.ring(t)
+	page := uint64(os.Getpagesize())
+	if written-pc.order[0].p0 < 2*page {
+		t.Fatalf("the worker read %d bytes of the copy: too few to tell freed pages apart", written-pc.order[0].p0)
+	}
 	goOn()
 	if err := <-handed; err != nil {
 		t.Fatalf("handover: %v", err)
@@ -223,6 +253,9 @@ func TestHandoverPrecopied(t *testing.T) {
 	}
 	if !strings.Contains(env.logs.String(), "mapped=1") {
 		t.Fatal("the worker's backlog was not handed over in the file")
+	}
+	if got, most := memfdAllocated(t), appended-written+2*page; got > most {
+		t.Errorf("the backlog file holds %d bytes after the hand-over; the handed part is at most %d", got, most)
 	}
 	b.h = nh
 	b.read(t, b.sent-b.next+1)

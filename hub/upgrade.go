@@ -1050,11 +1050,19 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 	if st.MemFD >= 0 {
 		idx = append(idx, st.MemFD)
 	}
+	seen := make(map[int]bool, len(idx))
 	for _, i := range idx {
 		if i < 0 || i >= len(fds) {
 			closeAll(fds)
 			return fmt.Errorf("hub: upgrade: descriptor %d of %d missing", i, len(fds))
 		}
+		if seen[i] {
+			// Two roles for one descriptor (say the backlog file and
+			// the socket): closing one would close the other.
+			closeAll(fds)
+			return fmt.Errorf("hub: upgrade: descriptor %d handed over twice", i)
+		}
+		seen[i] = true
 	}
 	if st.Postgres == nil && h.pg == nil {
 		closeAll(fds)

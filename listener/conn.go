@@ -131,7 +131,14 @@ type Conn struct {
 	// in flight) started, zero when none.
 	lastRx     time.Time
 	probeSince time.Time
-	hc         *loop.Timer
+	// rxReads counts the reads that brought bytes, and probeReads is its
+	// value when the probe went out: an answer is a read after that.
+	// Not lastRx against probeSince: both are the loop's time of their
+	// iteration, and through the TLS bridge the answer can be fed in the
+	// very iteration that sent the probe (the bridge's reader posts it,
+	// and posts run after timers), so the two times are equal.
+	rxReads, probeReads uint64
+	hc                  *loop.Timer
 
 	// Reconnect.
 	backoff     time.Duration // delay before the next attempt
@@ -828,7 +835,7 @@ func (c *Conn) healthTick() {
 	}
 	now := c.l.Now()
 	if !c.probeSince.IsZero() {
-		if !c.lastRx.After(c.probeSince) {
+		if c.rxReads == c.probeReads {
 			if wait := c.cfg.HealthCheckTimeout - now.Sub(c.probeSince); wait > 0 {
 				c.hc.Reset(min(wait, c.cfg.HealthCheckInterval))
 				return
@@ -843,7 +850,7 @@ func (c *Conn) healthTick() {
 		c.hc.Reset(c.cfg.HealthCheckInterval - idle)
 		return
 	}
-	c.probeSince = now
+	c.probeSince, c.probeReads = now, c.rxReads
 	// Looked at again after an interval, not only at the timeout: a probe
 	// answered at once is followed by the next one an interval after the
 	// answer, whatever the timeout (one longer than the interval would
@@ -875,6 +882,7 @@ const readBufSize = 64 << 10
 // closed it, or the stream was bad), telling the reader to stop.
 func (c *Conn) received() bool {
 	c.lastRx = c.l.Now()
+	c.rxReads++
 	gen := c.gen
 	for {
 		if c.ho.paused {

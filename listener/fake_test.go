@@ -796,3 +796,59 @@ func TestFakeFailedCommandLoggedOnce(t *testing.T) {
 		}
 	}
 }
+
+// sameIterationTransport answers every probe (the empty query) at once,
+// from a post: the answer is fed in the very loop iteration that sent the
+// probe, as the TLS bridge's reader can when the server is quick (its post
+// runs after the timers that sent the probe, at the same loop time).
+type sameIterationTransport struct {
+	c   *Conn
+	gen uint64
+}
+
+func (s *sameIterationTransport) start(c *Conn, gen uint64) error { s.c, s.gen = c, gen; return nil }
+func (s *sameIterationTransport) write(b []byte) error {
+	if string(b) == string(emptyQuery) {
+		answer := append(emptyQueryMsg(), rfqMsg()...)
+		return s.c.l.Post(func() { (&bridge{c: s.c, gen: s.gen}).feed(answer) })
+	}
+	return nil
+}
+func (s *sameIterationTransport) close()             {}
+func (s *sameIterationTransport) discard()           {}
+func (s *sameIterationTransport) backendPID() uint32 { return 42 }
+func (s *sameIterationTransport) isTLS() bool        { return true }
+
+// TestFakeProbeAnsweredInSameIteration: a probe answered within the loop
+// iteration that sent it counts as answered (the answer and the probe have
+// the same loop time); the connection stays healthy.
+func TestFakeProbeAnsweredInSameIteration(t *testing.T) {
+	l, err := loop.New(loop.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go l.Run()
+	t.Cleanup(func() { l.Stop(); <-l.Done() })
+	var mu sync.Mutex
+	var health []bool
+	c := newConn(l, Config{HealthCheckInterval: 5 * time.Millisecond, HealthCheckTimeout: 100 * time.Millisecond,
+		Logger: testLogger(), OnNotification: func(ch, p []byte) {},
+		OnHealth: func(ok bool) { mu.Lock(); health = append(health, ok); mu.Unlock() }})
+	c.noCheck = true
+	c.dialer = func(context.Context) (transport, error) { return nil, errors.New("no second connection in this test") }
+	if err := c.begin(&sameIterationTransport{}); err != nil {
+		t.Fatal(err)
+	}
+	probes := func() (n int) {
+		done := make(chan struct{})
+		l.Post(func() { n = c.probes; close(done) })
+		<-done
+		return n
+	}
+	testutil.WaitFor(t, fakeTimeout, "60 probes", func() bool { return probes() >= 60 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(health) != 1 || !health[0] {
+		t.Fatalf("health reports %v over 60 probes answered at once, want [true]", health)
+	}
+}

@@ -191,7 +191,8 @@ func drainAndGrow(t *testing.T, env *pgEnv, b *backlogWorker, pc *precopy) {
 // then read part of it and got more wakes before the freeze, receives every
 // wake exactly once and in order across a whole upgrade between two hubs
 // of one process: the part sent by the old hub, the pre-copied rest and
-// the part queued after the copy from the new one. The backlog file is
+// the part queued after the copy from the new one, then wakes the new hub
+// queued behind the mapping without copying it out. The backlog file is
 // closed in both once the worker has read everything.
 func TestHandoverPrecopied(t *testing.T) {
 	env := newPGEnv(t, nil)
@@ -258,6 +259,20 @@ func TestHandoverPrecopied(t *testing.T) {
 		t.Errorf("the backlog file holds %d bytes after the hand-over; the handed part is at most %d", got, most)
 	}
 	b.h = nh
+	// Wakes queued while the worker is still behind go behind the mapping
+	// in the new hub's ring, which does not copy the mapping for them: its
+	// pages stay in the file until the worker read them.
+	_, a0, _ := b.ring(t)
+	from := b.sent + 1
+	b.sent += 3
+	env.exec(fmt.Sprintf(`SELECT pg_notify('big', g || ':' || repeat('x', 7900)) FROM generate_series(%d, %d) g`, from, b.sent))
+	testutil.WaitFor(t, timeout, "the wakes queued behind the mapping", func() bool {
+		_, a, _ := b.ring(t)
+		return a >= a0+3*7900
+	})
+	if got := memfdAllocated(t); got == 0 {
+		t.Fatal("queuing a wake let go of the mapping: the pre-copied backlog was copied")
+	}
 	b.read(t, b.sent-b.next+1)
 	env.exec(`NOTIFY big, 'after:` + strings.Repeat("x", 7900) + `'`)
 	if m, err := b.tw.read(timeout); err != nil || m.T != "wake" || !strings.HasPrefix(m.P, "after:") {

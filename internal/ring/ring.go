@@ -12,6 +12,15 @@
 // (Adopt), or bytes it does not own, such as a mapping (AdoptForeign),
 // which are only read and given back once.
 //
+// Foreign bytes are a read-only head in front of the ring: frames appended
+// meanwhile go to the ring (the tail), and the two are what Peek returns,
+// still two slices at most. The head is never copied to make room for an
+// Append: a hub that took over many wedged workers' backlogs would
+// otherwise copy all of them on its first wake, hundreds of megabytes in
+// one loop iteration, and hold them twice. The head goes back to its owner
+// once sent (the tail is then the ordinary ring) or, like any storage,
+// when a shrink moves what is left to a slab of the Buffer's own.
+//
 // A Buffer is not safe for concurrent use; in the hub it belongs to the loop
 // goroutine. It must not be copied after first use.
 package ring
@@ -85,12 +94,19 @@ type store struct {
 	// e.g. clamped to Max or above the largest class).
 	buf  []byte
 	slab *[]byte
-	// free, when set, means buf is foreign (AdoptForeign): never written
-	// to nor pooled, and free is called once when the buffer lets go of it.
-	free func()
-	// head indexes the first pending byte in buf; n bytes are pending, the
-	// rest wrapping around to buf[0:].
+	// head indexes the first pending byte in buf; n bytes are pending
+	// there, the rest wrapping around to buf[0:].
 	head, n int
+
+	// free, when set, means foreign bytes (AdoptForeign) are pending in
+	// front of buf's: fore is their unsent part, never empty, and fcap
+	// the length adopted. They are only read, never pooled, and free is
+	// called once when the buffer lets go of them. Meanwhile buf's bytes
+	// (the tail) start at buf[0] and do not wrap: nothing of the tail is
+	// discarded before the head is gone.
+	free func()
+	fore []byte
+	fcap int
 
 	// ends is a ring of the absolute end offsets (in appended terms) of the
 	// frames not fully written, oldest at ends[ehead], en entries. Its length
@@ -110,12 +126,7 @@ func New(maxBytes int) *Buffer { return &Buffer{Max: maxBytes} }
 func (b *Buffer) SetMax(maxBytes int) { b.Max = maxBytes }
 
 // Len returns the number of bytes pending.
-func (b *Buffer) Len() int {
-	if b.st == nil {
-		return 0
-	}
-	return b.st.n
-}
+func (b *Buffer) Len() int { return int(b.appended - b.written) }
 
 // Frames returns the number of frames not yet fully written. A frame of which
 // only a prefix was discarded still counts.
@@ -134,32 +145,34 @@ func (b *Buffer) Written() uint64 { return b.written }
 // and that the frame is still wholly unsent while Written() <= that offset.
 func (b *Buffer) Appended() uint64 { return b.appended }
 
-// Cap returns the byte storage held now (0 when empty).
+// Cap returns the byte storage held now (0 when empty), foreign bytes
+// included.
 func (b *Buffer) Cap() int {
 	if b.st == nil {
 		return 0
 	}
-	return len(b.st.buf)
+	return len(b.st.buf) + b.st.fcap
 }
 
 // Append queues one whole frame. It returns ErrFull, copying nothing, when
 // Len()+len(frame) would exceed Max. An empty frame is a no-op: it has no
-// bytes to send and is not counted.
+// bytes to send and is not counted. Foreign bytes pending stay where they
+// are: the frame goes to the tail behind them.
 func (b *Buffer) Append(frame []byte) error {
 	if len(frame) == 0 {
 		return nil
 	}
 	n := b.Len()
-	need := n + len(frame)
-	if need < n || (b.Max > 0 && need > b.Max) {
+	if need := n + len(frame); need < n || (b.Max > 0 && need > b.Max) {
 		return ErrFull
 	}
 	if b.st == nil {
 		b.st = storePool.Get().(*store)
 	}
 	s := b.st
-	if need > len(s.buf) || s.free != nil {
-		b.grow(need) // foreign storage is never written to
+	need := s.n + len(frame) // the ring's bytes, without a foreign head
+	if need > len(s.buf) {
+		b.grow(need)
 	}
 	if s.en == len(s.ends) {
 		s.growEnds()
@@ -181,19 +194,21 @@ func (b *Buffer) Append(frame []byte) error {
 }
 
 // Peek returns the pending bytes, in order, as up to two slices (the second is
-// non-empty only when the data wraps around), ready for write or writev. They
+// non-empty only when the data wraps around, or follows foreign bytes), ready
+// for write or writev; the first is empty only when nothing is pending. They
 // alias the storage: valid until the next Append, Discard or Reset.
 func (b *Buffer) Peek() (first, second []byte) {
-	if b.st == nil {
-		return nil, nil
+	if s := b.st; s != nil {
+		if s.free == nil {
+			return s.ring()
+		}
+		return s.fore, s.buf[:s.n] // the tail does not wrap meanwhile
 	}
-	return b.st.peek()
+	return
 }
 
-func (s *store) peek() (first, second []byte) {
-	if s.n == 0 {
-		return nil, nil
-	}
+// ring returns the bytes in buf, in order, as Peek does.
+func (s *store) ring() (first, second []byte) {
 	end := s.head + s.n
 	if end <= len(s.buf) {
 		return s.buf[s.head:end], nil
@@ -213,10 +228,22 @@ func (b *Buffer) Discard(n int) {
 		return
 	}
 	s := b.st
+	if s.free != nil {
+		if n < len(s.fore) {
+			b.discardForeign(n)
+			return
+		}
+		// The foreign head is sent: the tail is the ring from now on,
+		// and what is left of n comes out of it.
+		f := len(s.fore)
+		b.written += uint64(f)
+		n -= f
+		s.dropForeign()
+	}
 	b.written += uint64(n)
 	s.n -= n
 	if s.n == 0 {
-		if b.Retain && len(s.buf) == minSlab && len(s.ends) == minEnds && s.free == nil {
+		if b.Retain && len(s.buf) == minSlab && len(s.ends) == minEnds {
 			s.head, s.ehead, s.en = 0, 0, 0
 			return
 		}
@@ -227,11 +254,7 @@ func (b *Buffer) Discard(n int) {
 	if s.head >= len(s.buf) {
 		s.head -= len(s.buf)
 	}
-	mask := len(s.ends) - 1
-	for s.en > 0 && s.ends[s.ehead] <= b.written {
-		s.ehead = (s.ehead + 1) & mask
-		s.en--
-	}
+	s.popEnds(b.written)
 	// Shrink with hysteresis: only at a quarter full, to a slab at most half
 	// full, so a buffer oscillating around one size never copies back and forth.
 	if len(s.buf) > minSlab && s.n <= len(s.buf)/4 {
@@ -239,6 +262,36 @@ func (b *Buffer) Discard(n int) {
 	}
 	if len(s.ends) > minEnds && s.en <= len(s.ends)/4 {
 		s.resizeEnds(len(s.ends) / 2)
+	}
+}
+
+// discardForeign drops the first n pending bytes, fewer than the foreign
+// head holds. The shrink rule is the ring's, on all the storage held (the
+// whole mapping stays until free): at a quarter of it, what is pending
+// moves to a slab of the Buffer's own and the foreign bytes are let go.
+func (b *Buffer) discardForeign(n int) {
+	s := b.st
+	b.written += uint64(n)
+	s.fore = s.fore[n:]
+	s.popEnds(b.written)
+	if held, left := s.fcap+len(s.buf), b.Len(); held > minSlab && left <= held/4 {
+		buf, slab := getSlab(slabSize(2 * left))
+		copy(buf[copy(buf, s.fore):], s.buf[:s.n])
+		s.dropForeign()
+		s.putSlab()
+		s.buf, s.slab, s.head, s.n = buf, slab, 0, left
+	}
+	if len(s.ends) > minEnds && s.en <= len(s.ends)/4 {
+		s.resizeEnds(len(s.ends) / 2)
+	}
+}
+
+// popEnds drops the frame ends at or before written: those frames are sent.
+func (s *store) popEnds(written uint64) {
+	mask := len(s.ends) - 1
+	for s.en > 0 && s.ends[s.ehead] <= written {
+		s.ehead = (s.ehead + 1) & mask
+		s.en--
 	}
 }
 
@@ -265,9 +318,7 @@ func (b *Buffer) release() {
 		return
 	}
 	s.dropForeign()
-	if s.slab != nil {
-		bytePools[bits.TrailingZeros(uint(len(s.buf)/minSlab))].Put(s.slab)
-	}
+	s.putSlab()
 	if s.endSlab != nil {
 		endPools[bits.TrailingZeros(uint(len(s.ends)/minEnds))].Put(s.endSlab)
 	}
@@ -284,26 +335,37 @@ func slabSize(n int) int {
 	return 1 << bits.Len(uint(n-1))
 }
 
-// grow moves the pending bytes into storage holding at least need bytes: the
-// next size class, clamped to Max so that a buffer near its cap never holds
-// up to twice the cap.
+// grow moves the ring's bytes (the tail, behind foreign bytes) into storage
+// holding at least need bytes: the next size class, clamped to what Max
+// leaves so that a buffer near its cap never holds up to twice the cap.
 func (b *Buffer) grow(need int) {
 	s := b.st
 	size := slabSize(need)
-	if size < 2*len(s.buf) && s.free == nil { // foreign storage was sized to its bytes, not grown
+	if size < 2*len(s.buf) {
 		size = 2 * len(s.buf)
 	}
-	if b.Max > minSlab && size > b.Max && need <= b.Max {
-		size = b.Max
+	if b.Max > minSlab {
+		if lim := max(b.Max-len(s.fore), minSlab); size > lim && need <= lim {
+			size = lim
+		}
 	}
 	s.resize(size)
 }
 
-// resize moves the pending bytes, in order, to the start of a slab of size
-// bytes (pooled when size is a class) and returns the old slab.
+// resize moves the bytes in buf (all that is pending, or the tail behind
+// foreign bytes, which stay where they are), in order, to the start of a
+// slab of size bytes and returns the old slab.
 func (s *store) resize(size int) {
-	var buf []byte
-	var slab *[]byte
+	buf, slab := getSlab(size)
+	first, second := s.ring()
+	copy(buf[copy(buf, first):], second)
+	s.putSlab()
+	s.buf, s.slab, s.head = buf, slab, 0
+}
+
+// getSlab returns size bytes of storage, from a pool when size is a class
+// (slab is then the pool handle, nil otherwise).
+func getSlab(size int) (buf []byte, slab *[]byte) {
 	if c := bits.TrailingZeros(uint(size / minSlab)); size >= minSlab && size == minSlab<<c && c < byteClasses {
 		if p, _ := bytePools[c].Get().(*[]byte); p != nil {
 			slab = p
@@ -311,25 +373,25 @@ func (s *store) resize(size int) {
 			s := make([]byte, size)
 			slab = &s
 		}
-		buf = *slab
-	} else {
-		buf = make([]byte, size)
+		return *slab, slab
 	}
-	first, second := s.peek()
-	copy(buf[copy(buf, first):], second)
-	s.dropForeign()
+	return make([]byte, size), nil
+}
+
+// putSlab returns buf to its pool, if it came from one; buf must be
+// replaced afterwards.
+func (s *store) putSlab() {
 	if s.slab != nil {
 		bytePools[bits.TrailingZeros(uint(len(s.buf)/minSlab))].Put(s.slab)
 	}
-	s.buf, s.slab, s.head = buf, slab, 0
 }
 
-// dropForeign gives foreign storage back to its owner, once: buf must not
-// be used afterwards.
+// dropForeign gives the foreign bytes back to their owner, once: they must
+// not be used afterwards.
 func (s *store) dropForeign() {
 	if s.free != nil {
 		free := s.free
-		s.free, s.buf = nil, nil
+		s.free, s.fore, s.fcap = nil, nil, 0
 		free()
 	}
 }
@@ -383,11 +445,14 @@ func (b *Buffer) Adopt(data []byte, ends []uint64) error {
 
 // AdoptForeign is Adopt for storage the Buffer does not own: a mapping of
 // another process's bytes, say (a hot upgrade's pre-copied backlog). The
-// Buffer only reads data; free is called exactly once, on the Buffer's
-// goroutine, when it lets go of data: once the bytes are written, when an
-// Append or a shrink moves what is left to storage of its own, or on
-// Reset. Foreign storage never goes to a pool. On an error nothing was
-// adopted, free is not called and data is still the caller's.
+// Buffer only reads data, and never copies it to make room: frames
+// appended meanwhile queue behind it in storage of the Buffer's own (Max
+// counts both), and Peek returns what is left of data then those. free is
+// called exactly once, on the Buffer's goroutine, when it lets go of data:
+// once the bytes are written, when a shrink moves what is left to storage
+// of its own, or on Reset. Foreign storage never goes to a pool. On an
+// error nothing was adopted, free is not called and data is still the
+// caller's.
 func (b *Buffer) AdoptForeign(data []byte, ends []uint64, free func()) error {
 	if free == nil {
 		return errors.New("ring: AdoptForeign without free")
@@ -421,7 +486,11 @@ func (b *Buffer) adopt(data []byte, ends []uint64, free func()) error {
 	b.release()
 	s := storePool.Get().(*store)
 	b.st = s
-	s.buf, s.slab, s.head, s.n, s.free = data[:len(data):len(data)], nil, 0, len(data), free
+	if free != nil {
+		s.fore, s.fcap, s.free = data[:len(data):len(data)], len(data), free
+	} else {
+		s.buf, s.slab, s.head, s.n = data[:len(data):len(data)], nil, 0, len(data)
+	}
 	size := minEnds
 	for size < len(ends) {
 		size *= 2

@@ -3,7 +3,9 @@ package ring
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -394,6 +396,26 @@ func BenchmarkBacklog(b *testing.B) {
 	}
 }
 
+// BenchmarkForeignFirstAppend: the first wake after a hot upgrade for a
+// worker whose 6.5 MB backlog was pre-copied and adopted as foreign
+// storage: adopt, one wake-sized Append, Reset.
+func BenchmarkForeignFirstAppend(b *testing.B) {
+	data := fill(6500<<10, 1)
+	ends := evenEnds(len(data), 4096)
+	frame := fill(128, 2)
+	var buf Buffer
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := buf.AdoptForeign(data, ends, func() {}); err != nil {
+			b.Fatal(err)
+		}
+		if err := buf.Append(frame); err != nil {
+			b.Fatal(err)
+		}
+		buf.Reset()
+	}
+}
+
 // A Retain buffer keeps its smallest-class storage across drains, gives
 // back larger storage at once, and Release frees it when empty only.
 func TestRetainKeepsSmallStorageUntilRelease(t *testing.T) {
@@ -530,9 +552,9 @@ func evenEnds(n, step int) []uint64 {
 
 // TestAdoptForeign: foreign storage is read where it lies (no copy), never
 // written to, and given back exactly once whichever way the buffer lets go
-// of it (drained, an Append or a shrink moving the rest to storage of its
-// own, Reset, a Retain buffer drained), never to a pool: the pools'
-// slabs are written after it was unmapped.
+// of it (drained, drained across into frames appended behind it, a shrink
+// moving the rest to storage of its own, Reset, a Retain buffer drained),
+// never to a pool: the pools' slabs are written after it was unmapped.
 func TestAdoptForeign(t *testing.T) {
 	const n = 64 << 10
 	for _, tc := range []struct {
@@ -546,10 +568,11 @@ func TestAdoptForeign(t *testing.T) {
 			b.Discard(100)
 			b.Discard(b.Len())
 		}, func([]byte) []byte { return nil }},
-		{"append", func(t *testing.T, b *Buffer) {
-			b.Discard(1000) // room in front: an Append would wrap into it
+		{"across", func(t *testing.T, b *Buffer) {
+			b.Discard(1000) // room in front: a ring's Append would wrap into it
 			mustAppend(t, b, fill(300, 9))
-		}, func(a []byte) []byte { return append(append([]byte{}, a[1000:]...), fill(300, 9)...) }},
+			b.Discard(n - 1000 + 50) // the rest of the head and 50 of the tail
+		}, func(a []byte) []byte { return fill(300, 9)[50:] }},
 		{"shrink", func(t *testing.T, b *Buffer) {
 			b.Discard(n - n/4)
 		}, func(a []byte) []byte { return append([]byte{}, a[n-n/4:]...) }},
@@ -661,5 +684,337 @@ func TestAdoptForeign(t *testing.T) {
 		var b Buffer
 		mustAppend(t, &b, fill(minSlab<<c, 1))
 		b.Reset()
+	}
+}
+
+// fifo is the model of a Buffer: its pending bytes as a plain slice, the
+// absolute ends of the frames not fully written, and the two offsets.
+type fifo struct {
+	bytes             []byte
+	ends              []uint64
+	written, appended uint64
+}
+
+func (m *fifo) append(p []byte) {
+	m.bytes = append(m.bytes, p...)
+	m.appended += uint64(len(p))
+	m.ends = append(m.ends, m.appended)
+}
+
+// adopt is m.append of data as frames ending at ends (relative to data).
+func (m *fifo) adopt(data []byte, ends []uint64) {
+	base := m.appended
+	m.bytes = append(m.bytes, data...)
+	for _, e := range ends {
+		m.ends = append(m.ends, base+e)
+	}
+	m.appended += uint64(len(data))
+}
+
+func (m *fifo) discard(n int) {
+	m.bytes = m.bytes[n:]
+	m.written += uint64(n)
+	for len(m.ends) > 0 && m.ends[0] <= m.written {
+		m.ends = m.ends[1:]
+	}
+}
+
+func (m *fifo) reset() {
+	m.bytes, m.ends, m.written = nil, nil, m.appended
+}
+
+// check fails t unless b holds what m does, Peek's two slices in order
+// with the first empty only when nothing is pending.
+func (m *fifo) check(t *testing.T, b *Buffer, where string) {
+	t.Helper()
+	if b.Len() != len(m.bytes) || b.Frames() != len(m.ends) || b.Written() != m.written || b.Appended() != m.appended {
+		t.Fatalf("%s: len %d frames %d written %d appended %d; model %d %d %d %d", where,
+			b.Len(), b.Frames(), b.Written(), b.Appended(), len(m.bytes), len(m.ends), m.written, m.appended)
+	}
+	first, second := b.Peek()
+	if (len(first) == 0) != (len(m.bytes) == 0) {
+		t.Fatalf("%s: Peek %d+%d bytes with %d pending", where, len(first), len(second), len(m.bytes))
+	}
+	if !bytes.Equal(append(append([]byte{}, first...), second...), m.bytes) {
+		t.Fatalf("%s: contents differ from the model (%d bytes)", where, len(m.bytes))
+	}
+	if got := b.FrameEnds(nil); !slices.Equal(got, m.ends) {
+		t.Fatalf("%s: FrameEnds %v, model %v", where, got, m.ends)
+	}
+}
+
+// TestForeignHeadTakesAppends: frames appended behind foreign bytes go to
+// storage of the buffer's own; the foreign head is never copied for them
+// (Peek's first slice stays the mapping, and the storage held is the
+// mapping plus what the tail needs) nor written (the mapping is
+// read-only), Max counts head and tail, and free is called once, when
+// the head is sent; from then on the buffer is an ordinary one, wrapping
+// and draining.
+func TestForeignHeadTakesAppends(t *testing.T) {
+	const n = 256 << 10
+	data, free, freed := foreign(t, n, 5)
+	var m fifo
+	m.adopt(fill(n, 5), evenEnds(n, 4096))
+	var b Buffer
+	if err := b.AdoptForeign(data, evenEnds(n, 4096), free); err != nil {
+		t.Fatal(err)
+	}
+	var headHeld func(where string) // head without the contents
+	// Room for a tail larger than what is left of the head once it is
+	// nearly sent, so that no shrink lets go of the head early.
+	b.Max = n + 512<<10
+	sent := 0 // bytes of data discarded
+	head := func(where string) {
+		t.Helper()
+		m.check(t, &b, where)
+		headHeld(where)
+	}
+	headHeld = func(where string) {
+		t.Helper()
+		first, _ := b.Peek()
+		if *freed != 0 || &first[0] != &data[sent] || len(first) != n-sent {
+			t.Fatalf("%s: head not the mapping at %d (free called %d times)", where, sent, *freed)
+		}
+		if tail := b.Len() - (n - sent); b.Cap()-n > max(2*tail, minSlab) {
+			t.Fatalf("%s: cap %d for a %d-byte tail behind %d foreign bytes", where, b.Cap(), tail, n)
+		}
+	}
+
+	mustAppend(t, &b, fill(100, 1))
+	m.append(fill(100, 1))
+	head("first Append")
+	if b.Cap() != n+minSlab {
+		t.Fatalf("cap %d after the first Append, want the mapping and a %d-byte slab", b.Cap(), minSlab)
+	}
+
+	// Appends until the cap, growing the tail through several classes,
+	// with discards from the head between, which leave room in front.
+	for i := 0; ; i++ {
+		p := fill(50+i*37%1500, byte(i))
+		if err := b.Append(p); len(m.bytes)+len(p) > b.Max {
+			if !errors.Is(err, ErrFull) {
+				t.Fatalf("Append(%d) at %d/%d = %v, want ErrFull", len(p), b.Len(), b.Max, err)
+			}
+			head("refused Append")
+			break
+		} else if err != nil {
+			t.Fatalf("Append(%d) at %d/%d: %v", len(p), b.Len(), b.Max, err)
+		}
+		m.append(p)
+		if i%8 == 0 {
+			b.Discard(333)
+			m.discard(333)
+			sent += 333
+		}
+		if i%32 == 0 {
+			head(fmt.Sprintf("append %d", i))
+		} else {
+			headHeld(fmt.Sprintf("append %d", i))
+		}
+	}
+	if tail := b.Len() - (n - sent); tail < 384<<10 {
+		t.Fatalf("the tail reached only %d bytes", tail)
+	}
+
+	// Up to the head's last byte: still held.
+	b.Discard(n - sent - 1)
+	m.discard(n - sent - 1)
+	sent = n - 1
+	head("one head byte left")
+	// Across the boundary: the head is let go of, once.
+	b.Discard(1 + 7)
+	m.discard(1 + 7)
+	if *freed != 1 {
+		t.Fatalf("free called %d times once the head was sent, want once", *freed)
+	}
+	m.check(t, &b, "head sent")
+
+	// An ordinary buffer now: it shrinks, wraps, and drains to nothing.
+	b.Discard(b.Len() - 3000)
+	m.discard(len(m.bytes) - 3000)
+	m.check(t, &b, "shrunk")
+	if b.Cap() > 2*minSlab {
+		t.Fatalf("cap %d holding 3000 bytes", b.Cap())
+	}
+	wrapped := false
+	for i := 0; i < 2000; i++ {
+		p := fill(100+i%900, byte(i))
+		if err := b.Append(p); err != nil {
+			t.Fatalf("Append(%d) at %d/%d: %v", len(p), b.Len(), b.Max, err)
+		}
+		m.append(p)
+		d := min(b.Len(), 150+i%1000)
+		b.Discard(d)
+		m.discard(d)
+		m.check(t, &b, fmt.Sprintf("ordinary %d", i))
+		if _, second := b.Peek(); len(second) > 0 {
+			wrapped = true
+		}
+	}
+	if !wrapped {
+		t.Error("the buffer never wrapped after the head was sent")
+	}
+	b.Discard(b.Len())
+	m.discard(len(m.bytes))
+	m.check(t, &b, "drained")
+	if b.Cap() != 0 || *freed != 1 {
+		t.Fatalf("drained: cap %d, free called %d times", b.Cap(), *freed)
+	}
+	b.Reset()
+	if *freed != 1 {
+		t.Fatalf("free called %d times after Reset, want once", *freed)
+	}
+
+	// Reset and Release with frames behind a foreign head.
+	data, free, freed = foreign(t, 10000, 3)
+	b = Buffer{}
+	if err := b.AdoptForeign(data, []uint64{10000}, free); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, &b, fill(5000, 1))
+	b.Discard(100)
+	b.Release() // bytes pending: a no-op
+	if *freed != 0 || b.Len() != 9900+5000 {
+		t.Fatalf("Release with bytes pending: free called %d times, Len %d", *freed, b.Len())
+	}
+	b.Reset()
+	if *freed != 1 || b.Cap() != 0 || b.Len() != 0 || b.Frames() != 0 || b.Written() != b.Appended() {
+		t.Fatalf("after Reset: free called %d times, cap %d len %d frames %d", *freed, b.Cap(), b.Len(), b.Frames())
+	}
+}
+
+// TestForeignModel runs random operations on buffers that adopt foreign
+// bytes (read-only mappings) whenever they are empty, against the fifo
+// model: contents and counts always agree; while the foreign bytes are
+// held Peek's first slice is the mapping where it was (no copy) and an
+// Append never lets go of it; free is called exactly once, when the head
+// is sent, on Reset, or when a shrink finds at most a quarter of the
+// storage held pending; Max counts head and tail.
+func TestForeignModel(t *testing.T) {
+	for seed := uint64(1); seed <= 20; seed++ {
+		rng := rand.New(rand.NewPCG(seed, seed*104729))
+		var b Buffer
+		b.Retain = seed%3 == 0
+		var m fifo
+		// The foreign bytes adopted last: data, at absolute [start, end).
+		var data []byte
+		var freed *int
+		var start, end uint64
+		frees := 0 // free's calls for the mappings before data's
+		adopt := func() {
+			size := 1 + rng.IntN(100000)
+			d, free, f := foreign(t, size, byte(rng.IntN(256)))
+			var ends []uint64
+			for e := 0; e < size; {
+				e = min(size, e+1+rng.IntN(3000))
+				ends = append(ends, uint64(e))
+			}
+			if err := b.AdoptForeign(d, ends, free); err != nil {
+				t.Fatalf("seed %d: AdoptForeign(%d bytes): %v", seed, size, err)
+			}
+			if freed != nil {
+				frees += *freed
+			}
+			data, freed, start, end = d, f, m.appended, m.appended+uint64(size)
+			m.adopt(fill(size, d[0]), ends)
+			switch rng.IntN(4) {
+			case 0:
+				b.Max = 0
+			case 1:
+				b.Max = size / 2 // no room until the head is mostly sent
+			default:
+				b.Max = size + rng.IntN(150000)
+			}
+		}
+		adopt()
+		adoptions := 1
+		for op := 0; op < 1500; op++ {
+			where := fmt.Sprintf("seed %d op %d", seed, op)
+			held := *freed == 0
+			capBefore := b.Cap()
+			switch r := rng.IntN(20); {
+			case r < 10:
+				var n int
+				switch rng.IntN(3) {
+				case 0:
+					n = rng.IntN(300)
+				case 1:
+					n = rng.IntN(5000)
+				default:
+					n = rng.IntN(20000)
+				}
+				p := fill(n, byte(op))
+				err := b.Append(p)
+				if n > 0 && b.Max > 0 && len(m.bytes)+n > b.Max {
+					if !errors.Is(err, ErrFull) {
+						t.Fatalf("%s: Append(%d) at %d/%d = %v, want ErrFull", where, n, len(m.bytes), b.Max, err)
+					}
+					break
+				}
+				if err != nil {
+					t.Fatalf("%s: Append(%d) at %d/%d: %v", where, n, len(m.bytes), b.Max, err)
+				}
+				if n > 0 {
+					m.append(p)
+				}
+				if held && *freed != 0 {
+					t.Fatalf("%s: Append(%d) let go of the foreign bytes", where, n)
+				}
+			case r < 18:
+				n := 0
+				if len(m.bytes) > 0 {
+					switch rng.IntN(4) {
+					case 0:
+						n = len(m.bytes)
+					case 1: // to the end of the head, or a bit either side
+						if head := int(min(end-min(end, m.written), uint64(len(m.bytes)))); head > 0 {
+							n = max(0, min(len(m.bytes), head+rng.IntN(5)-2))
+						}
+					default:
+						n = rng.IntN(len(m.bytes) + 1)
+					}
+				}
+				b.Discard(n)
+				m.discard(n)
+				if held && *freed != 0 && m.written < end && b.Len() > capBefore/4 {
+					t.Fatalf("%s: Discard(%d) let go of the foreign bytes with %d of %d held pending",
+						where, n, b.Len(), capBefore)
+				}
+			case r < 19:
+				b.Release()
+				if held && *freed != 0 && len(m.bytes) > 0 {
+					t.Fatalf("%s: Release with bytes pending let go of the foreign bytes", where)
+				}
+			default:
+				if rng.IntN(4) == 0 {
+					b.Reset()
+					m.reset()
+				}
+			}
+			if *freed > 1 {
+				t.Fatalf("%s: free called %d times", where, *freed)
+			}
+			if m.written >= end && *freed != 1 {
+				t.Fatalf("%s: the foreign bytes were sent, free called %d times", where, *freed)
+			}
+			m.check(t, &b, where) // reads unmapped memory if freed early
+			if *freed == 0 {
+				first, _ := b.Peek()
+				if off := m.written - start; &first[0] != &data[off] || len(first) != int(end-m.written) {
+					t.Fatalf("%s: Peek's first slice is not the mapping at %d", where, off)
+				}
+				if tail := int(m.appended - end); b.Cap()-len(data) > max(2*tail, minSlab) {
+					t.Fatalf("%s: cap %d for a %d-byte tail behind %d foreign bytes", where, b.Cap(), tail, len(data))
+				}
+			}
+			if len(m.bytes) == 0 && rng.IntN(3) == 0 {
+				adopt()
+				adoptions++
+			}
+		}
+		b.Reset()
+		if frees += *freed; frees != adoptions {
+			t.Fatalf("seed %d: %d adoptions, %d frees", seed, adoptions, frees)
+		}
 	}
 }

@@ -782,15 +782,31 @@ func TestStatusResendIsSliced(t *testing.T) {
 	for i := 0; i < statusEvery-1; i++ {
 		e.advance(time.Second)
 	}
-	// The tick that re-sends runs the first slice and posts the rest; a
-	// post made after it runs with the second slice, in the same
-	// iteration, and sees the round unfinished.
-	e.advance(time.Second)
-	var left int
-	e.do(func() { left = e.h.resendAt })
-	if left != n-2*statusSlice {
-		t.Fatalf("after two iterations %d workers wait for the status, want %d", left, n-2*statusSlice)
+	// The tick that re-sends runs the first slice and posts the second;
+	// a probe posted right after that runs between the second slice and
+	// the third, which the second posts. Posting the probe from the loop
+	// keeps the order exact whatever the test goroutine's timing.
+	var first, second int
+	probed := make(chan struct{})
+	e.do(func() {
+		e.clk.advance(time.Second)
+		first = e.h.resendAt
+		if err := e.h.loop.Post(func() { second = e.h.resendAt; close(probed) }); err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case <-probed:
+	case <-time.After(timeout):
+		t.Fatal("loop did not run the probe")
 	}
+	if first != n-statusSlice {
+		t.Fatalf("after the tick %d workers wait for the status, want %d", first, n-statusSlice)
+	}
+	if second != n-2*statusSlice {
+		t.Fatalf("after the second slice %d workers wait for the status, want %d", second, n-2*statusSlice)
+	}
+	var left int
 	for _, w := range ws {
 		w.expect(statusTrue)
 	}

@@ -10,7 +10,10 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/relay"
@@ -36,6 +39,17 @@ const (
 	metricsReadTimeout       = 10 * time.Second
 	metricsWriteTimeout      = introspectTimeout + 10*time.Second
 	metricsIdleTimeout       = 30 * time.Second
+	// metricsAcceptEvery and metricsAcceptBurst pace the accepting of
+	// connections: 1,000 a second, 64 at once. A scrape, a probe or a
+	// `listenhub status` needs a handful; a flood of short requests
+	// (each answered 503 past the introspection cap) otherwise spent
+	// more than a core of the hub's CPU on accepting, parsing and
+	// answering, which the loop's thread then waited for. Paced, the
+	// flood waits in the kernel's listen backlog, where it costs nothing,
+	// and a probe that arrives behind it waits for at most the flood's
+	// connections (one per client) at this rate.
+	metricsAcceptEvery = time.Millisecond
+	metricsAcceptBurst = 64
 	// metricsFDs is what the metrics server can hold at most: the capped
 	// connections, the one waiting past the cap, and the listener.
 	metricsFDs = metricsMaxConns + 2
@@ -74,19 +88,70 @@ type connLimiter struct {
 
 	mu   sync.Mutex
 	idle map[net.Conn]time.Time // connections between two requests, since when
+
+	// every and burst pace Accept (see metricsAcceptEvery); tat is the
+	// time the next accept is due at the steady rate (the generic cell
+	// rate algorithm). Accept is called by one goroutine: no lock.
+	every time.Duration
+	burst int
+	tat   time.Time
 }
 
 func newConnLimiter(ln net.Listener, max int) *connLimiter {
 	return &connLimiter{Listener: ln, slots: make(chan struct{}, max), closed: make(chan struct{}),
-		idle: make(map[net.Conn]time.Time)}
+		idle: make(map[net.Conn]time.Time), every: metricsAcceptEvery, burst: metricsAcceptBurst}
 }
 
-// Accept accepts the next connection, then waits for a slot for it,
-// closing the connection idle longest to make one.
+// pace waits until the next accept is within the rate, or the listener is
+// closed (false).
+func (l *connLimiter) pace() bool {
+	if l.every <= 0 {
+		return true
+	}
+	now := time.Now()
+	if l.tat.Before(now) {
+		l.tat = now
+	}
+	wait := l.tat.Sub(now) - time.Duration(l.burst-1)*l.every
+	l.tat = l.tat.Add(l.every)
+	if wait <= 0 {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.closed:
+		return false
+	}
+}
+
+// Accept accepts the next connection when the pace allows, then waits for
+// a slot for it, closing the connection idle longest to make one.
 func (l *connLimiter) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+	var c net.Conn
+	for {
+		var err error
+		if c, err = l.Listener.Accept(); err != nil {
+			return nil, err
+		}
+		// A client that gave up while its connection waited in the
+		// backlog is let go at the cost of a poll, not of a request and
+		// a place in the pace: otherwise a flood leaves a backlog of the
+		// abandoned that delays everyone after it for seconds.
+		if peerGone(c) {
+			c.Close()
+			continue
+		}
+		if !l.pace() {
+			c.Close()
+			return nil, net.ErrClosed
+		}
+		if !peerGone(c) {
+			break
+		}
+		c.Close()
 	}
 	for {
 		select {
@@ -112,6 +177,27 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 func (l *connLimiter) Close() error {
 	l.once.Do(func() { close(l.closed) })
 	return l.Listener.Close()
+}
+
+// peerGone reports whether the peer of c has shut its side down (a client
+// that gave up), without reading from it.
+func peerGone(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(p, 0); err == nil && n > 0 {
+			gone = p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+		}
+	})
+	return gone
 }
 
 // closeIdle closes the connection idle longest, if any.

@@ -124,9 +124,14 @@ func TestIntrospectionInFlightCap(t *testing.T) {
 		func(context.Context, hub.ListOptions) (hub.WorkerList, error) {
 			t.Fatal("the hub was asked past the cap")
 			return hub.WorkerList{}, nil
-		})
+		}, appendWorkerList)
 	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("past the cap: %d, Retry-After %q: %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
+	}
+	// The refused client's next try is a new connection, which the
+	// accept pace bounds.
+	if c := rec.Header().Get("Connection"); c != "close" {
+		t.Fatalf("past the cap: Connection %q, want close", c)
 	}
 }
 
@@ -228,6 +233,114 @@ func TestMetricsServerTimeouts(t *testing.T) {
 		}
 		if d := time.Since(start); d > 5*time.Second {
 			t.Errorf("%s: closed after %v", name, d)
+		}
+	}
+}
+
+// Accept keeps to its pace: past the burst, connections come out no faster
+// than one per interval, however many wait in the backlog.
+func TestMetricsAcceptPace(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := newConnLimiter(ln, 100)
+	cl.every, cl.burst = 20*time.Millisecond, 3
+	defer cl.Close()
+	const n = 8
+	for range n {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	start := time.Now()
+	for range n {
+		c, err := cl.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	// The first 3 at once, the other 5 one interval apart.
+	if took, want := time.Since(start), time.Duration(n-3)*cl.every; took < want-cl.every/2 {
+		t.Fatalf("%d connections accepted in %v, want at least %v at one per %v past a burst of %d",
+			n, took, want, cl.every, cl.burst)
+	}
+}
+
+// A client that gave up while its connection waited in the backlog is
+// dropped without being served and without a place in the pace: the live
+// connection behind it comes out next.
+func TestMetricsAcceptDropsAbandoned(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := newConnLimiter(ln, 100)
+	cl.every, cl.burst = time.Hour, 1 // one accept, then none for an hour
+	defer cl.Close()
+	for range 50 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET /workers HTTP/1.1\r\nHost: x\r\n\r\n"))
+		c.Close()
+	}
+	live, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	got := make(chan net.Conn, 1)
+	go func() {
+		c, err := cl.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		got <- c
+	}()
+	select {
+	case c := <-got:
+		defer c.Close()
+		if c.RemoteAddr().String() != live.LocalAddr().String() {
+			t.Fatalf("accepted %v, want the live client %v", c.RemoteAddr(), live.LocalAddr())
+		}
+	case <-time.After(timeout):
+		t.Fatal("the live connection was not accepted behind 50 abandoned ones")
+	}
+}
+
+// Under a flood the pages take at most half of one goroutine's time: the
+// next page is begun no sooner after the last one ended than it took.
+func TestIntrospectionRests(t *testing.T) {
+	const work = 60 * time.Millisecond
+	var ended, began time.Time
+	calls := 0
+	list := func(context.Context, hub.ListOptions) (hub.WorkerList, error) {
+		calls++
+		if calls == 2 {
+			began = time.Now()
+		}
+		time.Sleep(work) // a page that takes this long
+		ended = time.Now()
+		return hub.WorkerList{}, nil
+	}
+	for range 2 {
+		rec := httptest.NewRecorder()
+		serveList(rec, httptest.NewRequest("GET", "/workers", nil), list, appendWorkerList)
+		if rec.Code != 200 {
+			t.Fatalf("%d: %s", rec.Code, rec.Body)
+		}
+		if calls == 1 {
+			first := ended
+			defer func() {
+				if gap := began.Sub(first); gap < work-5*time.Millisecond {
+					t.Errorf("the second page began %v after the first ended, want at least %v", gap, work)
+				}
+			}()
 		}
 	}
 }

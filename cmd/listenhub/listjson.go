@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/listenhub/listenhub/hub"
+)
+
+// The pages of /workers and /channels are encoded by hand, byte for byte
+// what encoding/json gives (TestListJSONMatchesEncodingJSON holds that).
+// Under an introspection flood, json.Marshal of a 10,000-worker page was
+// the hub's largest cost after the HTTP stack itself, most of it
+// time.Time's MarshalJSON and the re-validation of its output, and it
+// held one of the process's two Ps for ~10 ms at a time: the loop's
+// goroutine, back from epoll_wait, queued behind it. The encoders here
+// take a fraction of that and yield the P every listChunk entries, and
+// stop as soon as the client is gone.
+
+// listChunk is how many entries are encoded between two yields.
+const listChunk = 256
+
+func appendWorkerList(ctx context.Context, b []byte, l hub.WorkerList) ([]byte, error) {
+	b = appendListHead(b, l.Total, l.Offset, l.Limit, l.Sort, "workers")
+	return appendEntries(ctx, b, l.Workers, appendWorkerInfo)
+}
+
+func appendChannelList(ctx context.Context, b []byte, l hub.ChannelList) ([]byte, error) {
+	b = appendListHead(b, l.Total, l.Offset, l.Limit, l.Sort, "channels")
+	return appendEntries(ctx, b, l.Channels, appendChannelInfo)
+}
+
+// appendListHead appends a page's fields up to its list's key.
+func appendListHead(b []byte, total, offset, limit int, sort, key string) []byte {
+	b = append(b, `{"total":`...)
+	b = strconv.AppendInt(b, int64(total), 10)
+	b = append(b, `,"offset":`...)
+	b = strconv.AppendInt(b, int64(offset), 10)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, int64(limit), 10)
+	b = append(b, `,"sort":`...)
+	b = appendJSONString(b, sort)
+	b = append(b, `,"`...)
+	b = append(b, key...)
+	return append(b, `":`...)
+}
+
+// appendEntries appends a page's list and closes the page, yielding every
+// listChunk entries.
+func appendEntries[E any](ctx context.Context, b []byte, list []E, one func([]byte, *E) []byte) ([]byte, error) {
+	if list == nil {
+		return append(b, "null}"...), nil
+	}
+	b = append(b, '[')
+	for i := range list {
+		if i > 0 {
+			b = append(b, ',')
+			if i%listChunk == 0 {
+				if err := yieldP(ctx); err != nil {
+					return b, err
+				}
+			}
+		}
+		b = one(b, &list[i])
+	}
+	return append(b, "]}"...), nil
+}
+
+func appendWorkerInfo(b []byte, w *hub.WorkerInfo) []byte {
+	b = append(b, `{"id":`...)
+	b = strconv.AppendUint(b, w.ID, 10)
+	b = append(b, `,"pid":`...)
+	b = strconv.AppendInt(b, int64(w.PID), 10)
+	b = append(b, `,"uid":`...)
+	b = strconv.AppendInt(b, int64(w.UID), 10)
+	b = append(b, `,"connected_at":"`...)
+	b = w.ConnectedAt.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","subscriptions":`...)
+	b = strconv.AppendInt(b, int64(w.Subscriptions), 10)
+	b = append(b, `,"names":`...)
+	if w.Names == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, n := range w.Names {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, n)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"backlog_frames":`...)
+	b = strconv.AppendInt(b, int64(w.BacklogFrames), 10)
+	b = append(b, `,"backlog_bytes":`...)
+	b = strconv.AppendInt(b, int64(w.BacklogBytes), 10)
+	b = append(b, `,"durable_pending":`...)
+	b = strconv.AppendInt(b, int64(w.DurablePending), 10)
+	b = append(b, `,"frames_sent":`...)
+	b = strconv.AppendUint(b, w.FramesSent, 10)
+	b = append(b, `,"durable_coalesced":`...)
+	b = strconv.AppendUint(b, w.DurableCoalesced, 10)
+	b = append(b, `,"durable_dropped":`...)
+	b = strconv.AppendUint(b, w.DurableDropped, 10)
+	return append(b, '}')
+}
+
+func appendChannelInfo(b []byte, c *hub.ChannelInfo) []byte {
+	b = append(b, `{"name":`...)
+	b = appendJSONString(b, c.Name)
+	b = append(b, `,"channel":`...)
+	b = appendJSONString(b, c.Channel)
+	b = append(b, `,"subscribers":`...)
+	b = strconv.AppendInt(b, int64(c.Subscribers), 10)
+	b = append(b, `,"state":`...)
+	b = appendJSONString(b, c.State)
+	b = append(b, `,"waiting":`...)
+	b = strconv.AppendInt(b, int64(c.Waiting), 10)
+	b = append(b, `,"wakes_received":`...)
+	b = strconv.AppendUint(b, c.WakesReceived, 10)
+	b = append(b, `,"wakes_delivered":`...)
+	b = strconv.AppendUint(b, c.WakesDelivered, 10)
+	return append(b, '}')
+}
+
+// yieldP lets a goroutine waiting for a P run (the loop's, above all),
+// and reports a client that went away.
+func yieldP(ctx context.Context) error {
+	runtime.Gosched()
+	return ctx.Err()
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s quoted as encoding/json does by default:
+// HTML-safe (<, > and & escaped), U+2028 and U+2029 escaped, invalid
+// UTF-8 replaced by U+FFFD. (frame has its own for the wire, which
+// pgbus's bytes fix: no HTML escaping there.)
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}

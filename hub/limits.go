@@ -22,11 +22,23 @@ func (h *Hub) budgetFDs() {
 	// Workers handed over by an upgrade are open already, and are what
 	// the budget is for.
 	h.fdBase = openFDs() - h.workers.len()
+	h.fdBudgeted = true
 	h.maxWorkers = h.cfg.MaxWorkers
 	h.rebudgetFDs()
 	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err == nil {
 		h.spareFD = fd
+	}
+}
+
+// backlogFileClosed gives the workers the descriptor of an upgrade's
+// backlog file once its last part is sent: it was open when the budget
+// was counted, and would otherwise keep the cap one lower until a
+// restart.
+func (h *Hub) backlogFileClosed() {
+	if h.fdBudgeted && h.fdBase > 0 {
+		h.fdBase--
+		h.rebudgetFDs()
 	}
 }
 

@@ -335,6 +335,9 @@ type backlogFile struct {
 	fd    int
 	size  int64
 	parts int
+	// closed, if set, is called once the file is closed (on the loop:
+	// the last part is let go of there).
+	closed func()
 }
 
 func openBacklogFile(fd int) (*backlogFile, error) {
@@ -373,6 +376,9 @@ func (f *backlogFile) close() {
 	if f.fd >= 0 {
 		unix.Close(f.fd)
 		f.fd = -1
+		if f.closed != nil {
+			f.closed()
+		}
 	}
 }
 

@@ -259,6 +259,8 @@ func TestHandoverPrecopied(t *testing.T) {
 		t.Errorf("the backlog file holds %d bytes after the hand-over; the handed part is at most %d", got, most)
 	}
 	b.h = nh
+	var base0 int
+	doOn(t, nh, func() { base0 = nh.fdBase })
 	// Wakes queued while the worker is still behind go behind the mapping
 	// in the new hub's ring, which does not copy the mapping for them: its
 	// pages stay in the file until the worker read them.
@@ -280,6 +282,13 @@ func TestHandoverPrecopied(t *testing.T) {
 	}
 	b.none()
 	testutil.WaitFor(t, timeout, "the backlog file closed", func() bool { return memfds(t) == 0 })
+	// Its descriptor, counted in the budget at the takeover, is the
+	// workers' again.
+	var base int
+	doOn(t, nh, func() { base = nh.fdBase })
+	if base != base0-1 {
+		t.Fatalf("descriptors outside the workers: %d after the backlog file closed, %d before; want one fewer", base, base0)
+	}
 }
 
 // TestHandoverPrecopyRollback: an upgrade abandoned after the pre-copy (the
@@ -363,5 +372,19 @@ func TestHandoverPrecopyRollback(t *testing.T) {
 	b.none()
 	if _, _, pending := b.ring(t); pending != 0 {
 		t.Errorf("the old hub holds %d bytes for a worker that read everything", pending)
+	}
+}
+
+// doOn runs f on h's loop and waits for it.
+func doOn(t *testing.T, h *Hub, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	if err := h.loop.Post(func() { f(); close(done) }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		t.Fatal("the loop did not run a post")
 	}
 }

@@ -1081,6 +1081,7 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 		if err == nil {
 			fds = slices.Clone(fds)
 			fds[st.MemFD] = -1
+			f.closed = h.backlogFileClosed
 			err = mapWorkers(f, st.Workers)
 		}
 		if err != nil {

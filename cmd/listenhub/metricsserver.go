@@ -102,28 +102,37 @@ func newConnLimiter(ln net.Listener, max int) *connLimiter {
 		idle: make(map[net.Conn]time.Time), every: metricsAcceptEvery, burst: metricsAcceptBurst}
 }
 
-// pace waits until the next accept is within the rate, or the listener is
-// closed (false).
-func (l *connLimiter) pace() bool {
+// due is how long the next accept must wait for the pace.
+func (l *connLimiter) due(now time.Time) time.Duration {
 	if l.every <= 0 {
-		return true
+		return 0
+	}
+	return l.tat.Sub(now) - time.Duration(l.burst-1)*l.every
+}
+
+// pace takes the next accept's place in the pace, waiting for it if it is
+// not due yet. It reports whether it waited, and false for ok if the
+// listener was closed meanwhile.
+func (l *connLimiter) pace() (ok, waited bool) {
+	if l.every <= 0 {
+		return true, false
 	}
 	now := time.Now()
 	if l.tat.Before(now) {
 		l.tat = now
 	}
-	wait := l.tat.Sub(now) - time.Duration(l.burst-1)*l.every
+	wait := l.due(now)
 	l.tat = l.tat.Add(l.every)
 	if wait <= 0 {
-		return true
+		return true, false
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
+		return true, true
 	case <-l.closed:
-		return false
+		return false, true
 	}
 }
 
@@ -136,19 +145,22 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		if c, err = l.Listener.Accept(); err != nil {
 			return nil, err
 		}
-		// A client that gave up while its connection waited in the
-		// backlog is let go at the cost of a poll, not of a request and
-		// a place in the pace: otherwise a flood leaves a backlog of the
-		// abandoned that delays everyone after it for seconds.
-		if peerGone(c) {
+		// Past the pace (a flood), a client that gave up while its
+		// connection waited in the backlog is let go at the cost of a
+		// poll, not of a request and a place in the pace: otherwise a
+		// flood leaves a backlog of the abandoned that delays everyone
+		// after it for seconds. Within the pace every connection is
+		// served, one whose client shut its sending side included.
+		if l.due(time.Now()) > 0 && peerGone(c) {
 			c.Close()
 			continue
 		}
-		if !l.pace() {
+		ok, waited := l.pace()
+		if !ok {
 			c.Close()
 			return nil, net.ErrClosed
 		}
-		if !peerGone(c) {
+		if !waited || !peerGone(c) {
 			break
 		}
 		c.Close()

@@ -270,17 +270,47 @@ func TestMetricsAcceptPace(t *testing.T) {
 	}
 }
 
-// A client that gave up while its connection waited in the backlog is
-// dropped without being served and without a place in the pace: the live
-// connection behind it comes out next.
+// Past the pace, a client that gave up while its connection waited in the
+// backlog is dropped without being served and without a place in the
+// pace: the live connection behind it comes out next. Within the pace, a
+// client that shut its sending side is served.
 func TestMetricsAcceptDropsAbandoned(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cl := newConnLimiter(ln, 100)
-	cl.every, cl.burst = time.Hour, 1 // one accept, then none for an hour
+	cl.every, cl.burst = 200*time.Millisecond, 1
 	defer cl.Close()
+
+	// Within the pace: a half-closed request is served.
+	half, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	half.Write([]byte("GET /healthz HTTP/1.0\r\n\r\n"))
+	half.(*net.TCPConn).CloseWrite()
+	first := make(chan net.Conn, 1)
+	go func() {
+		c, err := cl.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		first <- c
+	}()
+	select {
+	case c := <-first:
+		c.Close()
+		if c.RemoteAddr().String() != half.LocalAddr().String() {
+			t.Fatalf("accepted %v, want the half-closed client %v", c.RemoteAddr(), half.LocalAddr())
+		}
+	case <-time.After(timeout):
+		t.Fatal("a half-closed client within the pace was not accepted")
+	}
+
+	// Past it (the accept above took the only place for 200 ms): 50
+	// clients gone, then a live one.
 	for range 50 {
 		c, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {

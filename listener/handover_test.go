@@ -155,6 +155,18 @@ func TestMarkerSplit(t *testing.T) {
 						t.Error(err)
 					}
 				})
+				// The marker's NOTIFY goes out on the new connection,
+				// whenever its loop and the server get to it: wait until
+				// it is back, so that it is committed between this
+				// NOTIFY and the next and the split falls in the
+				// middle (on a loaded machine it once came after all
+				// 300, and the new side rightly delivered none).
+				select {
+				case <-newMarked:
+				case <-time.After(pgTimeout):
+					t.Error("the marker did not come back to the new connection")
+					return
+				}
 			}
 		}
 	}()

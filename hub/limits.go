@@ -36,7 +36,7 @@ func (h *Hub) budgetFDs() {
 // was counted, and would otherwise keep the cap one lower until a
 // restart.
 func (h *Hub) backlogFileClosed() {
-	if h.fdBudgeted && h.fdBase > 0 {
+	if h.fdBudgeted && h.fdBase > 0 && !h.stopping {
 		h.fdBase--
 		h.rebudgetFDs()
 	}

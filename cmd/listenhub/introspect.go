@@ -54,6 +54,11 @@ var (
 	workRestUntil   time.Time
 )
 
+// maxWorkRest caps the rest: a page that took long because the loop was
+// slow to answer (a stall, not the page's own cost) must not leave the
+// next request resting into its own deadline.
+const maxWorkRest = 100 * time.Millisecond
+
 // statusJSON is the body of /status.
 type statusJSON struct {
 	Healthy       bool      `json:"healthy"`
@@ -138,14 +143,15 @@ func serveList[T any](w http.ResponseWriter, r *http.Request,
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), introspectTimeout)
 	defer cancel()
-	var body []byte
-	if p, ok := pageBuffers.Get().(*[]byte); ok {
-		body = (*p)[:0]
+	pooled, _ := pageBuffers.Get().(*[]byte)
+	if pooled == nil {
+		pooled = new([]byte)
 	}
+	body := (*pooled)[:0]
 	defer func() {
 		if cap(body) <= maxPooledPage {
-			body = body[:0]
-			pageBuffers.Put(&body)
+			*pooled = body[:0]
+			pageBuffers.Put(pooled)
 		}
 	}()
 	err := func() error {
@@ -169,18 +175,21 @@ func serveList[T any](w http.ResponseWriter, r *http.Request,
 			}
 		}
 		began := time.Now()
-		defer func() { workRestUntil = time.Now().Add(time.Since(began)) }()
+		defer func() { workRestUntil = time.Now().Add(min(time.Since(began), maxWorkRest)) }()
 		v, err := list(ctx, o)
 		if err != nil {
 			return err
 		}
-		body, err = encode(ctx, body, v)
-		return err
+		if body, err = encode(ctx, body, v); err != nil {
+			return err
+		}
+		body = append(body, '\n')
+		return nil
 	}()
 	switch {
 	case err == nil:
 		w.Header().Set("Content-Type", "application/json")
-		w.Write(append(body, '\n'))
+		w.Write(body)
 	case errors.Is(err, hub.ErrNotRunning):
 		writeJSONError(w, http.StatusServiceUnavailable, err)
 	case r.Context().Err() != nil:

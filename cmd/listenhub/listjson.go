@@ -11,7 +11,9 @@ import (
 )
 
 // The pages of /workers and /channels are encoded by hand, byte for byte
-// what encoding/json gives (TestListJSONMatchesEncodingJSON holds that).
+// what encoding/json gives (TestListJSONMatchesEncodingJSON holds that)
+// wherever json.Marshal succeeds: it refuses times outside years 0-9999,
+// which a hub's connection times are not.
 // Under an introspection flood, json.Marshal of a 10,000-worker page was
 // the hub's largest cost after the HTTP stack itself, most of it
 // time.Time's MarshalJSON and the re-validation of its output, and it

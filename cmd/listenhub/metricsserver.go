@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -140,7 +141,13 @@ func (l *connLimiter) pace() (ok, waited bool) {
 // a slot for it, closing the connection idle longest to make one.
 func (l *connLimiter) Accept() (net.Conn, error) {
 	var c net.Conn
-	for {
+	for dropped := 1; ; dropped++ {
+		// A flood of connections that close at once is dropped at the
+		// rate the kernel completes them: let the loop's goroutine at
+		// the processor now and then.
+		if dropped%64 == 0 {
+			runtime.Gosched()
+		}
 		var err error
 		if c, err = l.Listener.Accept(); err != nil {
 			return nil, err

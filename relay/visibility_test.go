@@ -91,7 +91,10 @@ func TestRelayLagWarning(t *testing.T) {
 		f.exec("INSERT INTO " + f.schema + ".q_a (v) VALUES ('x')")
 	}
 	// Traffic on a table outside the publication keeps the server's WAL
-	// position ahead of the slot's confirmed one.
+	// position ahead of the slot's confirmed one: back to back, in
+	// statements large enough that the walsender is decoding one most of
+	// the time. (One row every 5 ms left the slot caught up at most of
+	// the relay's lag readings, 2 s apart, and all of them now and then.)
 	f.exec("CREATE TABLE " + f.schema + "_lag (id int)")
 	t.Cleanup(func() { db.Exec(context.Background(), "DROP TABLE "+f.schema+"_lag") })
 	stop := make(chan struct{})
@@ -101,8 +104,8 @@ func TestRelayLagWarning(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(5 * time.Millisecond):
-				db.Exec(context.Background(), "INSERT INTO "+f.schema+"_lag VALUES (1)")
+			default:
+				db.Exec(context.Background(), "INSERT INTO "+f.schema+"_lag SELECT generate_series(1, 2000)")
 			}
 		}
 	}()

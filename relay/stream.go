@@ -110,7 +110,8 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 		return rel, nil
 	}
 	for {
-		if s.br.Buffered() == 0 {
+		// On a stop the deadline is endStream's.
+		if s.br.Buffered() == 0 && ctx.Err() == nil {
 			s.rc.SetReadDeadline(time.Now().Add(idle))
 		}
 		typ, body, err := s.readMsg()
@@ -122,7 +123,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 		case 'E':
 			return pgError(body)
 		case 'c':
-			return errors.New("the server ended the replication stream")
+			return errStreamEnded
 		default:
 			continue // NoticeResponse, ParameterStatus
 		}
@@ -417,6 +418,7 @@ func (s *session) stream(ctx context.Context) error {
 					sendStatus(false)
 				}
 			}
+			s.endStream(readErr)
 			return ctx.Err()
 		case err := <-readErr:
 			readErr <- err // for the deferred wait
@@ -459,6 +461,45 @@ func (s *session) stream(ctx context.Context) error {
 		}
 	}
 }
+
+// endStream ends the replication stream in order on a stop: CopyDone, then
+// the stream read up to the server's CopyDone, which it sends once it has
+// read ours, and so the status update before it. Closing at once instead
+// lost that update now and then: closed with the walsender's messages
+// unread, a TCP socket sends a reset, and the server's kernel drops what
+// the walsender had not read yet, the update included; the next start
+// then replayed the last batch. Bounded by stopFlushTimeout.
+func (s *session) endStream(readErr chan error) {
+	deadline := time.Now().Add(stopFlushTimeout)
+	s.rc.SetDeadline(deadline)
+	if _, err := s.rc.Write([]byte{'c', 0, 0, 0, 4}); err != nil {
+		return
+	}
+	// The reader stops at the server's CopyDone, or for the stop (its
+	// context is done) wherever it was; then the rest is read here. At
+	// the deadline its read is cut short, whatever deadline it set.
+	var err error
+	select {
+	case err = <-readErr:
+	case <-time.After(time.Until(deadline)):
+		s.rc.SetReadDeadline(time.Now())
+		err = <-readErr
+	}
+	readErr <- err // for stream's deferred wait
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return // the server's CopyDone, or the connection failed
+	}
+	for time.Now().Before(deadline) {
+		typ, _, err := s.readMsg()
+		if err != nil || typ == 'c' {
+			return
+		}
+	}
+}
+
+// errStreamEnded is the reader's error when the server ends the stream
+// (CopyDone).
+var errStreamEnded = errors.New("the server ended the replication stream")
 
 // flush NOTIFYs the batch's channels once every transaction that touched
 // them is visible to a new snapshot.

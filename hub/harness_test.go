@@ -150,14 +150,20 @@ func newEnvPG(t *testing.T, mutate func(*Config), healthy bool) *env {
 // do runs f on the loop and waits for it.
 func (e *env) do(f func()) {
 	e.t.Helper()
+	doOn(e.t, e.h, f)
+}
+
+// doOn runs f on h's loop and waits for it.
+func doOn(t testing.TB, h *Hub, f func()) {
+	t.Helper()
 	ran := make(chan struct{})
-	if err := e.h.loop.Post(func() { f(); close(ran) }); err != nil {
-		e.t.Fatal(err)
+	if err := h.loop.Post(func() { f(); close(ran) }); err != nil {
+		t.Fatal(err)
 	}
 	select {
 	case <-ran:
 	case <-time.After(timeout):
-		e.t.Fatal("loop did not run a post")
+		t.Fatal("loop did not run a post")
 	}
 }
 

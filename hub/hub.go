@@ -155,8 +155,6 @@ type Hub struct {
 	// fdLimit RLIMIT_NOFILE when the cap was last set (rebudgetFDs).
 	fdBase  int
 	fdLimit uint64
-	// fdBudgeted: fdBase has been counted (budgetFDs).
-	fdBudgeted bool
 	// spareFD is a descriptor held (on /dev/null) for the moment accept
 	// fails with EMFILE anyway (descriptors taken by something else than
 	// workers): closed, it lets the hub accept and close the waiting

@@ -22,7 +22,6 @@ func (h *Hub) budgetFDs() {
 	// Workers handed over by an upgrade are open already, and are what
 	// the budget is for.
 	h.fdBase = openFDs() - h.workers.len()
-	h.fdBudgeted = true
 	h.maxWorkers = h.cfg.MaxWorkers
 	h.rebudgetFDs()
 	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -34,9 +33,10 @@ func (h *Hub) budgetFDs() {
 // backlogFileClosed gives the workers the descriptor of an upgrade's
 // backlog file once its last part is sent: it was open when the budget
 // was counted, and would otherwise keep the cap one lower until a
-// restart.
+// restart. (fdBase is 0 until budgetFDs counted it: a file closed before
+// that is not in the count.)
 func (h *Hub) backlogFileClosed() {
-	if h.fdBudgeted && h.fdBase > 0 && !h.stopping {
+	if h.fdBase > 0 && !h.stopping {
 		h.fdBase--
 		h.rebudgetFDs()
 	}

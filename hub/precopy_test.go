@@ -374,17 +374,3 @@ func TestHandoverPrecopyRollback(t *testing.T) {
 		t.Errorf("the old hub holds %d bytes for a worker that read everything", pending)
 	}
 }
-
-// doOn runs f on h's loop and waits for it.
-func doOn(t *testing.T, h *Hub, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	if err := h.loop.Post(func() { f(); close(done) }); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-done:
-	case <-time.After(timeout):
-		t.Fatal("the loop did not run a post")
-	}
-}

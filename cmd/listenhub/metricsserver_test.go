@@ -291,23 +291,7 @@ func TestMetricsAcceptDropsAbandoned(t *testing.T) {
 	defer half.Close()
 	half.Write([]byte("GET /healthz HTTP/1.0\r\n\r\n"))
 	half.(*net.TCPConn).CloseWrite()
-	first := make(chan net.Conn, 1)
-	go func() {
-		c, err := cl.Accept()
-		if err != nil {
-			t.Error(err)
-		}
-		first <- c
-	}()
-	select {
-	case c := <-first:
-		c.Close()
-		if c.RemoteAddr().String() != half.LocalAddr().String() {
-			t.Fatalf("accepted %v, want the half-closed client %v", c.RemoteAddr(), half.LocalAddr())
-		}
-	case <-time.After(timeout):
-		t.Fatal("a half-closed client within the pace was not accepted")
-	}
+	acceptsNext(t, cl, half, "the half-closed client within the pace")
 
 	// Past it (the accept above took the only place for 200 ms): 50
 	// clients gone, then a live one.
@@ -324,6 +308,13 @@ func TestMetricsAcceptDropsAbandoned(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer live.Close()
+	acceptsNext(t, cl, live, "the live client behind 50 abandoned ones")
+}
+
+// acceptsNext fails the test unless cl's next Accept, within the timeout,
+// is the server side of client.
+func acceptsNext(t *testing.T, cl *connLimiter, client net.Conn, what string) {
+	t.Helper()
 	got := make(chan net.Conn, 1)
 	go func() {
 		c, err := cl.Accept()
@@ -334,12 +325,15 @@ func TestMetricsAcceptDropsAbandoned(t *testing.T) {
 	}()
 	select {
 	case c := <-got:
-		defer c.Close()
-		if c.RemoteAddr().String() != live.LocalAddr().String() {
-			t.Fatalf("accepted %v, want the live client %v", c.RemoteAddr(), live.LocalAddr())
+		if c == nil {
+			t.Fatalf("%s: Accept failed", what)
+		}
+		c.Close()
+		if c.RemoteAddr().String() != client.LocalAddr().String() {
+			t.Fatalf("%s: accepted %v, want %v", what, c.RemoteAddr(), client.LocalAddr())
 		}
 	case <-time.After(timeout):
-		t.Fatal("the live connection was not accepted behind 50 abandoned ones")
+		t.Fatalf("%s: not accepted within %v", what, timeout)
 	}
 }
 

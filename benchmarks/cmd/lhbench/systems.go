@@ -31,9 +31,15 @@ type system struct {
 	argv     []string // server command, without --database-url/--socket
 	cpus     int      // when > 0, the server runs under taskset on cores 0..cpus-1
 	memstats string   // when set, --memstats path (the server answers SIGUSR1)
-	cmd      *exec.Cmd
-	log      *os.File
-	done     chan struct{}
+	// session starts the server in a session of its own, as a service
+	// manager does. On Linux with autogroup scheduling (the default) a
+	// session is the unit that gets a fair share of the CPU, and every
+	// PostgreSQL backend is a session; in the harness's session the server
+	// would share one backend's share with every worker and writer.
+	session bool
+	cmd     *exec.Cmd
+	log     *os.File
+	done    chan struct{}
 }
 
 func (s *system) serverPID() int {
@@ -67,7 +73,7 @@ func (s *system) start(dir string) error {
 	} else {
 		s.cmd = exec.Command(s.argv[0], args...)
 	}
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: !s.session, Setsid: s.session, Pdeathsig: syscall.SIGKILL}
 	var err error
 	s.log, err = os.OpenFile(filepath.Join(dir, s.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

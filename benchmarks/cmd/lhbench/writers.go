@@ -255,6 +255,11 @@ type WritersInfo struct {
 	Rounds    int      `json:"rounds"`
 	Throttle  string   `json:"throttle_interval"`
 	Settings  []string `json:"settings"`
+	// Autogroup is kernel.sched_autogroup_enabled ("" where there is none).
+	// With it on, every session is one scheduling entity, and every
+	// PostgreSQL backend is a session of its own: it moves the relay's
+	// latency more than anything the relay does (docs/relay.md).
+	Autogroup string   `json:"sched_autogroup_enabled,omitempty"`
 	RelayArgv []string `json:"relay_argv,omitempty"`
 	LoadStart string   `json:"load_start"`
 	LoadEnd   string   `json:"load_end"`
@@ -342,6 +347,9 @@ func (b *bench) writersScenario() error {
 			e.logical = v == "logical"
 		}
 	}
+	if b, err := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled"); err == nil {
+		info.Autogroup = strings.TrimSpace(string(b))
+	}
 	if err := e.setup(); err != nil {
 		return fmt.Errorf("writers: set-up: %w", err)
 	}
@@ -362,7 +370,7 @@ func (b *bench) writersScenario() error {
 
 	if e.nworkers > 0 {
 		hub := *hubSys
-		hub.name, hub.dbURL, hub.cpus = "hub-writers", e.url, 0
+		hub.name, hub.dbURL, hub.cpus, hub.session = "hub-writers", e.url, 0, true
 		e.hub = &hub
 		if err := e.hub.start(b.dir); err != nil {
 			return err
@@ -794,7 +802,8 @@ func (e *writersEnv) startRelay(round int) (*exec.Cmd, chan struct{}, string, st
 		}
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// A session of its own, as under its systemd unit (see system.session).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	logPath := filepath.Join(e.b.dir, fmt.Sprintf("relay-%d.log", round))
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -19,6 +19,9 @@ func writersTable(r *Results) *table {
 		if i.Workers == 0 {
 			listeners = "no hub and no workers: what the wake sources cost the writers alone, wakes not measured"
 		}
+		if i.Autogroup != "" {
+			fsync += "; kernel.sched_autogroup_enabled=" + i.Autogroup
+		}
 		title = fmt.Sprintf("Writers: W writers insert into %d pgmq queue tables for %s × %d rounds, one row per transaction (%s; %s); %s",
 			i.Queues, i.Dur, i.Rounds, strings.Join(i.Settings, ", "), fsync, listeners)
 	}

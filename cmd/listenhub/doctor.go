@@ -57,6 +57,8 @@ seen and, unless it passed, the fix. Exits 1 when any check failed.
                live hub answers on it with its status
   relay        (--publication, --slot) wal_level, the publication, the
                slot and its lag
+  scheduler    (relay checks, a server on this host) the kernel's
+               autogroup scheduling, which delays a busy server's walsender
 `
 
 // runDoctor is `listenhub doctor`.
@@ -149,7 +151,43 @@ func doctorDatabase(ctx context.Context, url, app, publication, slot string, add
 	doctorBudget(ctx, conn, app, add)
 	if publication != "" || slot != "" {
 		doctorRelay(ctx, conn, publication, slot, add)
+		if localServer(cc) {
+			doctorScheduler(autogroupFile, add)
+		}
 	}
+}
+
+// autogroupFile is the kernel's autogroup switch (a variable for tests).
+var autogroupFile = "/proc/sys/kernel/sched_autogroup_enabled"
+
+// doctorScheduler warns when the kernel's autogroup scheduling is on where
+// PostgreSQL runs. Every PostgreSQL backend calls setsid, so with autogroup
+// each one is a scheduling entity of its own, and on a host whose cores the
+// writers fill the walsender fell far behind the commits: the relay's wake
+// p99 was 10 times what it was with autogroup off (docs/relay.md). A kernel
+// without the switch has no autogroup: nothing to say.
+func doctorScheduler(path string, add func(finding)) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	switch v := strings.TrimSpace(string(b)); v {
+	case "0":
+		add(finding{"scheduler", statusPass, "kernel.sched_autogroup_enabled is 0", ""})
+	default:
+		add(finding{"scheduler", statusWarn, "kernel.sched_autogroup_enabled is " + v + " on the database's host: a busy server's walsender falls behind and wakes come late",
+			"sysctl -w kernel.sched_autogroup_enabled=0, and the same line in /etc/sysctl.d/ to keep it"})
+	}
+}
+
+// localServer reports whether the connection goes to this host: a Unix
+// socket or a loopback address.
+func localServer(cc *pgconn.Config) bool {
+	if strings.HasPrefix(cc.Host, "/") || cc.Host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(cc.Host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // connectError is listener's wording of a failed connect: when the server

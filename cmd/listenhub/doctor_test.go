@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 )
 
@@ -154,6 +156,45 @@ func TestDoctorRelay(t *testing.T) {
 	}
 	if !wal || !pub || !slot {
 		t.Fatalf("relay findings %+v", by["relay"])
+	}
+}
+
+// TestDoctorScheduler: with the relay checks and a server on this host,
+// the doctor reads the kernel's autogroup switch: on is a warning with the
+// sysctl that turns it off, off passes, and a kernel without it says
+// nothing.
+func TestDoctorScheduler(t *testing.T) {
+	c := needDB(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "sched_autogroup_enabled")
+	defer func(old string) { autogroupFile = old }(autogroupFile)
+	autogroupFile = file
+
+	os.WriteFile(file, []byte("1\n"), 0o644)
+	_, by, out := doctor(t, "--database-url", c.URL(), "--slot", "noslot")
+	if f := only(t, by, "scheduler", statusWarn); !strings.Contains(f.Message, "kernel.sched_autogroup_enabled is 1") ||
+		!strings.Contains(f.Fix, "sysctl -w kernel.sched_autogroup_enabled=0") {
+		t.Fatalf("autogroup on: %+v\n%s", f, out)
+	}
+	os.WriteFile(file, []byte("0\n"), 0o644)
+	_, by, _ = doctor(t, "--database-url", c.URL(), "--slot", "noslot")
+	only(t, by, "scheduler", statusPass)
+	os.Remove(file)
+	if _, by, _ = doctor(t, "--database-url", c.URL(), "--slot", "noslot"); len(by["scheduler"]) != 0 {
+		t.Fatalf("no switch: %+v", by["scheduler"])
+	}
+	os.WriteFile(file, []byte("1\n"), 0o644)
+	if _, by, _ = doctor(t, "--database-url", c.URL()); len(by["scheduler"]) != 0 {
+		t.Fatalf("without the relay checks: %+v", by["scheduler"])
+	}
+}
+
+func TestLocalServer(t *testing.T) {
+	for host, want := range map[string]bool{"/var/run/postgresql": true, "localhost": true, "127.0.0.1": true, "::1": true,
+		"db.example.com": false, "10.0.0.5": false} {
+		if got := localServer(&pgconn.Config{Host: host}); got != want {
+			t.Errorf("localServer(%q) = %v, want %v", host, got, want)
+		}
 	}
 }
 

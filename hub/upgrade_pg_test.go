@@ -177,7 +177,10 @@ func TestHandoverInProcess(t *testing.T) {
 			if err != nil || len(pids) != 1 {
 				t.Fatalf("backends %v, %v", pids, err)
 			}
-			if err := c.Freeze(pids[0]); err != nil {
+			fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err = c.FreezeIdle(fctx, pids[0])
+			fcancel()
+			if err != nil {
 				t.Fatal(err)
 			}
 			thawed := false

@@ -647,7 +647,7 @@ func TestFrozenBackend(t *testing.T) {
 			if err != nil || len(pids) != 1 {
 				t.Fatalf("backends: %v %v", pids, err)
 			}
-			pgtesting.Must(t, db.Freeze(pids[0]))
+			pgtesting.Must(t, db.FreezeIdle(ctxT(t), pids[0]))
 			t.Cleanup(func() { db.Thaw(pids[0]) })
 			start := time.Now()
 			base = r.waitHealth(t, base, pgTimeout, false)

@@ -501,7 +501,7 @@ func TestRelayBacklogOneBatch(t *testing.T) {
 	if err != nil || len(pids) != 1 {
 		t.Fatalf("the relay's NOTIFY backend: %v (%v)", pids, err)
 	}
-	if err := db.Freeze(pids[0]); err != nil {
+	if err := db.FreezeIdle(ctx, pids[0]); err != nil {
 		t.Fatal(err)
 	}
 	thawed := false

@@ -591,7 +591,7 @@ func TestBlackboxHealthCheckFrozenBackend(t *testing.T) {
 	if err != nil || len(pids) != 1 {
 		t.Fatalf("backends %v: %v", pids, err)
 	}
-	if err := c.Freeze(pids[0]); err != nil {
+	if err := c.FreezeIdle(ctx, pids[0]); err != nil {
 		t.Fatal(err)
 	}
 	frozen := time.Now()

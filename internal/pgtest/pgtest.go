@@ -705,6 +705,62 @@ func (c *Cluster) Freeze(pid int) error {
 	}
 }
 
+// FreezeIdle is Freeze at a moment the backend is idle: outside a
+// transaction, waiting for its client's next message. A backend frozen
+// while it runs a statement or ends a transaction may hold a lock or a
+// shared-memory LWLock (a snapshot's ProcArrayLock, the lock manager's
+// partition locks at commit), and then every other session that needs it
+// hangs with it, which is not the half-open connection a test means. It
+// freezes, checks the frozen process (epoll_wait on its client, and the
+// idle/ClientRead that pg_stat_activity last had from it), and thaws and
+// tries again until both hold or ctx ends.
+func (c *Cluster) FreezeIdle(ctx context.Context, pid int) error {
+	for {
+		if err := c.Freeze(pid); err != nil {
+			return err
+		}
+		idle, err := c.frozenIdle(ctx, pid)
+		if err == nil && idle {
+			return nil
+		}
+		if terr := c.Thaw(pid); terr != nil {
+			return terr
+		}
+		if err != nil {
+			return fmt.Errorf("pgtest: freeze %d while idle: %w", pid, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: freeze %d while idle: never idle: %w", pid, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// epollWaits are the numbers of epoll_wait, epoll_pwait and epoll_pwait2,
+// as /proc/PID/syscall shows them, by architecture.
+var epollWaits = map[string]map[string]bool{
+	"amd64": {"232": true, "281": true, "441": true},
+	"arm64": {"22": true, "441": true},
+}
+
+// frozenIdle reports whether the frozen backend pid stopped in its wait for
+// the client: its interrupted system call is epoll_wait (or epoll_pwait),
+// and its last reported state is idle, waiting on ClientRead.
+func (c *Cluster) frozenIdle(ctx context.Context, pid int) (bool, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/syscall")
+	if err != nil {
+		return false, err
+	}
+	nr, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	if !epollWaits[runtime.GOARCH][nr] {
+		return false, nil
+	}
+	n, err := c.QueryInt(ctx, `SELECT count(*)::int FROM pg_stat_activity
+		WHERE pid = $1 AND state = 'idle' AND wait_event = 'ClientRead'`, pid)
+	return n == 1, err
+}
+
 // Thaw resumes a backend stopped by Freeze (SIGCONT).
 func (c *Cluster) Thaw(pid int) error {
 	if c.external {

@@ -242,6 +242,63 @@ func TestFreezeThaw(t *testing.T) {
 	}
 }
 
+// TestFreezeIdle: FreezeIdle stops a backend only in its wait for the
+// client. A backend kept busy by a statement is never frozen (the call
+// ends with ctx and the backend runs on); once it is idle it is frozen, and
+// a query sent then goes unanswered until Thaw.
+func TestFreezeIdle(t *testing.T) {
+	pgtesting.RequireLocal(t, db)
+	ctx := ctxT(t)
+	conn := connect(t, db.URL(), "pgtest-freezeidle")
+	pids, err := db.BackendPIDs(ctx, "pgtest-freezeidle")
+	if err != nil || len(pids) != 1 {
+		t.Fatalf("BackendPIDs = %v, %v", pids, err)
+	}
+	busy := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(context.Background(), "SELECT pg_sleep(1.5)")
+		busy <- err
+	}()
+	testutil.WaitFor(t, 5*time.Second, "the backend running pg_sleep", func() bool {
+		n, err := db.QueryInt(ctx, "SELECT count(*)::int FROM pg_stat_activity WHERE pid = $1 AND state = 'active'", pids[0])
+		return err == nil && n == 1
+	})
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = db.FreezeIdle(short, pids[0])
+	cancel()
+	if err == nil {
+		t.Fatal("FreezeIdle froze a backend running a statement")
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pids[0])); err != nil {
+		t.Fatal(err)
+	} else if _, rest, _ := strings.Cut(string(b), ") "); strings.HasPrefix(rest, "T") || strings.HasPrefix(rest, "t") {
+		t.Fatalf("backend left stopped (%.1s) after a failed FreezeIdle", rest)
+	}
+	if err := <-busy; err != nil {
+		t.Fatalf("the statement under a failed FreezeIdle: %v", err)
+	}
+	pgtesting.Must(t, db.FreezeIdle(ctx, pids[0]))
+	answered := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(context.Background(), "SELECT 1")
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("a frozen backend answered: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	pgtesting.Must(t, db.Thaw(pids[0]))
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer 10s after thaw")
+	}
+}
+
 func TestFreezeThenStop(t *testing.T) {
 	// A frozen backend must not hang Stop (it is thawed first).
 	pgtesting.RequireLocal(t, db)

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -61,6 +62,12 @@ type Cluster struct {
 // URL is a TCP connection URL for the superuser.
 func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+// SocketURL is URL through the cluster's Unix socket directory instead of
+// TCP: what a client on the database's host should use.
+func (c *Cluster) SocketURL() string {
+	return fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", url.QueryEscape(c.dir), c.port)
 }
 
 // Version is the server's version string (postgres --version).

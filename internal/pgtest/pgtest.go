@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -711,9 +712,10 @@ func (c *Cluster) Freeze(pid int) error {
 // shared-memory LWLock (a snapshot's ProcArrayLock, the lock manager's
 // partition locks at commit), and then every other session that needs it
 // hangs with it, which is not the half-open connection a test means. It
-// freezes, checks the frozen process (epoll_wait on its client, and the
-// idle/ClientRead that pg_stat_activity last had from it), and thaws and
-// tries again until both hold or ctx ends.
+// freezes, checks the frozen process (the idle/ClientRead that
+// pg_stat_activity last had from it, and epoll_wait on its client where
+// /proc can tell), and thaws and tries again until they hold or ctx ends;
+// ctx needs a deadline.
 func (c *Cluster) FreezeIdle(ctx context.Context, pid int) error {
 	for {
 		if err := c.Freeze(pid); err != nil {
@@ -738,26 +740,51 @@ func (c *Cluster) FreezeIdle(ctx context.Context, pid int) error {
 }
 
 // epollWaits are the numbers of epoll_wait, epoll_pwait and epoll_pwait2,
-// as /proc/PID/syscall shows them, by architecture.
+// as /proc/PID/syscall shows them for a process stopped in one, on the
+// architectures where it shows them: arm64 forgets a stopped task's system
+// call (it reads -1), and elsewhere the numbers are not listed here.
 var epollWaits = map[string]map[string]bool{
 	"amd64": {"232": true, "281": true, "441": true},
-	"arm64": {"22": true, "441": true},
+}
+
+// stoppedInEpoll reads /proc/PID/syscall of a stopped process: idle is
+// whether it stopped in an epoll wait, and known whether the file can say
+// so on this architecture (see epollWaits).
+func stoppedInEpoll(arch, syscallFile string) (idle, known bool) {
+	waits, ok := epollWaits[arch]
+	if !ok {
+		return false, false
+	}
+	nr, _, _ := strings.Cut(strings.TrimSpace(syscallFile), " ")
+	return waits[nr], true
 }
 
 // frozenIdle reports whether the frozen backend pid stopped in its wait for
-// the client: its interrupted system call is epoll_wait (or epoll_pwait),
-// and its last reported state is idle, waiting on ClientRead.
+// the client: its last reported state is idle, waiting on ClientRead, and,
+// where /proc can tell (x86-64, with ptrace access to the backend: root
+// without CAP_SYS_PTRACE has none to another user's process), its
+// interrupted system call is an epoll wait.
 func (c *Cluster) frozenIdle(ctx context.Context, pid int) (bool, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/syscall")
-	if err != nil {
+	switch {
+	case err == nil:
+		if idle, known := stoppedInEpoll(runtime.GOARCH, string(b)); known && !idle {
+			return false, nil
+		}
+	case errors.Is(err, fs.ErrPermission):
+		// pg_stat_activity alone, below.
+	default:
 		return false, err
 	}
-	nr, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
-	if !epollWaits[runtime.GOARCH][nr] {
+	// A backend frozen halfway through reporting its state makes a reader
+	// of pg_stat_activity wait for it: bounded, and then not idle.
+	qctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	n, err := c.QueryInt(qctx, `SELECT count(*)::int FROM pg_stat_activity
+		WHERE pid = $1 AND state = 'idle' AND wait_event = 'ClientRead'`, pid)
+	if err != nil && qctx.Err() != nil && ctx.Err() == nil {
 		return false, nil
 	}
-	n, err := c.QueryInt(ctx, `SELECT count(*)::int FROM pg_stat_activity
-		WHERE pid = $1 AND state = 'idle' AND wait_event = 'ClientRead'`, pid)
 	return n == 1, err
 }
 

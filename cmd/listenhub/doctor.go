@@ -151,7 +151,7 @@ func doctorDatabase(ctx context.Context, url, app, publication, slot string, add
 	doctorBudget(ctx, conn, app, add)
 	if publication != "" || slot != "" {
 		doctorRelay(ctx, conn, publication, slot, add)
-		if localServer(cc) {
+		if serverOnThisHost(conn) {
 			doctorScheduler(autogroupFile, add)
 		}
 	}
@@ -163,15 +163,17 @@ var autogroupFile = "/proc/sys/kernel/sched_autogroup_enabled"
 // doctorScheduler warns when the kernel's autogroup scheduling is on where
 // PostgreSQL runs. Every PostgreSQL backend calls setsid, so with autogroup
 // each one is a scheduling entity of its own, and on a host whose cores the
-// writers fill the walsender fell far behind the commits: the relay's wake
-// p99 was 10 times what it was with autogroup off (docs/relay.md). A kernel
-// without the switch has no autogroup: nothing to say.
+// writers fill the walsender fell far behind the commits: at 16 writers the
+// relay's wake p99 was about 8 times what it was with autogroup off
+// (docs/relay.md). A kernel without the switch has no autogroup: nothing to
+// say.
 func doctorScheduler(path string, add func(finding)) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return
 	}
 	switch v := strings.TrimSpace(string(b)); v {
+	case "":
 	case "0":
 		add(finding{"scheduler", statusPass, "kernel.sched_autogroup_enabled is 0", ""})
 	default:
@@ -180,14 +182,30 @@ func doctorScheduler(path string, add func(finding)) {
 	}
 }
 
-// localServer reports whether the connection goes to this host: a Unix
-// socket or a loopback address.
-func localServer(cc *pgconn.Config) bool {
-	if strings.HasPrefix(cc.Host, "/") || cc.Host == "localhost" {
+// serverOnThisHost reports whether conn's server runs on this host: the
+// connection is a Unix socket or goes to a loopback address, and its
+// backend (BackendKeyData's pid) is a postgres process here. A forwarder on
+// localhost (ssh -L, kubectl port-forward, a proxy or a pooler) fails the
+// second test, and the sysctl read here would be the wrong host's.
+func serverOnThisHost(conn *pgconn.PgConn) bool {
+	return localAddr(conn.Conn().RemoteAddr()) && isPostgresProcess(int(conn.PID()))
+}
+
+func localAddr(a net.Addr) bool {
+	switch a := a.(type) {
+	case *net.UnixAddr:
 		return true
+	case *net.TCPAddr:
+		return a.IP.IsLoopback()
 	}
-	ip := net.ParseIP(cc.Host)
-	return ip != nil && ip.IsLoopback()
+	return false
+}
+
+// isPostgresProcess reports whether pid is a PostgreSQL process on this
+// host (its title, in /proc/PID/cmdline, starts "postgres").
+func isPostgresProcess(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return err == nil && strings.HasPrefix(string(b), "postgres")
 }
 
 // connectError is listener's wording of a failed connect: when the server

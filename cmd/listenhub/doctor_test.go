@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -165,36 +166,69 @@ func TestDoctorRelay(t *testing.T) {
 // nothing.
 func TestDoctorScheduler(t *testing.T) {
 	c := needDB(t)
+	pgtesting.RequireLocal(t, c)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "sched_autogroup_enabled")
+	write := func(v string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	defer func(old string) { autogroupFile = old }(autogroupFile)
 	autogroupFile = file
 
-	os.WriteFile(file, []byte("1\n"), 0o644)
+	write("1\n")
 	_, by, out := doctor(t, "--database-url", c.URL(), "--slot", "noslot")
 	if f := only(t, by, "scheduler", statusWarn); !strings.Contains(f.Message, "kernel.sched_autogroup_enabled is 1") ||
 		!strings.Contains(f.Fix, "sysctl -w kernel.sched_autogroup_enabled=0") {
 		t.Fatalf("autogroup on: %+v\n%s", f, out)
 	}
-	os.WriteFile(file, []byte("0\n"), 0o644)
+	write("0\n")
 	_, by, _ = doctor(t, "--database-url", c.URL(), "--slot", "noslot")
 	only(t, by, "scheduler", statusPass)
 	os.Remove(file)
 	if _, by, _ = doctor(t, "--database-url", c.URL(), "--slot", "noslot"); len(by["scheduler"]) != 0 {
 		t.Fatalf("no switch: %+v", by["scheduler"])
 	}
-	os.WriteFile(file, []byte("1\n"), 0o644)
+	write("1\n")
 	if _, by, _ = doctor(t, "--database-url", c.URL()); len(by["scheduler"]) != 0 {
 		t.Fatalf("without the relay checks: %+v", by["scheduler"])
 	}
 }
 
-func TestLocalServer(t *testing.T) {
-	for host, want := range map[string]bool{"/var/run/postgresql": true, "localhost": true, "127.0.0.1": true, "::1": true,
-		"db.example.com": false, "10.0.0.5": false} {
-		if got := localServer(&pgconn.Config{Host: host}); got != want {
-			t.Errorf("localServer(%q) = %v, want %v", host, got, want)
+// TestServerOnThisHost: a connection counts as local only through a Unix
+// socket or to a loopback address, and only when its backend is a postgres
+// process here (not a forwarder's far end).
+func TestServerOnThisHost(t *testing.T) {
+	for _, c := range []struct {
+		addr net.Addr
+		want bool
+	}{
+		{&net.UnixAddr{Name: "/var/run/postgresql/.s.PGSQL.5432", Net: "unix"}, true},
+		{&net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 5432}, true},
+		{&net.TCPAddr{IP: net.ParseIP("127.0.1.1"), Port: 5432}, true},
+		{&net.TCPAddr{IP: net.ParseIP("::1"), Port: 5432}, true},
+		{&net.TCPAddr{IP: net.ParseIP("10.0.0.5"), Port: 5432}, false},
+	} {
+		if got := localAddr(c.addr); got != c.want {
+			t.Errorf("localAddr(%v) = %v, want %v", c.addr, got, c.want)
 		}
+	}
+	if isPostgresProcess(os.Getpid()) {
+		t.Error("the test process taken for a postgres process")
+	}
+	c := needDB(t)
+	pgtesting.RequireLocal(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgconn.Connect(ctx, c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if !serverOnThisHost(conn) {
+		t.Fatalf("a connection to the test cluster (%v, backend %d) not taken for local", conn.Conn().RemoteAddr(), conn.PID())
 	}
 }
 

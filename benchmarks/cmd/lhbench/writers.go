@@ -347,8 +347,8 @@ func (b *bench) writersScenario() error {
 			e.logical = v == "logical"
 		}
 	}
-	if b, err := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled"); err == nil {
-		info.Autogroup = strings.TrimSpace(string(b))
+	if ag, err := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled"); err == nil {
+		info.Autogroup = strings.TrimSpace(string(ag))
 	}
 	if err := e.setup(); err != nil {
 		return fmt.Errorf("writers: set-up: %w", err)

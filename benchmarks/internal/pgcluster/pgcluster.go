@@ -67,7 +67,9 @@ func (c *Cluster) URL() string {
 // SocketURL is URL through the cluster's Unix socket directory instead of
 // TCP: what a client on the database's host should use.
 func (c *Cluster) SocketURL() string {
-	return fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", url.QueryEscape(c.dir), c.port)
+	// pgx decodes %XX in a URL's query but not '+': a space is %20.
+	host := strings.ReplaceAll(url.QueryEscape(c.dir), "+", "%20")
+	return fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", host, c.port)
 }
 
 // Version is the server's version string (postgres --version).

@@ -51,13 +51,17 @@ type params struct {
 	BigCensusProcs int           `json:"big_census_procs"`
 	ChannelsN      []int         `json:"channels_n,omitempty"` // the many-channels scenario's channel counts
 	// The writers scenario (issue 17).
-	WritersW         []int         `json:"writers_w,omitempty"`
-	WritersDur       time.Duration `json:"writers_dur_ns,omitempty"`
-	WritersDrain     time.Duration `json:"writers_drain_ns,omitempty"`    // wait for the last wakes after the writers stop
-	WritersCatchUp   time.Duration `json:"writers_catch_up_ns,omitempty"` // at most this long for the relay to decode the last commits
-	WritersRounds    int           `json:"writers_rounds,omitempty"`
-	WritersQueues    int           `json:"writers_queues,omitempty"`
-	WritersWorkers   int           `json:"writers_workers"` // 0: no hub, no workers (what the sources cost the writers alone)
+	WritersW       []int         `json:"writers_w,omitempty"`
+	WritersDur     time.Duration `json:"writers_dur_ns,omitempty"`
+	WritersDrain   time.Duration `json:"writers_drain_ns,omitempty"`    // wait for the last wakes after the writers stop
+	WritersCatchUp time.Duration `json:"writers_catch_up_ns,omitempty"` // at most this long for the relay to decode the last commits
+	WritersRounds  int           `json:"writers_rounds,omitempty"`
+	WritersQueues  int           `json:"writers_queues,omitempty"`
+	WritersWorkers int           `json:"writers_workers"` // 0: no hub, no workers (what the sources cost the writers alone)
+	// WritersNoReread: the workers count their wakes and never re-read
+	// their queues (a diagnostic: what the wakes cost without the
+	// consumers' reads; misses are then not measured).
+	WritersNoReread  bool          `json:"writers_no_reread,omitempty"`
 	WritersSources   []string      `json:"writers_sources,omitempty"`
 	WritersThrottle  time.Duration `json:"writers_throttle_ns,omitempty"`
 	WritersRelayArgs string        `json:"writers_relay_args,omitempty"`   // extra `listenhub relay` flags
@@ -138,6 +142,7 @@ func runMain(args []string) error {
 	writersDur := fs.Duration("writers-dur", 0, "override the writers scenario's round duration")
 	writersRounds := fs.Int("writers-rounds", 0, "override the writers scenario's rounds")
 	writersWorkers := fs.Int("writers-workers", fullParams().WritersWorkers, "override the writers scenario's worker processes (0: no hub and no workers, only what each wake source costs the writers)")
+	writersNoReread := fs.Bool("writers-no-reread", false, "the writers scenario's workers count wakes and never re-read their queues (a diagnostic: what the wakes cost without the consumers' reads; misses not measured)")
 	writersSrc := fs.String("writers-sources", "", "override the writers scenario's wake sources (none,trigger,throttled,relay)")
 	relayArgs := fs.String("relay-args", "", "extra flags for `listenhub relay` in the writers scenario (e.g. \"--window 1ms\")")
 	relayBin := fs.String("relay-bin", "", "run `relay` from this listenhub binary (default: the hub's)")
@@ -182,6 +187,7 @@ func runMain(args []string) error {
 	if p.WritersWorkers < 0 {
 		return fmt.Errorf("--writers-workers: bad count %d", p.WritersWorkers)
 	}
+	p.WritersNoReread = *writersNoReread
 	if *writersSrc != "" {
 		p.WritersSources = strings.Split(*writersSrc, ",")
 		for _, s := range p.WritersSources {

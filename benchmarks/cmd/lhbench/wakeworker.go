@@ -77,6 +77,8 @@ type wakeWorker struct {
 	err   string
 	owned map[int]*ownedQueue
 	work  chan *ownedQueue
+	// noReread: wakes are recorded, queues never re-read.
+	noReread bool
 }
 
 func wakeWorkerMain(args []string) error {
@@ -86,6 +88,7 @@ func wakeWorkerMain(args []string) error {
 	queues := fs.Int("queues", 50, "queues (bench00 …)")
 	index := fs.Int("index", 0, "this worker's number")
 	workers := fs.Int("workers", 8, "workers in all (queue j is owned by worker j mod workers)")
+	reread := fs.Bool("reread", true, "re-read an owned queue after each of its wakes (false: only count the wakes)")
 	fs.Parse(args)
 
 	out := json.NewEncoder(os.Stdout)
@@ -101,7 +104,7 @@ func wakeWorkerMain(args []string) error {
 	}
 	defer conn.Close(ctx)
 
-	w := &wakeWorker{owned: map[int]*ownedQueue{}, work: make(chan *ownedQueue, *queues), base: time.Now().UnixNano()}
+	w := &wakeWorker{owned: map[int]*ownedQueue{}, work: make(chan *ownedQueue, *queues), base: time.Now().UnixNano(), noReread: !*reread}
 	byName := map[string]int{}
 	names := make([]string, *queues)
 	for i := range *queues {
@@ -187,7 +190,7 @@ func (w *wakeWorker) wake(byName map[string]int, name []byte, now int64) {
 		return
 	}
 	o.wakes = append(o.wakes, now-w.base)
-	if !o.pending {
+	if !o.pending && !w.noReread {
 		o.pending = true
 		w.work <- o // never blocks: one slot per queue, and pending gates it
 	}

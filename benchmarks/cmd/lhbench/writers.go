@@ -5,7 +5,8 @@ package main
 // W writers insert into pgmq-shaped queue tables (one row per transaction,
 // fsync on) while a hub with K worker processes is subscribed to every
 // queue's channel, pgmq.q_<name>.INSERT. The wake sources, interleaved
-// round by round on one cluster (wal_level=logical for all):
+// round by round on one cluster (wal_level=logical for all), after one
+// unmeasured round of none at each W:
 //
 //	none       no trigger, no relay: what the writers do alone
 //	trigger    pgmq's per-row trigger (pg_notify in a constraint trigger)
@@ -76,6 +77,11 @@ type WritersRow struct {
 	PGCPU    float64 `json:"postgres_cpu_s"`
 	RelayCPU float64 `json:"relay_cpu_s,omitempty"`
 	HubCPU   float64 `json:"hub_cpu_s"`
+	// WorkersCPU is the worker processes' CPU (receiving wakes and
+	// re-reading), WritersCPU the harness process's, which is the writers'
+	// client side: with the rest, where the machine's cores went.
+	WorkersCPU float64 `json:"workers_cpu_s"`
+	WritersCPU float64 `json:"writers_client_cpu_s"`
 	// Relay is what the relay's own /metrics said about the rounds (nil
 	// for the other sources, or when they could not be read).
 	Relay *relayFigures `json:"relay_metrics,omitempty"`
@@ -259,7 +265,10 @@ type WritersInfo struct {
 	// With it on, every session is one scheduling entity, and every
 	// PostgreSQL backend is a session of its own: it moves the relay's
 	// latency more than anything the relay does (docs/relay.md).
-	Autogroup string   `json:"sched_autogroup_enabled,omitempty"`
+	Autogroup string `json:"sched_autogroup_enabled,omitempty"`
+	// NoReread: the workers never re-read their queues
+	// (--writers-no-reread).
+	NoReread  bool     `json:"workers_no_reread,omitempty"`
 	RelayArgv []string `json:"relay_argv,omitempty"`
 	LoadStart string   `json:"load_start"`
 	LoadEnd   string   `json:"load_end"`
@@ -309,6 +318,11 @@ func (b *bench) writersScenario() error {
 	e := &writersEnv{b: b, queues: p.WritersQueues, nworkers: p.WritersWorkers}
 	if e.nworkers == 0 {
 		info.Notes = append(info.Notes, "no hub and no workers (--writers-workers 0): what each wake source costs the writers alone; wake latency, wakes/insert and misses not measured")
+	}
+	info.Notes = append(info.Notes, "each W begins with an unmeasured round of none")
+	if e.nworkers > 0 && p.WritersNoReread {
+		info.NoReread = true
+		info.Notes = append(info.Notes, "the workers never re-read their queues (--writers-no-reread): the wakes' cost without the consumers' reads; a row is known at the first wake after its commit returned, and misses are not measured")
 	}
 	defer e.close()
 
@@ -378,7 +392,8 @@ func (b *bench) writersScenario() error {
 	}
 	for i := range e.nworkers {
 		w, err := startProc(nil, "wakeworker", "--socket", e.hub.socket, "--database-url", e.url,
-			"--queues", strconv.Itoa(e.queues), "--index", strconv.Itoa(i), "--workers", strconv.Itoa(e.nworkers))
+			"--queues", strconv.Itoa(e.queues), "--index", strconv.Itoa(i), "--workers", strconv.Itoa(e.nworkers),
+			"--reread="+strconv.FormatBool(!p.WritersNoReread))
 		if err != nil {
 			return err
 		}
@@ -411,6 +426,14 @@ func (b *bench) writersScenario() error {
 				rows[k].Err = "wal_level is not logical"
 			}
 		}
+		// An unmeasured round first: the first round at each W was slower
+		// whichever source ran it (none 6.0k commits/s against 8.2k in its
+		// second round at W=64, with the relay's two rounds equal), and
+		// the turning order below gives that round to one source.
+		if _, err := e.round("none", w, -1); err != nil {
+			return fmt.Errorf("writers: the unmeasured round at W=%d: %w", w, err)
+		}
+		b.logf("writers W=%d: the unmeasured round is done", w)
 		for round := range p.WritersRounds {
 			// Interleaved, and the order turns each round, so that a
 			// drift in the machine's load lands on every source.
@@ -442,6 +465,8 @@ func (b *bench) writersScenario() error {
 				row.PGCPU += rr.pgCPU
 				row.RelayCPU += rr.relayCPU
 				row.HubCPU += rr.hubCPU
+				row.WorkersCPU += rr.workersCPU
+				row.WritersCPU += rr.writersCPU
 				if rr.relay != nil {
 					if row.Relay == nil {
 						row.Relay = &relayFigures{}
@@ -488,6 +513,7 @@ type roundResult struct {
 	wakes                   uint64
 	misses, reads           int
 	pgCPU, relayCPU, hubCPU float64
+	workersCPU, writersCPU  float64
 	relay                   *relayFigures
 	catchUp                 time.Duration // writers' end → the relay decoded their last commit
 }
@@ -521,6 +547,7 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 		}
 	}
 	pg0, relay0, hub0 := e.pgCPU(), procCPU(pidOf(relay)), procCPU(e.hubPID())
+	workers0, writers0 := e.workersCPU(), procCPU(os.Getpid())
 	var rm0 *relayFigures
 	var walsender int
 	var ws0 time.Duration
@@ -593,6 +620,8 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 	rr.pgCPU = (e.pgCPU() - pg0).Seconds()
 	rr.relayCPU = (procCPU(pidOf(relay)) - relay0).Seconds()
 	rr.hubCPU = (procCPU(e.hubPID()) - hub0).Seconds()
+	rr.workersCPU = (e.workersCPU() - workers0).Seconds()
+	rr.writersCPU = (procCPU(os.Getpid()) - writers0).Seconds()
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("writer: %w", err)
 	}
@@ -682,8 +711,11 @@ func (e *writersEnv) round(src string, w, round int) (*roundResult, error) {
 			rr.wake.Record(max(known-in.e, 0))
 		}
 	}
-	if src == "none" {
-		rr.misses = 0 // nothing wakes anyone: not a miss of a wake source
+	if src == "none" || b.p.WritersNoReread {
+		// Nothing wakes anyone: not a miss of a wake source. Or no
+		// re-reads: a wake that beat its writer's return, with none
+		// after it, is no miss, and cannot be told from one.
+		rr.misses = 0
 	}
 	return rr, nil
 }
@@ -930,6 +962,15 @@ func (e *writersEnv) hubPID() int {
 		return 0
 	}
 	return e.hub.serverPID()
+}
+
+// workersCPU is the CPU time of every worker process.
+func (e *writersEnv) workersCPU() time.Duration {
+	var t time.Duration
+	for _, w := range e.workers {
+		t += procCPU(w.pid())
+	}
+	return t
 }
 
 func pidOf(cmd *exec.Cmd) int {

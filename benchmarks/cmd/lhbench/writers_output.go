@@ -16,6 +16,9 @@ func writersTable(r *Results) *table {
 			fsync = fmt.Sprintf("pg_test_fsync fdatasync %.0f µs/op", i.FsyncUS)
 		}
 		listeners := fmt.Sprintf("a hub with %d workers subscribed to every queue", i.Workers)
+		if i.NoReread {
+			listeners += " that never re-read their queues (misses not measured)"
+		}
 		if i.Workers == 0 {
 			listeners = "no hub and no workers: what the wake sources cost the writers alone, wakes not measured"
 		}
@@ -27,7 +30,7 @@ func writersTable(r *Results) *table {
 	}
 	wakes := writersWakes(r)
 	t := &table{title: title,
-		header: []string{"source", "W", "commits/s", "each round", "commit p50", "commit p99", "wake p50", "wake p99", "wake max", "wakes/insert", "misses", "PG CPU/commit", "relay CPU/commit", "hub CPU/commit", "relay commit→NOTIFY p50/p99", "relay caught up", ""}}
+		header: []string{"source", "W", "commits/s", "each round", "commit p50", "commit p99", "wake p50", "wake p99", "wake max", "wakes/insert", "misses", "PG CPU/commit", "relay CPU/commit", "hub CPU/commit", "workers CPU/commit", "writers' client CPU/commit", "relay commit→NOTIFY p50/p99", "relay caught up", ""}}
 	for _, w := range r.Writers {
 		var rounds []string
 		for _, v := range w.RoundRates {
@@ -63,7 +66,7 @@ func writersTable(r *Results) *table {
 			caught = fmt.Sprintf("%.1f s", w.Relay.CatchUpS)
 		}
 		t.add(w.Source, w.W, si(w.CommitsPerS), strings.Join(rounds, " "), us(w.Commit.P50), us(w.Commit.P99), wp50, wp99, wmax, wpi, miss,
-			per(w.PGCPU), relay, per(w.HubCPU), c2n, caught, errCol(w.Err))
+			per(w.PGCPU), relay, per(w.HubCPU), per(w.WorkersCPU), per(w.WritersCPU), c2n, caught, errCol(w.Err))
 	}
 	return t
 }
@@ -177,11 +180,22 @@ func evaluate17(r *Results) []Target {
 				fig += fmt.Sprintf("; throttled trigger W=%d: %d (%.1f%%)", x.W, x.Misses, 100*float64(x.Misses)/float64(max(x.Commits, 1)))
 			}
 		}
+		if i := r.WritersInfo; i != nil && i.NoReread {
+			fig = "workers never re-read (--writers-no-reread): misses not counted"
+		}
 		if !writersWakes(r) {
 			// Nobody listened: a miss could not happen, so 0 is no verdict.
 			ran, fig = false, "no workers (--writers-workers 0): misses not counted"
 		}
 		add(name, ran, misses == 0, fig)
+	}
+	if i := r.WritersInfo; i != nil && i.NoReread && i.Workers > 0 {
+		// Workers that never re-read are a diagnostic, not the issue's
+		// benchmark: the figures stay, no verdict.
+		for k := range ts {
+			ts[k].Met = "not run"
+			ts[k].Figure += " (workers never re-read: a diagnostic, no verdict)"
+		}
 	}
 	return ts
 }

@@ -76,6 +76,15 @@ func TestWritersSmoke(t *testing.T) {
 	} else if r.Relay == nil || r.Relay.Transactions == 0 || r.Relay.quantile(0.5) == 0 {
 		t.Errorf("relay: its own figures were not read: %+v", r.Relay)
 	}
+	for _, r := range rows {
+		// Where the cores went: the writers' client side always (a
+		// second of inserts), the workers after the per-row trigger's
+		// wake and re-read per insert (the CPU is counted in 10 ms
+		// ticks, which a source's few wakes may not reach).
+		if r.WritersCPU <= 0 || (r.Source == "trigger" && r.WorkersCPU <= 0) {
+			t.Errorf("%s: writers' client CPU %v s, workers' CPU %v s after %d wakes", r.Source, r.WritersCPU, r.WorkersCPU, r.Wakes)
+		}
+	}
 	if i := b.res.WritersInfo; i == nil || !strings.Contains(strings.Join(i.Settings, " "), "fsync=on") || !strings.Contains(strings.Join(i.Settings, " "), "wal_level=logical") {
 		t.Errorf("set-up: %+v", b.res.WritersInfo)
 	}
@@ -235,5 +244,52 @@ func TestWriters17NoWorkers(t *testing.T) {
 	r.WritersInfo.Workers = 8
 	if ts := evaluate17(r); ts[2].Met != "met" || ts[3].Met != "met" {
 		t.Errorf("with workers: %q, %q; want met, met", ts[2].Met, ts[3].Met)
+	}
+}
+
+// TestWritersNoReread runs the writers scenario with workers that never
+// re-read (--writers-no-reread): the per-row trigger's wakes still reach
+// them, no queue is re-read, misses are not counted, and no issue-17
+// target gets a verdict from such a run.
+func TestWritersNoReread(t *testing.T) {
+	if _, err := pgcluster.BinDir(); err != nil {
+		t.Skip(err)
+	}
+	t.Setenv(childEnv, "1")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := params{WritersW: []int{4}, WritersDur: time.Second, WritersDrain: 500 * time.Millisecond, WritersCatchUp: time.Minute, WritersRounds: 1,
+		WritersQueues: 4, WritersWorkers: 2, WritersNoReread: true, WritersSources: []string{"none", "trigger"}, WritersThrottle: 250 * time.Millisecond}
+	b := &bench{ctx: ctx, p: p, dir: t.TempDir(), logf: t.Logf, res: &Results{}}
+	b.systems = []*system{{name: "hublib", argv: []string{self, "hublib"}, appName: "listenhub"}}
+	if err := b.writersScenario(); err != nil {
+		t.Fatal(err)
+	}
+	var trig *WritersRow
+	for i, r := range b.res.Writers {
+		if r.Err != "" || r.Commits == 0 {
+			t.Errorf("%s: %d commits, error %q", r.Source, r.Commits, r.Err)
+		}
+		if r.Reads != 0 || r.Misses != 0 {
+			t.Errorf("%s: %d re-reads, %d misses; want none of either", r.Source, r.Reads, r.Misses)
+		}
+		if r.Source == "trigger" {
+			trig = &b.res.Writers[i]
+		}
+	}
+	if trig == nil || trig.WakesPerInsert < 0.5 || trig.Wake.Count == 0 {
+		t.Fatalf("per-row trigger: %+v; want about one wake per insert, with latencies", trig)
+	}
+	if !strings.Contains(writersTable(b.res).title, "never re-read") {
+		t.Errorf("title: %q", writersTable(b.res).title)
+	}
+	for _, x := range evaluate17(b.res) {
+		if x.Met != "not run" {
+			t.Errorf("%s: %q (%s), want not run", x.Name, x.Met, x.Figure)
+		}
 	}
 }

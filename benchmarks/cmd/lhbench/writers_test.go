@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"strings"
@@ -23,13 +24,14 @@ func init() {
 	}
 }
 
-// TestWritersSmoke runs the writers scenario small (4 writers, 4 queues, 2
-// workers, 1 s per source) against its own cluster and the embedded hub:
-// every source gives a row, the per-row trigger wakes for every insert and
-// misses none, the throttled one wakes less, and the relay (the relay
-// package embedded in this binary: `lhbench relay`; LHBENCH_TEST_RELAY_BIN
-// names a listenhub binary to use instead) misses none either.
-func TestWritersSmoke(t *testing.T) {
+// runSmallWriters runs the writers scenario small (4 writers, 4 queues, 2
+// workers behind the embedded hub, 1 s per source, one round) against its
+// own cluster, with set changing the parameters; with no workers there is
+// no hub among the systems, since the scenario then needs none. The relay
+// is the relay package embedded in this binary (`lhbench relay`), or the
+// listenhub binary LHBENCH_TEST_RELAY_BIN names.
+func runSmallWriters(t *testing.T, set func(*params)) *bench {
+	t.Helper()
 	if _, err := pgcluster.BinDir(); err != nil {
 		t.Skip(err)
 	}
@@ -41,16 +43,28 @@ func TestWritersSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	p := params{WritersW: []int{4}, WritersDur: time.Second, WritersDrain: 500 * time.Millisecond, WritersCatchUp: time.Minute, WritersRounds: 1,
-		WritersQueues: 4, WritersWorkers: 2, WritersSources: []string{"none", "trigger", "throttled", "relay"}, WritersThrottle: 250 * time.Millisecond}
-	relayBin := os.Getenv("LHBENCH_TEST_RELAY_BIN")
-	if relayBin == "" {
-		relayBin = self
-	}
+		WritersQueues: 4, WritersWorkers: 2, WritersThrottle: 250 * time.Millisecond}
+	set(&p)
+	relayBin := cmp.Or(os.Getenv("LHBENCH_TEST_RELAY_BIN"), self)
 	b := &bench{ctx: ctx, p: p, dir: t.TempDir(), logf: t.Logf, res: &Results{}, relayBin: relayBin}
-	b.systems = []*system{{name: "hublib", argv: []string{self, "hublib"}, appName: "listenhub"}}
+	if p.WritersWorkers > 0 {
+		b.systems = []*system{{name: "hublib", argv: []string{self, "hublib"}, appName: "listenhub"}}
+	}
 	if err := b.writersScenario(); err != nil {
 		t.Fatal(err)
 	}
+	return b
+}
+
+// TestWritersSmoke runs the writers scenario small (4 writers, 4 queues, 2
+// workers, 1 s per source) against its own cluster and the embedded hub:
+// every source gives a row, the per-row trigger wakes for every insert and
+// misses none, the throttled one wakes less, and the relay (the relay
+// package embedded in this binary: `lhbench relay`; LHBENCH_TEST_RELAY_BIN
+// names a listenhub binary to use instead) misses none either.
+func TestWritersSmoke(t *testing.T) {
+	b := runSmallWriters(t, func(p *params) { p.WritersSources = []string{"none", "trigger", "throttled", "relay"} })
+	p := b.p
 	rows := map[string]WritersRow{}
 	for _, r := range b.res.Writers {
 		if r.Err != "" || r.Rounds != 1 || r.Commits == 0 {
@@ -122,27 +136,8 @@ func TestWritersSmoke(t *testing.T) {
 // relay's row still has its own figures (it waited until the relay had
 // decoded every commit).
 func TestWritersNoWorkers(t *testing.T) {
-	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skip(err)
-	}
-	t.Setenv(childEnv, "1")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p := params{WritersW: []int{4}, WritersDur: time.Second, WritersDrain: 500 * time.Millisecond, WritersCatchUp: time.Minute, WritersRounds: 1,
-		WritersQueues: 4, WritersWorkers: 0, WritersSources: []string{"none", "trigger", "relay"}, WritersThrottle: 250 * time.Millisecond}
-	relayBin := os.Getenv("LHBENCH_TEST_RELAY_BIN")
-	if relayBin == "" {
-		relayBin = self
-	}
-	// No hub among the systems: with no workers the scenario needs none.
-	b := &bench{ctx: ctx, p: p, dir: t.TempDir(), logf: t.Logf, res: &Results{}, relayBin: relayBin}
-	if err := b.writersScenario(); err != nil {
-		t.Fatal(err)
-	}
+	b := runSmallWriters(t, func(p *params) { p.WritersWorkers, p.WritersSources = 0, []string{"none", "trigger", "relay"} })
+	p := b.p
 	rows := map[string]WritersRow{}
 	for _, r := range b.res.Writers {
 		if r.Err != "" || r.Rounds != 1 || r.Commits == 0 {
@@ -252,23 +247,7 @@ func TestWriters17NoWorkers(t *testing.T) {
 // them, no queue is re-read, misses are not counted, and no issue-17
 // target gets a verdict from such a run.
 func TestWritersNoReread(t *testing.T) {
-	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skip(err)
-	}
-	t.Setenv(childEnv, "1")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p := params{WritersW: []int{4}, WritersDur: time.Second, WritersDrain: 500 * time.Millisecond, WritersCatchUp: time.Minute, WritersRounds: 1,
-		WritersQueues: 4, WritersWorkers: 2, WritersNoReread: true, WritersSources: []string{"none", "trigger"}, WritersThrottle: 250 * time.Millisecond}
-	b := &bench{ctx: ctx, p: p, dir: t.TempDir(), logf: t.Logf, res: &Results{}}
-	b.systems = []*system{{name: "hublib", argv: []string{self, "hublib"}, appName: "listenhub"}}
-	if err := b.writersScenario(); err != nil {
-		t.Fatal(err)
-	}
+	b := runSmallWriters(t, func(p *params) { p.WritersNoReread, p.WritersSources = true, []string{"none", "trigger"} })
 	var trig *WritersRow
 	for i, r := range b.res.Writers {
 		if r.Err != "" || r.Commits == 0 {

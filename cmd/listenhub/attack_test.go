@@ -1,10 +1,10 @@
 package main
 
-// Attack tests (docs/design.md rule 10, "Limits (v2)"): each drives the real
+// Attack tests (docs/design.md rule 10, "Limits"): each drives the real
 // binary, on a real Postgres, past one limit and asserts the bound, and that
 // a sibling worker on another channel meanwhile gets every paced payload
 // wake, in order, with no healthy:false. The figures they log are the ones
-// of docs/robustness.md.
+// of docs/robustness.md, "Threat model".
 
 import (
 	"bufio"

@@ -1,6 +1,6 @@
 package main
 
-// Attack tests for the side doors (docs/robustness.md, "Side doors"): the
+// Attack tests for the side doors (docs/robustness.md, "Threat model"): the
 // introspection endpoints, the metrics address's connections and a
 // descriptor limit lowered on the running hub. Like attack_test.go, each
 // drives the real binary and checks a sibling worker on its own channel.

@@ -70,7 +70,7 @@ func needDB(t testing.TB) *pgtest.Cluster {
 func hubBinary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("LISTENHUB_TEST_BINARY"); p != "" {
-		return p // another build's behaviour (docs/robustness.md's "before" figures)
+		return p // another build's behaviour (the figures without a bound, docs/robustness.md)
 	}
 	return testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
 }

@@ -1,7 +1,7 @@
 package main
 
 // Misconfigurations a user meets first (docs/robustness.md,
-// "Misconfigurations"): each must say what is wrong, at once.
+// "When the set-up is wrong"): each must say what is wrong, at once.
 
 import (
 	"bytes"

@@ -1,6 +1,7 @@
-// Package loop is a single-threaded, level-triggered epoll event loop.
+// Package loop is a single-threaded, level-triggered event loop.
 //
-// One goroutine, locked to its OS thread, runs epoll_wait and every callback:
+// One goroutine, locked to its OS thread, waits for readiness and runs every
+// callback:
 // fd readiness handlers, timers, functions posted from other goroutines and
 // end-of-iteration hooks. Because everything runs on that one goroutine, the
 // state a loop's callbacks touch needs no locks. The price is the rule every
@@ -10,28 +11,50 @@
 //
 // One iteration of Run, top to bottom:
 //
-//  1. epoll_wait, with a timeout taken from the nearest timer (0 when posts
-//     are already queued, forever when there is nothing to wait for);
-//  2. the readiness handler of every fd that epoll reported;
+//  1. the wait (epoll_wait or poll), with a timeout taken from the nearest
+//     timer (0 when posts are already queued, forever when there is nothing
+//     to wait for);
+//  2. the readiness handler of every fd the wait reported;
 //  3. every timer whose deadline has passed, in deadline order;
 //  4. every function posted before this step started, in posting order;
 //  5. the AfterIteration hooks (the hub flushes each worker it touched here,
 //     so all the frames one iteration produced leave in one write).
 //
 // The loop knows nothing of frames, workers or Postgres.
+//
+// # Backends
+//
+// Two backends sit behind the same API and the same semantics
+// (level-triggered readiness, hang-ups reported as Readable|Writable, stale
+// events dropped by generation); Backend names the one compiled in.
+//
+//   - epoll, the default on Linux: the kernel keeps the interest set, and a
+//     wait costs in proportion to the fds that are ready. Wakes from other
+//     goroutines go through an eventfd.
+//   - poll(2), on every other Unix (macOS and FreeBSD, where developers run
+//     the hub and embed the client) and on Linux under the build tag
+//     listenhub_poll, which is how CI runs the loop, hub, client and command
+//     suites through it. The interest set is an array handed to the kernel
+//     on every wait, so each wait costs one pass over every registered fd,
+//     ready or not, in the kernel and again in the loop: fine for a
+//     developer's hundreds of workers, linear in the fd count beyond
+//     (docs/performance.md has the measured curve). Wakes go through a
+//     self-pipe, the same code on every platform, so what runs on a Mac is
+//     what CI tests here. macOS refuses poll on more than OPEN_MAX (10,240)
+//     descriptors.
+//
+// There is no kqueue backend: nothing this project builds on can run it, and
+// untested code is a defect.
 package loop
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Events is a set of readiness conditions.
@@ -94,7 +117,8 @@ type Options struct {
 	// during shutdown, say). Nil means slog.Default().
 	Logger *slog.Logger
 	// MaxEvents bounds the readiness events taken from one epoll_wait.
-	// Zero means 256.
+	// Zero means 256. The poll backend reports every ready fd of a wait
+	// and ignores it.
 	MaxEvents int
 }
 
@@ -106,14 +130,22 @@ type registration struct {
 	h   Handler
 }
 
-// Loop is a single-threaded epoll event loop. Methods documented "loop
-// goroutine only" may also be called before Run starts, for setup, but never
+// ready is one fd a wait reported, with the generation it was registered
+// under, so that the loop can drop it if an earlier handler of the same
+// pass unregistered (or re-registered) the fd.
+type ready struct {
+	fd  int32
+	gen uint32
+	ev  Events
+}
+
+// Loop is a single-threaded event loop. Methods documented "loop goroutine
+// only" may also be called before Run starts, for setup, but never
 // concurrently with Run from another goroutine.
 type Loop struct {
-	epfd   int
-	wakefd int // eventfd: Post and Stop write to it to end epoll_wait
+	be     *backend // the OS's readiness interface and the wake-up fd
 	log    *slog.Logger
-	events []unix.EpollEvent
+	events []ready // what the last wait reported; reused
 
 	// Loop-goroutine state.
 	regs      []registration // indexed by fd; gen 0 when not registered
@@ -132,40 +164,28 @@ type Loop struct {
 	notified atomic.Bool
 	stopping atomic.Bool
 	started  atomic.Bool
-	tid      atomic.Int64 // OS thread of Run, for InLoop; 0 until Run starts
+	tid      atomic.Int64 // thread (or goroutine) of Run, for inLoop; 0 until Run starts
 	done     chan struct{}
 }
 
-// New creates a loop: an epoll instance and its wake-up eventfd.
+// New creates a loop: the backend's readiness set and its wake-up fd.
 func New(opts Options) (*Loop, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return nil, os.NewSyscallError("epoll_create1", err)
-	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, os.NewSyscallError("eventfd", err)
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakefd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
-		unix.Close(wakefd)
-		unix.Close(epfd)
-		return nil, os.NewSyscallError("epoll_ctl", err)
-	}
 	n := opts.MaxEvents
 	if n <= 0 {
 		n = 256
+	}
+	be, err := newBackend(n)
+	if err != nil {
+		return nil, err
 	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	return &Loop{
-		epfd:   epfd,
-		wakefd: wakefd,
+		be:     be,
 		log:    log,
-		events: make([]unix.EpollEvent, n),
+		events: make([]ready, 0, n),
 		now:    time.Now(),
 		done:   make(chan struct{}),
 	}, nil
@@ -173,14 +193,14 @@ func New(opts Options) (*Loop, error) {
 
 // Run runs the loop on the calling goroutine, locked to its OS thread, until
 // Stop. When it returns, the posts queued before the stop have run, the
-// OnClose hooks have run, and the epoll and eventfd descriptors are closed.
+// OnClose hooks have run, and the backend's descriptors are closed.
 func (l *Loop) Run() error {
 	if !l.started.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	l.tid.Store(int64(unix.Gettid()))
+	l.tid.Store(threadID())
 	defer close(l.done)
 
 	var err error
@@ -198,38 +218,24 @@ func (l *Loop) Done() <-chan struct{} { return l.done }
 
 // poll is one iteration.
 func (l *Loop) poll() error {
-	n, err := unix.EpollWait(l.epfd, l.events, l.timeout())
-	if err != nil && err != unix.EINTR {
-		return os.NewSyscallError("epoll_wait", err)
+	var err error
+	l.events, err = l.be.wait(l.events[:0], l.timeout())
+	if err != nil {
+		return err
 	}
-	// EINTR: fall through with n < 0, so that timers that came due while
-	// the call was interrupted still run and the timeout is recomputed.
+	// An interrupted wait (EINTR) reports nothing and no error: timers that
+	// came due meanwhile still run, and the timeout is recomputed.
 	l.now = time.Now()
-	for i := 0; i < n; i++ {
-		e := &l.events[i]
-		fd := int(e.Fd)
-		if fd == l.wakefd {
-			l.drainWake()
-			continue
-		}
+	for _, e := range l.events {
+		fd := int(e.fd)
 		if fd >= len(l.regs) {
 			continue
 		}
 		r := l.regs[fd]
-		if r.gen == 0 || r.gen != uint32(e.Pad) {
+		if r.gen == 0 || r.gen != e.gen {
 			continue // unregistered, or re-registered, by an earlier handler
 		}
-		var ev Events
-		if e.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLPRI) != 0 {
-			ev |= Readable
-		}
-		if e.Events&unix.EPOLLOUT != 0 {
-			ev |= Writable
-		}
-		if e.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-			ev |= Readable | Writable
-		}
-		r.h(ev)
+		r.h(e.ev)
 	}
 	l.runTimers()
 	l.runPosts()
@@ -239,7 +245,7 @@ func (l *Loop) poll() error {
 	return nil
 }
 
-// timeout is epoll_wait's timeout in milliseconds: 0 when posts are waiting,
+// timeout is the wait's timeout in milliseconds: 0 when posts are waiting,
 // -1 (forever) when there is no timer, otherwise the time to the nearest
 // timer rounded up, so that the loop never wakes a hair early and spins.
 func (l *Loop) timeout() int {
@@ -260,30 +266,14 @@ func (l *Loop) timeout() int {
 	return int(ms)
 }
 
-func (l *Loop) drainWake() {
-	var buf [8]byte
-	// The eventfd is a counter: one read resets it, however many writes.
-	_, _ = unix.Read(l.wakefd, buf[:])
-}
-
-// wake ends the current or next epoll_wait. The CAS makes it one eventfd
-// write per batch of posts: until the loop drains the queue, later posters
-// find the flag set and skip the syscall.
+// wake ends the current or next wait. The CAS makes it one write to the
+// wake-up fd per batch of posts: until the loop drains the queue, later
+// posters find the flag set and skip the syscall.
 func (l *Loop) wake() {
 	if !l.notified.CompareAndSwap(false, true) {
 		return
 	}
-	one := [8]byte{1, 0, 0, 0, 0, 0, 0, 0} // little-endian uint64 1
-	for {
-		_, err := unix.Write(l.wakefd, one[:])
-		if err == unix.EINTR {
-			continue
-		}
-		// EAGAIN means the counter is at its maximum: the loop is
-		// already bound to wake. Other errors mean the eventfd is
-		// closed, i.e. the loop is gone.
-		return
-	}
+	l.be.wake()
 }
 
 // Post queues f to run on the loop goroutine and wakes the loop. It is safe
@@ -349,10 +339,7 @@ func (l *Loop) shutdown() {
 	}
 	l.timers = nil
 	l.regs = nil
-	// close(2) is not retried on EINTR: on Linux the descriptor is gone
-	// whatever the result.
-	unix.Close(l.wakefd)
-	unix.Close(l.epfd)
+	l.be.close()
 }
 
 // OnClose registers f to run on the loop goroutine when the loop stops,
@@ -364,26 +351,15 @@ func (l *Loop) OnClose(f func()) { l.onClose = append(l.onClose, f) }
 // all events, timers and posts of that pass. Loop goroutine only.
 func (l *Loop) AfterIteration(f func()) { l.afterIter = append(l.afterIter, f) }
 
-// Now returns the time taken when the current iteration's epoll_wait
+// Now returns the time taken when the current iteration's wait
 // returned: cheap, and the same for every callback of one pass.
 func (l *Loop) Now() time.Time { return l.now }
 
-// InLoop reports whether the caller runs on the loop goroutine. Meant for
-// assertions; it costs a gettid system call.
-func (l *Loop) InLoop() bool {
+// inLoop reports whether the caller runs on the loop goroutine. Meant for
+// assertions in tests; it costs a system call (a stack walk off Linux).
+func (l *Loop) inLoop() bool {
 	tid := l.tid.Load()
-	return tid != 0 && int64(unix.Gettid()) == tid
-}
-
-func toEpoll(ev Events) uint32 {
-	var e uint32 = unix.EPOLLRDHUP
-	if ev&Readable != 0 {
-		e |= unix.EPOLLIN
-	}
-	if ev&Writable != 0 {
-		e |= unix.EPOLLOUT
-	}
-	return e
+	return tid != 0 && threadID() == tid
 }
 
 // Register adds fd to the loop with interest ev and handler h. The fd should
@@ -405,9 +381,8 @@ func (l *Loop) Register(fd int, ev Events, h Handler) (Token, error) {
 		l.gen = 1
 	}
 	gen := l.gen
-	e := unix.EpollEvent{Events: toEpoll(ev), Fd: int32(fd), Pad: int32(gen)}
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &e); err != nil {
-		return Token{}, fmt.Errorf("loop: register fd %d: %w", fd, os.NewSyscallError("epoll_ctl", err))
+	if err := l.be.add(fd, ev, gen); err != nil {
+		return Token{}, fmt.Errorf("loop: register fd %d: %w", fd, err)
 	}
 	if fd >= len(l.regs) {
 		l.growRegs(fd)
@@ -452,9 +427,8 @@ func (l *Loop) Modify(t Token, ev Events) error {
 	if r.ev == ev {
 		return nil
 	}
-	e := unix.EpollEvent{Events: toEpoll(ev), Fd: t.fd, Pad: int32(t.gen)}
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, int(t.fd), &e); err != nil {
-		return fmt.Errorf("loop: modify fd %d: %w", t.fd, os.NewSyscallError("epoll_ctl", err))
+	if err := l.be.mod(int(t.fd), ev, t.gen); err != nil {
+		return fmt.Errorf("loop: modify fd %d: %w", t.fd, err)
 	}
 	r.ev = ev
 	return nil
@@ -469,15 +443,15 @@ func (l *Loop) Unregister(t Token) error {
 		return ErrStaleToken
 	}
 	l.regs[t.fd] = registration{}
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(t.fd), nil); err != nil {
-		return fmt.Errorf("loop: unregister fd %d: %w", t.fd, os.NewSyscallError("epoll_ctl", err))
+	if err := l.be.del(int(t.fd)); err != nil {
+		return fmt.Errorf("loop: unregister fd %d: %w", t.fd, err)
 	}
 	return nil
 }
 
-// Registered reports how many fds are registered (the eventfd not counted).
-// Loop goroutine only.
-func (l *Loop) Registered() int {
+// registered reports how many fds are registered (the wake-up fd not
+// counted). Loop goroutine only; for tests.
+func (l *Loop) registered() int {
 	n := 0
 	for _, r := range l.regs {
 		if r.gen != 0 {

@@ -23,6 +23,27 @@ func fdCount(t testing.TB) int {
 	return len(ents)
 }
 
+// socketpair makes a connected pair of stream sockets, both close-on-exec
+// and, when nonblock, both non-blocking. Portably: SOCK_CLOEXEC and
+// SOCK_NONBLOCK are not on macOS.
+func socketpair(nonblock bool) ([2]int, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		return fds, err
+	}
+	for _, fd := range fds {
+		unix.CloseOnExec(fd)
+		if nonblock {
+			if err := unix.SetNonblock(fd, true); err != nil {
+				unix.Close(fds[0])
+				unix.Close(fds[1])
+				return fds, err
+			}
+		}
+	}
+	return fds, nil
+}
+
 // start runs a new loop on its own goroutine and returns it with a function
 // that stops it and waits for Run to return.
 func start(t *testing.T) (*Loop, func()) {
@@ -75,7 +96,7 @@ func TestEcho1000Socketpairs(t *testing.T) {
 	type pair struct{ loopSide, testSide int }
 	pairs := make([]pair, n)
 	for i := range pairs {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		fds, err := socketpair(false)
 		if err != nil {
 			t.Fatalf("socketpair %d: %v", i, err)
 		}
@@ -134,8 +155,8 @@ func TestEcho1000Socketpairs(t *testing.T) {
 		}
 	}
 	onLoop(t, l, func() {
-		if got := l.Registered(); got != n {
-			t.Errorf("Registered() = %d, want %d", got, n)
+		if got := l.registered(); got != n {
+			t.Errorf("registered() = %d, want %d", got, n)
 		}
 		for i := range pairs {
 			if err := l.Unregister(toks[i]); err != nil {
@@ -378,7 +399,7 @@ func TestStopFromInside(t *testing.T) {
 func TestWritableInterestOnlyWhileAsked(t *testing.T) {
 	l, stop := start(t)
 	defer stop()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fds, err := socketpair(true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,11 +462,11 @@ func TestWritableInterestOnlyWhileAsked(t *testing.T) {
 func TestStaleTokenAndStaleEvents(t *testing.T) {
 	l, stop := start(t)
 	defer stop()
-	a, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	a, err := socketpair(true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	b, err := socketpair(true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,7 +510,7 @@ func TestStaleTokenAndStaleEvents(t *testing.T) {
 		unix.Close(a[0])
 		unix.Close(b[0])
 		// The fd number is reused by the next descriptor.
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		fds, err := socketpair(true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -558,12 +579,12 @@ func BenchmarkPost(b *testing.B) {
 func TestInLoop(t *testing.T) {
 	l, stop := start(t)
 	defer stop()
-	if l.InLoop() {
-		t.Error("InLoop() true on the test goroutine")
+	if l.inLoop() {
+		t.Error("inLoop() true on the test goroutine")
 	}
 	var inside bool
-	onLoop(t, l, func() { inside = l.InLoop() })
+	onLoop(t, l, func() { inside = l.inLoop() })
 	if !inside {
-		t.Error("InLoop() false on the loop goroutine")
+		t.Error("inLoop() false on the loop goroutine")
 	}
 }

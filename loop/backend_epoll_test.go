@@ -1,0 +1,5 @@
+//go:build linux && !listenhub_poll
+
+package loop
+
+const wantBackend = "epoll"

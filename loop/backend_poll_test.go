@@ -1,0 +1,5 @@
+//go:build unix && (!linux || listenhub_poll)
+
+package loop
+
+const wantBackend = "poll"

@@ -1,0 +1,112 @@
+package loop
+
+import (
+	"errors"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestBackendIsTheOneTheBuildAskedFor: epoll on Linux by default, poll(2)
+// under -tags listenhub_poll and everywhere else, so that CI's poll run
+// really runs the suites through poll.
+func TestBackendIsTheOneTheBuildAskedFor(t *testing.T) {
+	if Backend != wantBackend {
+		t.Fatalf("Backend = %q, want %q for this build", Backend, wantBackend)
+	}
+}
+
+// TestRegisterRefusesAClosedFD: both backends refuse at Register a
+// descriptor that is not open, instead of reporting it on every later wait.
+func TestRegisterRefusesAClosedFD(t *testing.T) {
+	l, stop := start(t)
+	defer stop()
+	fds, err := socketpair(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	onLoop(t, l, func() {
+		_, err := l.Register(fds[0], Readable, func(Events) {})
+		if !errors.Is(err, unix.EBADF) {
+			t.Errorf("Register(closed fd) = %v, want EBADF", err)
+		}
+		if n := l.registered(); n != 0 {
+			t.Errorf("registered() = %d after a refused Register, want 0", n)
+		}
+	})
+}
+
+// TestUnregisterInTheMiddleKeepsTheOthers removes registrations from the
+// middle of the interest set while their neighbours are ready (poll moves
+// the last slot into the hole) and checks that every remaining fd is still
+// reported, under its own handler, and no removed one is.
+func TestUnregisterInTheMiddleKeepsTheOthers(t *testing.T) {
+	l, stop := start(t)
+	defer stop()
+	const n = 64
+	var pairs [n][2]int
+	for i := range pairs {
+		p, err := socketpair(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pairs[i] = p
+		defer unix.Close(p[0])
+		defer unix.Close(p[1])
+		if _, err := unix.Write(p[1], []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := make(chan int, 4*n)
+	var toks [n]Token
+	onLoop(t, l, func() {
+		for i := range pairs {
+			i := i
+			tok, err := l.Register(pairs[i][0], Readable, func(Events) {
+				var b [1]byte
+				if m, _ := unix.Read(pairs[i][0], b[:]); m == 1 {
+					if int(b[0]) != i {
+						t.Errorf("handler %d read byte %d", i, b[0])
+					}
+					seen <- i
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			toks[i] = tok
+		}
+	})
+	got := map[int]bool{}
+	for len(got) < n {
+		got[<-seen] = true
+	}
+	// Remove every even registration, then make every fd readable again.
+	onLoop(t, l, func() {
+		for i := 0; i < n; i += 2 {
+			if err := l.Unregister(toks[i]); err != nil {
+				t.Errorf("Unregister %d: %v", i, err)
+			}
+		}
+		for i := range pairs {
+			if _, err := unix.Write(pairs[i][1], []byte{byte(i)}); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	got = map[int]bool{}
+	for len(got) < n/2 {
+		i := <-seen
+		if i%2 == 0 {
+			t.Fatalf("unregistered fd %d was reported", i)
+		}
+		got[i] = true
+	}
+	onLoop(t, l, func() {
+		if r := l.registered(); r != n/2 {
+			t.Errorf("registered() = %d, want %d", r, n/2)
+		}
+	})
+}

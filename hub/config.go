@@ -139,7 +139,7 @@ type Config struct {
 
 	// MaxOutboundBytes bounds the bytes queued for all workers together
 	// (wakes, answers, status) and not yet taken by the kernel. Past it
-	// the worker holding the most is evicted (see budget.go): a hub
+	// the worker holding the most is evicted (see outbudget.go): a hub
 	// whose workers all fall behind at once holds at most this much for
 	// them, not MaxWorkers times HardQueueBytes. Default
 	// DefaultMaxOutboundBytes(), sized to the machine; at least

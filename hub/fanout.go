@@ -201,3 +201,29 @@ func rawWrite(w *worker, iov [][]byte) (int, error) {
 		}
 	}
 }
+
+// flushParallel writes the dirty workers over the write threads (see
+// fanout.go) and applies each result; flush then finds them written.
+func (h *Hub) flushParallel() {
+	ws := h.pwork[:0]
+	for _, w := range h.dirty {
+		if !w.closed && !w.armed && w.out.Len() > 0 {
+			ws = append(ws, w)
+		}
+	}
+	if len(ws) >= parallelMin {
+		if h.fan == nil {
+			h.fan = newFanout(h.cfg.WriteThreads - 1)
+		}
+		res := h.fan.writeAll(ws)
+		for i, w := range ws {
+			// In order, on the loop: a failed write closes its
+			// worker, a short one arms EPOLLOUT. flush's pass then
+			// finds each written (nothing pending: no system call)
+			// or armed (skipped).
+			h.wrote(w, res[i].n, res[i].err)
+		}
+	}
+	clear(ws)
+	h.pwork = ws[:0]
+}

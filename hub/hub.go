@@ -48,6 +48,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/listener"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -102,11 +103,6 @@ const statusEvery = 5
 // a few workers flooding subs held the loop for tens of milliseconds.
 const readSize = 4 << 10
 
-// acceptPause is how long accepting stops after EMFILE and friends: long
-// enough not to spin on a readiness that cannot be served, short enough that
-// workers barely notice once descriptors free up.
-const acceptPause = 100 * time.Millisecond
-
 // Hub is one listenhub. Create it with New, run it with Start, stop it with
 // Stop. Stats and Done are safe from any goroutine.
 type Hub struct {
@@ -144,23 +140,7 @@ type Hub struct {
 	acceptPaused bool
 	acceptTimer  *loop.Timer
 	allow        map[uint32]struct{}
-	// maxWorkers is the worker cap in force: Config.MaxWorkers, lowered
-	// at Start to what RLIMIT_NOFILE leaves after the descriptors open
-	// then and FDReserve.
-	maxWorkers int
-	// fdWorkers is what RLIMIT_NOFILE leaves for workers (budgetFDs);
-	// SetLive's MaxWorkers is capped by it.
-	fdWorkers int
-	// fdBase is the descriptors open at Start other than workers, and
-	// fdLimit RLIMIT_NOFILE when the cap was last set (rebudgetFDs).
-	fdBase  int
-	fdLimit uint64
-	// spareFD is a descriptor held (on /dev/null) for the moment accept
-	// fails with EMFILE anyway (descriptors taken by something else than
-	// workers): closed, it lets the hub accept and close the waiting
-	// connections, so that they are refused at once instead of hanging
-	// in the backlog; then it is taken again. -1 when not held.
-	spareFD int
+	fds          fdBudget // the worker cap and the descriptors (fdbudget.go)
 
 	logBuckets [numLogKinds]logBucket
 
@@ -198,7 +178,7 @@ type Hub struct {
 	// into freeWorkers. freeTracked are tracked structs to reuse.
 	closedWorkers []*worker
 	// outBytes is the bytes queued on every worker's ring, which
-	// MaxOutboundBytes bounds (budget.go); doomedList are the workers
+	// MaxOutboundBytes bounds (outbudget.go); doomedList are the workers
 	// evicted for it in this iteration, closed by flush; noVictim says
 	// a look for one to evict found none in this iteration.
 	outBytes    int
@@ -231,7 +211,7 @@ type Hub struct {
 
 	up *upgrade // a hot upgrade in progress, either side (upgrade.go)
 
-	snaps snapshots // Workers and Channels (snapshot.go)
+	snaps snapshots // Workers and Channels (pages.go)
 }
 
 // New validates cfg and returns a hub that is not running yet.
@@ -250,9 +230,9 @@ func New(cfg Config) (*Hub, error) {
 		channels: make(map[string]*channel),
 		iov:      make([][]byte, 2),
 		sock:     listenSocket{fd: -1},
-		spareFD:  -1,
-		// Lowered by Start to what the descriptor limit allows.
-		maxWorkers: c.MaxWorkers,
+		// maxWorkers is lowered by Start to what the descriptor limit
+		// allows.
+		fds:        fdBudget{spareFD: -1, maxWorkers: c.MaxWorkers},
 		maxPartial: MaxPartialBytes,
 
 		fanoutLatency: newHistogram(fanoutBounds),
@@ -337,7 +317,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
 	h.startReports()
 	h.log.Info("hub started", "socket", h.cfg.SocketPath, "inherited", sock.adopted,
-		"application_name", h.cfg.ApplicationName, "healthy", h.healthy, "max_workers", h.maxWorkers,
+		"application_name", h.cfg.ApplicationName, "healthy", h.healthy, "max_workers", h.fds.maxWorkers,
 		"max_outbound_bytes", h.cfg.MaxOutboundBytes)
 	go func() {
 		h.err = l.Run()
@@ -509,9 +489,9 @@ func (h *Hub) onLoopClose() {
 		h.fan = nil
 	}
 	h.closeSocket()
-	if h.spareFD >= 0 {
-		unix.Close(h.spareFD)
-		h.spareFD = -1
+	if h.fds.spareFD >= 0 {
+		unix.Close(h.fds.spareFD)
+		h.fds.spareFD = -1
 	}
 	for w := range h.workers.all() {
 		if !w.closed {
@@ -673,5 +653,29 @@ func (h *Hub) onNotification(channel, payload []byte) {
 		} else if h.enqueue(w, h.scratch) {
 			ch.wakesDelivered++
 		}
+	}
+}
+
+// run runs the loop and closes done when it stops.
+func (h *Hub) run() {
+	err := h.loop.Run()
+	h.err = err
+	close(h.done)
+}
+
+// listenerConfig is the listener configuration Start's opener uses. New
+// has parsed DatabaseURL into ConnConfig, so it cannot fail.
+func (h *Hub) listenerConfig() listener.Config {
+	return listener.Config{
+		ConnConfig:          h.cfg.ConnConfig,
+		HealthCheckInterval: h.cfg.HealthCheckInterval,
+		HealthCheckTimeout:  h.cfg.HealthCheckTimeout,
+		ReconnectMin:        h.cfg.ReconnectMin,
+		ReconnectMax:        h.cfg.ReconnectMax,
+		CommandTimeout:      h.cfg.CommandTimeout,
+		OnNotification:      h.onNotification,
+		OnHealth:            h.onHealth,
+		OnNotDelivered:      h.onNotDelivered,
+		Logger:              h.log,
 	}
 }

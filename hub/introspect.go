@@ -11,7 +11,7 @@ import (
 // Introspection: who is connected and what is LISTENed, for an operator
 // (the binary serves it as JSON next to /metrics). The loop owns the state,
 // so the loop copies it, but never more than a slice of loop time per
-// iteration, whatever is asked and however many ask (snapshot.go): the
+// iteration, whatever is asked and however many ask (pages.go): the
 // copy is a compact record per worker or channel, taken in slices of at
 // most introspectSlice across loop iterations; the callers waiting at the
 // same moment share one copy; copies start at a bounded rate; a copy

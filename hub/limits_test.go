@@ -266,7 +266,7 @@ func TestMaxWorkers(t *testing.T) {
 func TestMaxWorkersFollowsFDLimit(t *testing.T) {
 	e := newEnv(t, nil)
 	var got int
-	e.do(func() { got = e.h.maxWorkers })
+	e.do(func() { got = e.h.fds.maxWorkers })
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
@@ -299,7 +299,7 @@ func TestFDReserveGrowsWithPostgresConnections(t *testing.T) {
 		// closed) before the second starts.
 		t.Run(fmt.Sprintf("K=%d", k), func(t *testing.T) {
 			e := newEnv(t, func(c *Config) { c.PostgresConnections = k })
-			e.do(func() { got = e.h.maxWorkers })
+			e.do(func() { got = e.h.fds.maxWorkers })
 		})
 		return got
 	}
@@ -354,7 +354,7 @@ func TestLogRateLimited(t *testing.T) {
 	}
 	start := time.Now()
 	// Sent while the nacks are read: the hub stops reading a worker
-	// whose unread answers pile up (budget.go), so a worker that wrote
+	// whose unread answers pile up (outbudget.go), so a worker that wrote
 	// all of it before reading would wait for ever.
 	go w.c.Write(flood)
 	for range n {

@@ -65,7 +65,7 @@ func (h *Hub) setLive(l Live) error {
 	old := h.cfg
 	h.cfg = c
 	if c.MaxWorkers != old.MaxWorkers {
-		h.maxWorkers = min(c.MaxWorkers, h.fdWorkers)
+		h.fds.maxWorkers = min(c.MaxWorkers, h.fds.fdWorkers)
 	}
 	if bufferMaxOf(&c) != bufferMaxOf(&old) {
 		for _, w := range h.workers.list {
@@ -80,7 +80,7 @@ func (h *Hub) setLive(l Live) error {
 	for _, uid := range c.AllowUIDs {
 		h.allow[uint32(uid)] = struct{}{}
 	}
-	h.log.Info("settings changed", "max_workers", h.maxWorkers, "max_subscriptions", c.MaxSubscriptions,
+	h.log.Info("settings changed", "max_workers", h.fds.maxWorkers, "max_subscriptions", c.MaxSubscriptions,
 		"max_channels", c.MaxChannels, "hard_queue_limit", c.HardQueueLimit, "hard_queue_bytes", c.HardQueueBytes,
 		"durable_queue_limit", c.DurableQueueLimit, "max_outbound_bytes", c.MaxOutboundBytes,
 		"frame_timeout", c.FrameTimeout, "status_interval", c.StatusInterval, "allow_uids", c.AllowUIDs)

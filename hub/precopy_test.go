@@ -260,7 +260,7 @@ func TestHandoverPrecopied(t *testing.T) {
 	}
 	b.h = nh
 	var base0 int
-	doOn(t, nh, func() { base0 = nh.fdBase })
+	doOn(t, nh, func() { base0 = nh.fds.fdBase })
 	// Wakes queued while the worker is still behind go behind the mapping
 	// in the new hub's ring, which does not copy the mapping for them: its
 	// pages stay in the file until the worker read them.
@@ -285,7 +285,7 @@ func TestHandoverPrecopied(t *testing.T) {
 	// Its descriptor, counted in the budget at the takeover, is the
 	// workers' again.
 	var base int
-	doOn(t, nh, func() { base = nh.fdBase })
+	doOn(t, nh, func() { base = nh.fds.fdBase })
 	if base != base0-1 {
 		t.Fatalf("descriptors outside the workers: %d after the backlog file closed, %d before; want one fewer", base, base0)
 	}

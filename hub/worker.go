@@ -3,9 +3,7 @@ package hub
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -94,7 +92,7 @@ type worker struct {
 	// would take a word with its padding.)
 	hasStatus     bool
 	unknownLogged bool // an unknown frame type was logged once at warn
-	// hold is what the outbound budget did to the worker (budget.go):
+	// hold is what the outbound budget did to the worker (outbudget.go):
 	// holdPaused, it is not read while its unread answers are past
 	// answerPause; holdDoomed, it was evicted in this iteration, its
 	// bytes are freed and flush closes it.
@@ -329,145 +327,12 @@ func (w *worker) backlog() (frames, bytes int) {
 	return w.out.Frames() - n, w.out.Len() - eb
 }
 
-// onAcceptable accepts up to AcceptBatch connections. Level-triggered: more
-// waiting connections bring the handler back next iteration, after the
-// other fds had their turn.
-func (h *Hub) onAcceptable(ev loop.Events) {
-	if h.stopping || h.acceptPaused {
-		return
-	}
-	for i := 0; i < h.cfg.AcceptBatch; i++ {
-		fd, err := accept(h.sock.fd)
-		switch err {
-		case nil:
-			h.admit(fd)
-		case unix.EAGAIN:
-			return
-		case unix.EINTR, unix.ECONNABORTED:
-			// The peer gave up before we got to it; next one.
-		case unix.EMFILE, unix.ENFILE:
-			// Out of descriptors, though workers are capped below the
-			// limit: something else holds them. Refuse what waits
-			// (with the spare descriptor) rather than leave it hanging
-			// in the backlog; without the spare, pause. The limit may
-			// have been lowered under the hub: read it again.
-			h.rebudgetFDs()
-			if !h.shedWithSpare() {
-				h.pauseAccept(err)
-			}
-			return
-		case unix.ENOBUFS, unix.ENOMEM:
-			// Level-triggered readiness would bring us straight back:
-			// stop listening for a moment instead of spinning.
-			h.pauseAccept(err)
-			return
-		default:
-			if h.logOK(logAccept, slog.LevelError) {
-				h.logLine(logAccept, slog.LevelError, "accept failed", "reason", os.NewSyscallError("accept4", err))
-			}
-			h.pauseAccept(err)
-			return
-		}
-	}
-}
-
-// accept is accept4(2) without the peer's address, which unix.Accept4
-// decodes into a new Sockaddr on every call: a worker's Unix socket address
-// says nothing (SO_PEERCRED does), and a connection should cost the hub no
-// garbage.
-func accept(fd int) (int, error) {
-	nfd, _, errno := unix.Syscall6(unix.SYS_ACCEPT4, uintptr(fd), 0, 0, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
-	if errno != 0 {
-		return -1, errno
-	}
-	return int(nfd), nil
-}
-
-// peerCred is getsockopt(SO_PEERCRED) into a value on the stack:
-// unix.GetsockoptUcred returns a pointer, one allocation per connection.
-func peerCred(fd int) (unix.Ucred, error) {
-	var cred unix.Ucred
-	size := uint32(unix.SizeofUcred)
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERCRED,
-		uintptr(unsafe.Pointer(&cred)), uintptr(unsafe.Pointer(&size)), 0)
-	if errno != 0 {
-		return cred, errno
-	}
-	return cred, nil
-}
-
-func (h *Hub) pauseAccept(err error) {
-	if h.logOK(logAccept, slog.LevelWarn) {
-		h.logLine(logAccept, slog.LevelWarn, "accept paused", "reason", os.NewSyscallError("accept4", err),
-			"pause", acceptPause, "workers", h.workers.len())
-	}
-	h.acceptPaused = true
-	if err := h.loop.Modify(h.sock.tok, 0); err != nil {
-		h.log.Error("pause accept", "reason", err)
-	}
-	h.acceptTimer = h.loop.AfterFunc(acceptPause, func() {
-		h.acceptTimer = nil
-		if h.stopping {
-			return
-		}
-		h.acceptPaused = false
-		if err := h.loop.Modify(h.sock.tok, loop.Readable); err != nil {
-			h.log.Error("resume accept", "reason", err)
-		}
-	})
-}
-
-// admit takes an accepted connection: checks the worker cap and the peer,
-// registers it, and queues the current status (rule 6: sent on connect).
-func (h *Hub) admit(fd int) {
-	h.stats.accepts.Add(1)
-	if h.workers.len() >= h.maxWorkers {
-		// Closed at once: the worker sees EOF and falls back to its own
-		// LISTEN, which beats waiting for an answer that cannot come.
-		h.refuse(fd, "too many workers", fmt.Sprintf("too many workers: this hub serves at most %d (--max-workers)", h.maxWorkers),
-			"workers", h.workers.len(), "max_workers", h.maxWorkers)
-		return
-	}
-	h.nextID++
-	id := h.nextID
-	cred, err := peerCred(fd)
-	if err != nil {
-		h.refuse(fd, "no peer credentials", "no peer credentials", "worker", id, "fd", fd,
-			"error", os.NewSyscallError("getsockopt SO_PEERCRED", err))
-		return
-	}
-	if _, ok := h.allow[cred.Uid]; !ok {
-		h.refuse(fd, reasonNotAllowed.String(), fmt.Sprintf("uid %d is not allowed (--allow-uid)", cred.Uid),
-			"worker", id, "pid", cred.Pid, "uid", cred.Uid)
-		return
-	}
-	w := h.newWorker()
-	w.id, w.fd, w.pid, w.uid, w.partialIdx = id, int32(fd), cred.Pid, int32(cred.Uid), -1
-	w.connectedAt = h.loop.Now().UnixNano()
-	w.out.Max = h.bufferMax()
-	w.dec.Max = MaxInboundFrame
-	w.tok, err = h.loop.Register(fd, loop.Readable, w.onEvent)
-	if err != nil {
-		h.freeWorker(w) // never seen by anyone
-		h.refuse(fd, "register failed", "hub error: register failed", "worker", id, "pid", cred.Pid, "error", err)
-		return
-	}
-	h.workers.add(w)
-	h.stats.workers.Add(1)
-	// Guarded (logOK allocates nothing): a log call's arguments allocate
-	// even when the level is off, and this line runs on every connect.
-	if h.logOK(logConnect, slog.LevelInfo) {
-		h.logLine(logConnect, slog.LevelInfo, "worker connected", "worker", w.id, "pid", w.pid, "uid", w.uid, "fd", fd)
-	}
-	h.sendStatus(w)
-}
-
 func (h *Hub) onWorkerEvent(w *worker, ev loop.Events) {
 	if w.closed || w.hold == holdDoomed {
 		return
 	}
 	if h.up != nil {
-		h.frozenEvent(w, ev) // a hot upgrade holds the workers (upgrade.go)
+		h.frozenEvent(w, ev) // a hot upgrade holds the workers (handover.go)
 		return
 	}
 	if ev&loop.Readable != 0 {
@@ -825,32 +690,6 @@ func (h *Hub) flush() {
 		h.fanoutLatency.observe(now.Sub(h.notifAt), h.notifs)
 		h.notifs = 0
 	}
-}
-
-// flushParallel writes the dirty workers over the write threads (see
-// fanout.go) and applies each result; flush then finds them written.
-func (h *Hub) flushParallel() {
-	ws := h.pwork[:0]
-	for _, w := range h.dirty {
-		if !w.closed && !w.armed && w.out.Len() > 0 {
-			ws = append(ws, w)
-		}
-	}
-	if len(ws) >= parallelMin {
-		if h.fan == nil {
-			h.fan = newFanout(h.cfg.WriteThreads - 1)
-		}
-		res := h.fan.writeAll(ws)
-		for i, w := range ws {
-			// In order, on the loop: a failed write closes its
-			// worker, a short one arms EPOLLOUT. flush's pass then
-			// finds each written (nothing pending: no system call)
-			// or armed (skipped).
-			h.wrote(w, res[i].n, res[i].err)
-		}
-	}
-	clear(ws)
-	h.pwork = ws[:0]
 }
 
 // write makes one write (or writev, when the ring wraps) of everything

@@ -3,12 +3,33 @@ package hub
 import (
 	"log/slog"
 	"os"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
 )
+
+// fdBudget is what the hub knows of its descriptors: the worker cap that
+// RLIMIT_NOFILE leaves, and the spare one. Loop goroutine.
+type fdBudget struct {
+	// maxWorkers is the worker cap in force: Config.MaxWorkers, lowered
+	// at Start to what RLIMIT_NOFILE leaves after the descriptors open
+	// then and FDReserve.
+	maxWorkers int
+	// fdWorkers is what RLIMIT_NOFILE leaves for workers (budgetFDs);
+	// SetLive's MaxWorkers is capped by it.
+	fdWorkers int
+	// fdBase is the descriptors open at Start other than workers, and
+	// fdLimit RLIMIT_NOFILE when the cap was last set (rebudgetFDs).
+	fdBase  int
+	fdLimit uint64
+	// spareFD is a descriptor held (on /dev/null) for the moment accept
+	// fails with EMFILE anyway (descriptors taken by something else than
+	// workers): closed, it lets the hub accept and close the waiting
+	// connections, so that they are refused at once instead of hanging
+	// in the backlog; then it is taken again. -1 when not held.
+	spareFD int
+}
 
 // budgetFDs sets the worker cap in force and takes the spare descriptor.
 // Called by Start once the hub's own descriptors (loop, socket, Postgres)
@@ -21,12 +42,12 @@ import (
 func (h *Hub) budgetFDs() {
 	// Workers handed over by an upgrade are open already, and are what
 	// the budget is for.
-	h.fdBase = openFDs() - h.workers.len()
-	h.maxWorkers = h.cfg.MaxWorkers
+	h.fds.fdBase = openFDs() - h.workers.len()
+	h.fds.maxWorkers = h.cfg.MaxWorkers
 	h.rebudgetFDs()
 	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err == nil {
-		h.spareFD = fd
+		h.fds.spareFD = fd
 	}
 }
 
@@ -36,8 +57,8 @@ func (h *Hub) budgetFDs() {
 // restart. (fdBase is 0 until budgetFDs counted it: a file closed before
 // that is not in the count.)
 func (h *Hub) backlogFileClosed() {
-	if h.fdBase > 0 && !h.stopping {
-		h.fdBase--
+	if h.fds.fdBase > 0 && !h.stopping {
+		h.fds.fdBase--
 		h.rebudgetFDs()
 	}
 }
@@ -59,25 +80,25 @@ func (h *Hub) rebudgetFDs() {
 		return
 	}
 	capped := h.cfg.MaxWorkers // SetLive changes it
-	h.fdWorkers = maxInt
+	h.fds.fdWorkers = maxInt
 	// Each Postgres connection may need a descriptor of its own to
 	// reconnect, all K at once after a network blip, and they may not
 	// be open yet (Start does not wait for Postgres).
 	reserve := FDReserve + h.cfg.PostgresConnections + h.cfg.ReservedFDs
 	if rl.Cur < 1<<31 {
-		left := int(rl.Cur) - h.fdBase - reserve - 1 // 1: the spare
-		h.fdWorkers = max(left, 1)
-		capped = min(capped, h.fdWorkers)
+		left := int(rl.Cur) - h.fds.fdBase - reserve - 1 // 1: the spare
+		h.fds.fdWorkers = max(left, 1)
+		capped = min(capped, h.fds.fdWorkers)
 	}
-	if capped == h.maxWorkers && h.fdLimit == rl.Cur {
+	if capped == h.fds.maxWorkers && h.fds.fdLimit == rl.Cur {
 		return
 	}
-	was, wasLimit := h.maxWorkers, h.fdLimit
-	h.maxWorkers, h.fdLimit = capped, rl.Cur
+	was, wasLimit := h.fds.maxWorkers, h.fds.fdLimit
+	h.fds.maxWorkers, h.fds.fdLimit = capped, rl.Cur
 	switch {
 	case capped < h.cfg.MaxWorkers:
 		h.log.Warn("worker cap lowered by RLIMIT_NOFILE", "max_workers", capped, "was", was,
-			"configured", h.cfg.MaxWorkers, "rlimit_nofile", rl.Cur, "open_fds", h.fdBase, "fd_reserve", reserve,
+			"configured", h.cfg.MaxWorkers, "rlimit_nofile", rl.Cur, "open_fds", h.fds.fdBase, "fd_reserve", reserve,
 			"workers", h.workers.len())
 	case wasLimit != 0 && capped != was:
 		h.log.Info("worker cap back to the configured one", "max_workers", capped, "rlimit_nofile", rl.Cur)
@@ -121,11 +142,11 @@ var nackNoFDs = frame.AppendNack(nil, "", "the hub is out of file descriptors (R
 // whether the spare was there to do it; without it the caller pauses
 // accepting instead.
 func (h *Hub) shedWithSpare() bool {
-	if h.spareFD < 0 {
+	if h.fds.spareFD < 0 {
 		return false
 	}
-	unix.Close(h.spareFD)
-	h.spareFD = -1
+	unix.Close(h.fds.spareFD)
+	h.fds.spareFD = -1
 	shed := 0
 	for ; shed < h.cfg.AcceptBatch; shed++ {
 		fd, err := accept(h.sock.fd)
@@ -138,83 +159,11 @@ func (h *Hub) shedWithSpare() bool {
 		unix.Close(fd)
 	}
 	if fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
-		h.spareFD = fd
+		h.fds.spareFD = fd
 	}
 	if h.logOK(logRefusedConn, slog.LevelWarn) {
 		h.logLine(logRefusedConn, slog.LevelWarn, "worker connections refused: out of file descriptors",
-			"refused", shed, "workers", h.workers.len(), "max_workers", h.maxWorkers)
+			"refused", shed, "workers", h.workers.len(), "max_workers", h.fds.maxWorkers)
 	}
 	return shed > 0
-}
-
-// frameStarted and frameDone track the workers with an incomplete inbound
-// frame (see Hub.partials).
-func (h *Hub) frameStarted(w *worker, now time.Time) {
-	w.partialSince = now.UnixNano()
-	if w.partialIdx >= 0 {
-		return
-	}
-	w.partialIdx = int32(len(h.partials))
-	h.partials = append(h.partials, w)
-	if h.frameTimer == nil && !h.stopping {
-		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
-	}
-}
-
-func (h *Hub) frameDone(w *worker) {
-	h.partialBytes -= int(w.partialBytes) // held by a paused worker too
-	w.partialBytes = 0
-	i := w.partialIdx
-	if i < 0 {
-		return
-	}
-	last := len(h.partials) - 1
-	h.partials[i] = h.partials[last]
-	h.partials[i].partialIdx = i
-	h.partials[last] = nil
-	h.partials = h.partials[:last]
-	w.partialIdx = -1
-	if len(h.partials) == 0 && cap(h.partials) > 1024 {
-		h.partials = nil // a flood's worth of slots is not kept
-	}
-}
-
-// frameSweep is how often partial frames are checked: a tenth of
-// FrameTimeout, so that one is severed at most 10% late, and at most a
-// second.
-func (h *Hub) frameSweep() time.Duration {
-	return min(max(h.cfg.FrameTimeout/10, time.Millisecond), time.Second)
-}
-
-// onFrameTimer severs the workers whose incomplete frame is older than
-// FrameTimeout, and runs again while any partial frame is left.
-func (h *Hub) onFrameTimer() {
-	h.frameTimer = nil
-	if h.stopping {
-		return
-	}
-	if h.up != nil {
-		// An upgrade is handing the workers over: none may be closed
-		// under it. Look again later (the new process starts afresh).
-		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
-		return
-	}
-	now := h.loop.Now()
-	for i := 0; i < len(h.partials); {
-		w := h.partials[i]
-		if time.Duration(now.UnixNano()-w.partialSince) < h.cfg.FrameTimeout {
-			i++
-			continue
-		}
-		h.stats.protocolErrors.Add(1)
-		if h.logOK(logProtocol, slog.LevelWarn) {
-			h.logLine(logProtocol, slog.LevelWarn, "worker sent an incomplete frame for too long; closing it",
-				append(w.logAttrs(), "reason", reasonFrameTimeout, "buffered", w.dec.Buffered(),
-					"frame_timeout", h.cfg.FrameTimeout)...)
-		}
-		h.closeWorker(w, reasonFrameTimeout, nil) // takes it out of partials
-	}
-	if len(h.partials) > 0 {
-		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
-	}
 }

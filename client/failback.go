@@ -1,0 +1,246 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Defaults of the fail-back (see FailoverOptions).
+const (
+	// DefaultMinLocal is the least time a Failover stays on its local
+	// listener before it tries the hub again: a hub that crashes again at
+	// once, or keeps evicting this process, costs at most one round trip
+	// hub → local → hub per this much time.
+	DefaultMinLocal = 5 * time.Second
+	// DefaultProbeInterval is the wait after a failed fail-back attempt;
+	// it doubles after each further one, up to DefaultProbeMaxInterval.
+	DefaultProbeInterval    = 1 * time.Second
+	DefaultProbeMaxInterval = 30 * time.Second
+)
+
+// probeJitter scales each wait between fail-back attempts by a random
+// factor in [1-probeJitter, 1+probeJitter], so that the processes of a host,
+// which all failed over in the same millisecond, do not all knock on the
+// restarted hub in the same millisecond too.
+const probeJitter = 0.2
+
+// failbackParallel bounds the sub frames a fail-back has in flight: enough
+// for the hub to LISTEN them in batches, few enough that a large set does
+// not wait in the hub's queue past the ack timeout.
+const failbackParallel = 64
+
+// failbackLoop tries to return from local to the hub: MinLocal after the
+// swap, then with jittered exponential backoff, until an attempt succeeds,
+// local is no longer current, or the Failover dies.
+func (f *Failover) failbackLoop(local Listener) {
+	// Up to 20% past MinLocal, never before it: the processes of a host
+	// failed over together and should not all come back together.
+	first := f.opts.MinLocal + time.Duration(probeJitter*rand.Float64()*float64(f.opts.MinLocal))
+	t := time.NewTimer(first)
+	defer t.Stop()
+	next := f.opts.ProbeInterval
+	for attempt := 1; ; attempt++ {
+		select {
+		case <-f.done:
+			return
+		case <-t.C:
+		}
+		if f.failback(local, attempt) {
+			return
+		}
+		t.Reset(jitter(next))
+		next = min(2*next, f.opts.ProbeMaxInterval)
+	}
+}
+
+// jitter returns d scaled by a random factor in [1-probeJitter, 1+probeJitter].
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (1 - probeJitter + 2*probeJitter*rand.Float64()))
+}
+
+// failback is one attempt to return to the hub from local; true means
+// stop trying (back on the hub, local no longer current, or dead).
+func (f *Failover) failback(local Listener, attempt int) (stop bool) {
+	hc := newHubConn()
+	f.mu.Lock()
+	if f.err != nil || f.swapping || f.mode != ModeLocal || f.local != local {
+		f.mu.Unlock()
+		return true
+	}
+	f.cand = hc
+	since := f.localSince
+	f.mu.Unlock()
+	swapped := false
+	defer func() {
+		if swapped {
+			return
+		}
+		f.mu.Lock()
+		if f.cand == hc {
+			f.cand = nil
+		}
+		c := hc.c
+		f.mu.Unlock()
+		if c != nil {
+			c.Close()
+		}
+	}()
+	giveUp := func(why string, err error) bool {
+		// No hub yet is the common case, every probe: debug. A hub that
+		// answers and is refused (not healthy, a nack, an ack timeout,
+		// EOF, a peer not allowed) is worth an operator's eye.
+		level := slog.LevelInfo
+		var peer *PeerError
+		if why == "connect" && !errors.As(err, &peer) {
+			level = slog.LevelDebug
+		}
+		f.log.Log(context.Background(), level, "listenhub: fail-back attempt failed, staying local",
+			"socket", f.opts.SocketPath, "attempt", attempt, "why", why, "reason", err)
+		return false
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+	c, err := f.dialHub(ctx, hc)
+	cancel()
+	if err != nil {
+		return giveUp("connect", err)
+	}
+	f.mu.Lock()
+	hc.c = c // from now on Close closes it too
+	dead := f.err != nil
+	f.mu.Unlock()
+	if dead {
+		return true
+	}
+	if err := f.awaitHealthy(hc); err != nil {
+		return giveUp("health", err)
+	}
+	f.log.Info("listenhub: hub is back, subscribing it before leaving the local listener", "socket", f.opts.SocketPath)
+
+	acked := make(map[string]struct{})
+	drained := false
+	for {
+		f.mu.Lock()
+		if f.err != nil {
+			f.mu.Unlock()
+			return true
+		}
+		todo := missing(f.subs, acked)
+		if len(todo) == 0 && !drained {
+			f.mu.Unlock()
+			// A NOTIFY committed just before the hub's LISTEN of its
+			// name reaches only the local listener: let it arrive
+			// before the local listener is closed.
+			if s, ok := local.(interface{ sync(context.Context) error }); ok {
+				ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+				if err := s.sync(ctx); err != nil {
+					f.log.Debug("listenhub: local listener not drained before the fail-back", "reason", err)
+				}
+				cancel()
+			}
+			drained = true
+			continue // names subscribed meanwhile need their acks first
+		}
+		if len(todo) == 0 {
+			if !c.Healthy() {
+				f.mu.Unlock()
+				return giveUp("health", c.Err())
+			}
+			// Make: every recorded name is acked by the hub. Swap
+			// under f.mu, dropping the names unsubscribed meanwhile
+			// (queued before any later Unsubscribe or Subscribe).
+			for _, q := range missing(acked, f.subs) {
+				c.Unsubscribe(q)
+			}
+			recorded := keys(f.subs)
+			f.mode, f.reason, f.hub, f.local, f.cand = ModeHub, nil, hc, nil, nil
+			f.mu.Unlock()
+			swapped = true
+			go f.watchHub(hc)
+			// Break: the hub delivers from here on.
+			local.Close()
+			f.log.Info("listenhub: back on the hub, local listener closed", "socket", f.opts.SocketPath,
+				"subscriptions", len(recorded), "local_for", time.Since(since).Round(time.Millisecond), "attempts", attempt)
+			if h := f.opts.OnFailback; h != nil {
+				f.deliver(h)
+			}
+			if h := f.opts.OnStatus; h != nil {
+				healthy := c.Healthy()
+				f.deliver(func() { h(healthy) })
+			}
+			f.durableWakes(recorded)
+			return true
+		}
+		f.mu.Unlock()
+		if err := f.subscribeAll(c, todo, acked); err != nil {
+			return giveUp("subscribe", err)
+		}
+		drained = false
+	}
+}
+
+// awaitHealthy waits, up to the ack timeout, for hc's hub to report its
+// Postgres connection healthy (it sends a status on connect).
+func (f *Failover) awaitHealthy(hc *hubConn) error {
+	t := time.NewTimer(f.opts.AckTimeout)
+	defer t.Stop()
+	for !hc.c.Healthy() {
+		select {
+		case <-hc.status:
+		case <-hc.c.Done():
+			return hc.c.Err()
+		case <-f.done:
+			return ErrClosed
+		case <-t.C:
+			return fmt.Errorf("listenhub client: hub not healthy within %v", f.opts.AckTimeout)
+		}
+	}
+	return nil
+}
+
+// subscribeAll subscribes c to todo, failbackParallel at a time, adding
+// the acked names to acked. A name refused as invalid is forgotten (as
+// Subscribe does); any other failure is returned, and means c is dead.
+func (f *Failover) subscribeAll(c *Client, todo []string, acked map[string]struct{}) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	sem := make(chan struct{}, failbackParallel)
+	for _, q := range todo {
+		sem <- struct{}{}
+		mu.Lock()
+		failed := first != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			// Bounded by the ack timeout; Close of c (Failover.Close)
+			// ends it at once.
+			err := c.Subscribe(context.Background(), q)
+			if errors.Is(err, ErrInvalidName) {
+				f.forget(q)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				acked[q] = struct{}{}
+			case first == nil:
+				first = err
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}

@@ -138,7 +138,7 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // hub's failure and the local LISTENs are lost: the durable wake after the
 // swap tells durable readers to re-read; an ephemeral payload sent in that
 // gap is gone, as with the hub's own reconnect to Postgres (docs/design.md,
-// "Semantics the hub guarantees", rule 7).
+// "What the hub guarantees", rule 7).
 //
 // Fail-back. In local mode it keeps trying the hub: first MinLocal (up to
 // 20% more) after the swap, then with backoff (ProbeInterval doubling to ProbeMaxInterval,

@@ -3,7 +3,8 @@ package frame
 import (
 	"encoding/base64"
 	"encoding/binary"
-	"unicode/utf8"
+
+	"github.com/listenhub/listenhub/internal/jsonstr"
 )
 
 // The encoders below each append one whole frame, header included, to dst and
@@ -39,9 +40,9 @@ func AppendNack(dst []byte, q, reason string) []byte {
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
 	dst = append(dst, `{"t":"nack","q":`...)
-	dst = appendString(dst, q)
+	dst = jsonstr.Append(dst, q)
 	dst = append(dst, `,"error":`...)
-	dst = appendString(dst, reason)
+	dst = jsonstr.Append(dst, reason)
 	dst = append(dst, '}')
 	return finish(dst, start)
 }
@@ -55,11 +56,11 @@ func AppendNackQ64(dst []byte, q, sent, reason string) []byte {
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
 	dst = append(dst, `{"t":"nack","q":`...)
-	dst = appendString(dst, q)
+	dst = jsonstr.Append(dst, q)
 	dst = append(dst, `,"q64":"`...)
 	dst = base64.StdEncoding.AppendEncode(dst, []byte(sent))
 	dst = append(dst, `","error":`...)
-	dst = appendString(dst, reason)
+	dst = jsonstr.Append(dst, reason)
 	dst = append(dst, '}')
 	return finish(dst, start)
 }
@@ -107,10 +108,10 @@ func Append(dst []byte, m Message) []byte {
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
 	dst = append(dst, `{"t":`...)
-	dst = appendString(dst, m.T)
+	dst = jsonstr.Append(dst, m.T)
 	if m.Q != "" {
 		dst = append(dst, `,"q":`...)
-		dst = appendString(dst, m.Q)
+		dst = jsonstr.Append(dst, m.Q)
 	}
 	dst = append(dst, '}')
 	return finish(dst, start)
@@ -120,7 +121,7 @@ func appendQ(dst []byte, prefix, q string) []byte {
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
 	dst = append(dst, prefix...)
-	dst = appendString(dst, q)
+	dst = jsonstr.Append(dst, q)
 	dst = append(dst, '}')
 	return finish(dst, start)
 }
@@ -129,10 +130,10 @@ func appendWake[P []byte | string](dst []byte, q string, p P, hasP bool) []byte 
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
 	dst = append(dst, `{"t":"wake","q":`...)
-	dst = appendString(dst, q)
+	dst = jsonstr.Append(dst, q)
 	if hasP {
 		dst = append(dst, `,"p":`...)
-		dst = appendString(dst, p)
+		dst = jsonstr.Append(dst, p)
 		dst = append(dst, '}')
 	} else {
 		dst = append(dst, `,"p":null}`...)
@@ -144,87 +145,4 @@ func appendWake[P []byte | string](dst []byte, q string, p P, hasP bool) []byte 
 func finish(dst []byte, start int) []byte {
 	binary.BigEndian.PutUint32(dst[start:], uint32(len(dst)-start-4))
 	return dst
-}
-
-const hexDigits = "0123456789abcdef"
-
-// safe[c] is true for the ASCII bytes a JSON string may hold unescaped: all
-// but the control characters, '"' and '\\'. Bytes from 0x80 up are false so
-// that they take the UTF-8 path.
-//
-// Unlike encoding/json's default, '<', '>' and '&' are safe here. Go escapes
-// them (as \u003c, \u003e, \u0026) in case the JSON is pasted into HTML; the
-// pgbus hub's Ruby JSON.generate does not, and no browser reads these frames,
-// so escaping them would only make listenhub's bytes differ from pgbus's.
-// The output is what an encoding/json Encoder with SetEscapeHTML(false)
-// writes, byte for byte (the tests check it).
-var safe = func() (t [256]bool) {
-	for c := 0x20; c < utf8.RuneSelf; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
-// appendString appends s as a JSON string, escaped exactly as encoding/json
-// does with HTML escaping off:
-//   - '"' and '\\' as \" and \\;
-//   - \b, \f, \n, \r and \t by their short escapes, the other control
-//     characters below 0x20 as \u00XX (lower-case hex);
-//   - U+2028 and U+2029 as \u2028 and \u2029: valid in JSON but line
-//     terminators in JavaScript, so a consumer that evaluates JSON as
-//     JavaScript would break on them;
-//   - every byte that is not part of valid UTF-8 as \ufffd, one per byte,
-//     so the output is always valid UTF-8 (a NOTIFY payload is whatever
-//     bytes the sender's client encoding allowed);
-//   - everything else as is, including DEL and '<', '>', '&'.
-func appendString[S []byte | string](dst []byte, s S) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if safe[c] {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		// Converting at most 4 bytes keeps the conversion on the stack for
-		// a []byte s (no allocation), and is free for a string s.
-		r, size := utf8.DecodeRuneInString(string(s[i:min(len(s), i+utf8.UTFMax)]))
-		switch {
-		case r == utf8.RuneError && size == 1:
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"testing/quick"
+
+	"github.com/listenhub/listenhub/internal/jsonstr"
 )
 
 // The exact frames a pgbus worker and hub exchange. The header of the first
@@ -90,11 +92,11 @@ func TestEscapingTable(t *testing.T) {
 		{"\xe2\x82", `"\ufffd\ufffd"`},
 		{"\uFFFD", "\"\uFFFD\""},
 	} {
-		if got := string(appendString(nil, tc.in)); got != tc.want {
-			t.Errorf("appendString(%q) = %s, want %s", tc.in, got, tc.want)
+		if got := string(jsonstr.Append(nil, tc.in)); got != tc.want {
+			t.Errorf("jsonstr.Append(%q) = %s, want %s", tc.in, got, tc.want)
 		}
-		if got := string(appendString(nil, []byte(tc.in))); got != tc.want {
-			t.Errorf("appendString([]byte(%q)) = %s, want %s", tc.in, got, tc.want)
+		if got := string(jsonstr.Append(nil, []byte(tc.in))); got != tc.want {
+			t.Errorf("jsonstr.Append([]byte(%q)) = %s, want %s", tc.in, got, tc.want)
 		}
 		if ref := refJSONString(tc.in); ref != tc.want {
 			t.Errorf("encoding/json writes %q as %s, the table says %s", tc.in, ref, tc.want)
@@ -107,8 +109,8 @@ func TestEscapingTable(t *testing.T) {
 func TestEscapingMatchesEncodingJSON(t *testing.T) {
 	check := func(s string) {
 		t.Helper()
-		if got, want := string(appendString(nil, s)), refJSONString(s); got != want {
-			t.Fatalf("appendString(%q) = %s, encoding/json %s", s, got, want)
+		if got, want := string(jsonstr.Append(nil, s)), refJSONString(s); got != want {
+			t.Fatalf("jsonstr.Append(%q) = %s, encoding/json %s", s, got, want)
 		}
 	}
 	for c := 0; c < 256; c++ {

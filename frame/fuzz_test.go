@@ -6,6 +6,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/listenhub/listenhub/internal/jsonstr"
 )
 
 // FuzzDecode: decoding arbitrary bytes never panics, accepts exactly what
@@ -121,8 +123,8 @@ func FuzzRoundTrip(f *testing.F) {
 			}
 		}
 		for _, s := range []string{typ, q, p, reason} {
-			if got, want := string(appendString(nil, []byte(s))), refJSONString(s); got != want {
-				t.Fatalf("appendString(%q) = %s, encoding/json %s", s, got, want)
+			if got, want := string(jsonstr.Append(nil, []byte(s))), refJSONString(s); got != want {
+				t.Fatalf("jsonstr.Append(%q) = %s, encoding/json %s", s, got, want)
 			}
 		}
 	})

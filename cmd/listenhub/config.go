@@ -110,6 +110,46 @@ func loadConfig(fs *flag.FlagSet, path string) (fromArgs map[string]bool, entrie
 	return fromArgs, entries, applyConfig(fs, path, entries, fromArgs)
 }
 
+// logOverridden logs, once at start, each setting of the config file that
+// the command line or the environment overrode, with where the value in
+// force came from: a key in the file that does nothing is otherwise
+// invisible (say a unit's ExecStart= flag shadowing the file). Values of
+// database-url are not logged (a password).
+func logOverridden(log *slog.Logger, path string, entries []configEntry, fromArgs map[string]bool, fs *flag.FlagSet, args []string) {
+	for _, e := range entries {
+		if !fromArgs[e.key] {
+			continue
+		}
+		by := envName(e.key)
+		if onCommandLine(args, e.key) {
+			by = "--" + e.key
+		}
+		attrs := []any{"key", e.key, "file", fmt.Sprintf("%s:%d", path, e.line), "by", by}
+		if e.key != "database-url" {
+			attrs = append(attrs, "file_value", e.value, "in_force", fs.Lookup(e.key).Value.String())
+		}
+		log.Warn("config: a setting of the file is overridden", attrs...)
+	}
+}
+
+// onCommandLine reports whether args give flag name (-name, --name, with
+// or without =value) before any "--".
+func onCommandLine(args []string, name string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue // a value, or no flag at all
+		}
+		a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if k, _, _ := strings.Cut(a, "="); k == name {
+			return true
+		}
+	}
+	return false
+}
+
 // visited returns the names of the flags set so far.
 func visited(fs *flag.FlagSet) map[string]bool {
 	m := map[string]bool{}

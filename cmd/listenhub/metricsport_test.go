@@ -17,7 +17,7 @@ func TestMetricsPortOneValue(t *testing.T) {
 	}
 	port := defaultMetricsAddr[strings.LastIndexByte(defaultMetricsAddr, ':'):]
 	for file, want := range map[string]string{
-		"deploy/systemd/listenhub.service": "--metrics-addr " + defaultMetricsAddr,
+		"deploy/systemd/listenhub.service": "LISTENHUB_METRICS_ADDR=" + defaultMetricsAddr,
 		"deploy/container/Containerfile":   "LISTENHUB_METRICS_ADDR=" + port,
 		"deploy/kubernetes/daemonset.yaml": `value: "` + port + `"`,
 		"deploy/kubernetes/sidecar.yaml":   `value: "` + port + `"`,

@@ -127,6 +127,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return bad(err)
 	}
 	log := slog.New(logs)
+	logOverridden(log, *configPath, confEntries, fromArgs, fs, args)
 	if *pidFile != "" {
 		if err := checkPIDFile(*pidFile); err != nil {
 			fmt.Fprintf(stderr, "listenhub serve: --pid-file: %v\n", err)

@@ -85,6 +85,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "listenhub status: %v\n", err)
+		if errors.As(err, new(*unreachableError)) {
+			fmt.Fprintln(stderr, unreachableHint(*addr, isSet(fs, "metrics-addr")))
+		}
 		return 1
 	}
 
@@ -264,7 +267,7 @@ func getJSON(ctx context.Context, u, token string, v any) (json.RawMessage, erro
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach the hub's metrics server: %w", err)
+		return nil, &unreachableError{err: fmt.Errorf("cannot reach the hub's metrics server: %w", err)}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
@@ -285,6 +288,26 @@ func getJSON(ctx context.Context, u, token string, v any) (json.RawMessage, erro
 		return nil, fmt.Errorf("GET %s: %w", u, err)
 	}
 	return json.RawMessage(body[:len(body)-len(trailingSpace(body))]), nil
+}
+
+// unreachableError is getJSON's error when no server answered at all.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
+
+// unreachableHint is what `listenhub status` suggests when nothing answers
+// at addr; given says whether --metrics-addr (or its variable) named it.
+func unreachableHint(addr string, given bool) string {
+	other := "a hub on another address: listenhub status --metrics-addr HOST:PORT (its serve --metrics-addr)"
+	if given {
+		other = fmt.Sprintf("is %s the hub's serve --metrics-addr? (without the flag, status tries %s, the shipped units' address)", addr, defaultMetricsAddr)
+	}
+	return fmt.Sprintf("  nothing answers at %s; try:\n"+
+		"  - is the hub running? systemctl status listenhub (listenhub@NAME for the templates), or look for listenhub serve in ps\n"+
+		"  - the hub serves status only with --metrics-addr (off by default): start serve with --metrics-addr %s (or %s=%s)\n"+
+		"  - %s",
+		addr, addr, envName("metrics-addr"), addr, other)
 }
 
 func trailingSpace(b []byte) []byte {

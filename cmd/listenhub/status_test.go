@@ -238,7 +238,6 @@ func TestStatusCommand(t *testing.T) {
 		{[]string{"--metrics-addr", h.addr, "--limit", "0"}, 2, "--limit must be 1 to 10000"},
 		{[]string{"--metrics-addr", h.addr, "--limit", "10001"}, 2, "--limit must be 1 to 10000"},
 		{[]string{"--metrics-addr", h.addr, "--workers", "--sort", "bogus"}, 1, `unknown sort "bogus"`},
-		{[]string{"--metrics-addr", "127.0.0.1:1"}, 1, "cannot reach the hub's metrics server"},
 	} {
 		code, out, errOut := runCmd(append([]string{"status"}, c.args...))
 		if code != c.code || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, c.want) {

@@ -284,7 +284,7 @@ func TestPGRefusedByRealHub(t *testing.T) {
 }
 
 // attackConnects is the number of connects per attack run: 1,000 in CI,
-// 10,000 with LISTENHUB_TEST_LARGE_SET (the figure issue 19 asks for).
+// 10,000 with LISTENHUB_TEST_LARGE_SET (the size the attack was first reported at).
 func attackConnects() int {
 	if os.Getenv("LISTENHUB_TEST_LARGE_SET") != "" {
 		return 10000
@@ -401,7 +401,7 @@ func attack(t *testing.T, mode string) (ok, refused int) {
 	return ok, refused
 }
 
-// The symlink-flipping attack of issue 19: a nobody process flips the
+// The symlink-flipping attack: a nobody process flips the
 // socket path between /etc/passwd, a symlink to its own socket and a hard
 // link of it. No connect reaches it.
 func TestAttackFlippingTheSocketPath(t *testing.T) {

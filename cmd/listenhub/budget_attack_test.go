@@ -14,7 +14,7 @@ import (
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
-// Attack (issue 18, finding 4): 100 connections send subs the hub refuses
+// Attack (answers a worker never reads): 100 connections send subs the hub refuses
 // (names one byte too long for Postgres) as fast as they can and never read
 // the nacks. The hub stops reading each of them once its unread answers
 // pass a threshold (backpressure, not eviction): its RSS stays within 200

@@ -1,6 +1,6 @@
 'use strict';
 
-// Issue 19, the client's side: never silently wrong. Socket identity (the
+// The client's side of "never silently wrong". Socket identity (the
 // symlink-flipping attack), the hub's refusal, stalled and large frames,
 // the UTF-8 nack, the local listener's delivery check.
 

@@ -282,7 +282,7 @@ ATTACKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", 
 
 def attack_connects():
     """Connects per attack run: 1,000 in CI, 10,000 with
-    LISTENHUB_TEST_LARGE_SET=1 (the figure issue 19 asks for)."""
+    LISTENHUB_TEST_LARGE_SET=1 (the size the attack was first reported at)."""
     return 10000 if os.environ.get("LISTENHUB_TEST_LARGE_SET") else 1000
 
 

@@ -1,4 +1,4 @@
-"""Issue 19, the client's side: never silently wrong. Socket identity (the
+"""The client's side of "never silently wrong". Socket identity (the
 symlink-flipping attack), fork safety, the hub's refusal, stalled and large
 frames, the UTF-8 nack."""
 

@@ -9,6 +9,15 @@
 // packet's size. The first byte of every packet says whether more follow.
 // SOCK_SEQPACKET keeps packet boundaries, so every descriptor arrives with
 // the packet it was sent with, in order.
+//
+// Descriptors are close-on-exec from birth on Linux (SOCK_CLOEXEC,
+// MSG_CMSG_CLOEXEC). Elsewhere the flag is set with fcntl while
+// syscall.ForkLock is held, so that no exec in between inherits one. Pair
+// asks for a large send buffer, past the system's cap only on Linux
+// (SO_SNDBUFFORCE, with CAP_NET_ADMIN). Where AF_UNIX has no
+// SOCK_SEQPACKET (macOS), Pair fails with the system's error.
+//go:build unix
+
 package fdpass
 
 import (
@@ -41,17 +50,14 @@ const (
 // close-on-exec: pass one to a child through exec.Cmd.ExtraFiles (which
 // clears the flag on the child's copy).
 func Pair() (a, b *os.File, err error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	fds, err := socketpair()
 	if err != nil {
 		return nil, nil, os.NewSyscallError("socketpair", err)
 	}
 	// Large buffers: a hot upgrade's bulk (the workers' unsent bytes)
-	// then crosses in few round trips between the two processes. Past
-	// net.core.wmem_max only with CAP_NET_ADMIN (the FORCE option).
+	// then crosses in few round trips between the two processes.
 	for _, fd := range fds {
-		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bulkBuffer) != nil {
-			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, bulkBuffer)
-		}
+		setSendBuffer(fd, bulkBuffer)
 	}
 	return os.NewFile(uintptr(fds[0]), "fdpass"), os.NewFile(uintptr(fds[1]), "fdpass"), nil
 }
@@ -186,7 +192,7 @@ func (c *Conn) recv(body []byte) (_ []byte, fds []int, err error) {
 		var rerr error
 		err := rc.Read(func(fd uintptr) bool {
 			for {
-				n, oobn, rflags, _, rerr = unix.RecvmsgBuffers(int(fd), iov, oob, unix.MSG_CMSG_CLOEXEC)
+				n, oobn, rflags, rerr = recvmsg(int(fd), iov, oob)
 				if rerr != unix.EINTR {
 					return rerr != unix.EAGAIN
 				}

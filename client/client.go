@@ -8,13 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
 )
@@ -221,40 +218,6 @@ func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
 		return nil, &ConnError{Op: "dial", Path: path, Err: err}
 	}
 	return newClient(conn, path, opts), nil
-}
-
-// checkPeer reads the credentials of the socket's peer (SO_PEERCRED: the
-// process that called listen on it, as of that call) and refuses a uid
-// that is not allowed. An empty allow list means our effective uid and
-// root: SO_PEERCRED reports the peer's effective uid.
-func checkPeer(conn net.Conn, allow []int) error {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return fmt.Errorf("peer credentials: %T has no descriptor", conn)
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("peer credentials: %w", err)
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return fmt.Errorf("peer credentials: %w", err)
-	}
-	if cerr != nil {
-		return fmt.Errorf("peer credentials: %w", os.NewSyscallError("getsockopt SO_PEERCRED", cerr))
-	}
-	if len(allow) == 0 {
-		allow = []int{os.Geteuid(), 0}
-	}
-	for _, uid := range allow {
-		if uid >= 0 && uint32(uid) == cred.Uid {
-			return nil
-		}
-	}
-	return &PeerError{UID: int(cred.Uid), PID: int(cred.Pid), Allowed: slices.Clone(allow)}
 }
 
 func newClient(conn net.Conn, path string, opts Options) *Client {

@@ -1,16 +1,9 @@
 package client
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"slices"
-	"sync"
-
-	"golang.org/x/sys/unix"
 )
 
 // errEmptyPath is the construction error of a Dial or NewFailover without a
@@ -48,103 +41,3 @@ func trustedUIDs(allow []int) []int {
 func trusted(uids []int, uid uint32) bool {
 	return slices.ContainsFunc(uids, func(u int) bool { return u >= 0 && uint32(u) == uid })
 }
-
-// dirProblem says why a socket directory with stat st cannot be trusted
-// ("" if it can).
-func dirProblem(st *unix.Stat_t, uids []int) string {
-	if !trusted(uids, st.Uid) {
-		return fmt.Sprintf("directory owned by uid %d, not ours (%d), root or an allowed uid", st.Uid, os.Geteuid())
-	}
-	if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
-		return fmt.Sprintf("directory mode %04o is writable by group or other (and not sticky)", st.Mode&0o7777)
-	}
-	return ""
-}
-
-// sockProblem says why the file at the socket path (lstat: a symlink is not
-// followed) is not our hub's socket ("" if it may be).
-func sockProblem(st *unix.Stat_t, uids []int) string {
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		kind := "not a socket"
-		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-			kind = "a symlink"
-		}
-		return fmt.Sprintf("%s (mode %06o): not our hub's socket", kind, st.Mode)
-	}
-	if !trusted(uids, st.Uid) {
-		return fmt.Sprintf("socket owned by uid %d, not ours (%d), root or an allowed uid: not our hub", st.Uid, os.Geteuid())
-	}
-	return ""
-}
-
-// maxSunPath is the room in sockaddr_un.sun_path, less the NUL.
-const maxSunPath = 107
-
-// dialSocket connects to the hub socket at path after checking its
-// identity: the directory is opened (O_PATH) and checked (dirProblem), the
-// name is lstat'ed in it (sockProblem), and the connect goes through that
-// open directory (/proc/self/fd/N/name), so that a symlink swapped into the
-// path meanwhile changes nothing. Without /proc, or for a name too long for
-// it, it connects by path and requires the same socket file (device and
-// inode) afterwards. The peer's uid is checked next, by Dial (checkPeer).
-func dialSocket(ctx context.Context, path string, allow []int) (net.Conn, error) {
-	dir, name := filepath.Split(path)
-	if name == "" || name == "." || name == ".." {
-		return nil, &ConnError{Op: "dial", Path: path, Err: errors.New("not a socket path")}
-	}
-	if dir == "" {
-		dir = "."
-	}
-	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &ConnError{Op: "dial", Path: path, Err: &os.PathError{Op: "open", Path: dir, Err: err}}
-	}
-	defer unix.Close(dfd)
-	uids := trustedUIDs(allow)
-	refuse := func(problem string) error {
-		return &ConnError{Op: "dial", Path: path, Err: &SocketError{Path: path, Problem: problem}}
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(dfd, &st); err != nil {
-		return nil, &ConnError{Op: "dial", Path: path, Err: &os.PathError{Op: "fstat", Path: dir, Err: err}}
-	}
-	if p := dirProblem(&st, uids); p != "" {
-		return nil, refuse(p)
-	}
-	var before unix.Stat_t
-	if err := unix.Fstatat(dfd, name, &before, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return nil, &ConnError{Op: "dial", Path: path, Err: &os.PathError{Op: "lstat", Path: path, Err: err}}
-	}
-	if p := sockProblem(&before, uids); p != "" {
-		return nil, refuse(p)
-	}
-	via := fmt.Sprintf("/proc/self/fd/%d/%s", dfd, name)
-	pinned := len(via) <= maxSunPath && procFD()
-	if !pinned {
-		via = path
-	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", via)
-	if err != nil {
-		var oe *net.OpError
-		if errors.As(err, &oe) {
-			// Name the path the caller gave, not the /proc one.
-			oe.Addr = &net.UnixAddr{Name: path, Net: "unix"}
-		}
-		return nil, &ConnError{Op: "dial", Path: path, Err: err}
-	}
-	if !pinned {
-		var after unix.Stat_t
-		if err := unix.Fstatat(dfd, name, &after, unix.AT_SYMLINK_NOFOLLOW); err != nil || after.Dev != before.Dev || after.Ino != before.Ino {
-			conn.Close()
-			return nil, refuse("the socket file changed during the connect: not our hub")
-		}
-	}
-	return conn, nil
-}
-
-// procFD reports whether /proc/self/fd is there to connect through.
-var procFD = sync.OnceValue(func() bool {
-	var st unix.Stat_t
-	return unix.Stat("/proc/self/fd", &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
-})

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"os"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -46,7 +45,7 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 			return
 		default:
 			if h.logOK(logAccept, slog.LevelError) {
-				h.logLine(logAccept, slog.LevelError, "accept failed", "reason", os.NewSyscallError("accept4", err))
+				h.logLine(logAccept, slog.LevelError, "accept failed", "reason", os.NewSyscallError(acceptCall, err))
 			}
 			h.pauseAccept(err)
 			return
@@ -54,34 +53,9 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 	}
 }
 
-// accept is accept4(2) without the peer's address, which unix.Accept4
-// decodes into a new Sockaddr on every call: a worker's Unix socket address
-// says nothing (SO_PEERCRED does), and a connection should cost the hub no
-// garbage.
-func accept(fd int) (int, error) {
-	nfd, _, errno := unix.Syscall6(unix.SYS_ACCEPT4, uintptr(fd), 0, 0, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
-	if errno != 0 {
-		return -1, errno
-	}
-	return int(nfd), nil
-}
-
-// peerCred is getsockopt(SO_PEERCRED) into a value on the stack:
-// unix.GetsockoptUcred returns a pointer, one allocation per connection.
-func peerCred(fd int) (unix.Ucred, error) {
-	var cred unix.Ucred
-	size := uint32(unix.SizeofUcred)
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERCRED,
-		uintptr(unsafe.Pointer(&cred)), uintptr(unsafe.Pointer(&size)), 0)
-	if errno != 0 {
-		return cred, errno
-	}
-	return cred, nil
-}
-
 func (h *Hub) pauseAccept(err error) {
 	if h.logOK(logAccept, slog.LevelWarn) {
-		h.logLine(logAccept, slog.LevelWarn, "accept paused", "reason", os.NewSyscallError("accept4", err),
+		h.logLine(logAccept, slog.LevelWarn, "accept paused", "reason", os.NewSyscallError(acceptCall, err),
 			"pause", acceptPause, "workers", h.workers.len())
 	}
 	h.acceptPaused = true
@@ -116,7 +90,7 @@ func (h *Hub) admit(fd int) {
 	cred, err := peerCred(fd)
 	if err != nil {
 		h.refuse(fd, "no peer credentials", "no peer credentials", "worker", id, "fd", fd,
-			"error", os.NewSyscallError("getsockopt SO_PEERCRED", err))
+			"error", os.NewSyscallError(peerCredCall, err))
 		return
 	}
 	if _, ok := h.allow[cred.Uid]; !ok {

@@ -102,7 +102,8 @@ func (c *Cluster) StartPgBouncer(ctx context.Context, mode string) (*PgBouncer, 
 	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	setPdeathsig(cmd.SysProcAttr, syscall.SIGKILL)
 	if c.cred != nil {
 		cmd.SysProcAttr.Credential = c.cred
 	}

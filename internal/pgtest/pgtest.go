@@ -322,7 +322,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	cmd.SysProcAttr.Setpgid = true
 	// If we die without Close, the server goes too. Immediate shutdown:
 	// unlike a fast one it does not wait for a backend we froze.
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+	setPdeathsig(cmd.SysProcAttr, syscall.SIGQUIT)
 
 	p := &process{done: make(chan struct{})}
 	started := make(chan error, 1)

@@ -1,0 +1,51 @@
+//go:build darwin || freebsd
+
+package hub
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The names of the calls, for errors and logs.
+const (
+	acceptCall   = "accept"
+	peerCredCall = "getsockopt LOCAL_PEERCRED"
+)
+
+// ucred is what peerCred returns: the peer's pid (0 where the system does
+// not say: FreeBSD) and effective uid.
+type ucred struct {
+	Pid int32
+	Uid uint32
+}
+
+// accept is accept(2), then non-blocking and close-on-exec with fcntl
+// under syscall.ForkLock (macOS has no accept4), as package net does there.
+func accept(fd int) (int, error) {
+	syscall.ForkLock.RLock()
+	nfd, _, err := unix.Accept(fd)
+	if err == nil {
+		unix.CloseOnExec(nfd)
+	}
+	syscall.ForkLock.RUnlock()
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.SetNonblock(nfd, true); err != nil {
+		unix.Close(nfd)
+		return -1, err
+	}
+	return nfd, nil
+}
+
+// peerCred is LOCAL_PEERCRED (the peer's effective uid when it connected
+// or listened), and the pid from LOCAL_PEERPID where there is one.
+func peerCred(fd int) (ucred, error) {
+	xu, err := unix.GetsockoptXucred(fd, unix.SOL_LOCAL, unix.LOCAL_PEERCRED)
+	if err != nil {
+		return ucred{}, err
+	}
+	return ucred{Pid: peerPID(fd), Uid: xu.Uid}, nil
+}

@@ -193,7 +193,7 @@ func rawWrite(w *worker, iov [][]byte) (int, error) {
 			n, err = unix.Write(int(w.fd), a)
 		} else {
 			iov[0], iov[1] = a, b
-			n, err = unix.Writev(int(w.fd), iov)
+			n, err = writev(int(w.fd), iov)
 			iov[0], iov[1] = nil, nil
 		}
 		if err != unix.EINTR {

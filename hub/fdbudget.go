@@ -2,7 +2,6 @@ package hub
 
 import (
 	"log/slog"
-	"os"
 
 	"golang.org/x/sys/unix"
 
@@ -90,11 +89,11 @@ func (h *Hub) rebudgetFDs() {
 		h.fds.fdWorkers = max(left, 1)
 		capped = min(capped, h.fds.fdWorkers)
 	}
-	if capped == h.fds.maxWorkers && h.fds.fdLimit == rl.Cur {
+	if capped == h.fds.maxWorkers && h.fds.fdLimit == uint64(rl.Cur) {
 		return
 	}
 	was, wasLimit := h.fds.maxWorkers, h.fds.fdLimit
-	h.fds.maxWorkers, h.fds.fdLimit = capped, rl.Cur
+	h.fds.maxWorkers, h.fds.fdLimit = capped, uint64(rl.Cur)
 	switch {
 	case capped < h.cfg.MaxWorkers:
 		h.log.Warn("worker cap lowered by RLIMIT_NOFILE", "max_workers", capped, "was", was,
@@ -103,16 +102,6 @@ func (h *Hub) rebudgetFDs() {
 	case wasLimit != 0 && capped != was:
 		h.log.Info("worker cap back to the configured one", "max_workers", capped, "rlimit_nofile", rl.Cur)
 	}
-}
-
-// openFDs counts the process's open descriptors (/proc/self/fd), or
-// guesses 16 where that cannot be read.
-func openFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return 16
-	}
-	return len(ents) - 1 // the directory read itself
 }
 
 // refuse closes a connection the hub will not serve, counting and logging

@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -63,11 +61,7 @@ const (
 // eighth of the memory available to the process (physical memory, or the
 // cgroup's memory.max when that is lower), at least 64 MiB and at most 4 GiB.
 func DefaultMaxOutboundBytes() int {
-	var mem uint64
-	var si unix.Sysinfo_t
-	if unix.Sysinfo(&si) == nil {
-		mem = uint64(si.Totalram) * uint64(si.Unit)
-	}
+	mem := physicalMemory()
 	if cg := cgroupMemoryMax(); cg > 0 && (mem == 0 || cg < mem) {
 		mem = cg
 	}

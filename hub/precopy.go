@@ -135,7 +135,7 @@ func (h *Hub) startPrecopy(pc *precopy) {
 		pc.done <- nil
 		return
 	}
-	fd, err := unix.MemfdCreate("listenhub-upgrade", unix.MFD_CLOEXEC)
+	fd, err := memfdCreate("listenhub-upgrade")
 	if err != nil {
 		h.log.Warn("upgrade: no memfd for the pre-copy; the backlogs go in the freeze", "reason", err)
 		pc.done <- nil
@@ -300,7 +300,7 @@ func (pc *precopy) punchUnhanded() {
 	var from int64
 	for _, r := range append(pc.handed, [2]int64{pc.end, pc.end}) {
 		if r[0] > from {
-			_ = unix.Fallocate(pc.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, from, r[0]-from)
+			punchHole(pc.fd, from, r[0]-from)
 		}
 		from = max(from, r[1])
 	}
@@ -364,7 +364,7 @@ func (f *backlogFile) mapPart(off int64, n int) ([]byte, func(), error) {
 	free := func() {
 		unix.Munmap(m)
 		// Whole pages: no other part shares one (mapWorkers).
-		_ = unix.Fallocate(f.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, base, pageUp(int64(len(m)), page))
+		punchHole(f.fd, base, pageUp(int64(len(m)), page))
 		if f.parts--; f.parts == 0 {
 			f.close()
 		}

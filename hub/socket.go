@@ -129,7 +129,7 @@ func bindSocketAs(path string, perm socketPerm) (listenSocket, error) {
 	if err := checkSocket(path); err != nil {
 		return s, err
 	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := streamSocket()
 	if err != nil {
 		return s, fmt.Errorf("hub: %w", os.NewSyscallError("socket", err))
 	}
@@ -185,7 +185,7 @@ func bindSocketAs(path string, perm socketPerm) (listenSocket, error) {
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err == nil {
-		s.dev, s.ino = st.Dev, st.Ino
+		s.dev, s.ino = uint64(st.Dev), uint64(st.Ino)
 	}
 	s.fd = fd
 	return s, nil
@@ -245,9 +245,9 @@ func adoptSocket(f *os.File, want string) (listenSocket, error) {
 		}
 		return v, nil
 	}
-	dom, err := check(unix.SO_DOMAIN)
+	dom, err := socketDomain(raw)
 	if err != nil {
-		return s, err
+		return s, fmt.Errorf("hub: inherited socket (fd %d): %w", raw, err)
 	}
 	typ, err := check(unix.SO_TYPE)
 	if err != nil {
@@ -298,7 +298,7 @@ func (s *listenSocket) close() {
 		return
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(s.path, &st); err == nil && st.Dev == s.dev && st.Ino == s.ino {
+	if err := unix.Stat(s.path, &st); err == nil && uint64(st.Dev) == s.dev && uint64(st.Ino) == s.ino {
 		os.Remove(s.path)
 	}
 }

@@ -186,3 +186,26 @@ func parseLSN(s string) (uint64, error) {
 	}
 	return uint64(hi)<<32 | uint64(lo), nil
 }
+
+// logicalMessage is pgoutput's Message (pg_logical_emit_message, sent with
+// the messages option): its prefix and content; the flags and position
+// before them are skipped.
+type logicalMessage struct {
+	prefix  string
+	content []byte
+}
+
+func parseMessage(b []byte) (logicalMessage, error) {
+	if len(b) < 9 {
+		return logicalMessage{}, errShort
+	}
+	prefix, rest, ok := cstring(b[9:])
+	if !ok || len(rest) < 4 {
+		return logicalMessage{}, errShort
+	}
+	n := binary.BigEndian.Uint32(rest)
+	if uint64(len(rest)-4) < uint64(n) {
+		return logicalMessage{}, errShort
+	}
+	return logicalMessage{prefix: prefix, content: rest[4 : 4+n]}, nil
+}

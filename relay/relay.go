@@ -43,6 +43,7 @@ const (
 	DefaultMaxLagBytes     = 1 << 30
 	DefaultApplicationName = "listenhub-relay"
 	DefaultStatusInterval  = 10 * time.Second
+	DefaultConfigRetry     = 30 * time.Second
 )
 
 // visibilityRetry is how long the relay waits before it checks again
@@ -105,6 +106,20 @@ type Options struct {
 	StatusInterval time.Duration
 	// Logger receives the relay's log lines; slog.Default() if nil.
 	Logger *slog.Logger
+	// Guest is for a relay that runs inside another program (serve
+	// --relay): a permanent error (a *ConfigError) never ends Run; the
+	// relay is down (StateDown), logs the error with its fix, and sets
+	// everything up again every ConfigRetry.
+	Guest bool
+	// ConfigRetry is how often a guest relay that is down tries again;
+	// DefaultConfigRetry if 0.
+	ConfigRetry time.Duration
+	// RecreateInvalidSlot lets the relay drop and create again a slot that
+	// can no longer decode: invalidated (wal_status lost) or with a
+	// position that predates its publication. The new slot's resync
+	// NOTIFYs every channel once. Without it, such a slot is a ConfigError
+	// that names the fix.
+	RecreateInvalidSlot bool
 }
 
 func (o Options) withDefaults() Options {
@@ -138,6 +153,9 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.ConfigRetry <= 0 {
+		o.ConfigRetry = DefaultConfigRetry
+	}
 	return o
 }
 
@@ -164,6 +182,7 @@ const (
 	StateStandby               // the slot is in use by another relay; retrying
 	StateRetrying              // the connection was lost; reconnecting
 	StateStopped               // Run returned
+	StateDown                  // a guest stopped by a permanent error, trying again every ConfigRetry
 )
 
 func (s State) String() string {
@@ -178,6 +197,8 @@ func (s State) String() string {
 		return "retrying"
 	case StateStopped:
 		return "stopped"
+	case StateDown:
+		return "down"
 	}
 	return fmt.Sprintf("State(%d)", int32(s))
 }
@@ -213,6 +234,10 @@ type Stats struct {
 	LagSeconds float64
 	// ConfirmedLSN is the position last reported to the server.
 	ConfirmedLSN uint64
+	// LastError is why the relay is not streaming (one line, with the fix
+	// when one is known), or what its set-up waits on; "" while it
+	// streams or stands by.
+	LastError string
 }
 
 // Relay is one relay. Its methods are safe for concurrent use; Run is
@@ -233,12 +258,29 @@ type Relay struct {
 	lagBytes                                            atomic.Int64
 	lagSeconds                                          atomic.Int64 // nanoseconds
 	confirmed                                           atomic.Uint64
+	lastErr                                             atomic.Pointer[string]
+	// walsender is the backend pid of the last session's replication
+	// connection: a slot still held by it after a reconnect is this
+	// relay's own, never another relay.
+	walsender atomic.Int32
+	// resyncOwed: a session created the slot and was lost before it
+	// recorded the resync in it.
+	resyncOwed atomic.Bool
 
 	tooLongLog rateLimit
 
 	// Run's goroutine only:
 	started       time.Time // when Run started
 	standbyLogged bool      // "standing by" logged since the last active session
+	stall         stallWatch
+}
+
+// stallWatch is a standby's watch of the active relay: the slot's
+// confirmed position, and since when it has not moved.
+type stallWatch struct {
+	confirmed string
+	since     time.Time
+	warned    time.Time
 }
 
 // New checks opts and returns a relay; nothing is connected before Run.
@@ -250,6 +292,12 @@ func New(opts Options) (*Relay, error) {
 		return nil, fmt.Errorf("relay: negative window %v", opts.Window)
 	}
 	opts = opts.withDefaults()
+	if err := checkSlotName(opts.Slot); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	if err := checkTemplateBytes(opts.ChannelTemplate); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
 	t, err := ParseTemplate(opts.ChannelTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
@@ -290,7 +338,23 @@ func (r *Relay) Stats() Stats {
 		LagBytes:        r.lagBytes.Load(),
 		LagSeconds:      time.Duration(r.lagSeconds.Load()).Seconds(),
 		ConfirmedLSN:    r.confirmed.Load(),
+		LastError:       r.lastError(),
 	}
+}
+
+func (r *Relay) lastError() string {
+	if p := r.lastErr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+func (r *Relay) setLastError(s string) {
+	if s == "" {
+		r.lastErr.Store(nil)
+		return
+	}
+	r.lastErr.Store(&s)
 }
 
 // CommitToNotify returns the histogram of the time from a transaction's
@@ -314,9 +378,15 @@ const (
 	maxBackoff = time.Second
 )
 
-// Run runs the relay until ctx is done (then it returns nil) or the
-// configuration is found wrong (a *ConfigError). A lost connection, a
-// server restart or a slot in use by another relay are retried.
+// stableSession is how long a session must stream before its end resets
+// the backoff: a session that fails at once, again and again, fails for a
+// reason of its own and is never retried in a tight loop.
+const stableSession = 10 * time.Second
+
+// Run runs the relay until ctx is done (then it returns nil) or, unless
+// Options.Guest, until a permanent error (a *ConfigError naming the fix).
+// A lost connection, a server restart or a slot in use by another relay
+// are retried.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.ran.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called twice")
@@ -325,8 +395,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.started = time.Now()
 	backoff := minBackoff
 	everActive := false
-	failures := 0 // attempts failed since the last streaming session
+	failures := 0 // attempts failed since the last stable session
 	var lastWarn time.Time
+	var lastDown string
 	for {
 		res := r.session(ctx, everActive)
 		if ctx.Err() != nil {
@@ -334,22 +405,43 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		if res.active {
 			everActive = true
-			backoff = minBackoff
-			failures = 0
+			if time.Since(res.streaming) >= stableSession {
+				backoff = minBackoff
+				failures = 0
+			}
 		}
 		err := res.err
-		var ce *ConfigError
-		if errors.As(err, &ce) {
-			return err
-		}
 		r.standbyLogged = false
+		if ce := permanent(err); ce != nil {
+			if !r.opts.Guest {
+				return ce
+			}
+			// A guest is down, never gone: it says why, with the fix,
+			// and sets everything up again now and then.
+			r.setState(StateDown)
+			r.setLastError(ce.Error())
+			r.lagSeconds.Store(0)
+			if ce.Error() != lastDown || time.Since(lastWarn) >= 5*time.Minute {
+				lastDown, lastWarn = ce.Error(), time.Now()
+				r.log.Warn("relay down: "+ce.Error(), "retry_in", r.opts.ConfigRetry)
+			}
+			if !sleep(ctx, r.opts.ConfigRetry) {
+				return nil
+			}
+			continue
+		}
+		lastDown = ""
+		if errors.Is(err, errSlotRecreated) {
+			continue
+		}
 		r.setState(StateRetrying)
+		r.setLastError(errLine(err))
 		// A server that stays away is retried every second: one line
 		// for the first failure, then one every 30 s with the count.
 		failures++
 		if failures == 1 || time.Since(lastWarn) >= 30*time.Second {
 			lastWarn = time.Now()
-			r.log.Warn("relay not streaming; retrying", "reason", oneLine(err), "failures", failures, "retry_in", backoff)
+			r.log.Warn("relay not streaming; retrying", "reason", errLine(err), "failures", failures, "retry_in", backoff)
 		}
 		if !sleep(ctx, backoff) {
 			return nil
@@ -376,7 +468,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // holds, so that a take-over costs no connection set-up. Run's goroutine
 // only.
 func (r *Relay) standBy(ctx context.Context, everActive bool, busy error) bool {
+	if State(r.state.Load()) != StateStandby {
+		// What this relay measured while it streamed is no longer its
+		// figure: a standby's lag is the active relay's stall (watch).
+		r.lagSeconds.Store(0)
+		r.stall = stallWatch{}
+	}
 	r.setState(StateStandby)
+	r.setLastError("")
 	if !r.standbyLogged {
 		r.standbyLogged = true
 		r.log.Info("relay standing by: the slot is in use by another relay", "slot", r.opts.Slot,

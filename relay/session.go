@@ -15,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/listenhub/listenhub/internal/relayfix"
 )
 
 // session is one connection pair: the replication stream and the
@@ -29,11 +31,19 @@ type session struct {
 	// xidRef is a recent xmax of the server as a full 64-bit xid: the
 	// 32-bit xids of pgoutput are widened against it (fullXid).
 	xidRef uint64
+	ver    int // server_version_num
+	// walsender is the backend pid of the replication connection.
+	walsender int
+	// published is the publication's publish parameter as last read
+	// ("+insert,update"; "" when the publication is missing), confirmed
+	// and activePID the slot's (standby), walSenderTimeout the server's.
+	published, confirmedLSN, activePID, walSenderTimeout string
 }
 
 type sessionResult struct {
-	active bool // the session streamed (the slot was ours)
-	err    error
+	active    bool      // the session streamed (the slot was ours)
+	streaming time.Time // when it began to
+	err       error
 }
 
 func (r *Relay) connConfig(replication bool) *pgconn.Config {
@@ -112,6 +122,17 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	if err != nil {
 		return sessionResult{err: err}
 	}
+	if slot.walStatus == "lost" {
+		reason := fmt.Sprintf("replication slot %s is invalidated (wal_status lost: it fell further behind than max_slot_wal_keep_size allows, and the WAL it needed is gone), so the changes it missed got no wake",
+			quoteLiteral(r.opts.Slot))
+		if !r.opts.RecreateInvalidSlot {
+			return sessionResult{err: configErrorf(nil, "%s: %s", reason, relayfix.RecreateSlot(r.opts.Slot))}
+		}
+		if err := s.dropSlot(ctx, reason); err != nil {
+			return sessionResult{err: err}
+		}
+		slot = slotInfo{}
+	}
 	t1 := time.Now()
 	d := <-rch
 	if d.err != nil {
@@ -120,26 +141,10 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 		return sessionResult{err: d.err}
 	}
 	rconn = d.c
-	closeR := func() { rconn.Close(context.Background()) }
-	var created bool
-	for {
-		created, err = s.ensureSlot(ctx, rconn, slot)
-		if !errors.Is(err, errSlotBusy) {
-			break
-		}
-		// Another relay's temporary slot has the name.
-		if !r.standBy(ctx, everActive, err) {
-			closeR()
-			return sessionResult{err: ctx.Err()}
-		}
-	}
-	if err != nil {
-		closeR()
-		return sessionResult{err: err}
-	}
+	s.walsender = int(rconn.PID())
 	hj, err := rconn.Hijack()
 	if err != nil {
-		closeR()
+		rconn.Close(context.Background())
 		return sessionResult{err: err}
 	}
 	s.rc = hj.Conn
@@ -148,13 +153,50 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	stop := context.AfterFunc(ctx, func() { s.rc.Close() })
 	defer stop()
 	s.br = bufioReader(s.rc)
+	var created bool
+	for {
+		created, err = s.ensureSlot(ctx, slot)
+		if !errors.Is(err, errSlotBusy) {
+			break
+		}
+		// Another relay's temporary slot has the name.
+		if !r.standBy(ctx, everActive, err) {
+			return sessionResult{err: ctx.Err()}
+		}
+	}
+	if err != nil {
+		return sessionResult{err: err}
+	}
+	if !created && s.owedInSlot() && r.resyncOwed.Load() {
+		// The session that created the slot was lost before it could
+		// record the resync.
+		if err := s.recordResync(ctx); err != nil {
+			return sessionResult{err: err}
+		}
+	}
+	r.walsender.Store(int32(s.walsender))
+	own := 0 // times the slot was found held by this relay's previous walsender
 	for {
 		err := s.startReplication(ctx)
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, errSlotBusy) {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && pe.Code == "55000" {
+				// The slot was invalidated since the preflight.
+				return sessionResult{err: s.undecodable(ctx, fmt.Sprintf("replication slot %s cannot be read (%s)", quoteLiteral(r.opts.Slot), pgLine(pe)))}
+			}
 			return sessionResult{err: err}
+		}
+		if own < 50 && s.endOwnWalsender(ctx) {
+			// Not another relay: the walsender of this relay's lost
+			// session, which the server has not noticed is gone.
+			own++
+			if !sleep(ctx, 20*time.Millisecond) {
+				return sessionResult{err: ctx.Err()}
+			}
+			continue
 		}
 		if !r.standBy(ctx, everActive, err) {
 			return sessionResult{err: ctx.Err()}
@@ -163,11 +205,14 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 		if err := s.refreshXidRef(ctx); err != nil {
 			return sessionResult{err: err}
 		}
+		s.watchActive()
 	}
 	r.standbyLogged = false
 	r.log.Debug("relay session set up", "connect_and_check", t1.Sub(t0), "total", time.Since(t0))
 	prev := State(r.state.Load())
 	r.setState(StateActive)
+	r.setLastError("")
+	streaming := time.Now()
 	switch {
 	case prev == StateStandby:
 		r.takeovers.Add(1)
@@ -180,20 +225,120 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 			"publication", r.opts.Publication, "tables", len(s.tables), "channel_template", r.opts.ChannelTemplate,
 			"ops", r.opts.Ops.String(), "window", r.opts.Window)
 	}
-	if created {
+	if created && !s.owedInSlot() {
 		// What was committed before the slot existed is covered by one
 		// wake per channel, sent now that every later commit is in
 		// the slot.
 		if err := s.resync(ctx); err != nil {
-			return sessionResult{active: true, err: err}
+			return sessionResult{active: true, streaming: streaming, err: err}
 		}
 	}
 	// From here the stream closes the socket itself, after its last
 	// word on a stop (stream).
 	if !stop() {
-		return sessionResult{active: true, err: ctx.Err()}
+		return sessionResult{active: true, streaming: streaming, err: ctx.Err()}
 	}
-	return sessionResult{active: true, err: s.stream(ctx)}
+	err = s.stream(ctx)
+	var pe *pgconn.PgError
+	if ctx.Err() == nil && errors.As(err, &pe) && pe.Code == "42704" && strings.Contains(pe.Message, "publication") {
+		err = s.publicationGone(ctx, pe)
+	}
+	return sessionResult{active: true, streaming: streaming, err: err}
+}
+
+// owedInSlot reports whether a new slot's resync is recorded in the slot
+// itself: a logical message written right after its creation, which every
+// session decodes (and NOTIFYs every channel for) until one has NOTIFYed
+// it and confirmed past it. A temporary slot dies with its session, and
+// PostgreSQL 13 sends no messages: their resync is sent at once.
+func (s *session) owedInSlot() bool { return !s.r.opts.TemporarySlot && s.ver >= 140000 }
+
+// resyncPrefix is the prefix of the logical message that records a resync
+// owed (its content is the slot's name).
+const resyncPrefix = "listenhub.resync"
+
+// publicationGone handles the walsender's "publication does not exist":
+// the publication was dropped, or the slot's position predates the
+// publication (dropped and created again), whose decoding then fails at
+// every attempt.
+func (s *session) publicationGone(ctx context.Context, pe *pgconn.PgError) error {
+	r := s.r
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rows, err := query(cctx, s.nc, `SELECT count(*)::text FROM pg_publication WHERE pubname = $1`, r.opts.Publication)
+	if err != nil {
+		return fmt.Errorf("%w (and checking the publication: %v)", pe, err)
+	}
+	if rows[0][0] == "0" {
+		return configErrorf(pe, "publication %s was dropped while the relay ran; the slot cannot decode past that point: %s; then %s",
+			quoteLiteral(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication), relayfix.RecreateSlot(r.opts.Slot))
+	}
+	return s.undecodable(ctx, fmt.Sprintf("the walsender says %s although the publication exists: the slot's position predates it (it was dropped and created again)", pgLine(pe)))
+}
+
+// undecodable is the error, or with RecreateInvalidSlot the recreation, of
+// a slot that can no longer decode.
+func (s *session) undecodable(ctx context.Context, reason string) error {
+	r := s.r
+	if !r.opts.RecreateInvalidSlot {
+		return configErrorf(nil, "%s: %s", reason, relayfix.RecreateSlot(r.opts.Slot))
+	}
+	s.rc.Close() // the slot is released once our walsender is gone
+	if err := s.dropSlot(ctx, reason); err != nil {
+		return err
+	}
+	return errSlotRecreated
+}
+
+// errSlotRecreated ends a session whose slot was dropped to be created
+// again: the next session starts at once.
+var errSlotRecreated = errors.New("the replication slot was dropped to be created again")
+
+// dropSlot drops the slot (--recreate-invalid-slot), waiting up to 10 s
+// for a walsender of ours that still holds it to go away.
+func (s *session) dropSlot(ctx context.Context, reason string) error {
+	r := s.r
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rows, err := query(ctx, s.nc, `SELECT (SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+			WHERE slot_name = $1 AND NOT active) IS NOT NULL OR NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, r.opts.Slot)
+		if err != nil {
+			return fmt.Errorf("drop the replication slot: %w", err)
+		}
+		if rows[0][0] == "t" || rows[0][0] == "true" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("drop the replication slot: still in use after 10s")
+		}
+		if !sleep(ctx, 50*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	r.log.Warn("relay dropped the replication slot to create it again (--recreate-invalid-slot); the new slot NOTIFYs every channel once",
+		"slot", r.opts.Slot, "reason", reason)
+	return nil
+}
+
+// endOwnWalsender ends the walsender that holds the slot when it is the one
+// of this relay's previous session (the server had not noticed that
+// session's end), and reports whether it was.
+func (s *session) endOwnWalsender(ctx context.Context) bool {
+	old := int(s.r.walsender.Load())
+	if old == 0 || old == s.walsender {
+		return false
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rows, err := query(cctx, s.nc, `SELECT coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0)::text`, s.r.opts.Slot)
+	if err != nil || rows[0][0] != strconv.Itoa(old) {
+		return false
+	}
+	if _, err := query(cctx, s.nc, `SELECT pg_terminate_backend($1::int)::text`, rows[0][0]); err != nil {
+		return false
+	}
+	s.r.log.Info("relay ended its own previous walsender, which still held the slot", "pid", old)
+	return true
 }
 
 // query runs one statement with text parameters and returns its rows as
@@ -220,7 +365,7 @@ func query(ctx context.Context, c *pgconn.PgConn, sql string, args ...string) ([
 // slotInfo is what pg_replication_slots says of the slot ("" fields: no
 // such slot).
 type slotInfo struct {
-	plugin, typ, sameDB string
+	plugin, typ, sameDB, walStatus string
 }
 
 // preflightSQL reads, in one round trip, everything the relay checks
@@ -230,17 +375,28 @@ type slotInfo struct {
 const preflightSQL = `SELECT current_setting('server_version_num'), current_setting('wal_level'),
 	current_setting('max_wal_senders'), current_setting('max_replication_slots'), pg_is_in_recovery()::text,
 	(r.rolreplication OR r.rolsuper)::text, current_user,
-	coalesce((SELECT '+' || concat_ws(',', CASE WHEN pubinsert THEN 'insert' END, CASE WHEN pubupdate THEN 'update' END,
-		CASE WHEN pubdelete THEN 'delete' END, CASE WHEN pubtruncate THEN 'truncate' END)
-		FROM pg_publication WHERE pubname = $1), '')
+	` + publishedSQL + `
 	FROM pg_roles r WHERE r.rolname = current_user;
 SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2;
-SELECT plugin, slot_type, (database = current_database())::text FROM pg_replication_slots WHERE slot_name = $2;
+SELECT plugin, slot_type, (database = current_database())::text, coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $2;
 ` + xidRefSQL
 
-// xidRefSQL reads the server's xmax as a full xid and the slot's lag.
+// publishedSQL is the publication's publish parameter, "+insert,update"
+// ("+" when it publishes nothing), or "" when it does not exist.
+const publishedSQL = `coalesce((SELECT '+' || concat_ws(',', CASE WHEN pubinsert THEN 'insert' END, CASE WHEN pubupdate THEN 'update' END,
+		CASE WHEN pubdelete THEN 'delete' END, CASE WHEN pubtruncate THEN 'truncate' END)
+		FROM pg_publication WHERE pubname = $1), '')`
+
+// xidRefSQL reads the server's xmax as a full xid, the slot's lag, the
+// publication's publish parameter (watched while streaming), the slot's
+// confirmed position and walsender (watched by a standby) and
+// wal_sender_timeout.
 const xidRefSQL = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text,
-	CASE WHEN NOT pg_is_in_recovery() THEN (SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint::text FROM pg_replication_slots WHERE slot_name = $2) END`
+	CASE WHEN NOT pg_is_in_recovery() THEN (SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint::text FROM pg_replication_slots WHERE slot_name = $2) END,
+	` + publishedSQL + `,
+	coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $2), ''),
+	coalesce((SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = $2), ''),
+	current_setting('wal_sender_timeout')`
 
 // multi runs statements as one simple query (one round trip, one implicit
 // transaction), with $1 and $2 replaced by the publication and slot names
@@ -306,12 +462,13 @@ func (s *session) preflight(ctx context.Context, everActive bool) (slotInfo, err
 	}
 	v := res[0][0]
 	ver, _ := strconv.Atoi(v[0])
+	s.ver = ver
 	user := v[6]
 	switch {
 	case ver < 130000:
 		return slotInfo{}, configErrorf(nil, "PostgreSQL %d.%d is too old for the relay: it needs 13 or later (pg_visible_in_snapshot)", ver/10000, ver%10000/100)
 	case v[1] != "logical":
-		return slotInfo{}, configErrorf(nil, "wal_level is %s, the relay needs logical: run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL", v[1])
+		return slotInfo{}, configErrorf(nil, "wal_level is %s, the relay needs logical: %s", v[1], relayfix.WalLevel)
 	case v[2] == "0":
 		return slotInfo{}, configErrorf(nil, "max_wal_senders is 0, the relay needs one: run ALTER SYSTEM SET max_wal_senders = 10; then restart PostgreSQL")
 	case v[3] == "0":
@@ -322,15 +479,13 @@ func (s *session) preflight(ctx context.Context, everActive bool) (slotInfo, err
 		}
 		return slotInfo{}, configErrorf(nil, "the server is a standby (in recovery): point the relay at the primary, where NOTIFY can run")
 	case v[5] != "true":
-		return slotInfo{}, configErrorf(nil, "role %s may not open a replication connection: run ALTER ROLE %s REPLICATION; as a superuser (on a managed service, its replication grant, e.g. GRANT rds_replication TO %s)",
-			quoteIdent(user), quoteIdent(user), quoteIdent(user))
+		return slotInfo{}, configErrorf(nil, "role %s may not open a replication connection: %s", quoteIdent(user), relayfix.ReplicationRole(user))
 	}
 	pub := r.opts.Publication
 	tables := res[1]
 	if v[7] == "" {
 		if r.opts.CreatePublication == "" {
-			return slotInfo{}, configErrorf(nil, "publication %s does not exist: run CREATE PUBLICATION %s FOR TABLES IN SCHEMA pgmq; (or FOR TABLE ..., FOR ALL TABLES), or start the relay with --create-publication 'TABLES IN SCHEMA pgmq'",
-				quoteLiteral(pub), quoteIdent(pub))
+			return slotInfo{}, configErrorf(nil, "publication %s does not exist: %s", quoteLiteral(pub), relayfix.MissingPublication(pub))
 		}
 		sql := "CREATE PUBLICATION " + quoteIdent(pub) + " FOR " + r.opts.CreatePublication
 		if !withClause.MatchString(r.opts.CreatePublication) {
@@ -368,7 +523,7 @@ func (s *session) preflight(ctx context.Context, everActive bool) (slotInfo, err
 	}
 	var slot slotInfo
 	if len(res[2]) == 1 {
-		slot = slotInfo{plugin: res[2][0][0], typ: res[2][0][1], sameDB: res[2][0][2]}
+		slot = slotInfo{plugin: res[2][0][0], typ: res[2][0][1], sameDB: res[2][0][2], walStatus: res[2][0][3]}
 	}
 	return slot, s.setXidRef(res[3][0])
 }
@@ -391,6 +546,9 @@ func (s *session) setXidRef(row []string) error {
 		return fmt.Errorf("relay: xmax %q: %w", row[0], err)
 	}
 	s.xidRef = x
+	if len(row) >= 6 {
+		s.published, s.confirmedLSN, s.activePID, s.walSenderTimeout = row[2], row[3], row[4], row[5]
+	}
 	if row[1] != "" {
 		if lag, err := strconv.ParseInt(row[1], 10, 64); err == nil {
 			s.r.lagBytes.Store(lag)
@@ -417,7 +575,15 @@ func fullXid(ref uint64, x uint32) uint64 {
 // temporary), on the replication connection. created says the slot is new
 // (a resync is due). A slot name taken by another relay's temporary slot is
 // errSlotBusy.
-func (s *session) ensureSlot(ctx context.Context, rc *pgconn.PgConn, slot slotInfo) (created bool, err error) {
+//
+// A permanent slot's resync is owed until it has been sent: the logical
+// message that records it (owedInSlot) is written right after the
+// creation, on the same connection, and every session decodes it until one
+// has NOTIFYed it. (The walsender takes no second query while it creates
+// the slot, so the two cannot share a write: a process killed in the one
+// round trip between them loses the resync. A connection lost there is
+// covered: the relay remembers the message is owed.)
+func (s *session) ensureSlot(ctx context.Context, slot slotInfo) (created bool, err error) {
 	r := s.r
 	if !r.opts.TemporarySlot && slot.typ != "" {
 		if slot.typ != "logical" || slot.plugin != "pgoutput" || slot.sameDB != "true" {
@@ -431,7 +597,18 @@ func (s *session) ensureSlot(ctx context.Context, rc *pgconn.PgConn, slot slotIn
 		sql += " TEMPORARY"
 	}
 	sql += " LOGICAL pgoutput NOEXPORT_SNAPSHOT"
-	if _, err := rc.Exec(ctx, sql).ReadAll(); err != nil {
+	// Creating a slot waits for every transaction running when it began
+	// to end: say which, every slotWaitLog.
+	waitDone := make(chan struct{})
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		s.logSlotWait(ctx, waitDone)
+	}()
+	err = s.simpleQuery(ctx, sql)
+	close(waitDone)
+	<-waited
+	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "42710" { // duplicate_object: another relay made it
 			if r.opts.TemporarySlot {
@@ -442,7 +619,101 @@ func (s *session) ensureSlot(ctx context.Context, rc *pgconn.PgConn, slot slotIn
 		return false, fmt.Errorf("create the replication slot: %w", err)
 	}
 	r.log.Info("relay created the replication slot", "slot", r.opts.Slot, "temporary", r.opts.TemporarySlot)
+	if s.owedInSlot() {
+		r.resyncOwed.Store(true)
+		if err := s.recordResync(ctx); err != nil {
+			return false, err
+		}
+	}
 	return true, nil
+}
+
+// recordResync writes the logical message that records a resync owed, on
+// the replication connection (before START_REPLICATION).
+func (s *session) recordResync(ctx context.Context) error {
+	if err := s.simpleQuery(ctx, "SELECT pg_logical_emit_message(true, "+quoteLiteral(resyncPrefix)+", "+quoteLiteral(s.r.opts.Slot)+")"); err != nil {
+		return fmt.Errorf("record the new slot's resync: %w", err)
+	}
+	s.r.resyncOwed.Store(false)
+	return nil
+}
+
+// slotWaitLog is how often a slot creation that waits is logged.
+var slotWaitLog = 10 * time.Second
+
+// logSlotWait logs, every slotWaitLog until done, the transactions a slot
+// creation waits for: the oldest running transaction with an xid, and the
+// oldest prepared one.
+func (s *session) logSlotWait(ctx context.Context, done <-chan struct{}) {
+	r := s.r
+	t := time.NewTicker(slotWaitLog)
+	defer t.Stop()
+	start := time.Now()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := s.multi(qctx, fmt.Sprintf(`SELECT pid::text, extract(epoch FROM now() - xact_start)::int::text, coalesce(state, ''), left(query, 80)
+	FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid NOT IN (pg_backend_pid(), %d) ORDER BY xact_start LIMIT 1;
+SELECT gid, extract(epoch FROM now() - prepared)::int::text FROM pg_prepared_xacts ORDER BY prepared LIMIT 1`, s.walsender))
+		cancel()
+		if err != nil || len(res) != 2 {
+			continue
+		}
+		args := []any{"slot", r.opts.Slot, "waiting", time.Since(start).Round(time.Second)}
+		var what string
+		if len(res[0]) == 1 {
+			row := res[0][0]
+			args = append(args, "pid", row[0], "xact_age_seconds", row[1], "state", row[2], "query", row[3])
+			what = fmt.Sprintf("transaction of pid %s (running %ss, %s)", row[0], row[1], row[2])
+		}
+		if len(res[1]) == 1 {
+			row := res[1][0]
+			args = append(args, "prepared_gid", row[0], "prepared_age_seconds", row[1])
+			if what != "" {
+				what += " and "
+			}
+			what += fmt.Sprintf("prepared transaction %s (%ss old; COMMIT PREPARED or ROLLBACK PREPARED ends it)", quoteLiteral(row[0]), row[1])
+		}
+		if what == "" {
+			what = "transactions running when it began"
+		}
+		r.setLastError("creating the replication slot waits for the " + what + " to end")
+		r.log.Warn("relay: creating the replication slot waits for the transactions running when it began to end", args...)
+	}
+}
+
+// simpleQuery runs one simple Query on the replication connection and
+// returns its error (a *pgconn.PgError when the server refused it).
+func (s *session) simpleQuery(ctx context.Context, sql string) error {
+	q, err := (&pgproto3.Query{String: sql}).Encode(nil)
+	if err != nil {
+		return err
+	}
+	if _, err := s.rc.Write(q); err != nil {
+		return err
+	}
+	var qerr error
+	for {
+		typ, body, err := s.readMsg()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		if typ == 'E' && qerr == nil {
+			qerr = pgError(body)
+		}
+		if typ == 'Z' {
+			return qerr
+		}
+	}
 }
 
 // startReplication sends START_REPLICATION on the hijacked connection and
@@ -450,8 +721,12 @@ func (s *session) ensureSlot(ctx context.Context, rc *pgconn.PgConn, slot slotIn
 // errSlotBusy.
 func (s *session) startReplication(ctx context.Context) error {
 	r := s.r
-	sql := fmt.Sprintf("START_REPLICATION SLOT %s LOGICAL 0/0 (proto_version '1', publication_names %s)",
-		quoteIdent(r.opts.Slot), quoteLiteral(quoteIdent(r.opts.Publication)))
+	messages := ""
+	if s.ver >= 140000 {
+		messages = ", messages 'true'"
+	}
+	sql := fmt.Sprintf("START_REPLICATION SLOT %s LOGICAL 0/0 (proto_version '1', publication_names %s%s)",
+		quoteIdent(r.opts.Slot), quoteLiteral(quoteIdent(r.opts.Publication)), messages)
 	q, err := (&pgproto3.Query{String: sql}).Encode(nil)
 	if err != nil {
 		return err
@@ -543,4 +818,38 @@ func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''
 func oneLine(err error) string {
 	s := strings.ReplaceAll(err.Error(), ":\n", ": ")
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}
+
+// watchActive is a standby's watch of the active relay, after each look at
+// the slot: when the slot's confirmed position has not moved for longer
+// than the active relay could take while WAL grew past it (a frozen or
+// hung relay whose connection the server still holds), or when the slot
+// holds more than MaxLagBytes, the standby warns too, and its lag is the
+// stall. The server ends such a walsender after wal_sender_timeout; then
+// this relay takes over.
+func (s *session) watchActive() {
+	r := s.r
+	w := &r.stall
+	now := time.Now()
+	lag := r.lagBytes.Load()
+	if s.confirmedLSN != w.confirmed || lag <= 0 {
+		w.confirmed, w.since = s.confirmedLSN, now
+		r.lagSeconds.Store(0)
+		if lag <= r.opts.MaxLagBytes {
+			return
+		}
+	}
+	// The active relay reports its position at least every status
+	// interval while it is idle, a few milliseconds under load.
+	bound := max(r.opts.MaxLag, 3*r.opts.StatusInterval)
+	stalled := now.Sub(w.since)
+	if stalled > bound {
+		r.lagSeconds.Store(int64(stalled))
+	}
+	if (stalled > bound || lag > r.opts.MaxLagBytes) && now.Sub(w.warned) >= time.Minute {
+		w.warned = now
+		r.log.Warn("relay standby: the active relay is not confirming; wakes stall until the server ends its walsender (wal_sender_timeout), then this relay takes over",
+			"slot", r.opts.Slot, "active_pid", s.activePID, "confirmed_lsn", s.confirmedLSN, "unchanged_for", stalled.Round(time.Millisecond),
+			"lag_bytes", lag, "max_lag", r.opts.MaxLag, "max_lag_bytes", r.opts.MaxLagBytes, "wal_sender_timeout", s.walSenderTimeout)
+	}
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/listenhub/listenhub/internal/relayfix"
 )
 
 // The stream runs on two goroutines. The reader decodes the replication
@@ -23,6 +26,7 @@ type evKind uint8
 const (
 	evCommit    evKind = iota
 	evKeepalive        // the walsender's position while no transaction was open
+	evProbe            // the reader heard nothing for a while: is the walsender still ours?
 )
 
 type event struct {
@@ -36,6 +40,10 @@ type event struct {
 	// another is already on its way.
 	more  bool
 	reply bool // keepalive: the server asks for a status update now
+	// resync: the transaction carries the message that records a resync
+	// owed (resyncPrefix): every channel is NOTIFYed with it.
+	resync bool
+	probe  chan error // evProbe: the batcher's answer, nil to read on
 }
 
 // eventQueue bounds the decoded transactions waiting for the batcher;
@@ -116,6 +124,26 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 		}
 		typ, body, err := s.readMsg()
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
+				// Silence is not death: a walsender decoding a large
+				// transaction of unpublished tables sends nothing,
+				// not even a keepalive, for as long as that takes.
+				// The batcher asks the server whether the slot is
+				// still our walsender's.
+				ev := event{kind: evProbe, probe: make(chan error, 1)}
+				if err := send(ev); err != nil {
+					return err
+				}
+				select {
+				case perr := <-ev.probe:
+					if perr != nil {
+						return fmt.Errorf("no message from the walsender for %v: %w", idle, perr)
+					}
+					continue
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			return err
 		}
 		switch typ {
@@ -183,6 +211,14 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 				return err
 			}
 			cur = event{}
+		case 'M':
+			lm, err := parseMessage(m[1:])
+			if err != nil {
+				return err
+			}
+			if inTx && lm.prefix == resyncPrefix && string(lm.content) == r.opts.Slot {
+				cur.resync = true
+			}
 		case 'R':
 			rm, err := parseRelation(m[1:])
 			if err != nil {
@@ -248,6 +284,8 @@ type batch struct {
 	end     uint64
 	start   time.Time // when the first transaction arrived
 	more    bool      // the last transaction's more
+	resync  bool      // a transaction of it recorded a resync owed
+	ownTxs  int       // transactions of the relay's own (the resync's record)
 }
 
 func (b *batch) add(ev event) {
@@ -262,7 +300,10 @@ func (b *batch) add(ev event) {
 		return
 	}
 	b.xids = append(b.xids, ev.xid)
-	b.commits = append(b.commits, ev.commit)
+	if !ev.resync || ev.changes > 0 {
+		// The relay's own record of a resync is no writer's commit.
+		b.commits = append(b.commits, ev.commit)
+	}
 	b.wakes += len(ev.chans)
 	if b.seen == nil {
 		b.seen = map[string]struct{}{}
@@ -279,7 +320,7 @@ func (b *batch) reset() {
 	b.txs, b.wakes, b.changes = 0, 0, 0
 	b.xids, b.chans, b.commits = b.xids[:0], b.chans[:0], b.commits[:0]
 	clear(b.seen)
-	b.more = false
+	b.more, b.resync, b.ownTxs = false, false, 0
 }
 
 // stopFlushTimeout bounds the last NOTIFY and status update on a stop.
@@ -357,7 +398,18 @@ func (s *session) stream(ctx context.Context) error {
 	}
 	handle := func(ev event) error {
 		switch ev.kind {
+		case evProbe:
+			ev.probe <- s.probe(ctx)
 		case evCommit:
+			if ev.resync {
+				// The channels of the publication's tables join the
+				// transaction's: its NOTIFY is the resync.
+				b.resync = true
+				if ev.changes == 0 {
+					b.ownTxs++
+				}
+				ev.chans = append(ev.chans, s.resyncChans()...)
+			}
 			b.add(ev)
 		case evKeepalive:
 			b.more = ev.more
@@ -438,6 +490,9 @@ func (s *session) stream(ctx context.Context) error {
 			if time.Since(lastRefresh) >= 2*time.Second {
 				lastRefresh = time.Now()
 				if err := s.refreshXidRef(ctx); err != nil {
+					return err
+				}
+				if err := s.watchPublication(ctx); err != nil {
 					return err
 				}
 				lag, lagT := r.lagBytes.Load(), time.Duration(r.lagSeconds.Load())
@@ -545,15 +600,22 @@ func (s *session) flush(ctx context.Context, b *batch) error {
 			}
 		}
 		now := time.Now()
+		if b.resync {
+			r.resyncs.Add(1)
+			r.log.Info("relay NOTIFYed every channel of the publication once (a new slot, or a gap in what the publication published)",
+				"channels", len(b.chans))
+		}
 		for _, c := range b.commits {
 			r.hist.observe(now.Sub(c))
 		}
-		r.lagSeconds.Store(int64(max(0, now.Sub(b.commits[len(b.commits)-1]))))
+		if len(b.commits) > 0 {
+			r.lagSeconds.Store(int64(max(0, now.Sub(b.commits[len(b.commits)-1]))))
+		}
 		r.notifies.Add(uint64(len(b.chans)))
 		r.batches.Add(1)
 		r.coalesced.Add(uint64(b.wakes - len(b.chans)))
 	}
-	r.transactions.Add(uint64(b.txs))
+	r.transactions.Add(uint64(b.txs - b.ownTxs))
 	r.changes.Add(uint64(b.changes))
 	return nil
 }
@@ -561,14 +623,7 @@ func (s *session) flush(ctx context.Context, b *batch) error {
 // resync NOTIFYs every channel of the publication's tables once.
 func (s *session) resync(ctx context.Context) error {
 	r := s.r
-	var chans []string
-	for _, t := range s.tables {
-		for o := op(0); o < numOps; o++ {
-			if r.opts.Ops.has(o) {
-				chans = append(chans, r.tmpl.channel(t[0], t[1], o))
-			}
-		}
-	}
+	chans := s.resyncChans()
 	if len(chans) == 0 {
 		return nil
 	}
@@ -603,4 +658,68 @@ func textArray(ss []string) []byte {
 	}
 	b.WriteByte('}')
 	return []byte(b.String())
+}
+
+// resyncChans are the channels of every table of the publication (as the
+// session's preflight read it) and every op NOTIFYed.
+func (s *session) resyncChans() []string {
+	r := s.r
+	var chans []string
+	for _, t := range s.tables {
+		for o := op(0); o < numOps; o++ {
+			if r.opts.Ops.has(o) {
+				chans = append(chans, r.tmpl.channel(t[0], t[1], o))
+			}
+		}
+	}
+	return chans
+}
+
+// probe answers the reader's question after a silence: nil when the slot
+// is still held by this session's walsender (busy, e.g. decoding a large
+// transaction it will send nothing of), an error otherwise.
+func (s *session) probe(ctx context.Context) error {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rows, err := query(qctx, s.nc, `SELECT coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0)::text`, s.r.opts.Slot)
+	if err != nil {
+		return fmt.Errorf("and the server does not answer: %w", err)
+	}
+	if rows[0][0] != strconv.Itoa(s.walsender) {
+		return fmt.Errorf("and the slot is no longer held by it (active_pid %s, ours %d)", rows[0][0], s.walsender)
+	}
+	s.r.log.Debug("relay: the walsender is silent but still holds the slot (decoding); waiting", "pid", s.walsender)
+	return nil
+}
+
+// watchPublication checks, with each look at the server while streaming,
+// that the publication still publishes what the relay NOTIFYs. A change
+// that stops it (ALTER PUBLICATION ... SET (publish = ...), a DROP) ends
+// the session with the fix: the changes committed meanwhile are not in
+// the stream. A resync is recorded in the slot first, so the session that
+// streams after the fix NOTIFYs every channel once for them.
+func (s *session) watchPublication(ctx context.Context) error {
+	r := s.r
+	if s.published == "" {
+		return configErrorf(nil, "publication %s was dropped while the relay ran; the slot cannot decode past that point: %s; then %s",
+			quoteLiteral(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication), relayfix.RecreateSlot(r.opts.Slot))
+	}
+	pub, err := ParseOps(strings.TrimPrefix(s.published, "+"))
+	if strings.TrimPrefix(s.published, "+") == "" {
+		pub, err = 0, nil
+	}
+	if err != nil || r.opts.Ops&^pub == 0 {
+		return nil
+	}
+	if s.owedInSlot() {
+		if _, err := query(ctx, s.nc, `SELECT pg_logical_emit_message(true, $1, $2)::text`, resyncPrefix, r.opts.Slot); err != nil {
+			return fmt.Errorf("record a resync: %w", err)
+		}
+	}
+	perr := r.checkPublished(strings.TrimPrefix(s.published, "+"))
+	var ce *ConfigError
+	if errors.As(perr, &ce) {
+		return configErrorf(nil, "%s (changed while the relay ran: changes committed since got no wake; once fixed, the relay NOTIFYs every channel once)", ce.Msg)
+	}
+	return perr
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/relayfix"
 	"github.com/listenhub/listenhub/listener"
 )
 
@@ -292,9 +293,19 @@ func doctorRelay(ctx context.Context, conn *pgconn.PgConn, publication, slot str
 		add(finding{"relay", statusFail, fmt.Sprintf("cannot read wal_level: %v", err), ""})
 		return
 	case row[0] != "logical":
-		add(finding{"relay", statusFail, fmt.Sprintf("wal_level is %s", row[0]), "set wal_level = logical in postgresql.conf and restart PostgreSQL"})
+		add(finding{"relay", statusFail, fmt.Sprintf("wal_level is %s", row[0]), relayfix.WalLevel})
 	default:
 		add(finding{"relay", statusPass, "wal_level is logical", ""})
+	}
+	// The relay's replication connection needs the REPLICATION attribute.
+	row, err = query(ctx, conn, "SELECT (rolreplication OR rolsuper)::text, current_user FROM pg_roles WHERE rolname = current_user")
+	switch {
+	case err != nil || len(row) != 2:
+		add(finding{"relay", statusFail, fmt.Sprintf("cannot read the role's attributes: %v", err), ""})
+	case row[0] != "true":
+		add(finding{"relay", statusFail, fmt.Sprintf("role %q may not open a replication connection", row[1]), relayfix.ReplicationRole(row[1])})
+	default:
+		add(finding{"relay", statusPass, fmt.Sprintf("role %q may open a replication connection", row[1]), ""})
 	}
 	if publication != "" {
 		row, err := query(ctx, conn, "SELECT count(*) FROM pg_publication WHERE pubname = $1", publication)
@@ -302,19 +313,20 @@ func doctorRelay(ctx context.Context, conn *pgconn.PgConn, publication, slot str
 		case err != nil || len(row) != 1:
 			add(finding{"relay", statusFail, fmt.Sprintf("cannot look up publication %q: %v", publication, err), ""})
 		case row[0] == "0":
-			add(finding{"relay", statusFail, fmt.Sprintf("publication %q does not exist", publication),
-				fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE …", listener.QuoteIdentifier(publication))})
+			add(finding{"relay", statusFail, fmt.Sprintf("publication %q does not exist", publication), relayfix.MissingPublication(publication)})
 		default:
 			add(finding{"relay", statusPass, fmt.Sprintf("publication %q exists", publication), ""})
 		}
 	}
 	if slot != "" {
-		row, err := query(ctx, conn, `SELECT active::text, coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
-			FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		row, err := query(ctx, conn, `SELECT active::text, coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint,
+			coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot)
 		switch {
 		case err != nil:
 			add(finding{"relay", statusFail, fmt.Sprintf("cannot look up slot %q: %v", slot, err), ""})
-		case len(row) != 2:
+		case len(row) == 3 && row[2] == "lost":
+			add(finding{"relay", statusFail, fmt.Sprintf("slot %q is invalidated (wal_status lost: past max_slot_wal_keep_size)", slot), relayfix.RecreateSlot(slot)})
+		case len(row) != 3:
 			add(finding{"relay", statusWarn, fmt.Sprintf("slot %q does not exist yet", slot), "listenhub relay creates it at its first start"})
 		default:
 			lag, _ := strconv.ParseInt(row[1], 10, 64)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/relayfix"
 )
 
 // doctor runs `listenhub doctor` in-process and returns its exit status and
@@ -242,4 +243,39 @@ func staleSocket(t *testing.T, path string) {
 	}
 	ln.SetUnlinkOnClose(false)
 	ln.Close()
+}
+
+// TestDoctorReplicationRole: a role without REPLICATION fails the relay
+// checks with the fix the relay itself names (one text for both).
+func TestDoctorReplicationRole(t *testing.T) {
+	c := needDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	role := "doctor_norepl"
+	c.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+	if err := c.Exec(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	u := strings.Replace(c.URL(), "postgres://postgres@", "postgres://"+role+"@", 1)
+	if u == c.URL() {
+		t.Skip("an external server's URL")
+	}
+	code, by, out := doctor(t, "--database-url", u, "--publication", "nopub")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1:\n%s", code, out)
+	}
+	want := relayfix.ReplicationRole(role)
+	found := false
+	for _, f := range by["relay"] {
+		found = found || f.Status == statusFail && strings.Contains(f.Message, "may not open a replication connection") && f.Fix == want
+	}
+	if !found {
+		t.Fatalf("relay findings %+v, want a failure with the fix %q", by["relay"], want)
+	}
+	for _, f := range by["relay"] {
+		if strings.Contains(f.Message, "publication") && f.Fix != relayfix.MissingPublication("nopub") {
+			t.Errorf("publication fix %q, want the relay's", f.Fix)
+		}
+	}
 }

@@ -1,0 +1,37 @@
+// Package relayfix holds the one fix text per relay set-up problem that
+// both the relay (its error line) and `listenhub doctor` (its finding)
+// name, so that the two never give different advice for one problem.
+package relayfix
+
+import "strings"
+
+// Ident quotes an SQL identifier.
+func Ident(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// Literal quotes an SQL string literal (standard_conforming_strings).
+func Literal(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+
+// WalLevel is the fix for a wal_level other than logical.
+const WalLevel = "run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL"
+
+// ReplicationRole is the fix for a role without the REPLICATION attribute.
+func ReplicationRole(user string) string {
+	u := Ident(user)
+	return "run ALTER ROLE " + u + " REPLICATION; as a superuser (on a managed service, its replication grant, e.g. GRANT rds_replication TO " + u + ")"
+}
+
+// MissingPublication is the fix for a publication that does not exist.
+func MissingPublication(pub string) string {
+	return "run CREATE PUBLICATION " + Ident(pub) + " FOR TABLES IN SCHEMA pgmq; (or FOR TABLE ..., FOR ALL TABLES), or start the relay with --create-publication 'TABLES IN SCHEMA pgmq'"
+}
+
+// RecreateSlot is the fix for a slot that can no longer decode (invalidated,
+// or its position predates its publication): a new slot, whose resync
+// NOTIFYs every channel once.
+func RecreateSlot(slot string) string {
+	return "drop it (SELECT pg_drop_replication_slot(" + Literal(slot) + ");) and start the relay again, whose new slot NOTIFYs every channel once; or start the relay with --recreate-invalid-slot"
+}
+
+// Pooler is the fix for a connection pooler between the relay and
+// PostgreSQL.
+const Pooler = "point the relay at PostgreSQL itself, not at a connection pooler (PgBouncer, pgcat, RDS Proxy)"

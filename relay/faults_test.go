@@ -1,0 +1,395 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// running is a relay run by a test that may end on its own.
+type running struct {
+	r    *Relay
+	log  *testutil.SyncBuffer
+	done chan error
+	stop context.CancelFunc
+}
+
+// run runs a relay whose log the test reads; the test ends it (or it ends
+// on a permanent error).
+func (f *fixture) run(opts Options) *running {
+	f.t.Helper()
+	buf := &testutil.SyncBuffer{}
+	opts.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{f.t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r, err := New(opts)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rn := &running{r: r, log: buf, done: make(chan error, 1), stop: cancel}
+	go func() { rn.done <- r.Run(ctx) }()
+	f.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-rn.done:
+		case <-time.After(15 * time.Second):
+			f.t.Error("the relay did not stop")
+		}
+	})
+	return rn
+}
+
+// ended waits for Run to return on its own and returns its ConfigError.
+func (rn *running) ended(t *testing.T, timeout time.Duration, want ...string) *ConfigError {
+	t.Helper()
+	select {
+	case err := <-rn.done:
+		rn.done <- err // for the cleanup
+		var ce *ConfigError
+		if !errors.As(err, &ce) {
+			t.Fatalf("Run: %v, want a ConfigError", err)
+		}
+		if strings.Contains(ce.Error(), "\n") {
+			t.Errorf("more than one line: %q", ce.Error())
+		}
+		for _, w := range want {
+			if !strings.Contains(ce.Error(), w) {
+				t.Errorf("%q does not say %q", ce.Error(), w)
+			}
+		}
+		return ce
+	case <-time.After(timeout):
+		t.Fatalf("Run still running after %v, want a ConfigError naming the fix; log:\n%s", timeout, rn.log.String())
+	}
+	return nil
+}
+
+func (f *fixture) insert(table string) {
+	f.exec("INSERT INTO " + f.schema + "." + table + " (v) VALUES ('x')")
+}
+
+// TestRelayPublicationDroppedAndCreated: a publication dropped while the
+// relay runs ends it with the fix; after CREATE PUBLICATION, the slot's
+// position predates the new publication, which the relay names (once, no
+// loop) with its fix; applying that fix (--recreate-invalid-slot) streams
+// again with a resync wake covering what was never decoded.
+func TestRelayPublicationDroppedAndCreated(t *testing.T) {
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	rn := f.run(f.options())
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	f.exec("DROP PUBLICATION " + f.pub)
+	f.insert("q_a")
+	rn.ended(t, 10*time.Second, "was dropped while the relay ran", `CREATE PUBLICATION "`+f.pub+`"`, "pg_drop_replication_slot", "--recreate-invalid-slot")
+
+	// The first half of the fix alone: the relay says what is left.
+	f.exec("CREATE PUBLICATION " + f.pub + " FOR TABLES IN SCHEMA " + f.schema)
+	f.insert("q_a")
+	rn = f.run(f.options())
+	t0 := time.Now()
+	rn.ended(t, 10*time.Second, "predates", "pg_drop_replication_slot('"+f.slot+"')", "--recreate-invalid-slot")
+	t.Logf("the slot's position predating the publication named after %v", time.Since(t0))
+	if n := strings.Count(rn.log.String(), "streaming again"); n > 0 {
+		t.Errorf("%d times streaming again: a deterministic error retried", n)
+	}
+
+	// The named fix, applied: a new slot, and its resync.
+	opts := f.options()
+	opts.RecreateInvalidSlot = true
+	rn = f.run(opts)
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "the new slot's resync", func() bool { return l.count(ch) == 2 })
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "a wake after the fix", func() bool { return l.count(ch) == 3 })
+	if !strings.Contains(rn.log.String(), "dropped the replication slot to create it again") {
+		t.Error("the recreation was not logged")
+	}
+}
+
+// TestRelayPublishChanged: ALTER PUBLICATION ... SET (publish = 'update')
+// while the relay runs ends it with the fix; the inserts committed
+// meanwhile got no wake, so after the fix the relay NOTIFYs every channel
+// once.
+func TestRelayPublishChanged(t *testing.T) {
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	rn := f.run(f.options())
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	f.exec("ALTER PUBLICATION " + f.pub + " SET (publish = 'update')")
+	t0 := time.Now()
+	f.insert("q_a")
+	rn.ended(t, 10*time.Second, "does not publish insert", `ALTER PUBLICATION "`+f.pub+`" SET (publish = 'insert,update')`, "changed while the relay ran")
+	t.Logf("the publish change named after %v", time.Since(t0))
+	f.insert("q_a")
+	if n := l.count(ch); n != 1 {
+		t.Fatalf("%d wakes, want the resync's 1 (the inserts were not published)", n)
+	}
+	// The named fix, applied.
+	f.exec("ALTER PUBLICATION " + f.pub + " SET (publish = 'insert,update')")
+	rn = f.run(f.options())
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "the resync covering the unpublished inserts", func() bool { return l.count(ch) == 2 })
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "a wake after the fix", func() bool { return l.count(ch) == 3 })
+}
+
+// TestRelayResyncOwed: the session that created the slot is lost before
+// its resync (its NOTIFY connection ended while the creation waited on an
+// open transaction); the next session owes and sends it. The wait is
+// logged with the blocking transaction's pid.
+func TestRelayResyncOwed(t *testing.T) {
+	defer func(d time.Duration) { slotWaitLog = d }(slotWaitLog)
+	slotWaitLog = 200 * time.Millisecond
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	f.insert("q_a") // committed before the slot: only the resync covers it
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	blocker, err := pgx.Connect(ctx, db.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close(context.Background())
+	var pid int
+	if _, err := blocker.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	// An xid: the slot's snapshot waits for it.
+	if _, err := blocker.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		t.Fatal(err)
+	}
+	if err := blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	rn := f.run(f.options())
+	testutil.WaitFor(t, 10*time.Second, "the wait logged with the blocker's pid", func() bool {
+		return strings.Contains(rn.log.String(), "waits for the transactions running when it began") &&
+			strings.Contains(rn.log.String(), "pid="+itoa(pid))
+	})
+	if st := rn.r.Stats(); !strings.Contains(st.LastError, "pid "+itoa(pid)) {
+		t.Errorf("LastError %q does not name the blocker", st.LastError)
+	}
+	// The NOTIFY connection dies during the wait.
+	if n, err := db.Terminate(ctx, DefaultApplicationName); err != nil || n != 1 {
+		t.Fatalf("terminated %d NOTIFY backends (%v), want 1", n, err)
+	}
+	if _, err := blocker.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 15*time.Second, "the owed resync", func() bool { return l.count(ch) >= 1 })
+	testutil.WaitFor(t, 5*time.Second, "counted", func() bool { return rn.r.Stats().Resyncs == 1 })
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "a wake", func() bool { return l.count(ch) == 2 })
+	if st := rn.r.Stats(); st.Resyncs != 1 || st.Reconnects < 1 {
+		t.Errorf("resyncs %d, reconnects %d; want 1 resync after a reconnect", st.Resyncs, st.Reconnects)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestRelayInvalidatedSlot: a slot invalidated past max_slot_wal_keep_size
+// is named with the fix at once; --recreate-invalid-slot, the fix applied,
+// streams again on a new slot with a resync.
+func TestRelayInvalidatedSlot(t *testing.T) {
+	pgtesting.RequireLocal(t, db)
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	rn := f.run(f.options())
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	rn.stop()
+	<-rn.done
+	rn.done <- nil
+	f.exec("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+	f.exec("SELECT pg_reload_conf()")
+	t.Cleanup(func() {
+		db.Exec(context.Background(), "ALTER SYSTEM RESET max_slot_wal_keep_size")
+		db.Exec(context.Background(), "SELECT pg_reload_conf()")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	testutil.WaitFor(t, 20*time.Second, "the slot invalidated", func() bool {
+		f.insert("q_a")
+		f.exec("SELECT pg_switch_wal()")
+		f.exec("CHECKPOINT")
+		n, err := db.QueryInt(ctx, "SELECT count(*)::int FROM pg_replication_slots WHERE slot_name = $1 AND wal_status = 'lost'", f.slot)
+		return err == nil && n == 1
+	})
+	f.exec("ALTER SYSTEM RESET max_slot_wal_keep_size")
+	f.exec("SELECT pg_reload_conf()")
+	rn = f.run(f.options())
+	rn.ended(t, 10*time.Second, "invalidated", "max_slot_wal_keep_size", "pg_drop_replication_slot('"+f.slot+"')", "--recreate-invalid-slot")
+	// The fix named first, applied: drop the slot, start again.
+	f.exec("SELECT pg_drop_replication_slot($1)", f.slot)
+	rn = f.run(f.options())
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "the new slot's resync", func() bool { return l.count(ch) == 2 })
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "a wake", func() bool { return l.count(ch) == 3 })
+}
+
+// TestRelayPermanentErrorsAtStart: a pooler, a slot name PostgreSQL
+// refuses, a template byte that is not UTF-8 and TLS the server does not
+// offer are refused at once with the fix, never retried.
+func TestRelayPermanentErrorsAtStart(t *testing.T) {
+	f := newFixture(t, "q_a")
+	opts := f.options()
+	opts.Slot = "My-Slot"
+	if _, err := New(opts); err == nil || !strings.Contains(err.Error(), "--slot my_slot") {
+		t.Errorf("New with --slot My-Slot: %v", err)
+	}
+	opts = f.options()
+	opts.ChannelTemplate = "{schema}.{table}\xff"
+	if _, err := New(opts); err == nil || !strings.Contains(err.Error(), "not UTF-8") {
+		t.Errorf("New with a 0xff template: %v", err)
+	}
+	pgtesting.RequireLocal(t, db)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := db.StartPgBouncer(ctx, "transaction")
+	if err != nil {
+		t.Skipf("no PgBouncer: %v", err)
+	}
+	defer b.Close()
+	cc, err := pgconn.ParseConfig(b.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts = f.options()
+	opts.ConnConfig = cc
+	rn := f.run(opts)
+	rn.ended(t, 10*time.Second, "point the relay at PostgreSQL itself")
+	cc, err = pgconn.ParseConfig(b.URL() + "&sslmode=require")
+	if strings.Contains(b.URL(), "?") == false {
+		cc, err = pgconn.ParseConfig(b.URL() + "?sslmode=require")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.ConnConfig = cc
+	rn = f.run(opts)
+	rn.ended(t, 10*time.Second, "does not accept TLS", "sslmode")
+}
+
+// TestRelayGuestStaysDown: with Guest a permanent error never ends Run:
+// the relay is down, says why with the fix, and streams once fixed.
+func TestRelayGuestStaysDown(t *testing.T) {
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	f.exec("DROP PUBLICATION " + f.pub)
+	opts := f.options()
+	opts.Guest = true
+	opts.ConfigRetry = 300 * time.Millisecond
+	rn := f.run(opts)
+	testutil.WaitFor(t, 10*time.Second, "down with the fix", func() bool {
+		st := rn.r.Stats()
+		return st.State == StateDown && strings.Contains(st.LastError, "CREATE PUBLICATION")
+	})
+	f.exec("CREATE PUBLICATION " + f.pub + " FOR TABLES IN SCHEMA " + f.schema)
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	if st := rn.r.Stats(); st.LastError != "" {
+		t.Errorf("LastError %q while active", st.LastError)
+	}
+	select {
+	case err := <-rn.done:
+		t.Fatalf("Run returned %v", err)
+	default:
+	}
+}
+
+// TestRelayLongSilence: a walsender that sends nothing for many read
+// deadlines (as while it decodes a huge transaction of unpublished
+// tables; here it is frozen) is not a failure while it still holds the
+// slot: no reconnect, no phantom takeover, and wakes go on after it.
+func TestRelayLongSilence(t *testing.T) {
+	pgtesting.RequireLocal(t, db)
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	opts := f.options()
+	opts.StatusInterval = 200 * time.Millisecond // a read deadline of 600 ms
+	rn := f.run(opts)
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	pid := f.slotActivePID()
+	if pid == 0 {
+		t.Fatal("no walsender")
+	}
+	pgtesting.Must(t, db.Freeze(pid))
+	testutil.WaitFor(t, 20*time.Second, "three silent read deadlines", func() bool {
+		return strings.Count(rn.log.String(), "silent but still holds the slot") >= 3
+	})
+	pgtesting.Must(t, db.Thaw(pid))
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "a wake after the silence", func() bool { return l.count(ch) == 2 })
+	if st := rn.r.Stats(); st.Reconnects != 0 || st.Takeovers != 0 {
+		t.Errorf("reconnects %d, takeovers %d after a silent walsender; want 0", st.Reconnects, st.Takeovers)
+	}
+	if strings.Contains(rn.log.String(), "standing by") {
+		t.Error("the relay stood by for its own walsender")
+	}
+}
+
+// TestRelayStandbySeesStuckActive: an active relay frozen with SIGSTOP
+// stalls every wake until the server ends its walsender
+// (wal_sender_timeout, 2 s here); the standby warns meanwhile, its lag
+// shows the stall, and it takes over.
+func TestRelayStandbySeesStuckActive(t *testing.T) {
+	pgtesting.RequireLocal(t, db)
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	sep := "?"
+	if strings.Contains(db.URL(), "?") {
+		sep = "&"
+	}
+	url := db.URL() + sep + "options=-c%20wal_sender_timeout%3D2s"
+	p := startRelayProc(t, "--database-url", url, "--publication", f.pub, "--slot", f.slot, "--log-level", "debug")
+	testutil.WaitFor(t, 20*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	opts := f.options()
+	opts.StatusInterval = 200 * time.Millisecond
+	opts.MaxLag = 500 * time.Millisecond
+	opts.StandbyRetry = 100 * time.Millisecond
+	rn := f.run(opts)
+	testutil.WaitFor(t, 10*time.Second, "standing by", func() bool { return rn.r.Stats().State == StateStandby })
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGCONT) })
+	f.insert("q_a")
+	var sawLag float64
+	testutil.WaitFor(t, 20*time.Second, "the take-over", func() bool {
+		st := rn.r.Stats()
+		sawLag = max(sawLag, st.LagSeconds)
+		return st.State == StateActive
+	})
+	took := time.Since(frozen)
+	testutil.WaitFor(t, 10*time.Second, "the stalled wake", func() bool { return l.count(ch) == 2 })
+	t.Logf("frozen active relay: standby took over after %v (wal_sender_timeout 2s), its lag reached %.2fs", took, sawLag)
+	if !strings.Contains(rn.log.String(), "the active relay is not confirming") {
+		t.Error("the standby did not warn of the stuck active relay")
+	}
+	if sawLag == 0 {
+		t.Error("the standby's lag never showed the stall")
+	}
+}

@@ -393,3 +393,40 @@ func TestRelayStandbySeesStuckActive(t *testing.T) {
 		t.Error("the standby's lag never showed the stall")
 	}
 }
+
+// TestRelayDemotedClearsLag: a relay that loses the slot to another and
+// stands by no longer reports the lag it measured while it streamed.
+func TestRelayDemotedClearsLag(t *testing.T) {
+	pgtesting.RequireLocal(t, db)
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	opts := f.options()
+	opts.StatusInterval = time.Minute // no keepalive asked for: the lag stays
+	a := f.run(opts)
+	waitActive(t, a.r)
+	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	// A commit the walsender sends a second late: a lag of a second.
+	pid := f.slotActivePID()
+	pgtesting.Must(t, db.Freeze(pid))
+	f.insert("q_a")
+	time.Sleep(time.Second) // the lag being made, not a wait for a condition
+	pgtesting.Must(t, db.Thaw(pid))
+	testutil.WaitFor(t, 10*time.Second, "the late wake", func() bool { return l.count(ch) == 2 })
+	testutil.WaitFor(t, 5*time.Second, "the lag measured", func() bool { return a.r.Stats().LagSeconds >= 0.9 })
+	bopts := f.options()
+	bopts.StandbyRetry = 10 * time.Millisecond
+	b := f.run(bopts)
+	testutil.WaitFor(t, 10*time.Second, "b standing by", func() bool { return b.r.Stats().State == StateStandby })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "b active, a standing by", func() bool {
+		return b.r.Stats().State == StateActive && a.r.Stats().State == StateStandby
+	})
+	if lag := a.r.Stats().LagSeconds; lag != 0 {
+		t.Errorf("the demoted relay reports a lag of %.2fs, want 0", lag)
+	}
+}

@@ -46,6 +46,11 @@ var commitToNotifyBounds = []time.Duration{
 	25 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond,
 	250 * time.Millisecond, 500 * time.Millisecond, time.Second,
 	2500 * time.Millisecond, 5 * time.Second, 10 * time.Second,
+	// A relay that was down or stalled (a frozen active relay holds
+	// every wake until wal_sender_timeout, 60 s by default) replays
+	// minutes: the buckets reach an hour, the overflow is past it.
+	30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute,
+	10 * time.Minute, 30 * time.Minute, time.Hour,
 }
 
 type histogram struct {

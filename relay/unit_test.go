@@ -195,3 +195,22 @@ func BenchmarkReaderInsert(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100*perTx), "ns/change")
 }
+
+// TestCommitToNotifyBoundsMinutes: a delay of a minute (a stalled relay
+// until wal_sender_timeout) lands in a bucket of its own size, not in a
+// 10 s top bucket.
+func TestCommitToNotifyBoundsMinutes(t *testing.T) {
+	b := CommitToNotifyBounds()
+	if last := b[len(b)-1]; last < time.Hour {
+		t.Fatalf("the top bucket is %v, want at least an hour", last)
+	}
+	h := Histogram{Bounds: b, Counts: make([]uint64, len(b)), Count: 10}
+	for i, bound := range b {
+		if bound >= 57*time.Second {
+			h.Counts[i] = 10 // ten delays of 57 s
+		}
+	}
+	if p := h.Quantile(0.99); p != time.Minute {
+		t.Errorf("p99 of 57 s delays: %v, want 1m0s", p)
+	}
+}

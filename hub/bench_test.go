@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -38,7 +39,7 @@ func benchHub(b testing.TB, n int) *Hub {
 	h.channels["bench"] = ch
 	var peers []*os.File
 	for i := range n {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		fds, err := testutil.Socketpair(unix.SOCK_STREAM, false)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -80,7 +81,7 @@ func drain(b *testing.B, h *Hub) {
 			if w.out.Len() > 0 {
 				h.write(w)
 			}
-			n, err := unix.IoctlGetInt(int(w.fd), unix.SIOCOUTQ)
+			n, err := unsentBytes(int(w.fd))
 			if err != nil {
 				b.Fatal(err)
 			}

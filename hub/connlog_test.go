@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -31,7 +32,7 @@ func connCycleAllocs(t *testing.T, level slog.Level) float64 {
 	h.pg = &fakePG{l: l}
 	h.allow[uint32(os.Getuid())] = struct{}{}
 	return testing.AllocsPerRun(200, func() {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+		fds, err := testutil.Socketpair(unix.SOCK_STREAM, true)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -286,7 +286,7 @@ func TestFDReserveGrowsWithPostgresConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	low := lim
-	low.Cur = uint64(testutil.FDCount() + 400)
+	low.Cur = testutil.Rlim(testutil.FDCount()+400, low.Cur)
 	if low.Cur >= lim.Cur {
 		t.Skipf("RLIMIT_NOFILE %d leaves no room to lower it", lim.Cur)
 	}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // What a worker costs the hub in memory, measured in-process on the Go heap
@@ -18,7 +19,7 @@ import (
 
 // rawDial connects to the hub with a blocking socket.
 func rawDial(t testing.TB, sa *unix.SockaddrUnix) int {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fd, err := testutil.Socket(unix.AF_UNIX, unix.SOCK_STREAM)
 	if err != nil {
 		t.Fatal(err)
 	}

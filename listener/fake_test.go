@@ -184,7 +184,7 @@ func (h *harness) dial(context.Context) (transport, error) {
 	if h.closed {
 		return nil, errors.New("test over")
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	fds, err := testutil.Socketpair(unix.SOCK_STREAM, true)
 	if err != nil {
 		return nil, err
 	}

@@ -276,7 +276,8 @@ func startRelayProc(t *testing.T, args ...string) *relayProc {
 	p := &relayProc{out: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(relayBinary(t), append([]string{"relay"}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{}
+	testutil.DieWithParent(p.cmd.SysProcAttr, syscall.SIGKILL)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -35,10 +35,10 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 }
 
 // FDCount returns the number of file descriptors open in this process
-// (entries of /proc/self/fd, not counting the one used to read it). It panics
-// if /proc is not mounted: leak checks are meaningless without it.
+// (entries of /proc/self/fd, or /dev/fd off Linux, not counting the one used to read it). It panics
+// if that cannot be read: leak checks are meaningless without it.
 func FDCount() int {
-	ents, err := os.ReadDir("/proc/self/fd")
+	ents, err := os.ReadDir(fdDir)
 	if err != nil {
 		panic(fmt.Sprintf("testutil: FDCount: %v", err))
 	}
@@ -47,13 +47,13 @@ func FDCount() int {
 
 // fdList describes the open descriptors (fd -> target), for failure messages.
 func fdList() string {
-	ents, err := os.ReadDir("/proc/self/fd")
+	ents, err := os.ReadDir(fdDir)
 	if err != nil {
 		return err.Error()
 	}
 	var sb strings.Builder
 	for _, e := range ents {
-		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		target, err := os.Readlink(fdDir + "/" + e.Name())
 		if err != nil {
 			continue // the directory's own fd, already closed
 		}

@@ -32,8 +32,10 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 			// limit: something else holds them. Refuse what waits
 			// (with the spare descriptor) rather than leave it hanging
 			// in the backlog; without the spare, pause. The limit may
-			// have been lowered under the hub: read it again.
+			// have been lowered under the hub: read it again, and shed
+			// the newest workers past it.
 			h.rebudgetFDs()
+			h.shedNewest()
 			if !h.shedWithSpare() {
 				h.pauseAccept(err)
 			}

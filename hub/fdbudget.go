@@ -1,11 +1,14 @@
 package hub
 
 import (
+	"cmp"
 	"log/slog"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/fdreserve"
 )
 
 // fdBudget is what the hub knows of its descriptors: the worker cap that
@@ -39,6 +42,10 @@ type fdBudget struct {
 // most what is left of RLIMIT_NOFILE (the soft limit, which the Go runtime
 // raises to the hard one at start).
 func (h *Hub) budgetFDs() {
+	// The reserve the Postgres reconnect and the metrics server fall
+	// back on when descriptors run out (package fdreserve): open before
+	// the count, so that it is part of the hub's own.
+	fdreserve.Keep()
 	// Workers handed over by an upgrade are open already, and are what
 	// the budget is for.
 	h.fds.fdBase = openFDs() - h.workers.len()
@@ -65,14 +72,16 @@ func (h *Hub) backlogFileClosed() {
 const maxInt = int(^uint(0) >> 1)
 
 // rebudgetFDs sets the worker cap from RLIMIT_NOFILE as it is now: at
-// start, on every status tick and when accept fails with EMFILE, so that a
-// limit lowered on the running hub (prlimit, a container runtime) lowers
-// the cap instead of letting new workers take the reserve, and a limit
-// raised again raises it. Workers connected already stay: closing them
-// would send them to their own backends, the very thing the hub is for;
-// the reserve comes back as they leave. One getrlimit(2), no /proc walk:
-// the descriptors other than workers are those counted at start (fdBase),
-// the rest of what the hub may open being the reserve.
+// start, on every status tick, when accept fails with EMFILE and when the
+// Postgres connection is lost, so that a limit lowered on the running hub
+// (prlimit, a container runtime) lowers the cap instead of letting new
+// workers take the reserve, and a limit raised again raises it. When the
+// workers connected already hold more than the new limit leaves them, the
+// callers shed the newest down to it (shedNewest): the Postgres connection
+// and /healthz come first, since without them no worker gets a wake anyway.
+// One getrlimit(2), no /proc walk: the descriptors other than workers are
+// those counted at start (fdBase), the rest of what the hub may open being
+// the reserve.
 func (h *Hub) rebudgetFDs() {
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
@@ -102,6 +111,46 @@ func (h *Hub) rebudgetFDs() {
 	case wasLimit != 0 && capped != was:
 		h.log.Info("worker cap back to the configured one", "max_workers", capped, "rlimit_nofile", rl.Cur)
 	}
+}
+
+// shedNewest closes the newest workers while more are connected than
+// RLIMIT_NOFILE leaves for them (fdWorkers, as rebudgetFDs last set it):
+// they fall back to their own LISTEN, counted in Stats.WorkersShed and
+// logged. The oldest stay, and no one is shed while an upgrade holds the
+// workers (the next status tick looks again) or while the hub stops. It
+// closes workers: called where no worker is in use (the status tick, the
+// accept handler, a lost Postgres connection), never from a write.
+// The descriptors given up meanwhile (the spare, the reserve) are taken
+// again here too.
+func (h *Hub) shedNewest() {
+	defer h.retakeSpares()
+	n := h.workers.len() - h.fds.fdWorkers
+	if n <= 0 || h.up != nil || h.stopping {
+		return
+	}
+	newest := slices.Clone(h.workers.list)
+	slices.SortFunc(newest, func(a, b *worker) int { return cmp.Compare(b.id, a.id) })
+	for _, w := range newest[:n] {
+		h.stats.shed.Add(1)
+		h.closeWorker(w, reasonShed, nil)
+	}
+	h.log.Warn("workers shed: RLIMIT_NOFILE leaves fewer descriptors than they hold; the newest fall back to their own LISTEN",
+		"shed", n, "workers", h.workers.len(), "rlimit_nofile", h.fds.fdLimit, "open_fds", h.fds.fdBase,
+		"fd_reserve", FDReserve+h.cfg.PostgresConnections+h.cfg.ReservedFDs, "newest_kept", newest[n:][0].id)
+}
+
+// retakeSpares takes the spare descriptor and the reserve again where an
+// earlier shortage left them given up.
+func (h *Hub) retakeSpares() {
+	if h.stopping {
+		return
+	}
+	if h.fds.spareFD < 0 {
+		if fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			h.fds.spareFD = fd
+		}
+	}
+	fdreserve.Refill()
 }
 
 // refuse closes a connection the hub will not serve, counting and logging

@@ -510,6 +510,7 @@ func (h *Hub) onStatusTick() {
 	}
 	h.ticks++
 	h.rebudgetFDs()
+	h.shedNewest()
 	for w := range h.workers.all() {
 		w.out.Retain = w.active && w.wasActive
 		w.wasActive, w.active = w.active, false
@@ -578,6 +579,11 @@ func (h *Hub) onHealth(healthy bool) {
 	h.report()
 	if !healthy {
 		h.log.Warn("postgres connection lost; workers told healthy:false")
+		// The reconnect needs descriptors: a limit lowered since the
+		// last status tick is read now, and workers past it are shed
+		// before the first attempt.
+		h.rebudgetFDs()
+		h.shedNewest()
 		for w := range h.workers.all() {
 			h.sendStatus(w)
 		}

@@ -26,6 +26,11 @@ type Stats struct {
 	// accepted and closed at once, past MaxWorkers (or the descriptor
 	// budget) or from a peer whose uid is not allowed.
 	ConnectionsRefused uint64
+	// WorkersShed is listenhub_workers_shed_total: connected workers the
+	// hub closed because RLIMIT_NOFILE was lowered below what they held
+	// (the newest first), so that the Postgres connection and the
+	// metrics server have descriptors.
+	WorkersShed uint64
 
 	// OutboundBytes is listenhub_outbound_bytes: the bytes queued for all
 	// workers and not yet written, which MaxOutboundBytes bounds.
@@ -53,6 +58,7 @@ type counters struct {
 	upgrades           atomic.Uint64
 	nacks              atomic.Uint64
 	refused            atomic.Uint64
+	shed               atomic.Uint64
 	outBytes, paused   atomic.Int64
 	readPauses         atomic.Uint64
 }
@@ -73,6 +79,7 @@ func (c *counters) snapshot() Stats {
 		Upgrades:           c.upgrades.Load(),
 		Nacks:              c.nacks.Load(),
 		ConnectionsRefused: c.refused.Load(),
+		WorkersShed:        c.shed.Load(),
 		OutboundBytes:      c.outBytes.Load(),
 		ReadsPaused:        c.paused.Load(),
 		ReadPauses:         c.readPauses.Load(),
@@ -96,5 +103,6 @@ func (c *counters) load(s Stats) {
 	c.upgrades.Store(s.Upgrades)
 	c.nacks.Store(s.Nacks)
 	c.refused.Store(s.ConnectionsRefused)
+	c.shed.Store(s.WorkersShed)
 	c.readPauses.Store(s.ReadPauses)
 }

@@ -26,6 +26,7 @@ const (
 	reasonRegister                             // the loop refused the fd
 	reasonFrameTimeout                         // a frame incomplete for FrameTimeout
 	reasonInboundBudget                        // a large partial frame past MaxPartialBytes
+	reasonShed                                 // shed: RLIMIT_NOFILE lowered below what workers hold
 )
 
 func (r closeReason) String() string {
@@ -50,6 +51,8 @@ func (r closeReason) String() string {
 		return "frame timeout"
 	case reasonInboundBudget:
 		return "inbound budget"
+	case reasonShed:
+		return "shed: out of file descriptors"
 	}
 	return fmt.Sprintf("closeReason(%d)", uint8(r))
 }

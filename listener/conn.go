@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/listenhub/listenhub/internal/fdreserve"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -784,12 +785,18 @@ func (c *Conn) redial() {
 	dialer := c.dialer
 	go func() {
 		var tr transport
-		var err error
-		if dialer != nil {
-			tr, err = dialer(ctx)
-		} else {
-			tr, err = dial(ctx, cfg)
-		}
+		// Out of descriptors (a limit lowered under the process, workers
+		// holding the rest), the attempt runs again on the reserve kept
+		// for it (package fdreserve), rather than fail for as long as
+		// the shortage lasts.
+		err := fdreserve.Retry(func() (err error) {
+			if dialer != nil {
+				tr, err = dialer(ctx)
+			} else {
+				tr, err = dial(ctx, cfg)
+			}
+			return err
+		})
 		cancel()
 		if perr := c.l.Post(func() { c.dialed(gen, tr, err) }); perr != nil && tr != nil {
 			tr.discard()

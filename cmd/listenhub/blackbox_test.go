@@ -52,6 +52,7 @@ var designMetrics = []string{
 	"listenhub_upgrades_total",
 	"listenhub_nacks_total",
 	"listenhub_connections_refused_total",
+	"listenhub_workers_shed_total",
 	"listenhub_outbound_bytes",
 	"listenhub_workers_paused",
 	"listenhub_read_pauses_total",

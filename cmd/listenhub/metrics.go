@@ -46,6 +46,8 @@ var metrics = []metric{
 		func(s *hub.Stats) float64 { return float64(s.Nacks) }},
 	{"listenhub_connections_refused_total", "counter", "Worker connections closed at accept: past --max-workers, out of descriptors, or uid not allowed.",
 		func(s *hub.Stats) float64 { return float64(s.ConnectionsRefused) }},
+	{"listenhub_workers_shed_total", "counter", "Connected workers closed, the newest first, because RLIMIT_NOFILE was lowered below what they held.",
+		func(s *hub.Stats) float64 { return float64(s.WorkersShed) }},
 	{"listenhub_outbound_bytes", "gauge", "Bytes queued for all workers and not yet written (bounded by --max-outbound-bytes).",
 		func(s *hub.Stats) float64 { return float64(s.OutboundBytes) }},
 	{"listenhub_workers_paused", "gauge", "Workers not read now because they left too many answers unread.",

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// Descriptor pressure: RLIMIT_NOFILE lowered under a running hub to what
+// a little below what it holds (every descriptor taken by workers
+// admitted under the old limit), then its Postgres backend terminated. The Postgres
+// connection and /healthz get descriptors first: the newest workers are
+// shed down to the new budget (they see EOF and fall back; counted and
+// logged), the reconnect succeeds, /healthz answers 200, the oldest worker
+// (the sibling) stays and gets a NOTIFY sent after the reconnect, and the
+// metrics server does not spin on EMFILE meanwhile.
+func TestAttackLoweredFDLimitSheds(t *testing.T) {
+	const n = 110 // the black-box check's 114 workers under a limit of 128, give or take the hub's own
+	h := startAttackHub(t, nil)
+	sib := dialWorker(t, h.socket)
+	sib.sub("fdshed.sib")
+	ws := connectWorkers(t, h.socket, "fdshed.w", n)
+	h.waitMetric("listenhub_workers", n+1, timeout)
+
+	var old unix.Rlimit
+	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, nil, &old); err != nil {
+		t.Skipf("prlimit: %v", err)
+	}
+	open := h.fds()
+	// Below what it holds: not one descriptor left, even if a few close
+	// meanwhile (a keep-alive connection of a scrape, say).
+	lim := unix.Rlimit{Cur: uint64(open - 8), Max: old.Max}
+	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+		t.Skipf("prlimit: %v", err)
+	}
+	t.Cleanup(func() { unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &old, nil) })
+	mark := h.log.mark()
+
+	// At once, before any status tick re-read the limit.
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if k, err := needDB(t).Terminate(ctx, h.app); err != nil || k != 1 {
+		t.Fatalf("terminate: %d, %v", k, err)
+	}
+	start := time.Now()
+	sib.status(false)
+	sib.status(true)
+	reconnect := time.Since(start)
+	if m := sib.expect("wake"); m.Q != "fdshed.sib" || m.HasP {
+		t.Fatalf("resync wake %+v", m)
+	}
+	codes := map[int]int{}
+	for range 10 {
+		code, _, err := healthz(h.addr)
+		if err != nil {
+			code = 0
+		}
+		codes[code]++
+	}
+	if codes[200] != 10 {
+		t.Fatalf("/healthz after the reconnect: %v\n%s", codes, tail(h.log.since(t, mark), 3000))
+	}
+	notify(t, "NOTIFY \"fdshed.sib\", 'after'")
+	if m := sib.expect("wake"); m.Q != "fdshed.sib" || m.P != "after" {
+		t.Fatalf("the sibling after the reconnect: %+v", m)
+	}
+
+	// Which workers were shed: those that see EOF. They must be the
+	// newest, as many as the metrics say.
+	m := h.metrics()
+	kept := int(m["listenhub_workers"]) - 1 // the sibling
+	shedCount := n - kept
+	eof := make([]bool, n)
+	var wg sync.WaitGroup
+	for i, c := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			deadline := time.Now().Add(2 * time.Second)
+			for {
+				c.SetReadDeadline(deadline)
+				_, err := c.Read(buf)
+				if err == nil {
+					continue
+				}
+				eof[i] = !errors.Is(err, os.ErrDeadlineExceeded)
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	var firstShed = -1
+	got := 0
+	for i, e := range eof {
+		if e {
+			got++
+			if firstShed < 0 {
+				firstShed = i
+			}
+		}
+	}
+	log := h.log.since(t, mark)
+	accepts := strings.Count(log, "Accept error") + strings.Count(log, "accept paused")
+	t.Logf("%d workers + a sibling, RLIMIT_NOFILE lowered to %d (the hub held %d), backend terminated: healthy again after %v; %d workers shed (metric %v), %d kept; 10 /healthz: %v; %d log lines since, %d about accepting",
+		n, lim.Cur, open, reconnect.Round(time.Millisecond), got, m["listenhub_workers_shed_total"], kept, codes,
+		strings.Count(log, "\n"), accepts)
+	if reconnect > 10*time.Second {
+		t.Fatalf("healthy again only after %v: the reconnect starved", reconnect)
+	}
+	if shedCount <= 0 || got != shedCount {
+		t.Fatalf("%d workers saw EOF, %d left the hub (workers metric %v)", got, shedCount, m["listenhub_workers"])
+	}
+	if firstShed != n-shedCount {
+		t.Fatalf("shed workers from index %d on, want the newest %d (from %d): %v", firstShed, shedCount, n-shedCount, eof)
+	}
+	if m["listenhub_workers_shed_total"] != float64(shedCount) {
+		t.Fatalf("listenhub_workers_shed_total %v, %d shed", m["listenhub_workers_shed_total"], shedCount)
+	}
+	if !strings.Contains(log, "workers shed") {
+		t.Fatalf("no line about the shed workers in the log:\n%s", tail(log, 3000))
+	}
+	if strings.Count(log, "too many open files") > 20 || accepts > 20 {
+		t.Fatalf("the log repeats EMFILE (%d accept lines):\n%s", accepts, tail(log, 3000))
+	}
+
+	// The limit back up: workers are admitted again.
+	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &old, nil); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "a worker admitted again", func() bool {
+		_, ok, _ := dialRaw(t, h.socket, 0)
+		return ok
+	})
+}

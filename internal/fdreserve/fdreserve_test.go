@@ -1,0 +1,69 @@
+//go:build unix
+
+package fdreserve
+
+import (
+	"net"
+	"syscall"
+	"testing"
+)
+
+// With every descriptor below RLIMIT_NOFILE taken, a dial fails with
+// EMFILE; through Retry it succeeds on the reserve, and the reserve is
+// taken again once the dialled connection is closed.
+func TestRetryOnTheReserve(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	Keep()
+	if Held() != Size {
+		t.Fatalf("reserve holds %d, want %d", Held(), Size)
+	}
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	// Take every descriptor left under a limit lowered to 256.
+	low := old
+	low.Cur = 256
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("setrlimit: %v", err)
+	}
+	defer syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
+	var filler []int
+	defer func() {
+		for _, fd := range filler {
+			syscall.Close(fd)
+		}
+	}()
+	for {
+		fd, err := syscall.Open("/dev/null", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			if !Exhausted(err) {
+				t.Fatal(err)
+			}
+			break
+		}
+		filler = append(filler, fd)
+	}
+	if _, err := net.Dial("tcp", ln.Addr().String()); !Exhausted(err) {
+		t.Fatalf("dial with no descriptor left: %v, want EMFILE", err)
+	}
+	var c net.Conn
+	if err := Retry(func() (err error) {
+		c, err = net.Dial("tcp", ln.Addr().String())
+		return err
+	}); err != nil {
+		t.Fatalf("dial through the reserve: %v", err)
+	}
+	if Held() >= Size {
+		t.Fatalf("reserve holds %d while the connection it made room for is open", Held())
+	}
+	c.Close()
+	Refill()
+	if Held() != Size {
+		t.Fatalf("reserve holds %d after the connection closed, want %d", Held(), Size)
+	}
+}

@@ -31,6 +31,9 @@ type fdBudget struct {
 	// connections, so that they are refused at once instead of hanging
 	// in the backlog; then it is taken again. -1 when not held.
 	spareFD int
+	// reserved: this hub keeps the process's descriptor reserve (package
+	// fdreserve) and drops it when its loop closes.
+	reserved bool
 }
 
 // budgetFDs sets the worker cap in force and takes the spare descriptor.
@@ -44,8 +47,12 @@ type fdBudget struct {
 func (h *Hub) budgetFDs() {
 	// The reserve the Postgres reconnect and the metrics server fall
 	// back on when descriptors run out (package fdreserve): open before
-	// the count, so that it is part of the hub's own.
-	fdreserve.Keep()
+	// the count, so that it is part of the hub's own. Dropped when the
+	// loop closes.
+	if !h.fds.reserved {
+		fdreserve.Keep()
+		h.fds.reserved = true
+	}
 	// Workers handed over by an upgrade are open already, and are what
 	// the budget is for.
 	h.fds.fdBase = openFDs() - h.workers.len()
@@ -132,6 +139,12 @@ func (h *Hub) shedNewest() {
 	slices.SortFunc(newest, func(a, b *worker) int { return cmp.Compare(b.id, a.id) })
 	for _, w := range newest[:n] {
 		h.stats.shed.Add(1)
+		if w.framesSent == 0 {
+			// Admitted in this iteration, before the limit was read:
+			// nothing reached it yet, so it is refused as a connection
+			// past the descriptors is (docs/protocol.md), told why.
+			_, _ = unix.Write(int(w.fd), nackNoFDs)
+		}
 		h.closeWorker(w, reasonShed, nil)
 	}
 	h.log.Warn("workers shed: RLIMIT_NOFILE leaves fewer descriptors than they hold; the newest fall back to their own LISTEN",

@@ -48,6 +48,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/fdreserve"
 	"github.com/listenhub/listenhub/listener"
 	"github.com/listenhub/listenhub/loop"
 )
@@ -492,6 +493,10 @@ func (h *Hub) onLoopClose() {
 	if h.fds.spareFD >= 0 {
 		unix.Close(h.fds.spareFD)
 		h.fds.spareFD = -1
+	}
+	if h.fds.reserved {
+		fdreserve.Drop()
+		h.fds.reserved = false
 	}
 	for w := range h.workers.all() {
 		if !w.closed {

@@ -17,18 +17,32 @@ import (
 const Size = 3
 
 var (
-	mu   sync.Mutex
-	held []int
-	want int
+	mu    sync.Mutex
+	held  []int
+	users int // Keep calls not matched by a Drop
 )
 
-// Keep makes the reserve hold Size descriptors from now on, taking what it
-// can now (the rest at the next Refill).
+// Keep makes the reserve hold Size descriptors until the matching Drop,
+// taking what it can now (the rest at the next Refill). Each hub of the
+// process keeps it while it runs.
 func Keep() {
 	mu.Lock()
 	defer mu.Unlock()
-	want = Size
+	users++
 	refillLocked()
+}
+
+// Drop ends a Keep; the last one closes the reserve, so that a process
+// whose hubs have stopped holds none of its descriptors.
+func Drop() {
+	mu.Lock()
+	defer mu.Unlock()
+	if users > 0 {
+		users--
+	}
+	if users == 0 {
+		releaseLocked()
+	}
 }
 
 // Refill takes again, as far as descriptors allow, what the reserve gave
@@ -82,7 +96,7 @@ func releaseLocked() {
 }
 
 func refillLocked() {
-	for len(held) < want {
+	for users > 0 && len(held) < Size {
 		fd, err := openNull()
 		if err != nil {
 			return

@@ -18,6 +18,12 @@ func TestRetryOnTheReserve(t *testing.T) {
 	}
 	defer ln.Close()
 	Keep()
+	defer func() {
+		Drop()
+		if Held() != 0 {
+			t.Errorf("reserve holds %d after the last Drop", Held())
+		}
+	}()
 	if Held() != Size {
 		t.Fatalf("reserve holds %d, want %d", Held(), Size)
 	}

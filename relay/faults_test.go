@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -428,5 +429,29 @@ func TestRelayDemotedClearsLag(t *testing.T) {
 	})
 	if lag := a.r.Stats().LagSeconds; lag != 0 {
 		t.Errorf("the demoted relay reports a lag of %.2fs, want 0", lag)
+	}
+}
+
+// TestRelayUnitNoStartLimit: the shipped relay unit restarts a relay that
+// exited on a misconfiguration for as long as it takes, at a pace that is
+// no crash loop, and never stops at systemd's start limit (5 starts in
+// 10 s by default), which would leave it down after the fix.
+func TestRelayUnitNoStartLimit(t *testing.T) {
+	b, err := os.ReadFile("../deploy/systemd/listenhub-relay.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := string(b)
+	for _, want := range []string{"\nStartLimitIntervalSec=0\n", "\nRestart=always\n"} {
+		if !strings.Contains(unit, want) {
+			t.Errorf("listenhub-relay.service lacks %q", strings.TrimSpace(want))
+		}
+	}
+	for _, line := range strings.Split(unit, "\n") {
+		if v, ok := strings.CutPrefix(line, "RestartSec="); ok {
+			if d, err := time.ParseDuration(v + "s"); err != nil || d < 5*time.Second {
+				t.Errorf("RestartSec=%s: a misconfigured relay restarts more than every 5 s", v)
+			}
+		}
 	}
 }

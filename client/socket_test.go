@@ -377,7 +377,12 @@ func attack(t *testing.T, mode string) (ok, refused int) {
 	a := startAttacker(t, mode, shared, target, legit)
 	n := attackConnects()
 	start := time.Now()
-	for range n {
+	// In "dir" mode the flipper, not the connects, decides which directory
+	// a connect meets; on a loaded machine a run of n can meet only one.
+	// Go on past n (up to a deadline) until both outcomes were seen, so
+	// that the test tests what it says.
+	const extra = 15 * time.Second
+	for i := 0; i < n || (mode == "dir" && (ok == 0 || refused == 0) && time.Since(start) < extra); i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		c, err := Dial(ctx, target, Options{AckTimeout: 2 * time.Second})
 		cancel()
@@ -394,9 +399,9 @@ func attack(t *testing.T, mode string) (ok, refused int) {
 	}
 	captures := a.captures(t)
 	t.Logf("attack %s: %d connects in %v, %d captures, %d reached the real hub, %d refused",
-		mode, n, time.Since(start).Round(time.Millisecond), captures, ok, refused)
+		mode, ok+refused, time.Since(start).Round(time.Millisecond), captures, ok, refused)
 	if captures != 0 {
-		t.Fatalf("the attacker captured %d of %d connects", captures, n)
+		t.Fatalf("the attacker captured %d of %d connects", captures, ok+refused)
 	}
 	return ok, refused
 }

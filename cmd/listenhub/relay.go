@@ -25,7 +25,7 @@ import (
 // has `serve`, which runs a relay in the hub's process with --relay.
 type relayFlags struct {
 	publication, createPublication, slot string
-	temporarySlot                        bool
+	temporarySlot, recreateInvalidSlot   bool
 	channelTemplate, ops                 string
 	window, standbyRetry, maxLag         *time.Duration
 	maxLagBytes                          int64
@@ -36,6 +36,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.createPublication, "create-publication", "", "create a missing publication FOR this, e.g. 'TABLES IN SCHEMA pgmq'; without it a missing publication is an error that names the SQL")
 	fs.StringVar(&f.slot, "slot", relay.DefaultSlot, "the logical replication slot, created when missing; two relays on one slot are active and standby")
 	fs.BoolVar(&f.temporarySlot, "temporary-slot", false, "a slot that lives as long as the relay's connection: no WAL held while it is down, and every channel of the publication NOTIFYed once at start instead")
+	fs.BoolVar(&f.recreateInvalidSlot, "recreate-invalid-slot", false, "drop and create again a slot that can no longer decode (invalidated past max_slot_wal_keep_size, or older than its publication), NOTIFYing every channel once; without it the relay names the fix and stops")
 	fs.StringVar(&f.channelTemplate, "channel-template", relay.DefaultChannelTemplate, "the channel of a change: {schema}, {table}, {op} (INSERT, UPDATE, DELETE, TRUNCATE); the default is pgmq's")
 	fs.StringVar(&f.ops, "ops", relay.DefaultOps.String(), "the changes NOTIFYed: insert, update, delete, truncate, comma-separated, or all")
 	f.window = durationFlag(fs, "window", relay.DefaultWindow, "transactions decoded within this are NOTIFYed in one transaction, each channel once; a batch goes out at once when nothing more is waiting; 0 means one per transaction")
@@ -68,17 +69,18 @@ func (f *relayFlags) options(cc *pgconn.Config) (relay.Options, error) {
 		return relay.Options{}, fmt.Errorf("--channel-template: %w", err)
 	}
 	return relay.Options{
-		ConnConfig:        cc,
-		Publication:       f.publication,
-		CreatePublication: f.createPublication,
-		Slot:              f.slot,
-		TemporarySlot:     f.temporarySlot,
-		ChannelTemplate:   f.channelTemplate,
-		Ops:               ops,
-		Window:            *f.window,
-		StandbyRetry:      *f.standbyRetry,
-		MaxLag:            *f.maxLag,
-		MaxLagBytes:       f.maxLagBytes,
+		ConnConfig:          cc,
+		Publication:         f.publication,
+		CreatePublication:   f.createPublication,
+		Slot:                f.slot,
+		TemporarySlot:       f.temporarySlot,
+		RecreateInvalidSlot: f.recreateInvalidSlot,
+		ChannelTemplate:     f.channelTemplate,
+		Ops:                 ops,
+		Window:              *f.window,
+		StandbyRetry:        *f.standbyRetry,
+		MaxLag:              *f.maxLag,
+		MaxLagBytes:         f.maxLagBytes,
 	}, nil
 }
 

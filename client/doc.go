@@ -60,6 +60,15 @@
 // listener fails too; ErrClosed after Close. An empty socket path is an
 // error at Dial and NewFailover.
 //
+// # Platforms
+//
+// Linux, macOS and FreeBSD: everything above. The hub's identity is checked
+// with the peer's credentials (SO_PEERCRED on Linux, LOCAL_PEERCRED
+// elsewhere). On Windows the hub, a Unix-socket service, does not exist:
+// Dial fails at once with a *ConnError saying so, and a Failover listens
+// locally from the start and never tries the hub (no fail-back), so the
+// same code builds and runs on a developer's Windows machine.
+//
 // # Processes
 //
 // A Client, Local or Failover belongs to the process that made it. Go

@@ -257,7 +257,11 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		f.log.Warn("listenhub: hub unreachable, listening locally", "socket", opts.SocketPath, "reason", err)
+		if hubSupported {
+			f.log.Warn("listenhub: hub unreachable, listening locally", "socket", opts.SocketPath, "reason", err)
+		} else {
+			f.log.Info("listenhub: no hub on this platform, listening locally", "reason", err)
+		}
 		lctx, cancel := context.WithTimeout(ctx, opts.LocalTimeout)
 		local, lerr := f.opts.newLocal(lctx, f.localCfg)
 		cancel()
@@ -581,7 +585,7 @@ func (f *Failover) endSwapLocked() {
 // startLocal watches local, now current, and starts trying the hub again.
 func (f *Failover) startLocal(local Listener) {
 	go f.watchLocal(local)
-	if !f.opts.OneWay {
+	if !f.opts.OneWay && hubSupported {
 		go f.failbackLoop(local)
 	}
 }

@@ -1,16 +1,12 @@
+//go:build unix
+
 package listener
 
 import (
-	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"math/rand/v2"
-	"os"
 	"strconv"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/loop"
 )
@@ -42,19 +38,6 @@ import (
 // instead of the empty query: an empty query answered proves the server
 // is there, not that notifications still arrive. Each such NOTIFY is a tiny
 // transaction (one transaction id, one commit record).
-
-// checkEvery is how many health-check intervals without any notification
-// pass before the health check sends the end-to-end NOTIFY instead of the
-// empty query (1 s at the default interval).
-const checkEvery = 4
-
-// ErrNotDelivered wraps every reason the delivery check failed: the
-// connection answers but notifications do not (provably) arrive on it.
-var ErrNotDelivered = errors.New("listener: notifications do not arrive on this connection")
-
-// poolerAdvice is the most likely reason a check from a second
-// session failed: the one-line advice the hub logs.
-const poolerAdvice = "a transaction-pooling PgBouncer? use a direct URL"
 
 // checkState is a Conn's delivery check. The channel is the Conn's for its
 // whole life; the rest describes the current connection and is reset by
@@ -88,12 +71,6 @@ type checkState struct {
 	lastAt  time.Time
 }
 
-// newCheckChannel names a Conn's private channel: unique per process and
-// Conn, so that hubs on one database never see each other's checks.
-func newCheckChannel() string {
-	return fmt.Sprintf("listenhub.check.%d.%08x", os.Getpid(), rand.Uint32())
-}
-
 // CheckChannel is the private channel of the delivery check: LISTENed on
 // every connection, never delivered to OnNotification, refused to Listen.
 func (c *Conn) CheckChannel() string { return c.chk.channel }
@@ -106,14 +83,6 @@ func (c *Conn) BackendPIDs() (keyData, server uint32) { return c.pid, c.chk.serv
 func (c *Conn) nextCheckPayload() string {
 	c.chk.seq++
 	return strconv.FormatUint(c.chk.seq, 10)
-}
-
-// appendNotify appends `NOTIFY "ch", 'payload'` (payload is digits).
-func appendNotify(dst []byte, ch, payload string) []byte {
-	dst = appendQuoted(append(dst, "NOTIFY "...), ch)
-	dst = append(dst, ", '"...)
-	dst = append(dst, payload...)
-	return append(dst, '\'')
 }
 
 // startCheck runs the first check of a freshly installed connection: LISTEN
@@ -235,32 +204,6 @@ func (c *Conn) startPeerCheck() {
 		err := notifyFrom(cfg, ch, payload)
 		_ = l.Post(func() { c.peerSent(gen, err) })
 	}()
-}
-
-// notifyFrom sends NOTIFY ch, payload from a connection of its own, made
-// with cfg (application_name suffixed "-check", so that a census of the
-// hub's backends does not count it), and closes it.
-func notifyFrom(cfg *pgconn.Config, ch, payload string) error {
-	cc := cfg.Copy()
-	// Through a transaction pooler this session may get the very server
-	// that LISTENs, and hear the NOTIFY itself: that must not count.
-	cc.OnNotification, cc.OnNotice = nil, nil
-	if app := cc.RuntimeParams["application_name"]; app != "" {
-		cc.RuntimeParams["application_name"] = app + "-check"
-	}
-	timeout := cc.ConnectTimeout
-	if timeout <= 0 {
-		timeout = defaultConnectTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	pc, err := pgconn.ConnectConfig(ctx, cc)
-	if err != nil {
-		return err
-	}
-	defer pc.Close(ctx)
-	_, err = pc.Exec(ctx, string(appendNotify(nil, ch, payload))).ReadAll()
-	return err
 }
 
 // peerSent: the second session's NOTIFY committed (or failed); from now

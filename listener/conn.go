@@ -1,3 +1,5 @@
+//go:build unix
+
 package listener
 
 import (
@@ -465,11 +467,6 @@ func (c *Conn) compactPending() {
 
 // waitingCount is how many commands wait in pending.
 func (c *Conn) waitingCount() int { return len(c.pending) - c.expired }
-
-// maxBatchBytes bounds one batch query. The server accepts up to 1 GB, but a
-// bounded batch keeps the write and the server's parse small; more commands
-// simply go in the next batch.
-const maxBatchBytes = 256 << 10
 
 // Batch size. A LISTEN costs the server time proportional to the channels
 // its session already listens to (PostgreSQL up to at least 17 keeps them in

@@ -1,9 +1,10 @@
+//go:build unix
+
 package listener
 
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -73,32 +74,6 @@ func dial(ctx context.Context, cfg *pgconn.Config) (transport, error) {
 	// it like TLS, through the bridge.
 	return newBridge(conn, conn, hc.PID, false), nil
 }
-
-// connectErr says why a connection attempt failed, the server's own words
-// first. pgconn's ConnectError (which names host, user and database, never
-// the password) lists every attempt in order, so with the default
-// sslmode=prefer a server without TLS made an authentication failure read
-// "tls error: server refused TLS connection" before the real cause. When
-// the server refused us (a PgError: bad password, no such role or
-// database), that is the message; the whole error stays in the chain.
-func connectErr(err error) error {
-	var pe *pgconn.PgError
-	var ce *pgconn.ConnectError
-	if errors.As(err, &pe) && errors.As(err, &ce) && ce.Config != nil {
-		return &causeFirst{msg: fmt.Sprintf("listener: connect to `user=%s database=%s`: %s", ce.Config.User, ce.Config.Database, pe.Error()), err: err}
-	}
-	return fmt.Errorf("listener: connect: %w", err)
-}
-
-// causeFirst is an error whose message is chosen (connectErr) while errors.Is
-// and errors.As still see the one it stands for.
-type causeFirst struct {
-	msg string
-	err error
-}
-
-func (e *causeFirst) Error() string { return e.msg }
-func (e *causeFirst) Unwrap() error { return e.err }
 
 // dupFD duplicates the descriptor of a net.Conn (close-on-exec) and makes
 // sure it is non-blocking. O_NONBLOCK lives on the open file description,

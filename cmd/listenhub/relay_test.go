@@ -51,6 +51,8 @@ func TestRelayBadFlags(t *testing.T) {
 		{[]string{"--channel-template", "{schema}.{tabel}"}, "unknown placeholder"},
 		{[]string{"--channel-template", "{schema}.wakes"}, "has no {table}"},
 		{[]string{"--max-lag-bytes", "0"}, "--max-lag-bytes must be at least 1"},
+		{[]string{"--slot", "My-Slot"}, "only lower-case letters, digits and underscores (e.g. --slot my_slot)"},
+		{[]string{"--channel-template", "{schema}.{table}\xff"}, "not UTF-8"},
 	} {
 		t.Run(c.want, func(t *testing.T) {
 			start := time.Now()

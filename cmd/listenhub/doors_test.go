@@ -30,6 +30,7 @@ import (
 	"github.com/listenhub/listenhub/client"
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/testutil"
+	"github.com/listenhub/listenhub/monitor"
 )
 
 // doorWorkers is how many workers the introspection attack connects:
@@ -493,11 +494,11 @@ func TestAttackMetricsConnections(t *testing.T) {
 	// Without the flood the budget is 256 - open at start - reserve; the
 	// flood must not take it (the sibling and the hub's own are counted
 	// in fds0).
-	if admitted < fdLimit-fds0-64-metricsMaxConns-8 {
+	if admitted < fdLimit-fds0-64-monitor.MaxConns-8 {
 		t.Fatalf("%d workers admitted with %d descriptors: the metrics flood took the workers' budget", admitted, fdLimit)
 	}
-	if fdsFlood-fds0 > metricsMaxConns+2 {
-		t.Fatalf("the metrics flood holds %d descriptors, cap %d", fdsFlood-fds0, metricsMaxConns)
+	if fdsFlood-fds0 > monitor.MaxConns+2 {
+		t.Fatalf("the metrics flood holds %d descriptors, cap %d", fdsFlood-fds0, monitor.MaxConns)
 	}
 	first.status(true) // told of the reconnect
 	t.Logf("sibling before the terminate: %v", r)
@@ -520,7 +521,7 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 	}
 	open := h.fds()
 	// Room for the workers already there, the reserve and 20 more.
-	lim := unix.Rlimit{Cur: uint64(open + 64 + metricsMaxConns + 1 + 20), Max: old.Max}
+	lim := unix.Rlimit{Cur: uint64(open + 64 + monitor.MaxConns + 1 + 20), Max: old.Max}
 	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &lim, nil); err != nil {
 		t.Skipf("prlimit: %v", err)
 	}

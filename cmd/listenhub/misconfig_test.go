@@ -21,6 +21,8 @@ import (
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
+
+	"github.com/listenhub/listenhub/monitor"
 )
 
 // TestJSONLogDurations: a duration in a JSON log line is a string such as
@@ -52,7 +54,7 @@ func TestStatusRevisionLikeVersion(t *testing.T) {
 			json.NewEncoder(w).Encode(v)
 		})
 	}
-	reply("/status", statusJSON{Healthy: true, Version: "v1.0.0", Revision: rev + "+dirty", GoVersion: "go1.26"})
+	reply("/status", monitor.Status{Healthy: true, Version: "v1.0.0", Revision: rev + "+dirty", GoVersion: "go1.26"})
 	reply("/workers", hub.WorkerList{})
 	reply("/channels", hub.ChannelList{})
 	srv := httptest.NewServer(mux)

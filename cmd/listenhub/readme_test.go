@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/monitor"
 )
 
 const readmePath = "../../README.md"
@@ -228,10 +230,14 @@ func TestREADMEMetrics(t *testing.T) {
 	for _, r := range rows {
 		doc = append(doc, firstCode(r[0])+" "+r[1])
 	}
-	var buf bytes.Buffer
-	writeMetrics(&buf, hub.Stats{})
-	writeMoreMetrics(&buf, hub.Histogram{Bounds: hub.FanoutLatencyBounds()}, hub.Histogram{Bounds: hub.AckLatencyBounds()})
-	for _, line := range strings.Split(buf.String(), "\n") {
+	// A hub never started: its /metrics has every family, at zero.
+	h, err := hub.New(hub.Config{SocketPath: filepath.Join(t.TempDir(), "hub.sock"), DatabaseURL: "postgres://u@127.0.0.1:1/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	monitor.Handler(h, monitor.Options{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
 		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
 			code = append(code, f[2]+" "+f[3])
 		}

@@ -8,16 +8,18 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/fdpass"
 	"github.com/listenhub/listenhub/internal/systemd"
 	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/monitor"
 	"github.com/listenhub/listenhub/relay"
 )
 
@@ -30,54 +32,13 @@ const connectTimeout = 15 * time.Second
 // anyway.
 const stopTimeout = 10 * time.Second
 
+// runServe is `listenhub serve`: parse the flags (and --config), configure
+// the hub (and the relay of --relay), then run it until a signal stops it,
+// an upgrade replaces it or a misconfiguration ends it.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("serve")
-	var (
-		databaseURL   = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct (or session-pooled) connection (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-		socket        = fs.String("socket", "", "Unix socket the workers connect to; created with --socket-mode and --socket-group, or the one systemd passes (LISTEN_FDS), whose path this must then be (required unless socket-activated)")
-		prefix        = fs.String("channel-prefix", "", "Postgres channel = prefix + Q + suffix (pgbus: pgmq.q_)")
-		suffix        = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
-		appName       = fs.String("application-name", hub.DefaultApplicationName, "application_name of the hub's backend, counted by census")
-		durableLimit  = fs.Int("durable-queue-limit", hub.DefaultDurableQueueLimit, "pending durable wakes per worker before new ones are dropped")
-		hardLimit     = fs.Int("hard-queue-limit", hub.DefaultHardQueueLimit, "pending frames per worker, durable wakes aside, before it is evicted")
-		hardBytes     = fs.Int("hard-queue-bytes", hub.DefaultHardQueueBytes, "pending bytes per worker, durable wakes aside, before it is evicted")
-		maxOutbound   = fs.Int("max-outbound-bytes", 0, "bytes queued for all workers together; past it the worker holding the most is evicted (default: an eighth of the memory, physical or the cgroup's limit, 64 MiB to 4 GiB)")
-		statusIvl     = durationFlag(fs, "status-interval", hub.DefaultStatusInterval, "status is re-sent to every worker every 5 intervals")
-		hcInterval    = durationFlag(fs, "health-check-interval", hub.DefaultHealthCheckInterval, "probe an idle Postgres connection this often")
-		hcTimeout     = durationFlag(fs, "health-check-timeout", hub.DefaultHealthCheckTimeout, "a probe unanswered this long means the connection is dead")
-		maxWorkers    = fs.Int("max-workers", hub.DefaultMaxWorkers, "connected workers; past it a connection is accepted and closed at once (lowered to what RLIMIT_NOFILE leaves)")
-		maxSubs       = fs.Int("max-subscriptions", hub.DefaultMaxSubscriptions, "subscriptions per worker; past it a sub is nacked \"too many subscriptions\"")
-		maxChannels   = fs.Int("max-channels", hub.DefaultMaxChannels, "channels LISTENed by the hub; past it a sub is nacked \"too many channels\"")
-		frameTimeout  = durationFlag(fs, "frame-timeout", hub.DefaultFrameTimeout, "a worker's frame still incomplete this long after its first byte severs the connection")
-		metricsAddr   = fs.String("metrics-addr", "", "serve /metrics, /healthz and the JSON endpoints of listenhub status on this address, e.g. 127.0.0.1:9064 (off when empty)")
-		metricsToken  = fs.String("metrics-token-file", "", "require \"Authorization: Bearer TOKEN\" on the metrics address (all but /healthz), TOKEN read from this file (not readable by other users)")
-		logFormat     = fs.String("log-format", "text", "log format: text or json")
-		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
-		pidFile       = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically, never through a link; in a directory others can write to, only if it is sticky, else exit 1; removed on a normal stop)")
-		upTimeout     = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
-		pgConns       = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
-		writeThreads  = fs.Int("write-threads", 0, "threads writing a large fanout (32 or more workers in one loop iteration) while the loop has been idle more than busy lately; 1 keeps every write on the loop's thread; 0 means min(GOMAXPROCS, 4)")
-		relayOn       = fs.Bool("relay", false, "also run the relay (listenhub relay) in this process, on connections of its own; the relay flags (see relay -h) apply")
-		configPath    = fs.String("config", "", "file of settings, one key = value per line, the keys being these flags' names; flags and LISTENHUB_ variables override it; re-read by the new process of every upgrade (SIGUSR2), and on SIGHUP for the log level and format, the caps, the timeouts, the status interval and --allow-uid")
-		allowUIDs     uidList
-		databaseGiven bool
-		rf            relayFlags
-	)
-	rf.register(fs)
-	socketMode := modeValue(hub.DefaultSocketMode)
-	fs.Var(&socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still decides whom the hub serves)")
-	socketGroup := fs.String("socket-group", "", "group (name or gid) given to the socket file before it accepts (default: the hub's)")
-	fs.Var(&allowUIDs, "allow-uid", "uids allowed to connect (checked with SO_PEERCRED), comma-separated or repeated (default: the hub's uid and root)")
-	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(stdout, fs, "serve", true)
-		}
-		return flagError(stderr, "serve", err)
-	}
-	fromArgs, confEntries, err := loadConfig(fs, *configPath)
-	if err != nil {
-		fmt.Fprintf(stderr, "listenhub serve: %v\n", err)
-		return 2
+	f, code := parseServe(args, stdout, stderr)
+	if f == nil {
+		return code
 	}
 	// SIGHUP is never fatal (Go's default would exit 129 and leave the
 	// socket file): it re-reads --config and applies what can change
@@ -87,133 +48,278 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	databaseGiven = isSet(fs, "database-url")
-	if !databaseGiven && os.Getenv("DATABASE_URL") != "" {
-		*databaseURL = os.Getenv("DATABASE_URL")
+	s := &server{serveFlags: f, stdout: stdout, stderr: stderr, hup: hup}
+	defer s.close()
+	if code, ok := s.configure(); !ok {
+		return code
 	}
-	bad := func(err error) int { return flagError(stderr, "serve", err) }
-	// Socket activation: systemd bound the socket and passes it as fd 3.
-	activated, err := systemd.Listeners()
-	if err != nil {
+	return s.run(ctx)
+}
+
+// serveFlags are serve's flags, as given and as --config completed them.
+type serveFlags struct {
+	fs          *flag.FlagSet
+	args        []string        // as given: an upgrade's new process gets them again
+	fromArgs    map[string]bool // set by flag or environment (the file cannot change them)
+	confEntries []configEntry   // what --config said
+
+	databaseURL, socket, prefix, suffix, appName            *string
+	durableLimit, hardLimit, hardBytes, maxOutbound         *int
+	statusIvl, hcInterval, hcTimeout, frameTimeout          *time.Duration
+	maxWorkers, maxSubs, maxChannels, pgConns, writeThreads *int
+	metricsAddr, metricsToken, logFormat, logLevel, pidFile *string
+	upTimeout                                               *time.Duration
+	relayOn                                                 *bool
+	configPath, socketGroup                                 *string
+	socketMode                                              modeValue
+	allowUIDs                                               uidList
+	rf                                                      relayFlags
+}
+
+// parseServe parses serve's flags and reads --config; nil and the exit
+// status when they are wrong (or -h was asked).
+func parseServe(args []string, stdout, stderr io.Writer) (*serveFlags, int) {
+	f := &serveFlags{fs: newFlagSet("serve"), args: args}
+	f.define()
+	if err := parseFlags(f.fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, f.fs, "serve", true)
+		}
+		return nil, flagError(stderr, "serve", err)
+	}
+	var err error
+	if f.fromArgs, f.confEntries, err = loadConfig(f.fs, *f.configPath); err != nil {
 		fmt.Fprintf(stderr, "listenhub serve: %v\n", err)
-		return 1
+		return nil, 2
 	}
-	if len(activated) > 1 {
-		fmt.Fprintf(stderr, "listenhub serve: systemd passed %d sockets (LISTEN_FDS); the hub takes one ListenStream=\n", len(activated))
-		return 1
+	return f, 0
+}
+
+// define declares serve's flags on f.fs.
+func (f *serveFlags) define() {
+	fs := f.fs
+	f.databaseURL = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct (or session-pooled) connection (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
+	f.socket = fs.String("socket", "", "Unix socket the workers connect to; created with --socket-mode and --socket-group, or the one systemd passes (LISTEN_FDS), whose path this must then be (required unless socket-activated)")
+	f.prefix = fs.String("channel-prefix", "", "Postgres channel = prefix + Q + suffix (pgbus: pgmq.q_)")
+	f.suffix = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
+	f.appName = fs.String("application-name", hub.DefaultApplicationName, "application_name of the hub's backend, counted by census")
+	f.durableLimit = fs.Int("durable-queue-limit", hub.DefaultDurableQueueLimit, "pending durable wakes per worker before new ones are dropped")
+	f.hardLimit = fs.Int("hard-queue-limit", hub.DefaultHardQueueLimit, "pending frames per worker, durable wakes aside, before it is evicted")
+	f.hardBytes = fs.Int("hard-queue-bytes", hub.DefaultHardQueueBytes, "pending bytes per worker, durable wakes aside, before it is evicted")
+	f.maxOutbound = fs.Int("max-outbound-bytes", 0, "bytes queued for all workers together; past it the worker holding the most is evicted (default: an eighth of the memory, physical or the cgroup's limit, 64 MiB to 4 GiB)")
+	f.statusIvl = durationFlag(fs, "status-interval", hub.DefaultStatusInterval, "status is re-sent to every worker every 5 intervals")
+	f.hcInterval = durationFlag(fs, "health-check-interval", hub.DefaultHealthCheckInterval, "probe an idle Postgres connection this often")
+	f.hcTimeout = durationFlag(fs, "health-check-timeout", hub.DefaultHealthCheckTimeout, "a probe unanswered this long means the connection is dead")
+	f.maxWorkers = fs.Int("max-workers", hub.DefaultMaxWorkers, "connected workers; past it a connection is accepted and closed at once (lowered to what RLIMIT_NOFILE leaves)")
+	f.maxSubs = fs.Int("max-subscriptions", hub.DefaultMaxSubscriptions, "subscriptions per worker; past it a sub is nacked \"too many subscriptions\"")
+	f.maxChannels = fs.Int("max-channels", hub.DefaultMaxChannels, "channels LISTENed by the hub; past it a sub is nacked \"too many channels\"")
+	f.frameTimeout = durationFlag(fs, "frame-timeout", hub.DefaultFrameTimeout, "a worker's frame still incomplete this long after its first byte severs the connection")
+	f.metricsAddr = fs.String("metrics-addr", "", "serve /metrics, /healthz and the JSON endpoints of listenhub status on this address, e.g. 127.0.0.1:9064 (off when empty)")
+	f.metricsToken = fs.String("metrics-token-file", "", "require \"Authorization: Bearer TOKEN\" on the metrics address (all but /healthz), TOKEN read from this file (not readable by other users)")
+	f.logFormat = fs.String("log-format", "text", "log format: text or json")
+	f.logLevel = fs.String("log-level", "info", "log level: debug, info, warn or error")
+	f.pidFile = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically, never through a link; in a directory others can write to, only if it is sticky, else exit 1; removed on a normal stop)")
+	f.upTimeout = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
+	f.pgConns = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
+	f.writeThreads = fs.Int("write-threads", 0, "threads writing a large fanout (32 or more workers in one loop iteration) while the loop has been idle more than busy lately; 1 keeps every write on the loop's thread; 0 means min(GOMAXPROCS, 4)")
+	f.relayOn = fs.Bool("relay", false, "also run the relay (listenhub relay) in this process, on connections of its own; the relay flags (see relay -h) apply")
+	f.configPath = fs.String("config", "", "file of settings, one key = value per line, the keys being these flags' names; flags and LISTENHUB_ variables override it; re-read by the new process of every upgrade (SIGUSR2), and on SIGHUP for the log level and format, the caps, the timeouts, the status interval and --allow-uid")
+	f.rf.register(fs)
+	f.socketMode = modeValue(hub.DefaultSocketMode)
+	fs.Var(&f.socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still decides whom the hub serves)")
+	f.socketGroup = fs.String("socket-group", "", "group (name or gid) given to the socket file before it accepts (default: the hub's)")
+	fs.Var(&f.allowUIDs, "allow-uid", "uids allowed to connect (checked with SO_PEERCRED), comma-separated or repeated (default: the hub's uid and root)")
+}
+
+// server is one run of `listenhub serve`: what configure builds from the
+// flags, and what run starts, watches and stops.
+type server struct {
+	*serveFlags
+	stdout, stderr io.Writer
+	hup            chan os.Signal // SIGHUP, caught from the start
+
+	listenFile *os.File // the socket systemd passed, or nil
+	logs       *logSwitch
+	log        *slog.Logger
+	token      string // of --metrics-token-file
+	cc         *pgconn.Config
+	app        string // the hub's application_name
+	rl         *relay.Relay
+	sd         *sdReporter
+	h          *hub.Hub
+
+	metrics   *monitor.Server
+	metricsLn net.Listener // handed over by an upgrade, when set
+	relayDone chan error   // the relay's Run returned
+	stopRelay context.CancelFunc
+	inherited *fdpass.Conn // the old process, when this one takes over
+	// predecessor is the old process's pid, read before the take-over
+	// (after it, the old process may be gone and the parent another).
+	predecessor int
+	upgradeExe  string // the path an upgrade starts (upgradePath)
+}
+
+// close releases what configure and run took, whatever stopped them.
+func (s *server) close() {
+	if s.stopRelay != nil {
+		s.stopRelay()
 	}
-	var listenFile *os.File
-	if len(activated) == 1 {
-		listenFile = activated[0].File
-		defer listenFile.Close()
+	if s.metrics != nil {
+		s.metrics.Close()
 	}
-	if *socket == "" && listenFile == nil {
-		return bad(errors.New("--socket is required"))
+	if s.sd != nil {
+		s.sd.close()
 	}
-	for _, err := range []error{
-		checkLiveFlags(fs),
-		positiveInt("postgres-connections", *pgConns),
-		nonNegativeInt("write-threads", *writeThreads),
-		positiveDuration("health-check-interval", *hcInterval),
-		positiveDuration("health-check-timeout", *hcTimeout),
-		positiveDuration("upgrade-timeout", *upTimeout),
-	} {
-		if err != nil {
-			return bad(err)
-		}
+	if s.listenFile != nil {
+		s.listenFile.Close()
 	}
-	logs, err := newLogSwitch(stderr, *logFormat, *logLevel) // SIGHUP may switch them
-	if err != nil {
-		return bad(err)
+}
+
+// bad reports a wrong setting: exit status 2, as for a mistyped flag.
+func (s *server) bad(err error) (int, bool) { return flagError(s.stderr, "serve", err), false }
+
+// fail reports what keeps the hub from starting: exit status 1.
+func (s *server) fail(format string, args ...any) (int, bool) {
+	fmt.Fprintf(s.stderr, "listenhub serve: "+format+"\n", args...)
+	return 1, false
+}
+
+// configure checks the flags and builds the hub (and relay) they ask for,
+// without starting anything; ok false with the exit status if they are
+// wrong.
+func (s *server) configure() (code int, ok bool) {
+	if !isSet(s.fs, "database-url") && os.Getenv("DATABASE_URL") != "" {
+		*s.databaseURL = os.Getenv("DATABASE_URL")
 	}
-	log := slog.New(logs)
-	logOverridden(log, *configPath, confEntries, fromArgs, fs, args)
-	if *pidFile != "" {
-		if err := checkPIDFile(*pidFile); err != nil {
-			fmt.Fprintf(stderr, "listenhub serve: --pid-file: %v\n", err)
-			return 1
-		}
+	if code, ok := s.checkFlags(); !ok {
+		return code, false
 	}
-	if *databaseURL == "" && !pgEnvNamesServer() {
+	if *s.databaseURL == "" && !pgEnvNamesServer() {
 		// libpq's defaults alone (the local socket, the OS user's
 		// name) are rarely what a hub is meant for, and retrying a
 		// server nobody named would look like an outage, not a
 		// missing setting.
-		fmt.Fprintf(stderr, "listenhub serve: no database named: give --database-url URL (or set %s, DATABASE_URL, or libpq's PGHOST, PGPORT, PGDATABASE, PGUSER…; PGHOST=/var/run/postgresql is the local server's socket)\n", envName("database-url"))
-		return 1
+		return s.fail("no database named: give --database-url URL (or set %s, DATABASE_URL, or libpq's PGHOST, PGPORT, PGDATABASE, PGUSER…; PGHOST=/var/run/postgresql is the local server's socket)", envName("database-url"))
 	}
-	var token string
-	if *metricsToken != "" {
-		if token, err = readTokenFile(*metricsToken); err != nil {
-			return bad(fmt.Errorf("--metrics-token-file: %w", err))
+	if *s.metricsToken != "" {
+		var err error
+		if s.token, err = monitor.ReadTokenFile(*s.metricsToken); err != nil {
+			return s.bad(fmt.Errorf("--metrics-token-file: %w", err))
 		}
 	}
-	cc, err := listener.ParseConfig(*databaseURL, *appName)
+	cc, err := listener.ParseConfig(*s.databaseURL, *s.appName)
 	if err != nil {
 		// A configuration error like a refused password or an unknown
 		// database (docs/design.md, Lifecycle): exit 1, not the usage
 		// status of a mistyped flag.
-		fmt.Fprintf(stderr, "listenhub serve: --database-url: %s\n", oneLine(err))
-		return 1
+		return s.fail("--database-url: %s", oneLine(err))
 	}
-	if isSet(fs, "application-name") {
-		cc.RuntimeParams["application_name"] = *appName // explicit wins over the URL
+	if isSet(s.fs, "application-name") {
+		cc.RuntimeParams["application_name"] = *s.appName // explicit wins over the URL
 	}
-	app := cc.RuntimeParams["application_name"]
-	var rl *relay.Relay
-	if *relayOn {
-		ropts, err := rf.options(cc)
+	s.cc, s.app = cc, cc.RuntimeParams["application_name"]
+	if *s.relayOn {
+		ropts, err := s.rf.options(cc)
 		if err != nil {
-			return bad(err)
+			return s.bad(err)
 		}
-		ropts.Logger = log.With("component", "relay")
-		if rl, err = relay.New(ropts); err != nil {
-			return bad(err)
+		ropts.Logger = s.log.With("component", "relay")
+		if s.rl, err = relay.New(ropts); err != nil {
+			return s.bad(err)
 		}
 	}
+	s.sd = newSDReporter(s.log)
+	if s.h, err = hub.New(s.hubConfig()); err != nil {
+		return s.bad(err)
+	}
+	return 0, true
+}
 
-	sd := newSDReporter(log)
-	defer sd.close()
+// checkFlags takes the socket systemd passes, if any, checks the flags'
+// values and sets up the log and the pid file's directory check.
+func (s *server) checkFlags() (int, bool) {
+	// Socket activation: systemd bound the socket and passes it as fd 3.
+	activated, err := systemd.Listeners()
+	if err != nil {
+		return s.fail("%v", err)
+	}
+	if len(activated) > 1 {
+		return s.fail("systemd passed %d sockets (LISTEN_FDS); the hub takes one ListenStream=", len(activated))
+	}
+	if len(activated) == 1 {
+		s.listenFile = activated[0].File
+	}
+	if *s.socket == "" && s.listenFile == nil {
+		return s.bad(errors.New("--socket is required"))
+	}
+	for _, err := range []error{
+		checkLiveFlags(s.fs),
+		positiveInt("postgres-connections", *s.pgConns),
+		nonNegativeInt("write-threads", *s.writeThreads),
+		positiveDuration("health-check-interval", *s.hcInterval),
+		positiveDuration("health-check-timeout", *s.hcTimeout),
+		positiveDuration("upgrade-timeout", *s.upTimeout),
+	} {
+		if err != nil {
+			return s.bad(err)
+		}
+	}
+	if s.logs, err = newLogSwitch(s.stderr, *s.logFormat, *s.logLevel); err != nil { // SIGHUP may switch them
+		return s.bad(err)
+	}
+	s.log = slog.New(s.logs)
+	logOverridden(s.log, *s.configPath, s.confEntries, s.fromArgs, s.fs, s.args)
+	if *s.pidFile != "" {
+		if err := checkPIDFile(*s.pidFile); err != nil {
+			return s.fail("--pid-file: %v", err)
+		}
+	}
+	return 0, true
+}
 
+// hubConfig is the hub's configuration from the flags.
+func (s *server) hubConfig() hub.Config {
 	var sockMode os.FileMode // 0: the hub's default, and nothing to refuse with a socket unit
-	if isSet(fs, "socket-mode") {
-		sockMode = os.FileMode(socketMode)
+	if isSet(s.fs, "socket-mode") {
+		sockMode = os.FileMode(s.socketMode)
 	}
-	h, err := hub.New(hub.Config{
-		SocketPath:          *socket,
+	return hub.Config{
+		SocketPath:          *s.socket,
 		SocketMode:          sockMode,
-		SocketGroup:         *socketGroup,
-		ConnConfig:          cc,
-		ChannelPrefix:       *prefix,
-		ChannelSuffix:       *suffix,
-		ApplicationName:     app,
-		DurableQueueLimit:   *durableLimit,
-		HardQueueLimit:      *hardLimit,
-		HardQueueBytes:      *hardBytes,
-		MaxOutboundBytes:    *maxOutbound,
-		StatusInterval:      *statusIvl,
-		HealthCheckInterval: *hcInterval,
-		HealthCheckTimeout:  *hcTimeout,
-		MaxWorkers:          *maxWorkers,
-		MaxSubscriptions:    *maxSubs,
-		MaxChannels:         *maxChannels,
-		FrameTimeout:        *frameTimeout,
+		SocketGroup:         *s.socketGroup,
+		ConnConfig:          s.cc,
+		ChannelPrefix:       *s.prefix,
+		ChannelSuffix:       *s.suffix,
+		ApplicationName:     s.app,
+		DurableQueueLimit:   *s.durableLimit,
+		HardQueueLimit:      *s.hardLimit,
+		HardQueueBytes:      *s.hardBytes,
+		MaxOutboundBytes:    *s.maxOutbound,
+		StatusInterval:      *s.statusIvl,
+		HealthCheckInterval: *s.hcInterval,
+		HealthCheckTimeout:  *s.hcTimeout,
+		MaxWorkers:          *s.maxWorkers,
+		MaxSubscriptions:    *s.maxSubs,
+		MaxChannels:         *s.maxChannels,
+		FrameTimeout:        *s.frameTimeout,
 		ReleaseMemory:       true,
-		AllowUIDs:           allowUIDs,
-		Logger:              log,
-		Listener:            listenFile,
-		Report:              sd.hook(),
-		ReportInterval:      sd.interval,
-		PostgresConnections: *pgConns,
-		WriteThreads:        *writeThreads,
+		AllowUIDs:           s.allowUIDs,
+		Logger:              s.log,
+		Listener:            s.listenFile,
+		Report:              s.sd.hook(),
+		ReportInterval:      s.sd.interval,
+		PostgresConnections: *s.pgConns,
+		WriteThreads:        *s.writeThreads,
 		// The metrics server's descriptors (an upgrade may hand over the
 		// listener even without --metrics-addr).
-		ReservedFDs: metricsFDs,
-	})
-	if err != nil {
-		return bad(err)
+		ReservedFDs: monitor.ReservedFDs,
 	}
+}
 
+// run starts the hub (or takes over from the process it upgrades), serves
+// until a signal, an upgrade or a failure, and stops; it returns the exit
+// status.
+func (s *server) run(ctx context.Context) int {
 	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stopSignals()
 	// SIGUSR2 (hot upgrade) is caught from the start: its default action
@@ -221,112 +327,118 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	usr2 := make(chan os.Signal, 1)
 	signal.Notify(usr2, syscall.SIGUSR2)
 	defer signal.Stop(usr2)
-	exe := upgradePath() // its links are followed at each upgrade
-	inherited, err := inheritedUpgrade()
-	if err != nil {
-		fmt.Fprintf(stderr, "listenhub serve: upgrade: %v\n", err)
+	s.upgradeExe = upgradePath() // its links are followed at each upgrade
+	var err error
+	if s.inherited, err = inheritedUpgrade(); err != nil {
+		fmt.Fprintf(s.stderr, "listenhub serve: upgrade: %v\n", err)
 		return 1
 	}
-	predecessor := 0
-	if inherited != nil {
-		predecessor = os.Getppid() // the old process: it waits for us
+	if s.inherited != nil {
+		s.predecessor = os.Getppid() // the old process: it waits for us
 	}
+	if code, ok := s.start(ctx); !ok {
+		return code
+	}
+	// The relay runs on goroutines of its own, never on the hub's loop.
+	s.relayDone = make(chan error, 1)
+	var rctx context.Context
+	rctx, s.stopRelay = context.WithCancel(context.Background())
+	if s.rl != nil {
+		go func() { s.relayDone <- s.rl.Run(rctx) }()
+	}
+	if code, graceful := s.wait(ctx, usr2); !graceful {
+		return code
+	}
+	return s.stop()
+}
 
+// start binds the metrics address (or takes the one handed over) and
+// starts the hub, or takes over from the old process of an upgrade.
+func (s *server) start(ctx context.Context) (int, bool) {
 	// The metrics address is bound before the hub starts, so that a port
 	// in use is a startup error like the others. (An upgrade hands the
 	// bound listener over.)
-	var srv *http.Server
-	var metricsLn net.Listener
-	serveMetrics := func(ln net.Listener) {
-		metricsLn = ln
-		srv = newMetricsServer(h, rl, token)
-		log.Info("metrics listening", "addr", ln.Addr().String(), "token", token != "")
-		go serveCapped(srv, ln)
-	}
-	defer func() {
-		if srv != nil {
-			srv.Close()
-		}
-	}()
-	if inherited != nil {
-		ln, err := takeover(ctx, h, inherited, *upTimeout, *pidFile, log)
+	if s.inherited != nil {
+		ln, err := takeover(ctx, s.h, s.inherited, *s.upTimeout, *s.pidFile, s.log)
 		if err != nil {
-			fmt.Fprintf(stderr, "listenhub serve: upgrade: %s\n", oneLine(err))
-			return 1
+			return s.fail("upgrade: %s", oneLine(err))
 		}
 		if ln != nil {
-			serveMetrics(ln)
+			s.serveMetrics(ln)
 		}
-	} else if *metricsAddr != "" {
-		ln, err := net.Listen("tcp", *metricsAddr)
+	} else if *s.metricsAddr != "" {
+		ln, err := net.Listen("tcp", *s.metricsAddr)
 		if err != nil {
-			fmt.Fprintf(stderr, "listenhub serve: --metrics-addr: %v\n", err)
-			return 1
+			return s.fail("--metrics-addr: %v", err)
 		}
-		serveMetrics(ln)
+		s.serveMetrics(ln)
 	}
-
 	// Start returns once the socket accepts; Postgres is reached in the
 	// background (retried while unreachable; a refused configuration
-	// stops the hub, below).
-	if inherited != nil {
-		// Started by the take-over above.
-	} else if err := h.Start(ctx); err != nil {
-		if ctx.Err() != nil {
-			log.Info("signal received while starting; stopped")
-			return 0
-		}
-		fmt.Fprintf(stderr, "listenhub serve: %s\n", oneLine(err))
-		return 1
-	}
-	sd.ready()
-	log.Info("listenhub serving", "version", versionString(), "socket", h.Config().SocketPath,
-		"socket_activated", listenFile != nil, "host", cc.Host,
-		"port", cc.Port, "database", cc.Database, "user", cc.User, "application_name", app,
-		"channel_prefix", *prefix, "channel_suffix", *suffix)
-	if *pidFile != "" && inherited == nil {
-		if err := writePIDFile(*pidFile); err != nil {
-			log.Error("pid file", "reason", err)
+	// stops the hub, in wait).
+	if s.inherited == nil {
+		if err := s.h.Start(ctx); err != nil {
+			if ctx.Err() != nil {
+				s.log.Info("signal received while starting; stopped")
+				return 0, false
+			}
+			return s.fail("%s", oneLine(err))
 		}
 	}
-	// The relay runs on goroutines of its own, never on the hub's loop.
-	relayDone := make(chan error, 1)
-	rctx, stopRelay := context.WithCancel(context.Background())
-	defer stopRelay()
-	if rl != nil {
-		go func() { relayDone <- rl.Run(rctx) }()
+	s.sd.ready()
+	s.log.Info("listenhub serving", "version", versionString(), "socket", s.h.Config().SocketPath,
+		"socket_activated", s.listenFile != nil, "host", s.cc.Host,
+		"port", s.cc.Port, "database", s.cc.Database, "user", s.cc.User, "application_name", s.app,
+		"channel_prefix", *s.prefix, "channel_suffix", *s.suffix)
+	if *s.pidFile != "" && s.inherited == nil {
+		if err := writePIDFile(*s.pidFile); err != nil {
+			s.log.Error("pid file", "reason", err)
+		}
 	}
-	reloader := newConfigReloader(fs, *configPath, fromArgs, confEntries)
-	reloader.h, reloader.log, reloader.logs = h, log, logs
-	up := &upgrader{exe: exe, args: append([]string{"serve"}, args...), timeout: *upTimeout, log: log,
-		stdout: stdout, stderr: stderr, h: h}
-	up.predecessor = predecessor
+	return 0, true
+}
 
-wait:
+// serveMetrics serves the metrics address on ln.
+func (s *server) serveMetrics(ln net.Listener) {
+	s.metricsLn = ln
+	b := readBuildInfo()
+	s.metrics = monitor.StartListener(ln, s.h, monitor.Options{Relay: s.rl, Token: s.token,
+		Version: b.version, Revision: b.revision})
+	s.log.Info("metrics listening", "addr", ln.Addr().String(), "token", s.token != "")
+}
+
+// wait serves until a signal asks the hub to stop (graceful: stop it), or
+// an upgrade hands it over, the relay or the hub fails (not graceful: the
+// exit status). SIGHUP re-reads --config meanwhile.
+func (s *server) wait(ctx context.Context, usr2 <-chan os.Signal) (code int, graceful bool) {
+	reloader := newConfigReloader(s.fs, *s.configPath, s.fromArgs, s.confEntries)
+	reloader.h, reloader.log, reloader.logs = s.h, s.log, s.logs
+	up := &upgrader{exe: s.upgradeExe, args: append([]string{"serve"}, s.args...), timeout: *s.upTimeout, log: s.log,
+		stdout: s.stdout, stderr: s.stderr, h: s.h, predecessor: s.predecessor}
 	for {
 		select {
 		case <-ctx.Done():
-			log.Info("signal received; stopping")
-			break wait
+			s.log.Info("signal received; stopping")
+			return 0, true
 		case <-usr2:
-			up.metrics = metricsLn
+			up.metrics = s.metricsLn
 			if up.run(ctx) {
 				// The new process serves; the pid file is its. Nothing
 				// here may keep this process: the deferred Close of the
 				// metrics server is bounded, and so is the rest.
 				time.AfterFunc(stopTimeout, func() { os.Exit(0) })
-				if rl != nil {
+				if s.rl != nil {
 					// The new process's relay stands by until this
 					// one has NOTIFYed and confirmed what it decoded
 					// and let go of the slot.
-					stopRelay()
-					<-relayDone
+					s.stopRelay()
+					<-s.relayDone
 				}
-				return 0
+				return 0, false
 			}
-		case <-hup:
+		case <-s.hup:
 			reloader.reload(ctx)
-		case err := <-relayDone:
+		case err := <-s.relayDone:
 			// Only a misconfiguration ends the relay (it retries
 			// everything else): the hub stops with it, so that it is
 			// seen and fixed.
@@ -334,45 +446,52 @@ wait:
 			if err != nil {
 				why = "relay: " + oneLine(err)
 			}
-			sd.stopping("stopped: " + why)
-			fmt.Fprintf(stderr, "listenhub serve: %s\n", why)
-			if *pidFile != "" {
-				removePIDFile(*pidFile)
-			}
+			s.stopFailed(why)
 			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
-			h.Stop(sctx)
+			s.h.Stop(sctx)
 			cancel()
-			return 1
-		case <-h.Done():
+			return 1, false
+		case <-s.h.Done():
 			// A Postgres configuration error (Wait says which), or the
 			// loop failed.
 			why := "hub stopped unexpectedly"
-			if err := h.Wait(); err != nil {
+			if err := s.h.Wait(); err != nil {
 				why = oneLine(err)
 			}
-			sd.stopping("stopped: " + why)
-			fmt.Fprintf(stderr, "listenhub serve: %s\n", why)
-			if *pidFile != "" {
-				removePIDFile(*pidFile) // it would name a dead process
-			}
-			return 1
+			s.stopFailed(why)
+			return 1, false
 		}
 	}
-	if *pidFile != "" {
-		defer removePIDFile(*pidFile)
+}
+
+// stopFailed says why the hub stops on a failure, and removes the pid
+// file, which would name a dead process.
+func (s *server) stopFailed(why string) {
+	s.sd.stopping("stopped: " + why)
+	fmt.Fprintf(s.stderr, "listenhub serve: %s\n", why)
+	if *s.pidFile != "" {
+		removePIDFile(*s.pidFile)
 	}
-	sd.stopping("stopping")
-	if rl != nil {
-		stopRelay()
-		<-relayDone
+}
+
+// stop is the graceful stop of SIGTERM: the relay, then the metrics
+// server and the hub within stopTimeout.
+func (s *server) stop() int {
+	if *s.pidFile != "" {
+		defer removePIDFile(*s.pidFile)
+	}
+	s.sd.stopping("stopping")
+	if s.rl != nil {
+		s.stopRelay()
+		<-s.relayDone
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
-	if srv != nil {
-		srv.Shutdown(sctx)
+	if s.metrics != nil {
+		s.metrics.Shutdown(sctx)
 	}
-	if err := h.Stop(sctx); err != nil {
-		fmt.Fprintf(stderr, "listenhub serve: stop: %v\n", err)
+	if err := s.h.Stop(sctx); err != nil {
+		fmt.Fprintf(s.stderr, "listenhub serve: stop: %v\n", err)
 		return 1
 	}
 	return 0

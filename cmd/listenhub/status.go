@@ -16,6 +16,7 @@ import (
 	"unicode"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/monitor"
 )
 
 // defaultMetricsAddr is where the shipped units and manifests serve the
@@ -31,7 +32,7 @@ const statusTimeout = 10 * time.Second
 
 // runStatus is `listenhub status`: the summary, workers and channels of a
 // running hub, read from the JSON endpoints of its --metrics-addr
-// (introspect.go) and printed as aligned tables, or as that JSON.
+// (package monitor) and printed as aligned tables, or as that JSON.
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status")
 	addr := fs.String("metrics-addr", defaultMetricsAddr, "the hub's --metrics-addr: host:port, or an http:// URL")
@@ -65,7 +66,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var token string
 	if *tokenFile != "" {
 		var err error
-		if token, err = readTokenFile(*tokenFile); err != nil {
+		if token, err = monitor.ReadTokenFile(*tokenFile); err != nil {
 			return bad(fmt.Errorf("--metrics-token-file: %w", err))
 		}
 	}
@@ -92,7 +93,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 
 	var (
-		st        statusJSON
+		st        monitor.Status
 		ws        hub.WorkerList
 		cs        hub.ChannelList
 		raw       = map[string]json.RawMessage{}
@@ -329,8 +330,8 @@ func getOptional(ctx context.Context, u, token string, v any) (raw json.RawMessa
 }
 
 // getRelay reads /relay, nil when the server runs no relay.
-func getRelay(ctx context.Context, base, token string) (*relayJSON, json.RawMessage, error) {
-	var rj relayJSON
+func getRelay(ctx context.Context, base, token string) (*monitor.RelayStatus, json.RawMessage, error) {
+	var rj monitor.RelayStatus
 	raw, found, err := getOptional(ctx, base+"/relay", token, &rj)
 	if err != nil || !found {
 		return nil, nil, err
@@ -339,7 +340,7 @@ func getRelay(ctx context.Context, base, token string) (*relayJSON, json.RawMess
 }
 
 // printRelay prints the relay section of listenhub status.
-func printRelay(w io.Writer, addr string, r *relayJSON) {
+func printRelay(w io.Writer, addr string, r *monitor.RelayStatus) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	state := r.State
 	if addr != "" {

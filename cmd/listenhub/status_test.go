@@ -18,6 +18,8 @@ import (
 
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/testutil"
+
+	"github.com/listenhub/listenhub/monitor"
 )
 
 // introspected is a hub with workers to look at: worker i (0-based) holds
@@ -158,7 +160,7 @@ func TestServeIntrospectionEndpoints(t *testing.T) {
 		t.Errorf("sort=subscribers&limit=2&offset=1: %+v, want b, c", cl.Channels)
 	}
 
-	var st statusJSON
+	var st monitor.Status
 	getBody(t, h.addr, "/status", &st)
 	if !st.Healthy || st.Workers != 4 || st.Channels != 15 || st.PID != h.p.pid() || st.UptimeSeconds <= 0 ||
 		st.GoVersion != runtime.Version() || st.WakesReceived != 1 {
@@ -207,7 +209,7 @@ func TestStatusCommand(t *testing.T) {
 	}
 
 	var all struct {
-		Status   statusJSON
+		Status   monitor.Status
 		Workers  hub.WorkerList
 		Channels hub.ChannelList
 	}

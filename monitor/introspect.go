@@ -1,4 +1,4 @@
-package main
+package monitor
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/listenhub/listenhub/hub"
 )
 
-// The JSON endpoints of --metrics-addr that `listenhub status` reads:
+// The JSON endpoints that `listenhub status` reads:
 //
 //	GET /status                               the summary (no loop round trip: atomics)
 //	GET /workers?limit=N&offset=N&sort=F      a page of hub.WorkerList
@@ -24,9 +24,9 @@ import (
 // hub.MaxListLimit; a bad parameter is a 400 with {"error": "..."}. The
 // snapshot is taken on the hub's loop in bounded slices (hub.Workers),
 // bounded by introspectTimeout. At most introspectInFlight /workers and
-// /channels requests are served at once; past that the answer is 503 with
-// Retry-After, so that patient clients cannot pile up pages in memory. A
-// client that goes away cancels its request.
+// /channels requests of one Handler are served at once; past that the
+// answer is 503 with Retry-After, so that patient clients cannot pile up
+// pages in memory. A client that goes away cancels its request.
 
 const (
 	// introspectTimeout bounds the wait for the hub's loop to take a
@@ -39,35 +39,44 @@ const (
 	retryAfter = "1"
 )
 
-// introspectSlots holds a token per /workers or /channels request being
-// served; workSlot is held while one of them gets its page from the hub
-// and encodes it.
-//
-// workRestUntil, read and written by workSlot's holder only, keeps the
-// pages to half of one goroutine's time under a flood: the next starts no
-// sooner after the last one ended than the last one took, snapshot and
-// encoding. (The snapshot's share of the loop is bounded by the hub.) A
-// page of 10,000 workers takes ~15 ms: dozens a second remain possible.
-var (
-	introspectSlots = make(chan struct{}, introspectInFlight)
-	workSlot        = make(chan struct{}, 1)
-	workRestUntil   time.Time
-)
+// introspection serves the JSON endpoints of one Handler.
+type introspection struct {
+	h *hub.Hub
+	b build
+	// slots holds a token per /workers or /channels request being
+	// served; work is held while one of them gets its page from the hub
+	// and encodes it.
+	slots, work chan struct{}
+	// restUntil, read and written by work's holder only, keeps the pages
+	// to half of one goroutine's time under a flood: the next starts no
+	// sooner after the last one ended than the last one took, snapshot
+	// and encoding. (The snapshot's share of the loop is bounded by the
+	// hub.) A page of 10,000 workers takes ~15 ms: dozens a second
+	// remain possible.
+	restUntil time.Time
+}
+
+func newIntrospection(h *hub.Hub, b build) *introspection {
+	return &introspection{h: h, b: b,
+		slots: make(chan struct{}, introspectInFlight), work: make(chan struct{}, 1)}
+}
 
 // maxWorkRest caps the rest: a page that took long because the loop was
 // slow to answer (a stall, not the page's own cost) must not leave the
 // next request resting into its own deadline.
 const maxWorkRest = 100 * time.Millisecond
 
-// statusJSON is the body of /status.
-type statusJSON struct {
-	Healthy       bool      `json:"healthy"`
+// Status is the body of /status: the hub's summary, taken from atomics
+// (no round trip to the loop), so that it answers even when the loop is
+// slow.
+type Status struct {
+	Healthy       bool      `json:"healthy"` // the Postgres connection is up and the union LISTENed
 	Workers       int64     `json:"workers"`
 	Channels      int64     `json:"channels"` // LISTENed now
 	PID           int       `json:"pid"`
-	StartedAt     time.Time `json:"started_at"`
+	StartedAt     time.Time `json:"started_at"` // the process's start
 	UptimeSeconds float64   `json:"uptime_seconds"`
-	Version       string    `json:"version"`
+	Version       string    `json:"version"` // Options.Version
 	Revision      string    `json:"revision"`
 	GoVersion     string    `json:"go_version"`
 	WakesReceived uint64    `json:"wakes_received"`
@@ -75,24 +84,23 @@ type statusJSON struct {
 	Evictions     uint64    `json:"evictions"`
 }
 
-// registerIntrospection adds the JSON endpoints to the metrics server.
-func registerIntrospection(mux *http.ServeMux, h *hub.Hub) {
+// register adds the JSON endpoints to mux.
+func (in *introspection) register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
-		s := h.Stats()
-		b := readBuildInfo()
+		s := in.h.Stats()
 		start := processStart()
-		writeJSON(w, http.StatusOK, statusJSON{
+		writeJSON(w, http.StatusOK, Status{
 			Healthy: s.PostgresHealthy, Workers: s.Workers, Channels: s.Channels,
 			PID: os.Getpid(), StartedAt: start, UptimeSeconds: time.Since(start).Seconds(),
-			Version: b.version, Revision: b.revision, GoVersion: b.goVersion,
+			Version: in.b.version, Revision: in.b.revision, GoVersion: in.b.goVersion,
 			WakesReceived: s.WakesReceived, FramesSent: s.FramesSent, Evictions: s.Evictions,
 		})
 	})
 	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, r *http.Request) {
-		serveList(w, r, h.Workers, appendWorkerList)
+		serveList(in, w, r, in.h.Workers, appendWorkerList)
 	})
 	mux.HandleFunc("GET /channels", func(w http.ResponseWriter, r *http.Request) {
-		serveList(w, r, h.Channels, appendChannelList)
+		serveList(in, w, r, in.h.Channels, appendChannelList)
 	})
 }
 
@@ -103,7 +111,10 @@ var pageBuffers sync.Pool
 // maxPooledPage is the largest buffer kept for reuse.
 const maxPooledPage = 8 << 20
 
-func serveList[T any](w http.ResponseWriter, r *http.Request,
+// serveList answers a page request: its parameters checked, a slot
+// taken, the page asked of the hub and encoded in turn with the other
+// requests, and written.
+func serveList[T any](in *introspection, w http.ResponseWriter, r *http.Request,
 	list func(context.Context, hub.ListOptions) (T, error),
 	encode func(context.Context, []byte, T) ([]byte, error)) {
 	var o hub.ListOptions
@@ -129,8 +140,8 @@ func serveList[T any](w http.ResponseWriter, r *http.Request,
 	}
 	o.Sort = q.Get("sort")
 	select {
-	case introspectSlots <- struct{}{}:
-		defer func() { <-introspectSlots }()
+	case in.slots <- struct{}{}:
+		defer func() { <-in.slots }()
 	default:
 		// Closing makes the client's next try a new connection, which
 		// the metrics server's accept pace bounds; kept alive, a client
@@ -160,12 +171,12 @@ func serveList[T any](w http.ResponseWriter, r *http.Request,
 		// freshness, and the work takes one core at most, leaving the
 		// other to the hub's loop. Its answer is written after.
 		select {
-		case workSlot <- struct{}{}:
-			defer func() { <-workSlot }()
+		case in.work <- struct{}{}:
+			defer func() { <-in.work }()
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if d := time.Until(workRestUntil); d > 0 {
+		if d := time.Until(in.restUntil); d > 0 {
 			rest := time.NewTimer(d)
 			select {
 			case <-rest.C:
@@ -175,7 +186,7 @@ func serveList[T any](w http.ResponseWriter, r *http.Request,
 			}
 		}
 		began := time.Now()
-		defer func() { workRestUntil = time.Now().Add(min(time.Since(began), maxWorkRest)) }()
+		defer func() { in.restUntil = time.Now().Add(min(time.Since(began), maxWorkRest)) }()
 		v, err := list(ctx, o)
 		if err != nil {
 			return err
@@ -201,6 +212,7 @@ func serveList[T any](w http.ResponseWriter, r *http.Request,
 	}
 }
 
+// writeJSON answers with v as encoding/json writes it, and a newline.
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -212,6 +224,8 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Write(append(b, '\n'))
 }
 
+// writeJSONError answers {"error": "..."}, which `listenhub status`
+// prints.
 func writeJSONError(w http.ResponseWriter, code int, err error) {
 	b, _ := json.Marshal(struct {
 		Error string `json:"error"`

@@ -1,6 +1,7 @@
-package main
+package monitor
 
 import (
+	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -17,63 +18,114 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/hub"
-	"github.com/listenhub/listenhub/relay"
 )
 
-// The metrics server's bounds. Anyone who can connect to --metrics-addr
-// can open connections, so each is timed and their number capped, and the
-// descriptors they take are reserved in the hub's budget
-// (hub.Config.ReservedFDs): a flood of them can take neither the workers'
-// descriptors nor the Postgres reconnect's.
+// The bounds of a Server. Anyone who can connect to its address can open
+// connections, so each is timed and their number capped; the descriptors
+// they take are reserved in the hub's budget (ReservedFDs), so that a
+// flood of them can take neither the workers' descriptors nor the Postgres
+// reconnect's.
 const (
-	// metricsMaxConns caps the metrics server's connections. Past it, one
-	// more is accepted and waits (so at most metricsMaxConns+1 plus the
-	// listener are open), and the connection idle longest is closed to
-	// make room for it; with none idle it waits for one to end, which
-	// the timeouts below bound.
-	metricsMaxConns = 16
-	// metricsReadHeaderTimeout and metricsReadTimeout bound the reading of
-	// a request, metricsWriteTimeout its answer (a page of 10,000 workers
-	// included, after introspectTimeout at most), metricsIdleTimeout a
-	// keep-alive connection between requests.
-	metricsReadHeaderTimeout = 5 * time.Second
-	metricsReadTimeout       = 10 * time.Second
-	metricsWriteTimeout      = introspectTimeout + 10*time.Second
-	metricsIdleTimeout       = 30 * time.Second
-	// metricsAcceptEvery and metricsAcceptBurst pace the accepting of
-	// connections: 1,000 a second, 64 at once. A scrape, a probe or a
-	// `listenhub status` needs a handful; a flood of short requests
-	// (each answered 503 past the introspection cap) otherwise spent
-	// more than a core of the hub's CPU on accepting, parsing and
-	// answering, which the loop's thread then waited for. Paced, the
-	// flood waits in the kernel's listen backlog, where it costs nothing,
-	// and a probe that arrives behind it waits for at most the flood's
-	// connections (one per client) at this rate.
-	metricsAcceptEvery = time.Millisecond
-	metricsAcceptBurst = 64
-	// metricsFDs is what the metrics server can hold at most: the capped
-	// connections, the one waiting past the cap, and the listener.
-	metricsFDs = metricsMaxConns + 2
+	// MaxConns caps a Server's connections. Past it, one more is
+	// accepted and waits (so at most MaxConns+1 plus the listener are
+	// open), and the connection idle longest is closed to make room for
+	// it; with none idle it waits for one to end, which the timeouts
+	// below bound.
+	MaxConns = 16
+	// ReservedFDs is the most descriptors a Server holds: the capped
+	// connections, the one waiting past the cap, and the listener. Add it
+	// to hub.Config.ReservedFDs, so that the hub leaves them free.
+	ReservedFDs = MaxConns + 2
 )
 
-// newMetricsServer is the HTTP server of --metrics-addr, with its
-// timeouts. Serve it with serveCapped.
-func newMetricsServer(h *hub.Hub, rl *relay.Relay, token string) *http.Server {
-	return &http.Server{
-		Handler:           withToken(metricsHandler(h, rl), token),
-		ReadHeaderTimeout: metricsReadHeaderTimeout,
-		ReadTimeout:       metricsReadTimeout,
-		WriteTimeout:      metricsWriteTimeout,
-		IdleTimeout:       metricsIdleTimeout,
-		MaxHeaderBytes:    16 << 10,
-	}
+const (
+	// readHeaderTimeout and readTimeout bound the reading of a request,
+	// writeTimeout its answer (a page of 10,000 workers included, after
+	// introspectTimeout at most), idleTimeout a keep-alive connection
+	// between requests.
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 10 * time.Second
+	writeTimeout      = introspectTimeout + 10*time.Second
+	idleTimeout       = 30 * time.Second
+	// acceptEvery and acceptBurst pace the accepting of connections:
+	// 1,000 a second, 64 at once. A scrape, a probe or a `listenhub
+	// status` needs a handful; a flood of short requests (each answered
+	// 503 past the introspection cap) otherwise spent more than a core of
+	// the hub's CPU on accepting, parsing and answering, which the loop's
+	// thread then waited for. Paced, the flood waits in the kernel's
+	// listen backlog, where it costs nothing, and a probe that arrives
+	// behind it waits for at most the flood's connections (one per
+	// client) at this rate.
+	acceptEvery = time.Millisecond
+	acceptBurst = 64
+)
+
+// Server serves a Handler on a listener of its own, within the bounds
+// above: what `listenhub serve --metrics-addr` runs. Like nats-server's
+// monitoring port, it is started once and runs in the background until
+// Shutdown or Close.
+type Server struct {
+	srv  *http.Server
+	cl   *connLimiter
+	done chan struct{} // closed when Serve has returned
 }
 
-// serveCapped serves srv on ln with at most metricsMaxConns connections.
-func serveCapped(srv *http.Server, ln net.Listener) error {
-	cl := newConnLimiter(ln, metricsMaxConns)
-	srv.ConnState = cl.track
-	return srv.Serve(cl)
+// Start listens on addr (host:port, TCP) and serves h and o there in the
+// background. ctx bounds the listening only: the server runs until
+// Shutdown or Close. A port in use is an error here, so that it can be
+// reported at start like any other setting.
+func Start(ctx context.Context, addr string, h *hub.Hub, o Options) (*Server, error) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return StartListener(ln, h, o), nil
+}
+
+// StartListener serves h and o on ln, already bound (a listener handed
+// over by a hot upgrade, or passed by a service manager), in the
+// background; the Server owns ln from now on.
+func StartListener(ln net.Listener, h *hub.Hub, o Options) *Server {
+	s := &Server{srv: newHTTPServer(Handler(h, o)), cl: newConnLimiter(ln, MaxConns), done: make(chan struct{})}
+	s.srv.ConnState = s.cl.track
+	go func() {
+		defer close(s.done)
+		s.srv.Serve(s.cl)
+	}()
+	return s
+}
+
+// Addr is the address the server listens on (with the port chosen when
+// Start was given port 0).
+func (s *Server) Addr() net.Addr { return s.cl.Addr() }
+
+// Shutdown stops accepting, waits for the requests being served to end,
+// within ctx, and closes the listener; past ctx it returns ctx's error
+// and the connections left are the caller's to Close.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	s.cl.Close() // in case Serve had not begun
+	return err
+}
+
+// Close closes the listener and every connection at once.
+func (s *Server) Close() error {
+	err := s.srv.Close()
+	s.cl.Close()
+	return err
+}
+
+// newHTTPServer is the HTTP server of a Server, with its timeouts.
+func newHTTPServer(handler http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    16 << 10,
+	}
 }
 
 // connLimiter is a listener that holds at most max accepted connections
@@ -90,7 +142,7 @@ type connLimiter struct {
 	mu   sync.Mutex
 	idle map[net.Conn]time.Time // connections between two requests, since when
 
-	// every and burst pace Accept (see metricsAcceptEvery); tat is the
+	// every and burst pace Accept (see acceptEvery); tat is the
 	// time the next accept is due at the steady rate (the generic cell
 	// rate algorithm). Accept is called by one goroutine: no lock.
 	every time.Duration
@@ -100,7 +152,7 @@ type connLimiter struct {
 
 func newConnLimiter(ln net.Listener, max int) *connLimiter {
 	return &connLimiter{Listener: ln, slots: make(chan struct{}, max), closed: make(chan struct{}),
-		idle: make(map[net.Conn]time.Time), every: metricsAcceptEvery, burst: metricsAcceptBurst}
+		idle: make(map[net.Conn]time.Time), every: acceptEvery, burst: acceptBurst}
 }
 
 // due is how long the next accept must wait for the pace.
@@ -265,7 +317,8 @@ func (c *cappedConn) Close() error {
 
 // withToken requires "Authorization: Bearer TOKEN" on every path but
 // /healthz (which says one bit, and which probes must reach without a
-// secret) when token is not empty.
+// secret) when token is not empty. The comparison takes the same time
+// whatever the token sent, so that it cannot be guessed byte by byte.
 func withToken(next http.Handler, token string) http.Handler {
 	if token == "" {
 		return next
@@ -281,10 +334,11 @@ func withToken(next http.Handler, token string) http.Handler {
 	})
 }
 
-// readTokenFile reads the bearer token of --metrics-token-file: the file's
-// content, surrounding white space trimmed. A file other users can read
-// is refused (like ssh's keys), and so is an empty one.
-func readTokenFile(path string) (string, error) {
+// ReadTokenFile reads a bearer token for Options.Token from a file, as
+// --metrics-token-file does: the file's content, surrounding white space
+// trimmed. A file other users can read is refused (like ssh's keys), and
+// so is an empty one, a token over 4096 bytes and one with spaces.
+func ReadTokenFile(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err

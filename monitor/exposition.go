@@ -1,14 +1,19 @@
-package main
+package monitor
 
 import (
 	"bytes"
 	"fmt"
-	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/listenhub/listenhub/hub"
-	"github.com/listenhub/listenhub/relay"
 )
+
+// The /metrics families, hand-written in the Prometheus text format
+// (0.0.4) so that the module needs no Prometheus client: the hub's
+// counters and gauges (the table below), the latency histograms, build
+// information and the process_* series (process.go). The module that
+// checks the text with Prometheus' own parser is internal/promcheck.
 
 // metric is one line family of /metrics, named exactly as in docs/design.md
 // ("Metrics").
@@ -56,6 +61,7 @@ var metrics = []metric{
 		func(s *hub.Stats) float64 { return float64(s.ReadPauses) }},
 }
 
+// b2f is a 0/1 gauge.
 func b2f(b bool) float64 {
 	if b {
 		return 1
@@ -66,38 +72,51 @@ func b2f(b bool) float64 {
 // writeMetrics renders s in the Prometheus text exposition format.
 func writeMetrics(buf *bytes.Buffer, s hub.Stats) {
 	for _, m := range metrics {
-		fmt.Fprintf(buf, "# HELP %s %s\n# TYPE %s %s\n%s %s\n", m.name, m.help, m.name, m.typ,
-			m.name, strconv.FormatFloat(m.value(&s), 'f', -1, 64))
+		writeSample(buf, m.name, m.typ, m.help, m.value(&s))
 	}
 }
 
-// metricsHandler serves /metrics and /healthz from h.Stats(), which is safe
-// from the HTTP server's goroutines, and the JSON endpoints of
-// introspect.go.
-func metricsHandler(h *hub.Hub, rl *relay.Relay) http.Handler {
-	mux := http.NewServeMux()
-	registerIntrospection(mux, h)
-	if rl != nil {
-		registerRelay(mux, rl)
+// writeMoreMetrics writes every family of a hub that is not in the
+// metrics table.
+func writeMoreMetrics(buf *bytes.Buffer, fanout, ack hub.Histogram, b build) {
+	writeHistogram(buf, "listenhub_fanout_latency_seconds",
+		"Time from reading a NOTIFY from the Postgres socket to the write that handed its frames to the workers' sockets, per NOTIFY delivered.", fanout)
+	writeHistogram(buf, "listenhub_ack_latency_seconds",
+		"Time from reading a sub to queuing its ack (a LISTEN round trip for a new channel).", ack)
+	writeBuildInfo(buf, b)
+	writeProcessMetrics(buf)
+}
+
+// writeBuildInfo writes listenhub_build_info.
+func writeBuildInfo(buf *bytes.Buffer, b build) {
+	fmt.Fprintf(buf, "# HELP listenhub_build_info Always 1; the labels say which build runs.\n# TYPE listenhub_build_info gauge\n"+
+		"listenhub_build_info{version=%s,revision=%s,goversion=%s} 1\n",
+		labelValue(b.version), labelValue(b.revision), labelValue(b.goVersion))
+}
+
+// writeSample writes a family of one unlabelled sample.
+func writeSample(buf *bytes.Buffer, name, typ, help string, v float64) {
+	fmt.Fprintf(buf, "# HELP %s %s\n# TYPE %s %s\n%s %s\n", name, help, name, typ, name, formatFloat(v))
+}
+
+// writeHistogram writes h as a Prometheus histogram in seconds.
+func writeHistogram(buf *bytes.Buffer, name, help string, h hub.Histogram) {
+	fmt.Fprintf(buf, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
+	for i, b := range h.Bounds {
+		var c uint64
+		if i < len(h.Counts) {
+			c = h.Counts[i]
+		}
+		fmt.Fprintf(buf, "%s_bucket{le=\"%s\"} %d\n", name, formatFloat(b.Seconds()), c)
 	}
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		var buf bytes.Buffer
-		writeMetrics(&buf, h.Stats())
-		writeMoreMetrics(&buf, h.FanoutLatency(), h.AckLatency())
-		if rl != nil {
-			writeRelayMetrics(&buf, rl)
-		}
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		w.Write(buf.Bytes())
-	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !h.Stats().PostgresHealthy {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "postgres unhealthy")
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
+	fmt.Fprintf(buf, "%s_bucket{le=\"+Inf\"} %d\n%s_sum %s\n%s_count %d\n",
+		name, h.Count, name, formatFloat(h.Sum.Seconds()), name, h.Count)
+}
+
+func formatFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// labelValue quotes a label value: backslash, double quote and newline
+// escaped, as the text format wants.
+func labelValue(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
 }

@@ -1,4 +1,4 @@
-package main
+package monitor
 
 import (
 	"bufio"
@@ -8,15 +8,15 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
+
+// timeout bounds every wait of these tests.
+const timeout = 15 * time.Second
 
 // The connection cap holds: past it the connection idle longest is closed
 // for the newcomer, a newcomer waits while none is idle, and the server
@@ -111,16 +111,12 @@ func TestMetricsConnectionCap(t *testing.T) {
 // Past introspectInFlight requests, /workers answers 503 with Retry-After
 // at once.
 func TestIntrospectionInFlightCap(t *testing.T) {
+	in := newIntrospection(nil, build{})
 	for range introspectInFlight {
-		introspectSlots <- struct{}{}
+		in.slots <- struct{}{}
 	}
-	defer func() {
-		for range introspectInFlight {
-			<-introspectSlots
-		}
-	}()
 	rec := httptest.NewRecorder()
-	serveList(rec, httptest.NewRequest("GET", "/workers?limit=10", nil),
+	serveList(in, rec, httptest.NewRequest("GET", "/workers?limit=10", nil),
 		func(context.Context, hub.ListOptions) (hub.WorkerList, error) {
 			t.Fatal("the hub was asked past the cap")
 			return hub.WorkerList{}, nil
@@ -135,70 +131,11 @@ func TestIntrospectionInFlightCap(t *testing.T) {
 	}
 }
 
-// --metrics-token-file: every path but /healthz needs the bearer token;
-// `listenhub status` sends it; a token file other users can read is
-// refused at start.
-func TestServeMetricsToken(t *testing.T) {
-	dir := t.TempDir()
-	tokFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokFile, []byte("s3cret-token\n"), 0o640); err != nil {
-		t.Fatal(err)
-	}
-	p := serve(t, sockPath(t), nil, "--metrics-addr", "127.0.0.1:0", "--metrics-token-file", tokFile)
-	p.ready()
-	addr := p.metricsAddr()
-	get := func(path, auth string) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, resp.Header.Get("WWW-Authenticate") + " " + string(b)
-	}
-	for _, path := range []string{"/metrics", "/status", "/workers", "/channels"} {
-		for _, auth := range []string{"", "Bearer wrong", "Bearer s3cret-tokenX", "Basic czNjcmV0LXRva2Vu"} {
-			if code, body := get(path, auth); code != http.StatusUnauthorized || !strings.Contains(body, "Bearer") {
-				t.Errorf("%s with %q: %d %s, want 401 with WWW-Authenticate: Bearer", path, auth, code, body)
-			}
-		}
-		if code, body := get(path, "Bearer s3cret-token"); code != 200 {
-			t.Errorf("%s with the token: %d %s", path, code, body)
-		}
-	}
-	if code, body := get("/healthz", ""); code != 200 {
-		t.Errorf("/healthz without a token: %d %s", code, body)
-	}
-	if code, out, errOut := runCmd([]string{"status", "--metrics-addr", addr, "--metrics-token-file", tokFile}); code != 0 || !strings.Contains(out, "healthy   yes") {
-		t.Errorf("status with the token file: %d\n%s%s", code, out, errOut)
-	}
-	if code, _, errOut := runCmd([]string{"status", "--metrics-addr", addr}); code != 1 || !strings.Contains(errOut, "401") {
-		t.Errorf("status without the token: %d %s", code, errOut)
-	}
-
-	// Refused: readable by others, empty.
-	loose := filepath.Join(dir, "loose")
-	os.WriteFile(loose, []byte("tok"), 0o644)
-	empty := filepath.Join(dir, "empty")
-	os.WriteFile(empty, nil, 0o600)
-	for file, want := range map[string]string{loose: "other users", empty: "empty", filepath.Join(dir, "none"): "no such file"} {
-		q := serve(t, sockPath(t), nil, "--metrics-addr", "127.0.0.1:0", "--metrics-token-file", file)
-		if code := q.exit(); code != 2 || !strings.Contains(q.stderr.String(), want) {
-			t.Errorf("token file %s: exit %d, %s; want 2 and %q", filepath.Base(file), code, q.stderr.String(), want)
-		}
-	}
-}
-
-// The metrics server's timeouts: a connection that sends half a header is
+// The server's timeouts: a connection that sends half a header is
 // closed after the header timeout, an idle keep-alive one after the idle
 // timeout (both shortened here).
 func TestMetricsServerTimeouts(t *testing.T) {
-	srv := newMetricsServer(nil, nil, "")
+	srv := newHTTPServer(nil)
 	if srv.ReadHeaderTimeout == 0 || srv.ReadTimeout == 0 || srv.WriteTimeout == 0 || srv.IdleTimeout == 0 {
 		t.Fatalf("a timeout is unset: %+v", srv)
 	}
@@ -211,7 +148,9 @@ func TestMetricsServerTimeouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go serveCapped(srv, ln)
+	cl := newConnLimiter(ln, MaxConns)
+	srv.ConnState = cl.track
+	go srv.Serve(cl)
 	t.Cleanup(func() { srv.Close() })
 	half, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -352,9 +291,10 @@ func TestIntrospectionRests(t *testing.T) {
 		ended = time.Now()
 		return hub.WorkerList{}, nil
 	}
+	in := newIntrospection(nil, build{})
 	for range 2 {
 		rec := httptest.NewRecorder()
-		serveList(rec, httptest.NewRequest("GET", "/workers", nil), list, appendWorkerList)
+		serveList(in, rec, httptest.NewRequest("GET", "/workers", nil), list, appendWorkerList)
 		if rec.Code != 200 {
 			t.Fatalf("%d: %s", rec.Code, rec.Body)
 		}
@@ -367,4 +307,24 @@ func TestIntrospectionRests(t *testing.T) {
 			}()
 		}
 	}
+}
+
+// idleHTTP opens a TCP connection to addr, sends GET path with keep-alive,
+// reads the answer and keeps the connection open (never sending more).
+// It returns the connection (nil if the server did not answer within d).
+func idleHTTP(addr, path string, d time.Duration) (net.Conn, int) {
+	c, err := net.DialTimeout("tcp", addr, d)
+	if err != nil {
+		return nil, 0
+	}
+	c.SetDeadline(time.Now().Add(d))
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return c, 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	c.SetDeadline(time.Time{})
+	return c, resp.StatusCode
 }

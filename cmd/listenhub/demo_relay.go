@@ -57,6 +57,7 @@ type relayDemo struct {
 
 	dir     string
 	cluster *pgtest.Cluster
+	url     string    // of the database
 	admin   *pgx.Conn // creates and drops the schema
 	schema  string    // also the publication's and the slot's name
 	created bool      // the schema and publication exist
@@ -85,95 +86,20 @@ func runRelayDemo(ctx context.Context, cfg demoConfig, stdout, stderr io.Writer)
 	return err
 }
 
+// run sets the demo up, then prints a line per pair of phases until ctx
+// ends or --duration has passed.
 func (d *relayDemo) run(ctx context.Context) error {
-	pid := os.Getpid()
-	d.schema = fmt.Sprintf("listenhub_demo_%d", pid)
 	readyCtx, cancel := context.WithTimeout(ctx, demoReadyTimeout)
 	defer cancel()
-
-	// fsync on: the trigger's cost is a commit queue behind a WAL flush,
-	// which a cluster without fsync hides.
-	url, cluster, err := demoDatabase(readyCtx, d.out, d.cfg.databaseURL,
-		pgtest.Options{Logical: true, Settings: map[string]string{"fsync": "on"}}, "wal_level=logical, fsync on")
+	sock, err := d.setUp(readyCtx)
 	if err != nil {
 		return err
 	}
-	d.cluster = cluster
-
-	if d.admin, err = connectAs(readyCtx, url, d.schema+"-admin"); err != nil {
+	if stopped, err := d.waitRelay(ctx, readyCtx); stopped || err != nil {
 		return err
 	}
-	if err := d.createTables(readyCtx); err != nil {
+	if err := d.startWriters(readyCtx); err != nil {
 		return err
-	}
-
-	// The relay, on a temporary slot: nothing is left on the server if
-	// the demo dies.
-	cc, err := pgconn.ParseConfig(url)
-	if err != nil {
-		return err
-	}
-	warn := slog.New(slog.NewTextHandler(d.errw, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d.relay, err = relay.New(relay.Options{ConnConfig: cc, ApplicationName: d.schema + "-relay", Publication: d.schema,
-		Slot: d.schema, TemporarySlot: true, Window: relay.DefaultWindow, Logger: warn})
-	if err != nil {
-		return err
-	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	d.relayC, d.relayD = rcancel, make(chan struct{})
-	go func() { d.relayE = d.relay.Run(rctx); close(d.relayD) }()
-
-	d.dir, err = os.MkdirTemp("", "listenhub-demo-")
-	if err != nil {
-		return err
-	}
-	sock := filepath.Join(d.dir, "hub.sock")
-	h, err := hub.New(hub.Config{SocketPath: sock, DatabaseURL: url, ApplicationName: d.schema + "-hub", Logger: warn})
-	if err != nil {
-		return err
-	}
-	if err := h.Start(readyCtx); err != nil {
-		return err
-	}
-	d.hub = h
-	for range d.cfg.workers {
-		c, err := client.Dial(readyCtx, sock, client.Options{OnWake: d.onWake})
-		if err != nil {
-			return err
-		}
-		d.clients = append(d.clients, c)
-		for _, src := range relayDemoSources {
-			for i := range relayDemoQueues {
-				if err := c.Subscribe(readyCtx, d.channel(src, i)); err != nil {
-					return fmt.Errorf("subscribe: %w", err)
-				}
-			}
-		}
-	}
-
-	// The relay streams once its slot exists.
-	for d.relay.Stats().State != relay.StateActive {
-		select {
-		case <-d.relayD:
-			return fmt.Errorf("relay: %w", d.relayE) // a misconfiguration: one line that names the fix
-		case <-readyCtx.Done():
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("the relay did not start streaming within %v", demoReadyTimeout)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-
-	wctx, wcancel := context.WithCancel(context.Background())
-	d.wcancel, d.werr = wcancel, make(chan error, d.cfg.writers)
-	for i := range d.cfg.writers {
-		conn, err := connectAs(readyCtx, url, d.schema+"-writer")
-		if err != nil {
-			return fmt.Errorf("writer: %w", err)
-		}
-		d.writers = append(d.writers, conn)
-		d.wdone.Go(func() { d.write(wctx, conn, i) })
 	}
 	plural := func(n int, what string) string {
 		if n == 1 {
@@ -225,6 +151,106 @@ func (d *relayDemo) run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// setUp starts the cluster (or connects to --database-url), the tables,
+// the relay, the hub and its workers; it returns the hub's socket.
+func (d *relayDemo) setUp(ctx context.Context) (sock string, err error) {
+	pid := os.Getpid()
+	d.schema = fmt.Sprintf("listenhub_demo_%d", pid)
+	// fsync on: the trigger's cost is a commit queue behind a WAL flush,
+	// which a cluster without fsync hides.
+	url, cluster, err := demoDatabase(ctx, d.out, d.cfg.databaseURL,
+		pgtest.Options{Logical: true, Settings: map[string]string{"fsync": "on"}}, "wal_level=logical, fsync on")
+	if err != nil {
+		return "", err
+	}
+	d.cluster, d.url = cluster, url
+
+	if d.admin, err = connectAs(ctx, url, d.schema+"-admin"); err != nil {
+		return "", err
+	}
+	if err := d.createTables(ctx); err != nil {
+		return "", err
+	}
+
+	// The relay, on a temporary slot: nothing is left on the server if
+	// the demo dies.
+	cc, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return "", err
+	}
+	warn := slog.New(slog.NewTextHandler(d.errw, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d.relay, err = relay.New(relay.Options{ConnConfig: cc, ApplicationName: d.schema + "-relay", Publication: d.schema,
+		Slot: d.schema, TemporarySlot: true, Window: relay.DefaultWindow, Logger: warn})
+	if err != nil {
+		return "", err
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	d.relayC, d.relayD = rcancel, make(chan struct{})
+	go func() { d.relayE = d.relay.Run(rctx); close(d.relayD) }()
+
+	d.dir, err = os.MkdirTemp("", "listenhub-demo-")
+	if err != nil {
+		return "", err
+	}
+	sock = filepath.Join(d.dir, "hub.sock")
+	h, err := hub.New(hub.Config{SocketPath: sock, DatabaseURL: url, ApplicationName: d.schema + "-hub", Logger: warn})
+	if err != nil {
+		return "", err
+	}
+	if err := h.Start(ctx); err != nil {
+		return "", err
+	}
+	d.hub = h
+	for range d.cfg.workers {
+		c, err := client.Dial(ctx, sock, client.Options{OnWake: d.onWake})
+		if err != nil {
+			return "", err
+		}
+		d.clients = append(d.clients, c)
+		for _, src := range relayDemoSources {
+			for i := range relayDemoQueues {
+				if err := c.Subscribe(ctx, d.channel(src, i)); err != nil {
+					return "", fmt.Errorf("subscribe: %w", err)
+				}
+			}
+		}
+	}
+	return sock, nil
+}
+
+// waitRelay waits for the relay to stream, which it does once its slot
+// exists; stopped when ctx ended meanwhile (Ctrl-C: no error).
+func (d *relayDemo) waitRelay(ctx, readyCtx context.Context) (stopped bool, err error) {
+	for d.relay.Stats().State != relay.StateActive {
+		select {
+		case <-d.relayD:
+			return false, fmt.Errorf("relay: %w", d.relayE) // a misconfiguration: one line that names the fix
+		case <-readyCtx.Done():
+			if ctx.Err() != nil {
+				return true, nil
+			}
+			return false, fmt.Errorf("the relay did not start streaming within %v", demoReadyTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return false, nil
+}
+
+// startWriters starts the writers, each on a connection of its own.
+func (d *relayDemo) startWriters(ctx context.Context) error {
+	wctx, wcancel := context.WithCancel(context.Background())
+	d.wcancel, d.werr = wcancel, make(chan error, d.cfg.writers)
+	for i := range d.cfg.writers {
+		conn, err := connectAs(ctx, d.url, d.schema+"-writer")
+		if err != nil {
+			return fmt.Errorf("writer: %w", err)
+		}
+		d.writers = append(d.writers, conn)
+		d.wdone.Go(func() { d.write(wctx, conn, i) })
+	}
+	return nil
 }
 
 // summary prints the averages over the whole run.

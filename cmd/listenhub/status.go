@@ -34,6 +34,43 @@ const statusTimeout = 10 * time.Second
 // running hub, read from the JSON endpoints of its --metrics-addr
 // (package monitor) and printed as aligned tables, or as that JSON.
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	q, code := parseStatus(args, stdout, stderr)
+	if q == nil {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	r, err := q.fetch(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "listenhub status: %v\n", err)
+		if errors.As(err, new(*unreachableError)) {
+			fmt.Fprintln(stderr, unreachableHint(q.addr, q.addrGiven))
+		}
+		return 1
+	}
+	if q.asJSON {
+		q.printJSON(stdout, r)
+	} else {
+		q.print(stdout, r)
+	}
+	return 0
+}
+
+// statusQuery is what `listenhub status` asks, from its flags.
+type statusQuery struct {
+	addr         string // as given, for the title
+	addrGiven    bool   // by --metrics-addr or its variable (not the default)
+	base         string // the URL the endpoints' paths follow
+	token        string
+	page         url.Values // limit, offset and sort of /workers and /channels
+	wantW, wantC bool       // the workers table, the channels table
+	wantStats    bool       // the summary (neither --workers nor --channels)
+	asJSON       bool
+}
+
+// parseStatus parses and checks the flags; nil and the exit status when
+// they are wrong (or -h was asked).
+func parseStatus(args []string, stdout, stderr io.Writer) (*statusQuery, int) {
 	fs := newFlagSet("status")
 	addr := fs.String("metrics-addr", defaultMetricsAddr, "the hub's --metrics-addr: host:port, or an http:// URL")
 	onlyWorkers := fs.Bool("workers", false, "only the workers table")
@@ -48,9 +85,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if errors.Is(err, flag.ErrHelp) {
 			printUsage(stdout, fs, "status", true)
 		}
-		return flagError(stderr, "status", err)
+		return nil, flagError(stderr, "status", err)
 	}
-	bad := func(err error) int { return flagError(stderr, "status", err) }
+	bad := func(err error) (*statusQuery, int) { return nil, flagError(stderr, "status", err) }
 	switch {
 	case *addr == "":
 		return bad(errors.New("--metrics-addr must not be empty (the address serve --metrics-addr listens on)"))
@@ -63,151 +100,167 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case *offset < 0:
 		return bad(fmt.Errorf("--offset must not be negative (got %d)", *offset))
 	}
-	var token string
+	q := &statusQuery{addr: *addr, addrGiven: isSet(fs, "metrics-addr"), asJSON: *asJSON,
+		wantW: !*onlyChannels, wantC: !*onlyWorkers, wantStats: !*onlyWorkers && !*onlyChannels}
 	if *tokenFile != "" {
 		var err error
-		if token, err = monitor.ReadTokenFile(*tokenFile); err != nil {
+		if q.token, err = monitor.ReadTokenFile(*tokenFile); err != nil {
 			return bad(fmt.Errorf("--metrics-token-file: %w", err))
 		}
 	}
-	base := *addr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
+	q.base = *addr
+	if !strings.Contains(q.base, "://") {
+		q.base = "http://" + q.base
 	}
-	base = strings.TrimSuffix(base, "/")
-	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	page := url.Values{"limit": {strconv.Itoa(*limit)}, "offset": {strconv.Itoa(*offset)}}
+	q.base = strings.TrimSuffix(q.base, "/")
+	q.page = url.Values{"limit": {strconv.Itoa(*limit)}, "offset": {strconv.Itoa(*offset)}}
 	if *sortBy != "" {
-		page.Set("sort", *sortBy)
+		q.page.Set("sort", *sortBy)
 	}
-	get := func(path string, v any) (json.RawMessage, error) {
-		return getJSON(ctx, base+path, token, v)
-	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "listenhub status: %v\n", err)
-		if errors.As(err, new(*unreachableError)) {
-			fmt.Fprintln(stderr, unreachableHint(*addr, isSet(fs, "metrics-addr")))
-		}
-		return 1
-	}
+	return q, 0
+}
 
-	var (
-		st        monitor.Status
-		ws        hub.WorkerList
-		cs        hub.ChannelList
-		raw       = map[string]json.RawMessage{}
-		wantW     = !*onlyChannels
-		wantC     = !*onlyWorkers
-		wantStats = !*onlyWorkers && !*onlyChannels
-		err       error
-	)
+// statusReport is what the endpoints answered.
+type statusReport struct {
+	st         monitor.Status
+	ws         hub.WorkerList
+	cs         hub.ChannelList
+	raw        map[string]json.RawMessage // the bodies, for --json
+	relay      *monitor.RelayStatus       // nil without a relay
+	relayRaw   json.RawMessage
+	relayAlone bool // a relay's own metrics server: no hub endpoints
+}
+
+// fetch asks the endpoints q wants.
+func (q *statusQuery) fetch(ctx context.Context) (*statusReport, error) {
+	r := &statusReport{raw: map[string]json.RawMessage{}}
 	// A relay (serve --relay, or listenhub relay on its own) answers
 	// /relay; a relay on its own has no hub endpoints.
-	rj, relayRaw, err := getRelay(ctx, base, token)
-	if err != nil {
-		return fail(err)
+	var err error
+	if r.relay, r.relayRaw, err = getRelay(ctx, q.base, q.token); err != nil {
+		return nil, err
 	}
-	if rj != nil {
-		if _, found, err := getOptional(ctx, base+"/status", token, &st); err != nil {
-			return fail(err)
+	if r.relay != nil {
+		if _, found, err := getOptional(ctx, q.base+"/status", q.token, &r.st); err != nil {
+			return nil, err
 		} else if !found {
-			if !wantStats {
-				return fail(errors.New("this is a relay's metrics server: it has no workers or channels"))
+			if !q.wantStats {
+				return nil, errors.New("this is a relay's metrics server: it has no workers or channels")
 			}
-			if *asJSON {
-				fmt.Fprintf(stdout, "{\"relay\":%s}\n", relayRaw)
-				return 0
-			}
-			printRelay(stdout, *addr, rj)
-			return 0
+			r.relayAlone = true
+			return r, nil
 		}
 	}
-	if wantStats {
-		if raw["status"], err = get("/status", &st); err != nil {
-			return fail(err)
+	for _, e := range []struct {
+		want bool
+		key  string
+		path string
+		v    any
+	}{
+		{q.wantStats, "status", "/status", &r.st},
+		{q.wantW, "workers", "/workers?" + q.page.Encode(), &r.ws},
+		{q.wantC, "channels", "/channels?" + q.page.Encode(), &r.cs},
+	} {
+		if !e.want {
+			continue
+		}
+		if r.raw[e.key], err = getJSON(ctx, q.base+e.path, q.token, e.v); err != nil {
+			return nil, err
 		}
 	}
-	if wantW {
-		if raw["workers"], err = get("/workers?"+page.Encode(), &ws); err != nil {
-			return fail(err)
-		}
-	}
-	if wantC {
-		if raw["channels"], err = get("/channels?"+page.Encode(), &cs); err != nil {
-			return fail(err)
-		}
-	}
+	return r, nil
+}
 
-	if *asJSON {
-		var out []byte
-		switch {
-		case *onlyWorkers:
-			out = raw["workers"]
-		case *onlyChannels:
-			out = raw["channels"]
-		default:
-			out, _ = json.Marshal(struct {
-				Status   json.RawMessage `json:"status"`
-				Relay    json.RawMessage `json:"relay,omitempty"`
-				Workers  json.RawMessage `json:"workers"`
-				Channels json.RawMessage `json:"channels"`
-			}{raw["status"], relayRaw, raw["workers"], raw["channels"]})
-		}
-		fmt.Fprintf(stdout, "%s\n", out)
-		return 0
+// printJSON prints the bodies as one JSON document: the one asked for
+// alone, or all of them under their names.
+func (q *statusQuery) printJSON(w io.Writer, r *statusReport) {
+	var out []byte
+	switch {
+	case r.relayAlone:
+		out = fmt.Appendf(nil, "{\"relay\":%s}", r.relayRaw)
+	case !q.wantC:
+		out = r.raw["workers"]
+	case !q.wantW:
+		out = r.raw["channels"]
+	default:
+		out, _ = json.Marshal(struct {
+			Status   json.RawMessage `json:"status"`
+			Relay    json.RawMessage `json:"relay,omitempty"`
+			Workers  json.RawMessage `json:"workers"`
+			Channels json.RawMessage `json:"channels"`
+		}{r.raw["status"], r.relayRaw, r.raw["workers"], r.raw["channels"]})
 	}
+	fmt.Fprintf(w, "%s\n", out)
+}
 
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	if wantStats {
+// print prints the summary and the tables q asked for.
+func (q *statusQuery) print(w io.Writer, r *statusReport) {
+	if r.relayAlone {
+		printRelay(w, q.addr, r.relay)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if q.wantStats {
+		st := r.st
 		healthy := "no"
 		if st.Healthy {
 			healthy = "yes"
 		}
-		fmt.Fprintf(tw, "hub\t%s (pid %d)\n", *addr, st.PID)
+		fmt.Fprintf(tw, "hub\t%s (pid %d)\n", q.addr, st.PID)
 		fmt.Fprintf(tw, "healthy\t%s\n", healthy)
 		fmt.Fprintf(tw, "uptime\t%s\n", time.Duration(st.UptimeSeconds*float64(time.Second)).Round(time.Second))
 		fmt.Fprintf(tw, "workers\t%d\n", st.Workers)
 		fmt.Fprintf(tw, "channels\t%d LISTENed\n", st.Channels)
 		fmt.Fprintf(tw, "version\t%s (revision %s, %s)\n", st.Version, shortRevision(st.Revision), st.GoVersion)
 		tw.Flush()
-		if rj != nil {
-			fmt.Fprintln(stdout)
-			printRelay(stdout, "", rj)
+		if r.relay != nil {
+			fmt.Fprintln(w)
+			printRelay(w, "", r.relay)
 		}
 	}
-	now := time.Now()
-	if wantW {
-		if wantStats {
-			fmt.Fprintln(stdout)
+	if q.wantW {
+		if q.wantStats {
+			fmt.Fprintln(w)
 		}
-		fmt.Fprintln(stdout, pageTitle("workers", ws.Offset, len(ws.Workers), ws.Total, ws.Sort))
-		if len(ws.Workers) > 0 {
-			fmt.Fprintln(tw, "ID\tPID\tUID\tCONNECTED\tSUBS\tNAMES\tBACKLOG\tBYTES\tDURABLE\tSENT\tCOALESCED\tDROPPED")
-			for _, w := range ws.Workers {
-				fmt.Fprintf(tw, "%d\t%d\t%d\t%s ago\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n",
-					w.ID, w.PID, w.UID, now.Sub(w.ConnectedAt).Round(time.Second), w.Subscriptions,
-					nameList(w.Names, w.Subscriptions), w.BacklogFrames, w.BacklogBytes, w.DurablePending,
-					w.FramesSent, w.DurableCoalesced, w.DurableDropped)
-			}
-			tw.Flush()
-		}
+		printWorkers(w, tw, r.ws, time.Now())
 	}
-	if wantC {
-		if wantStats || wantW {
-			fmt.Fprintln(stdout)
+	if q.wantC {
+		if q.wantStats || q.wantW {
+			fmt.Fprintln(w)
 		}
-		fmt.Fprintln(stdout, pageTitle("channels", cs.Offset, len(cs.Channels), cs.Total, cs.Sort))
-		if len(cs.Channels) > 0 {
-			fmt.Fprintln(tw, "NAME\tCHANNEL\tSTATE\tSUBSCRIBERS\tWAITING\tRECEIVED\tDELIVERED")
-			for _, c := range cs.Channels {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\n", cell(c.Name), cell(c.Channel), c.State,
-					c.Subscribers, c.Waiting, c.WakesReceived, c.WakesDelivered)
-			}
-			tw.Flush()
-		}
+		printChannels(w, tw, r.cs)
 	}
-	return 0
+}
+
+// printWorkers prints a page of workers: its title, then its table on tw.
+func printWorkers(w io.Writer, tw *tabwriter.Writer, ws hub.WorkerList, now time.Time) {
+	fmt.Fprintln(w, pageTitle("workers", ws.Offset, len(ws.Workers), ws.Total, ws.Sort))
+	if len(ws.Workers) == 0 {
+		return
+	}
+	fmt.Fprintln(tw, "ID\tPID\tUID\tCONNECTED\tSUBS\tNAMES\tBACKLOG\tBYTES\tDURABLE\tSENT\tCOALESCED\tDROPPED")
+	for _, w := range ws.Workers {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s ago\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n",
+			w.ID, w.PID, w.UID, now.Sub(w.ConnectedAt).Round(time.Second), w.Subscriptions,
+			nameList(w.Names, w.Subscriptions), w.BacklogFrames, w.BacklogBytes, w.DurablePending,
+			w.FramesSent, w.DurableCoalesced, w.DurableDropped)
+	}
+	tw.Flush()
+}
+
+// printChannels prints a page of channels: its title, then its table on
+// tw.
+func printChannels(w io.Writer, tw *tabwriter.Writer, cs hub.ChannelList) {
+	fmt.Fprintln(w, pageTitle("channels", cs.Offset, len(cs.Channels), cs.Total, cs.Sort))
+	if len(cs.Channels) == 0 {
+		return
+	}
+	fmt.Fprintln(tw, "NAME\tCHANNEL\tSTATE\tSUBSCRIBERS\tWAITING\tRECEIVED\tDELIVERED")
+	for _, c := range cs.Channels {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\n", cell(c.Name), cell(c.Channel), c.State,
+			c.Subscribers, c.Waiting, c.WakesReceived, c.WakesDelivered)
+	}
+	tw.Flush()
 }
 
 // pageTitle says which rows a table shows: "workers 1-3 of 3, by id".

@@ -69,12 +69,17 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 		unmark()
 		return fmt.Errorf("hub: upgrade: %w", pl.err)
 	}
-	if err := sendMsg(conn, upMsg{T: "plan", Marker: pl.marker}, nil); err != nil {
+	mapping := &upMapping{Prefix: h.cfg.ChannelPrefix, Suffix: h.cfg.ChannelSuffix}
+	if err := sendMsg(conn, upMsg{T: "plan", Marker: pl.marker, Mapping: mapping}, nil); err != nil {
 		unmark()
 		return err
 	}
 	if m, _, err := recvMsg(conn); err != nil || m.T != "prepared" {
 		unmark()
+		if err == nil && m.T == "abort" {
+			// It refused (a changed channel mapping, say): its words.
+			return fmt.Errorf("hub: upgrade: the new process refused: %s", m.Reason)
+		}
 		if err == nil {
 			err = fmt.Errorf("new process said %q, want prepared: %s", m.T, m.Reason)
 		}

@@ -57,6 +57,9 @@ func (h *Hub) takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 	if err == nil && m.T != "plan" {
 		err = fmt.Errorf("hub: upgrade: old process said %q, want plan: %s", m.T, m.Reason)
 	}
+	if err == nil && m.Mapping != nil {
+		err = h.checkMapping(*m.Mapping)
+	}
 	if err != nil {
 		return abort(err)
 	}
@@ -195,6 +198,10 @@ func (h *Hub) takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 // the loop runs).
 func (h *Hub) adopt(st *handedHub, fds []int) error {
 	if err := st.fromVersion(); err != nil {
+		closeAll(fds)
+		return err
+	}
+	if err := h.checkHandedMapping(st.Channels); err != nil {
 		closeAll(fds)
 		return err
 	}

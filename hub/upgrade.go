@@ -131,6 +131,52 @@ type upMsg struct {
 	Reason  string     `json:"reason,omitempty"`
 	Prepare *upPrepare `json:"prepare,omitempty"`
 	State   *handedHub `json:"state,omitempty"`
+	// Mapping (plan) is the old process's channel mapping; absent from
+	// an older hub, whose mapping the new process reads off the handed
+	// channels instead (adopt).
+	Mapping *upMapping `json:"mapping,omitempty"`
+}
+
+// upMapping is a hub's channel mapping: Config.ChannelPrefix and
+// ChannelSuffix.
+type upMapping struct {
+	Prefix string `json:"prefix"`
+	Suffix string `json:"suffix"`
+}
+
+// An upgrade never changes the channel mapping (docs/design.md, "Faults
+// beside the hub"): the workers handed over are subscribed to channels
+// named under the old one, and a new process that LISTENed new workers'
+// names under its own would map one name to two channels. The new process
+// refuses before the old one freezes anything, and the old one serves on;
+// a new mapping takes a restart.
+
+// mappingAdvice is what to do about a refused mapping change.
+const mappingAdvice = "an upgrade keeps the channels of the workers it hands over; " +
+	"restart the hub to apply the new mapping (its workers fall back meanwhile and come back under it), " +
+	"or set channel-prefix and channel-suffix back and upgrade again"
+
+// checkMapping refuses to take over from a hub whose mapping m is not this
+// one's.
+func (h *Hub) checkMapping(m upMapping) error {
+	if m.Prefix == h.cfg.ChannelPrefix && m.Suffix == h.cfg.ChannelSuffix {
+		return nil
+	}
+	return fmt.Errorf("hub: upgrade refused: the channel mapping changed (prefix %q to %q, suffix %q to %q): %s",
+		m.Prefix, h.cfg.ChannelPrefix, m.Suffix, h.cfg.ChannelSuffix, mappingAdvice)
+}
+
+// checkHandedMapping is checkMapping for an old process that did not send
+// its mapping: each handed channel must be where this one's mapping puts
+// its name.
+func (h *Hub) checkHandedMapping(chans []handedChannel) error {
+	for _, c := range chans {
+		if pg, err := h.channelName(c.Q); err != nil || pg != c.PG {
+			return fmt.Errorf("hub: upgrade refused: the channel mapping changed (the old process LISTENs %q for %q, this one's prefix %q and suffix %q give %q): %s",
+				c.PG, c.Q, h.cfg.ChannelPrefix, h.cfg.ChannelSuffix, pg, mappingAdvice)
+		}
+	}
+	return nil
 }
 
 type upPrepare struct {

@@ -164,6 +164,10 @@ var liveKeys = []string{"log-level", "log-format", "max-workers", "max-subscript
 	"hard-queue-limit", "hard-queue-bytes", "durable-queue-limit", "max-outbound-bytes", "frame-timeout",
 	"status-interval", "allow-uid"}
 
+// restartKeys are the settings an upgrade refuses to change: the channel
+// mapping, which the workers handed over are subscribed under.
+var restartKeys = []string{"channel-prefix", "channel-suffix"}
+
 // intOf and durationOf read fs's int and duration flags by name.
 func intOf(fs *flag.FlagSet) func(string) int {
 	return func(k string) int { return fs.Lookup(k).Value.(flag.Getter).Get().(int) }
@@ -234,7 +238,7 @@ func (r *configReloader) reload(ctx context.Context) {
 	}
 	want := map[string]string{}
 	line := map[string]int{}
-	var live, upgrade, overridden []string
+	var live, upgrade, restart, overridden []string
 	for _, e := range entries {
 		if r.fromArgs[e.key] {
 			overridden = append(overridden, e.key)
@@ -250,9 +254,12 @@ func (r *configReloader) reload(ctx context.Context) {
 		if old, was := r.applied[k]; was && old == v || !was && v == r.fs.Lookup(k).Value.String() {
 			continue
 		}
-		if slices.Contains(liveKeys, k) {
+		switch {
+		case slices.Contains(liveKeys, k):
 			live = append(live, k)
-		} else {
+		case slices.Contains(restartKeys, k):
+			restart = append(restart, k)
+		default:
 			upgrade = append(upgrade, k)
 		}
 	}
@@ -274,6 +281,9 @@ func (r *configReloader) reload(ctx context.Context) {
 	}
 	if len(upgrade) > 0 {
 		r.log.Warn("config: changed settings need an upgrade (SIGUSR2) to take effect", "keys", upgrade)
+	}
+	if len(restart) > 0 {
+		r.log.Warn("config: a changed channel mapping needs a restart; an upgrade refuses it (its workers' channels are named under the old one)", "keys", restart)
 	}
 	r.log.Info("config reloaded", "file", r.path, "applied", live)
 }

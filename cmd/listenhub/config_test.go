@@ -117,11 +117,12 @@ func TestServeConfigSIGHUP(t *testing.T) {
 		}
 		testutil.WaitFor(t, timeout, want, func() bool { return strings.Count(p.stderr.String(), want) > n })
 	}
-	writeConfig(t, conf, "max-subscriptions = 3\nlog-format = text\nlog-level = debug\nchannel-prefix = x.\nmax-channels = 1\n")
+	writeConfig(t, conf, "max-subscriptions = 3\nlog-format = text\nlog-level = debug\nchannel-prefix = x.\nmax-channels = 1\nhealth-check-interval = 7s\n")
 	hup(`msg="config reloaded"`)
 	log := p.stderr.String()
 	for _, want := range []string{
-		`msg="config: changed settings need an upgrade (SIGUSR2) to take effect" keys=[channel-prefix]`,
+		`msg="config: changed settings need an upgrade (SIGUSR2) to take effect" keys=[health-check-interval]`,
+		`msg="config: a changed channel mapping needs a restart; an upgrade refuses it (its workers' channels are named under the old one)" keys=[channel-prefix]`,
 		`msg="config: settings given as flags or in the environment override the file" keys=[max-channels]`,
 		`max_subscriptions=3`,
 	} {

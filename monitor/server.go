@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/listenhub/listenhub/hub"
 )
 
@@ -262,12 +260,7 @@ func peerGone(c net.Conn) bool {
 		return false
 	}
 	gone := false
-	rc.Control(func(fd uintptr) {
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-		if n, err := unix.Poll(p, 0); err == nil && n > 0 {
-			gone = p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
-		}
-	})
+	rc.Control(func(fd uintptr) { gone = shutDown(int(fd)) })
 	return gone
 }
 

@@ -461,7 +461,8 @@ func startDemoWorker(exe string, id int, args []string, url string, stderr io.Wr
 	// Its own process group: a Ctrl-C in the terminal reaches the demo
 	// only, which then stops the workers in order. Pdeathsig and the
 	// stdin pipe make a worker exit if the demo dies without cleanup.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	dieWithParent(cmd.SysProcAttr) // Linux only
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -364,7 +364,7 @@ func doctorSocket(path string, add func(finding)) {
 		return
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
-		add(finding{"socket", statusFail, fmt.Sprintf("%s is not a socket (%s)", path, fileType(st.Mode)), "give the path the hub listens on (serve --socket)"})
+		add(finding{"socket", statusFail, fmt.Sprintf("%s is not a socket (%s)", path, fileType(uint32(st.Mode))), "give the path the hub listens on (serve --socket)"})
 		return
 	}
 	mode := os.FileMode(st.Mode & 0o777)

@@ -516,16 +516,16 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 	connectWorkers(t, h.socket, "early", early)
 	h.waitMetric("listenhub_workers", early+1, timeout)
 	var old unix.Rlimit
-	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, nil, &old); err != nil {
+	if err := prlimitNofile(h.pid(), nil, &old); err != nil {
 		t.Skipf("prlimit: %v", err)
 	}
 	open := h.fds()
 	// Room for the workers already there, the reserve and 20 more.
-	lim := unix.Rlimit{Cur: uint64(open + 64 + monitor.MaxConns + 1 + 20), Max: old.Max}
-	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+	lim := unix.Rlimit{Cur: testutil.Rlim(open+64+monitor.MaxConns+1+20, old.Cur), Max: old.Max}
+	if err := prlimitNofile(h.pid(), &lim, nil); err != nil {
 		t.Skipf("prlimit: %v", err)
 	}
-	t.Cleanup(func() { unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &old, nil) })
+	t.Cleanup(func() { prlimitNofile(h.pid(), &old, nil) })
 	// The budget is re-read on the status tick (every second) and at
 	// EMFILE: wait for the tick.
 	mark := h.log.mark()
@@ -565,7 +565,7 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 		codes[code]++
 	}
 	// The limit back up: workers are admitted again.
-	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &old, nil); err != nil {
+	if err := prlimitNofile(h.pid(), &old, nil); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 5*time.Second, "a worker admitted again", func() bool {

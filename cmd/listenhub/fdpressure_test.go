@@ -31,17 +31,17 @@ func TestAttackLoweredFDLimitSheds(t *testing.T) {
 	h.waitMetric("listenhub_workers", n+1, timeout)
 
 	var old unix.Rlimit
-	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, nil, &old); err != nil {
+	if err := prlimitNofile(h.pid(), nil, &old); err != nil {
 		t.Skipf("prlimit: %v", err)
 	}
 	open := h.fds()
 	// Below what it holds: not one descriptor left, even if a few close
 	// meanwhile (a keep-alive connection of a scrape, say).
-	lim := unix.Rlimit{Cur: uint64(open - 8), Max: old.Max}
-	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+	lim := unix.Rlimit{Cur: testutil.Rlim(open-8, old.Cur), Max: old.Max}
+	if err := prlimitNofile(h.pid(), &lim, nil); err != nil {
 		t.Skipf("prlimit: %v", err)
 	}
-	t.Cleanup(func() { unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &old, nil) })
+	t.Cleanup(func() { prlimitNofile(h.pid(), &old, nil) })
 	mark := h.log.mark()
 
 	// At once, before any status tick re-read the limit.
@@ -133,7 +133,7 @@ func TestAttackLoweredFDLimitSheds(t *testing.T) {
 	}
 
 	// The limit back up: workers are admitted again.
-	if err := unix.Prlimit(h.pid(), unix.RLIMIT_NOFILE, &old, nil); err != nil {
+	if err := prlimitNofile(h.pid(), &old, nil); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 5*time.Second, "a worker admitted again", func() bool {

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
@@ -45,7 +44,7 @@ func newFakeSystemd(t *testing.T) *fakeSystemd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1) })
+	rc.Control(func(fd uintptr) { err = passCred(int(fd)) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,15 +67,7 @@ func (s *fakeSystemd) nextFrom(d time.Duration) (string, int) {
 	if err != nil {
 		s.t.Fatalf("no notify datagram within %v: %v", d, err)
 	}
-	pid := 0
-	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-		for _, m := range msgs {
-			if cred, err := unix.ParseUnixCredentials(&m); err == nil {
-				pid = int(cred.Pid)
-			}
-		}
-	}
-	return string(buf[:n]), pid
+	return string(buf[:n]), senderPID(oob[:oobn])
 }
 
 // waitAll reads datagrams until each of wants was in one, and returns when

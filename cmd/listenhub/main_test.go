@@ -861,11 +861,11 @@ func TestServeEMFILE(t *testing.T) {
 	p.ready()
 	base := p.fds()
 	var old unix.Rlimit
-	if err := unix.Prlimit(p.pid(), unix.RLIMIT_NOFILE, nil, &old); err != nil {
+	if err := prlimitNofile(p.pid(), nil, &old); err != nil {
 		t.Skipf("prlimit: %v", err)
 	}
-	lim := unix.Rlimit{Cur: uint64(base + 3), Max: old.Max}
-	if err := unix.Prlimit(p.pid(), unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+	lim := unix.Rlimit{Cur: testutil.Rlim(base+3, old.Cur), Max: old.Max}
+	if err := prlimitNofile(p.pid(), &lim, nil); err != nil {
 		t.Skipf("prlimit: %v", err)
 	}
 	// The cap follows the lowered limit from the next status tick on
@@ -932,7 +932,7 @@ func TestServeEMFILE(t *testing.T) {
 	}
 	testutil.WaitFor(t, timeout, "every worker gone", func() bool { return p.fds() <= base })
 	dialWorker(t, path) // now one gets in
-	unix.Prlimit(p.pid(), unix.RLIMIT_NOFILE, &old, nil)
+	prlimitNofile(p.pid(), &old, nil)
 }
 
 // A stop requested while the first Postgres connection is still being

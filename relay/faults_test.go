@@ -455,3 +455,36 @@ func TestRelayUnitNoStartLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayOwnWalsenderNotAnotherRelay: after a session is lost while its
+// walsender lives on (frozen here), the relay's next session finds the
+// slot held by that walsender: its own, ended and waited for, never a
+// standby and never a takeover.
+func TestRelayOwnWalsenderNotAnotherRelay(t *testing.T) {
+	pgtesting.RequireLocal(t, db)
+	defer func() { probeSilence = true }()
+	probeSilence = false
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	opts := f.options()
+	opts.StatusInterval = 200 * time.Millisecond
+	rn := f.run(opts)
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	pid := f.slotActivePID()
+	pgtesting.Must(t, db.Freeze(pid))
+	testutil.WaitFor(t, 10*time.Second, "the old walsender asked to end", func() bool {
+		return strings.Contains(rn.log.String(), "ended its own previous walsender")
+	})
+	pgtesting.Must(t, db.Thaw(pid))
+	testutil.WaitFor(t, 10*time.Second, "streaming again", func() bool {
+		st := rn.r.Stats()
+		return st.State == StateActive && st.Reconnects >= 1
+	})
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "a wake", func() bool { return l.count(ch) == 2 })
+	if st := rn.r.Stats(); st.Takeovers != 0 || strings.Contains(rn.log.String(), "standing by") {
+		t.Errorf("takeovers %d, or stood by: its own walsender counted as another relay", st.Takeovers)
+	}
+}

@@ -174,7 +174,8 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 			return sessionResult{err: err}
 		}
 	}
-	r.walsender.Store(int32(s.walsender))
+	// The previous session's walsender, which may still hold the slot.
+	prevWalsender := int(r.walsender.Swap(int32(s.walsender)))
 	own := 0 // times the slot was found held by this relay's previous walsender
 	for {
 		err := s.startReplication(ctx)
@@ -189,11 +190,17 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 			}
 			return sessionResult{err: err}
 		}
-		if own < 50 && s.endOwnWalsender(ctx) {
+		if s.endOwnWalsender(ctx, prevWalsender, own == 0) {
 			// Not another relay: the walsender of this relay's lost
 			// session, which the server has not noticed is gone.
+			// It is asked to end, and waited for: never a standby,
+			// never a takeover.
 			own++
-			if !sleep(ctx, 20*time.Millisecond) {
+			if own == 50 {
+				r.log.Warn("relay: its previous walsender still holds the slot; waiting for it to exit", "pid", prevWalsender)
+			}
+			r.setLastError(fmt.Sprintf("waiting for this relay's previous walsender (pid %d) to release the slot", prevWalsender))
+			if !sleep(ctx, min(time.Duration(own)*20*time.Millisecond, 500*time.Millisecond)) {
 				return sessionResult{err: ctx.Err()}
 			}
 			continue
@@ -323,8 +330,7 @@ func (s *session) dropSlot(ctx context.Context, reason string) error {
 // endOwnWalsender ends the walsender that holds the slot when it is the one
 // of this relay's previous session (the server had not noticed that
 // session's end), and reports whether it was.
-func (s *session) endOwnWalsender(ctx context.Context) bool {
-	old := int(s.r.walsender.Load())
+func (s *session) endOwnWalsender(ctx context.Context, old int, first bool) bool {
 	if old == 0 || old == s.walsender {
 		return false
 	}
@@ -334,10 +340,12 @@ func (s *session) endOwnWalsender(ctx context.Context) bool {
 	if err != nil || rows[0][0] != strconv.Itoa(old) {
 		return false
 	}
-	if _, err := query(cctx, s.nc, `SELECT pg_terminate_backend($1::int)::text`, rows[0][0]); err != nil {
-		return false
+	if first {
+		if _, err := query(cctx, s.nc, `SELECT pg_terminate_backend($1::int)::text`, rows[0][0]); err != nil {
+			return false
+		}
+		s.r.log.Info("relay ended its own previous walsender, which still held the slot", "pid", old)
 	}
-	s.r.log.Info("relay ended its own previous walsender, which still held the slot", "pid", old)
 	return true
 }
 

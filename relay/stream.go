@@ -59,6 +59,11 @@ type relation struct {
 	tooLong      [numOps]bool
 }
 
+// probeSilence: a read deadline without a message asks the server whether
+// the walsender still holds the slot (a test turns it off to make a
+// session fail while its walsender lives on).
+var probeSilence = true
+
 // read is the reader goroutine: it decodes until the connection fails.
 func (s *session) read(ctx context.Context, events chan<- event) error {
 	r := s.r
@@ -124,7 +129,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 		}
 		typ, body, err := s.readMsg()
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
+			if probeSilence && errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
 				// Silence is not death: a walsender decoding a large
 				// transaction of unpublished tables sends nothing,
 				// not even a keepalive, for as long as that takes.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/listenhub/listenhub/internal/channame"
 )
 
 // ErrClosed is the error of a Listener or Subscription that was closed by
@@ -149,15 +151,12 @@ func (e *SlowSubscriberError) Error() string {
 // Is makes errors.Is(err, ErrSlowSubscriber) true.
 func (e *SlowSubscriberError) Is(target error) bool { return target == ErrSlowSubscriber }
 
-// maxNameBytes is NAMEDATALEN-1: Postgres truncates longer identifiers.
-const maxNameBytes = 63
-
 // checkName rejects the names that are invalid whatever the hub's channel
 // prefix and suffix are, without a round trip. The hub checks the mapped
 // channel again.
 func checkName(q string) error {
-	if len(q) > maxNameBytes {
-		return fmt.Errorf("listenhub client: %q: %w: %d bytes, the limit is %d", q, ErrInvalidName, len(q), maxNameBytes)
+	if len(q) > channame.MaxLen {
+		return fmt.Errorf("listenhub client: %q: %w: %d bytes, the limit is %d", q, ErrInvalidName, len(q), channame.MaxLen)
 	}
 	if strings.IndexByte(q, 0) >= 0 {
 		return fmt.Errorf("listenhub client: %q: %w: contains NUL", q, ErrInvalidName)

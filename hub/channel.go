@@ -4,12 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/listenhub/listenhub/frame"
-	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/internal/channame"
 )
 
 // chanState is where a channel of the union stands with Postgres.
@@ -81,27 +79,17 @@ type waiter struct {
 // it cannot be LISTENed.
 func (h *Hub) channelName(q string) (string, error) {
 	if q == "" {
-		return "", errors.New("invalid channel: empty name")
+		return "", channame.Check(q) // whatever the prefix and suffix
 	}
 	pg := q
 	if h.cfg.ChannelPrefix != "" || h.cfg.ChannelSuffix != "" {
 		pg = h.cfg.ChannelPrefix + q + h.cfg.ChannelSuffix
 	}
-	if len(pg) > maxChannelBytes {
-		return "", fmt.Errorf("invalid channel: %d bytes, Postgres allows at most %d", len(pg), maxChannelBytes)
-	}
-	if strings.IndexByte(pg, 0) >= 0 {
-		return "", errors.New("invalid channel: contains NUL")
-	}
-	if !utf8.ValidString(pg) {
-		return "", errNotUTF8
+	if err := channame.Check(pg); err != nil {
+		return "", err
 	}
 	return pg, nil
 }
-
-// errNotUTF8 refuses a name that is not valid UTF-8 (or that the worker
-// sent as such: see frame.Message.QNotUTF8).
-var errNotUTF8 = errors.New("invalid channel: not valid UTF-8")
 
 // The nack texts of the caps (docs/design.md, "Limits").
 const (
@@ -303,7 +291,7 @@ func (h *Hub) unlistenDone(ch *channel, err error) {
 		if h.logOK(logRefusedSub, slog.LevelWarn) {
 			h.logLine(logRefusedSub, slog.LevelWarn, "UNLISTEN failed", "q", logName(ch.q), "channel", logName(ch.pg), "reason", err)
 		}
-		if len(ch.subs) == 0 && !errors.Is(err, listener.ErrInvalidChannel) {
+		if len(ch.subs) == 0 && !errors.Is(err, channame.ErrInvalid) {
 			// The listener may still LISTEN to it (and re-LISTEN on
 			// reconnect): retry once the connection is back.
 			ch.unlistenFailed = true
@@ -331,7 +319,7 @@ func (h *Hub) ackWaiters(ch *channel) {
 func (h *Hub) sendAck(w *worker, q string, subAt time.Time) {
 	h.scratch = frame.AppendAck(h.scratch[:0], q)
 	if h.enqueueControl(w, h.scratch) {
-		h.ackLatency.observe(time.Since(subAt), 1)
+		h.ackLatency.Observe(time.Since(subAt), 1)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/listener"
 )
 
@@ -65,18 +66,14 @@ const (
 	// heavily from pinning more than 8 MiB of hub memory per worker.
 	DefaultHardQueueBytes = 8 << 20
 
-	// maxChannelBytes is NAMEDATALEN-1: Postgres silently truncates longer
-	// identifiers, which would make two names LISTEN on one channel.
-	maxChannelBytes = 63
-
 	// maxDurableFrame bounds one durable wake frame: the header and
-	// {"t":"wake","q":"…","p":null} with a name of at most maxChannelBytes
+	// {"t":"wake","q":"…","p":null} with a name of at most channame.MaxLen
 	// bytes, each of which JSON may spell in 6 (\u00XX, \ufffd).
-	maxDurableFrame = 4 + len(`{"t":"wake","q":""`) + 6*maxChannelBytes + len(`,"p":null}`)
+	maxDurableFrame = 4 + len(`{"t":"wake","q":""`) + 6*channame.MaxLen + len(`,"p":null}`)
 
 	// maxAckFrame bounds one ack frame the same way: every acked name is
 	// a valid channel name.
-	maxAckFrame = 4 + len(`{"t":"ack","q":""}`) + 6*maxChannelBytes
+	maxAckFrame = 4 + len(`{"t":"ack","q":""}`) + 6*channame.MaxLen
 )
 
 // Config configures a Hub. The zero value of every field but SocketPath (and
@@ -325,8 +322,8 @@ func (c Config) withDefaults() (Config, error) {
 		// evict where the hard limit is meant to.
 		return c, fmt.Errorf("hub: config: MaxOutboundBytes %d is below HardQueueBytes %d", c.MaxOutboundBytes, c.HardQueueBytes)
 	}
-	if n := len(c.ChannelPrefix) + len(c.ChannelSuffix); n >= maxChannelBytes {
-		return c, fmt.Errorf("hub: config: channel prefix and suffix are %d bytes; no subscription name fits in %d", n, maxChannelBytes)
+	if n := len(c.ChannelPrefix) + len(c.ChannelSuffix); n >= channame.MaxLen {
+		return c, fmt.Errorf("hub: config: channel prefix and suffix are %d bytes; no subscription name fits in %d", n, channame.MaxLen)
 	}
 	for _, uid := range c.AllowUIDs {
 		if uid < 0 {

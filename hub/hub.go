@@ -49,6 +49,7 @@ import (
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/fdreserve"
+	"github.com/listenhub/listenhub/internal/histogram"
 	"github.com/listenhub/listenhub/listener"
 	"github.com/listenhub/listenhub/loop"
 )
@@ -112,7 +113,7 @@ type Hub struct {
 	stats counters
 	// fanoutLatency and ackLatency are the latency histograms
 	// (histogram.go): written on the loop, read from anywhere.
-	fanoutLatency, ackLatency *histogram
+	fanoutLatency, ackLatency *histogram.Recorder
 
 	openPG pgOpener // set by New; tests replace it
 	// testPrecopied, when set (tests), runs on handover's goroutine
@@ -236,8 +237,8 @@ func New(cfg Config) (*Hub, error) {
 		fds:        fdBudget{spareFD: -1, maxWorkers: c.MaxWorkers},
 		maxPartial: MaxPartialBytes,
 
-		fanoutLatency: newHistogram(fanoutBounds),
-		ackLatency:    newHistogram(ackBounds),
+		fanoutLatency: histogram.New(fanoutBounds),
+		ackLatency:    histogram.New(ackBounds),
 	}
 	for _, uid := range c.AllowUIDs {
 		h.allow[uint32(uid)] = struct{}{}
@@ -431,13 +432,13 @@ func (h *Hub) Stats() Stats { return h.stats.snapshot() }
 // workers' sockets, one observation per notification routed to at least one
 // worker. Frames a full socket refused are not waited for: this is the
 // hub's own delay, not a slow worker's. Safe from any goroutine.
-func (h *Hub) FanoutLatency() Histogram { return h.fanoutLatency.snapshot() }
+func (h *Hub) FanoutLatency() Histogram { return h.fanoutLatency.Snapshot() }
 
 // AckLatency returns the histogram of the time from reading a sub to
 // queuing its ack: microseconds for a channel already LISTENed, a Postgres
 // round trip for a new one, longer while the connection is down. Safe from
 // any goroutine.
-func (h *Hub) AckLatency() Histogram { return h.ackLatency.snapshot() }
+func (h *Hub) AckLatency() Histogram { return h.ackLatency.Snapshot() }
 
 // shutdown is Stop on the loop goroutine.
 func (h *Hub) shutdown() {

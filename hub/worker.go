@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/ring"
 	"github.com/listenhub/listenhub/loop"
 )
@@ -431,7 +432,7 @@ func (h *Hub) handle(w *worker, m *frame.Message) {
 			// Decoded with U+FFFD in it, the name is not the one the
 			// worker meant: an ack for it would never match. The nack
 			// carries the bytes it sent ("q64"), which the worker can.
-			h.refuseSubQ64(w, m.Q, m.QRaw, errNotUTF8.Error())
+			h.refuseSubQ64(w, m.Q, m.QRaw, channame.ErrNotUTF8.Error())
 			return
 		}
 		h.subscribe(w, m.Q)
@@ -690,7 +691,7 @@ func (h *Hub) flush() {
 	h.load.iteration(h.loop.Now(), now)
 	if h.notifs > 0 {
 		// Each notification waited from the iteration's start to here.
-		h.fanoutLatency.observe(now.Sub(h.notifAt), h.notifs)
+		h.fanoutLatency.Observe(now.Sub(h.notifAt), h.notifs)
 		h.notifs = 0
 	}
 }

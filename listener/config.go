@@ -30,9 +30,10 @@ import (
 	"log/slog"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/internal/channame"
 )
 
 // DefaultApplicationName is the application_name the listener's backends
@@ -43,7 +44,7 @@ const DefaultApplicationName = "listenhub"
 // MaxChannelLen is the longest channel name Postgres keeps: identifiers are
 // silently truncated at NAMEDATALEN-1 bytes, and a truncated LISTEN would
 // listen to a different channel than the one asked for.
-const MaxChannelLen = 63
+const MaxChannelLen = channame.MaxLen
 
 // Defaults applied to zero Config fields (docs/design.md rule 8 and rule 7).
 const (
@@ -71,8 +72,9 @@ var (
 	// ErrCommandTimeout is passed to done when a command issued while the
 	// connection was down waited longer than Config.CommandTimeout.
 	ErrCommandTimeout = errors.New("listener: no connection within the command timeout")
-	// ErrInvalidChannel wraps every reason ValidChannel refuses a name.
-	ErrInvalidChannel = errors.New("listener: invalid channel")
+	// ErrInvalidChannel wraps every reason ValidChannel refuses a name
+	// (the hub's nack texts say the same: "invalid channel: …").
+	ErrInvalidChannel = channame.ErrInvalid
 	// ErrHealthCheck is the reason a connection is declared dead when the
 	// server sent nothing within the health-check deadline.
 	ErrHealthCheck = errors.New("listener: health check: no answer from the server")
@@ -236,24 +238,13 @@ func checkScheme(s string) error {
 	}
 }
 
-// ValidChannel reports why ch cannot be LISTENed to as given, or nil. Empty
-// names are a syntax error in Postgres; names over MaxChannelLen bytes would
-// be truncated into another channel; NUL cannot travel in a query; invalid
-// UTF-8 is refused by the server for the whole query string, which would
-// make the error impossible to pin on one command of a batch.
-func ValidChannel(ch string) error {
-	switch {
-	case ch == "":
-		return fmt.Errorf("%w: empty name", ErrInvalidChannel)
-	case len(ch) > MaxChannelLen:
-		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidChannel, len(ch), MaxChannelLen)
-	case strings.IndexByte(ch, 0) >= 0:
-		return fmt.Errorf("%w: contains NUL", ErrInvalidChannel)
-	case !utf8.ValidString(ch):
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidChannel)
-	}
-	return nil
-}
+// ValidChannel reports why ch cannot be LISTENed to as given, or nil (the
+// error wraps ErrInvalidChannel). Empty names are a syntax error in
+// Postgres; names over MaxChannelLen bytes would be truncated into another
+// channel; NUL cannot travel in a query; invalid UTF-8 is refused by the
+// server for the whole query string, which would make the error impossible
+// to pin on one command of a batch.
+func ValidChannel(ch string) error { return channame.Check(ch) }
 
 // QuoteIdentifier returns ch as a quoted SQL identifier: wrapped in double
 // quotes with every double quote doubled, so that no channel name can end

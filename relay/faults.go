@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/relayfix"
 )
 
@@ -80,8 +81,8 @@ func errLine(err error) string {
 // checkSlotName applies PostgreSQL's rule for replication slot names, which
 // the server would otherwise refuse at every attempt.
 func checkSlotName(name string) error {
-	if len(name) > MaxChannelLen {
-		return fmt.Errorf("slot name %q is %d bytes, over the %d PostgreSQL allows", name, len(name), MaxChannelLen)
+	if len(name) > channame.MaxLen {
+		return fmt.Errorf("slot name %q is %d bytes, over the %d PostgreSQL allows", name, len(name), channame.MaxLen)
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]

@@ -2,37 +2,16 @@ package relay
 
 import (
 	"slices"
-	"sync/atomic"
 	"time"
+
+	"github.com/listenhub/listenhub/internal/histogram"
 )
 
 // Histogram is a snapshot of the commit-to-NOTIFY histogram, in the shape
-// of a Prometheus histogram: cumulative counts under ascending upper bounds,
-// the +Inf bucket being Count.
-type Histogram struct {
-	Bounds []time.Duration
-	Counts []uint64 // Counts[i]: observations <= Bounds[i]; cumulative
-	Count  uint64
-	Sum    time.Duration
-}
-
-// Quantile estimates the q-quantile (0..1) from the buckets: the upper
-// bound of the bucket it falls in (Bounds' last for the overflow).
-func (h Histogram) Quantile(q float64) time.Duration {
-	if h.Count == 0 {
-		return 0
-	}
-	want := uint64(q * float64(h.Count))
-	if want == 0 {
-		want = 1
-	}
-	for i, c := range h.Counts {
-		if c >= want {
-			return h.Bounds[i]
-		}
-	}
-	return h.Bounds[len(h.Bounds)-1]
-}
+// of a Prometheus histogram: cumulative counts (Counts) under ascending
+// upper bounds (Bounds), the +Inf bucket being Count; Quantile estimates a
+// quantile from it. hub.Histogram is the same type.
+type Histogram = histogram.Histogram
 
 // CommitToNotifyBounds returns (a copy of) the buckets of
 // Relay.CommitToNotify: an idle relay NOTIFYs a few hundred microseconds
@@ -51,38 +30,4 @@ var commitToNotifyBounds = []time.Duration{
 	// minutes: the buckets reach an hour, the overflow is past it.
 	30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute,
 	10 * time.Minute, 30 * time.Minute, time.Hour,
-}
-
-type histogram struct {
-	bounds []time.Duration
-	counts []atomic.Uint64 // len(bounds)+1, not cumulative
-	sum    atomic.Int64
-}
-
-func newHistogram(bounds []time.Duration) *histogram {
-	return &histogram{bounds: bounds, counts: make([]atomic.Uint64, len(bounds)+1)}
-}
-
-func (h *histogram) observe(d time.Duration) {
-	if d < 0 {
-		d = 0 // clocks of two hosts
-	}
-	i := 0
-	for i < len(h.bounds) && d > h.bounds[i] {
-		i++
-	}
-	h.counts[i].Add(1)
-	h.sum.Add(int64(d))
-}
-
-func (h *histogram) snapshot() Histogram {
-	s := Histogram{Bounds: h.bounds, Counts: make([]uint64, len(h.bounds))}
-	var c uint64
-	for i := range h.bounds {
-		c += h.counts[i].Load()
-		s.Counts[i] = c
-	}
-	s.Count = c + h.counts[len(h.bounds)].Load()
-	s.Sum = time.Duration(h.sum.Load())
-	return s
 }

@@ -29,6 +29,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/internal/channame"
+	"github.com/listenhub/listenhub/internal/histogram"
 )
 
 // Defaults of Options (and of the command's flags).
@@ -215,7 +218,8 @@ type Stats struct {
 	// the same batch (one per transaction and channel, less Notifies).
 	Notifies, Batches, Coalesced uint64
 	// ChannelsTooLong counts changes whose channel would exceed
-	// MaxChannelLen: logged, never sent truncated.
+	// the 63 bytes Postgres keeps (NAMEDATALEN-1): logged, never sent
+	// truncated.
 	ChannelsTooLong uint64
 	// VisibilityWaits counts the times a batch was held back because a
 	// transaction it covers was not yet visible to a new snapshot.
@@ -246,10 +250,10 @@ type Relay struct {
 	opts Options
 	tmpl Template
 	log  *slog.Logger
-	hist *histogram
+	hist *histogram.Recorder
 	// decodeHist: commit timestamp to the relay reading the Commit
 	// message (the walsender's share of hist).
-	decodeHist *histogram
+	decodeHist *histogram.Recorder
 	state      atomic.Int32
 	ran        atomic.Bool
 
@@ -308,12 +312,12 @@ func New(opts Options) (*Relay, error) {
 	// The template with one-byte names: if this is over the limit, no
 	// table can ever be NOTIFYed.
 	for o := op(0); o < numOps; o++ {
-		if n := len(t.channel("s", "t", o)); opts.Ops.has(o) && n > MaxChannelLen {
-			return nil, fmt.Errorf("relay: channel template %q makes channels of %d bytes or more for %s, over the %d PostgreSQL keeps", opts.ChannelTemplate, n, opNames[o], MaxChannelLen)
+		if n := len(t.channel("s", "t", o)); opts.Ops.has(o) && n > channame.MaxLen {
+			return nil, fmt.Errorf("relay: channel template %q makes channels of %d bytes or more for %s, over the %d PostgreSQL keeps", opts.ChannelTemplate, n, opNames[o], channame.MaxLen)
 		}
 	}
-	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: newHistogram(commitToNotifyBounds),
-		decodeHist: newHistogram(commitToNotifyBounds)}
+	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: histogram.New(commitToNotifyBounds),
+		decodeHist: histogram.New(commitToNotifyBounds)}
 	r.tooLongLog = rateLimit{every: 10 * time.Second}
 	return r, nil
 }
@@ -360,13 +364,13 @@ func (r *Relay) setLastError(s string) {
 // CommitToNotify returns the histogram of the time from a transaction's
 // commit (its commit timestamp, the server's clock) to the commit of the
 // NOTIFY transaction that covered it (the relay's clock), per transaction.
-func (r *Relay) CommitToNotify() Histogram { return r.hist.snapshot() }
+func (r *Relay) CommitToNotify() Histogram { return r.hist.Snapshot() }
 
 // CommitToDecode returns the histogram of the time from a transaction's
 // commit timestamp to the relay reading its Commit message, per
 // transaction: the server's (walsender's) share of CommitToNotify. Same
 // buckets.
-func (r *Relay) CommitToDecode() Histogram { return r.decodeHist.snapshot() }
+func (r *Relay) CommitToDecode() Histogram { return r.decodeHist.Snapshot() }
 
 func (r *Relay) setState(s State) { r.state.Store(int32(s)) }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/relayfix"
 )
 
@@ -522,9 +523,9 @@ func (s *session) preflight(ctx context.Context, everActive bool) (slotInfo, err
 			if !r.opts.Ops.has(o) {
 				continue
 			}
-			if ch := r.tmpl.channel(row[0], row[1], o); len(ch) > MaxChannelLen {
+			if ch := r.tmpl.channel(row[0], row[1], o); len(ch) > channame.MaxLen {
 				return slotInfo{}, configErrorf(nil, "channel %q of table %s.%s is %d bytes, over the %d PostgreSQL keeps: shorten the channel template (%q) or rename the table",
-					ch, row[0], row[1], len(ch), MaxChannelLen, r.tmpl.String())
+					ch, row[0], row[1], len(ch), channame.MaxLen, r.tmpl.String())
 			}
 		}
 		s.tables = append(s.tables, [2]string{row[0], row[1]})

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/relayfix"
 )
 
@@ -89,7 +90,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			r.tooLong.Add(1)
 			if ok, n := r.tooLongLog.allow(time.Now()); ok {
 				r.log.Warn("relay: channel name too long, not NOTIFYed", "table", rel.schema+"."+rel.name,
-					"op", opNames[o], "channel", r.tmpl.channel(rel.schema, rel.name, o), "max", MaxChannelLen, "suppressed", n)
+					"op", opNames[o], "channel", r.tmpl.channel(rel.schema, rel.name, o), "max", channame.MaxLen, "suppressed", n)
 			}
 			return
 		}
@@ -210,7 +211,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			cur.end = c.endLSN
 			cur.commit = c.commitTime
 			cur.more = s.br.Buffered() > 0
-			r.decodeHist.observe(time.Since(c.commitTime))
+			r.decodeHist.Observe(time.Since(c.commitTime), 1)
 			inTx = false
 			if err := send(cur); err != nil {
 				return err
@@ -233,7 +234,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			for o := op(0); o < numOps; o++ {
 				if r.opts.Ops.has(o) {
 					ch := r.tmpl.channel(rm.schema, rm.name, o)
-					if len(ch) > MaxChannelLen {
+					if len(ch) > channame.MaxLen {
 						rel.tooLong[o] = true
 					} else {
 						rel.chans[o] = ch
@@ -611,7 +612,7 @@ func (s *session) flush(ctx context.Context, b *batch) error {
 				"channels", len(b.chans))
 		}
 		for _, c := range b.commits {
-			r.hist.observe(now.Sub(c))
+			r.hist.Observe(now.Sub(c), 1)
 		}
 		if len(b.commits) > 0 {
 			r.lagSeconds.Store(int64(max(0, now.Sub(b.commits[len(b.commits)-1]))))

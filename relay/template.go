@@ -6,11 +6,6 @@ import (
 	"strings"
 )
 
-// MaxChannelLen is the longest channel name PostgreSQL keeps: NAMEDATALEN-1.
-// A longer name fails pg_notify; it is never sent truncated, since the
-// truncated name would be another channel.
-const MaxChannelLen = 63
-
 // Template is a parsed channel template: literal text and the placeholders
 // {schema}, {table} and {op}.
 type Template struct {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/listenhub/listenhub/internal/histogram"
 )
 
 func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
@@ -134,7 +136,7 @@ func newTestRelay(t testing.TB, ops Ops) *Relay {
 	tm, _ := ParseTemplate(DefaultChannelTemplate)
 	o := Options{Ops: ops}.withDefaults()
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	r = &Relay{opts: o, tmpl: tm, log: o.Logger, hist: newHistogram(commitToNotifyBounds), decodeHist: newHistogram(commitToNotifyBounds)}
+	r = &Relay{opts: o, tmpl: tm, log: o.Logger, hist: histogram.New(commitToNotifyBounds), decodeHist: histogram.New(commitToNotifyBounds)}
 	return r
 }
 

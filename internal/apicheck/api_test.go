@@ -169,6 +169,12 @@ func pkgAPI(t *testing.T, dir, rel string) []string {
 			}
 			var fields *ast.FieldList
 			switch x := ts.Type.(type) {
+			case *ast.SelectorExpr:
+				// An alias of an internal type: its fields and methods
+				// are this package's promise too.
+				if ts.Assign.IsValid() {
+					ids = append(ids, aliased(t, files, x, p.Name+"."+ty.Name)...)
+				}
 			case *ast.StructType:
 				fields = x.Fields
 			case *ast.InterfaceType:
@@ -193,6 +199,37 @@ func pkgAPI(t *testing.T, dir, rel string) []string {
 		}
 	}
 	return ids
+}
+
+// aliased lists the fields and methods of the internal type sel names,
+// under the alias name as.
+func aliased(t *testing.T, files []*ast.File, sel *ast.SelectorExpr, as string) []string {
+	pkg, ok := sel.X.(*ast.Ident)
+	if !ok {
+		return nil
+	}
+	for _, f := range files {
+		for _, im := range f.Imports {
+			path := strings.Trim(im.Path.Value, `"`)
+			name := path[strings.LastIndex(path, "/")+1:]
+			if im.Name != nil {
+				name = im.Name.Name
+			}
+			rel, ok := strings.CutPrefix(path, module+"/")
+			if name != pkg.Name || !ok || !strings.HasPrefix(rel, "internal/") {
+				continue
+			}
+			var ids []string
+			prefix := name + "." + sel.Sel.Name + "."
+			for _, id := range pkgAPI(t, filepath.Join(root, rel), rel) {
+				if m, ok := strings.CutPrefix(id, prefix); ok {
+					ids = append(ids, as+"."+m)
+				}
+			}
+			return ids
+		}
+	}
+	return nil
 }
 
 func embeddedName(e ast.Expr) *ast.Ident {

@@ -25,10 +25,7 @@ import (
 // and a hub started in this process. notify sends NOTIFY channel, payload;
 // stop stops the hub (the workers see EOF).
 func exampleSetup() (socket, databaseURL string, notify func(channel, payload string), stop func()) {
-	db, err := client.SharedTestDatabase()
-	if err != nil {
-		log.Fatal(err)
-	}
+	db := client.SharedTestDatabase()
 	dir, err := os.MkdirTemp("", "lhx")
 	if err != nil {
 		log.Fatal(err)

@@ -19,24 +19,16 @@ import (
 
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
-// The integration tests share one throwaway cluster, started by the first
-// test that needs it; the scripted-hub tests run without Postgres.
-var (
-	dbOnce sync.Once
-	db     *pgtest.Cluster
-	dbErr  error
-)
+// The integration tests share one throwaway cluster (pgtesting); the
+// scripted-hub tests do not use it.
+var db *pgtest.Cluster
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if db != nil {
-		if err := db.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, "pgtest: close:", err)
-		}
-	}
+	code := pgtesting.Run(m, pgtest.Options{}, &db)
 	testutil.RemoveBinaries()
 	os.Exit(code)
 }
@@ -46,24 +38,13 @@ func needDB(t testing.TB) *pgtest.Cluster {
 	if testing.Short() {
 		t.Skip("integration test (-short)")
 	}
-	c, err := SharedTestDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return db
 }
 
-// SharedTestDatabase starts the throwaway cluster once per test binary (or
-// connects to LISTENHUB_TEST_DATABASE_URL). Exported, in a test file, for
-// the examples of package client_test.
-func SharedTestDatabase() (*pgtest.Cluster, error) {
-	dbOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		db, dbErr = pgtest.Start(ctx, pgtest.Options{})
-	})
-	return db, dbErr
-}
+// SharedTestDatabase is the test binary's throwaway cluster (or
+// LISTENHUB_TEST_DATABASE_URL's server). Exported, in a test file, for the
+// examples of package client_test.
+func SharedTestDatabase() *pgtest.Cluster { return db }
 
 // listenhubBinary builds cmd/listenhub once per test binary.
 func listenhubBinary(t testing.TB) string {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -27,34 +28,14 @@ type atomicInt = atomic.Int64
 
 // The integration tests share one throwaway cluster, started by the first
 // test that needs it; the unit tests above run without Postgres.
-var (
-	dbOnce sync.Once
-	db     *pgtest.Cluster
-	dbErr  error
-)
+var db *pgtest.Cluster
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if db != nil {
-		if err := db.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, "pgtest: close:", err)
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{SSL: true}, &db) }
 
 func needDB(t testing.TB) *pgtest.Cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("integration test (-short)")
-	}
-	dbOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		db, dbErr = pgtest.Start(ctx, pgtest.Options{SSL: true})
-	})
-	if dbErr != nil {
-		t.Fatal(dbErr)
 	}
 	return db
 }

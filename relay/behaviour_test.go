@@ -402,41 +402,6 @@ func TestRelayLatency(t *testing.T) {
 	}
 }
 
-// TestRelayLoad (LISTENHUB_TEST_RELAY_LOAD=1) runs 16 writers, one table
-// each, committing one row at a time as fast as they can, and reports
-// commits/s, the relay's batches and wakes per insert, and commit to wake.
-// The benchmark proper is lhbench writers; this is the quick look.
-func TestRelayLoad(t *testing.T) {
-	if os.Getenv("LISTENHUB_TEST_RELAY_LOAD") == "" {
-		t.Skip("LISTENHUB_TEST_RELAY_LOAD not set")
-	}
-	var tables []string
-	for i := 0; i < 16; i++ {
-		tables = append(tables, fmt.Sprintf("q_%d", i))
-	}
-	f := newFixture(t, tables...)
-	w := newWorkload(t, f, tables...)
-	r := f.start(f.options())
-	waitActive(t, r)
-	w.burst(5)
-	w.settle(10 * time.Second)
-	before := r.Stats()
-	t0 := time.Now()
-	w.burst(300)
-	el := time.Since(t0)
-	w.settle(20 * time.Second)
-	st := r.Stats()
-	tx := st.Transactions - before.Transactions
-	t.Logf("16 writers: %d commits in %v (%.0f/s); relay: %d batches, %d NOTIFYs (%.2f per insert), %d coalesced, %d visibility waits",
-		tx, el.Round(time.Millisecond), float64(tx)/el.Seconds(), st.Batches-before.Batches, st.Notifies-before.Notifies,
-		float64(st.Notifies-before.Notifies)/float64(tx), st.Coalesced-before.Coalesced, st.VisibilityWaits-before.VisibilityWaits)
-	w.report()
-	h := r.CommitToNotify()
-	d := r.CommitToDecode()
-	t.Logf("commit to NOTIFY (relay's histogram): p50 <= %v, p99 <= %v; commit to decoded: p50 <= %v, p99 <= %v",
-		h.Quantile(0.5), h.Quantile(0.99), d.Quantile(0.5), d.Quantile(0.99))
-}
-
 // TestRelayConnectionsKilled terminates the relay's walsender, then its
 // NOTIFY connection, while writers commit: each time the relay reconnects
 // and the slot replays; no insert misses its wake.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,8 +22,9 @@ import (
 var db *pgtest.Cluster
 
 func TestMain(m *testing.M) {
-	defer testutil.RemoveBinaries()
-	pgtesting.Main(m, pgtest.Options{Logical: true, SSL: true}, &db)
+	code := pgtesting.Run(m, pgtest.Options{Logical: true, SSL: true}, &db)
+	testutil.RemoveBinaries() // the listenhub binary (workload_test.go)
+	os.Exit(code)
 }
 
 var testSeq atomic.Int64

@@ -286,6 +286,23 @@ func (c *Cluster) chown(paths ...string) error {
 	return nil
 }
 
+// BinDir returns the directory holding initdb and postgres that Start uses
+// (EnvBinDir, else PATH, else the newest /usr/lib/postgresql/*/bin).
+func BinDir() (string, error) { return findBinDir() }
+
+// Version returns the server binary's version line (postgres --version),
+// or "" for an external server.
+func (c *Cluster) Version() string {
+	if c.external {
+		return ""
+	}
+	out, err := c.command(context.Background(), "postgres", "--version").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
 // command builds a command for one of the server binaries, run as the server
 // user, with the PG* environment removed (PGDATA, PGPORT, ... must not steer
 // initdb or the server).

@@ -3,7 +3,6 @@ package gohub_test
 import (
 	"context"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -11,27 +10,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/listenhub/listenhub/benchmarks/gnethub"
 	"github.com/listenhub/listenhub/benchmarks/gohub"
-	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
 	"github.com/listenhub/listenhub/benchmarks/internal/wire"
+	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 )
 
-var dbURL string
+var cluster *pgtest.Cluster
 
-func TestMain(m *testing.M) {
-	if _, err := os.Stat("/usr/lib/postgresql"); err != nil {
-		os.Exit(0) // no PostgreSQL here: nothing to test against
-	}
-	cl, err := pgcluster.Start(context.Background(), pgcluster.Options{MaxConnections: 50})
-	if err != nil {
-		panic(err)
-	}
-	dbURL = cl.URL()
-	code := m.Run()
-	cl.Close()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{MaxConnections: 50}, &cluster) }
 
 type client struct {
 	t *testing.T
@@ -99,13 +88,13 @@ func TestBaselines(t *testing.T) {
 			done := make(chan error, 1)
 			go func() {
 				if name == "gohub" {
-					done <- gohub.Run(ctx, gohub.Config{SocketPath: path, DatabaseURL: dbURL, HardQueueLimit: 256})
+					done <- gohub.Run(ctx, gohub.Config{SocketPath: path, DatabaseURL: cluster.URL(), HardQueueLimit: 256})
 				} else {
-					done <- gnethub.Run(ctx, gnethub.Config{SocketPath: path, DatabaseURL: dbURL, HardQueueLimit: 256})
+					done <- gnethub.Run(ctx, gnethub.Config{SocketPath: path, DatabaseURL: cluster.URL(), HardQueueLimit: 256})
 				}
 			}()
 			defer func() { cancel(); <-done }()
-			db, err := pgx.Connect(ctx, dbURL)
+			db, err := pgx.Connect(ctx, cluster.URL())
 			if err != nil {
 				t.Fatal(err)
 			}

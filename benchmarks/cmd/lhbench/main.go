@@ -44,7 +44,6 @@ import (
 
 	"github.com/listenhub/listenhub/benchmarks/gnethub"
 	"github.com/listenhub/listenhub/benchmarks/gohub"
-	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
 	"github.com/listenhub/listenhub/hub"
 )
 
@@ -89,7 +88,7 @@ func main() {
 func pgMain() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	cl, err := pgcluster.Start(ctx, pgcluster.Options{})
+	cl, err := startCluster(ctx, 1100, false, false, nil)
 	if err != nil {
 		return err
 	}
@@ -113,9 +112,9 @@ func reportMain(args []string) error {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return err
 	}
-	r.Targets = evaluate(&r, nil)
-	r.Targets13 = evaluate13(&r)
-	r.Targets17 = evaluate17(&r)
+	r.Targets = evaluateListen(&r, nil)
+	r.TargetsScale = evaluateScale(&r)
+	r.TargetsWriters = evaluateWriters(&r)
 	printAll(os.Stdout, &r)
 	if *md != "" {
 		var buf strings.Builder

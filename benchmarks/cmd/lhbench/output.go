@@ -10,10 +10,10 @@ import (
 	"text/tabwriter"
 )
 
-// Target is one target of issue 6 or 13 with its verdict.
+// Target is one target of the listen-side or at-scale targets with its verdict.
 type Target struct {
 	Name   string `json:"name"`
-	Met    string `json:"met"` // "met", "NOT MET", "not measured" (issue 6), "not run" (issue 13)
+	Met    string `json:"met"` // "met", "NOT MET", "not measured" (listen side), "not run" (at scale)
 	Figure string `json:"figure"`
 }
 
@@ -178,26 +178,26 @@ func tables(r *Results) []*table {
 	if len(r.Writers) > 0 {
 		ts = append(ts, writersTable(r))
 	}
-	// A run of the writers scenario alone has no row the issue-6 and
-	// issue-13 targets look at: their tables would say so 27 times.
-	only17 := len(r.Writers) > 0 && len(r.Census)+len(r.Paced)+len(r.Saturation)+len(r.Churn)+len(r.Idle)+len(r.Wedged)+len(r.Channels) == 0
-	if len(r.Targets) > 0 && !only17 {
-		t := &table{title: "Targets (issue 6)", header: []string{"verdict", "target", "measured"}}
+	// A run of the writers scenario alone has no row the listen-side and
+	// at-scale targets look at: their tables would say so 27 times.
+	writersOnly := len(r.Writers) > 0 && len(r.Census)+len(r.Paced)+len(r.Saturation)+len(r.Churn)+len(r.Idle)+len(r.Wedged)+len(r.Channels) == 0
+	if len(r.Targets) > 0 && !writersOnly {
+		t := &table{title: "Targets: the listen side", header: []string{"verdict", "target", "measured"}}
 		for _, x := range r.Targets {
 			t.add(x.Met, x.Name, x.Figure)
 		}
 		ts = append(ts, t)
 	}
-	if len(r.Targets13) > 0 && !only17 {
-		t := &table{title: "Targets (issue 13)", header: []string{"verdict", "target", "measured"}}
-		for _, x := range r.Targets13 {
+	if len(r.TargetsScale) > 0 && !writersOnly {
+		t := &table{title: "Targets: at scale", header: []string{"verdict", "target", "measured"}}
+		for _, x := range r.TargetsScale {
 			t.add(x.Met, x.Name, x.Figure)
 		}
 		ts = append(ts, t)
 	}
-	if len(r.Targets17) > 0 {
-		t := &table{title: "Targets (issue 17)", header: []string{"verdict", "target", "measured"}}
-		for _, x := range r.Targets17 {
+	if len(r.TargetsWriters) > 0 {
+		t := &table{title: "Targets: the writers", header: []string{"verdict", "target", "measured"}}
+		for _, x := range r.TargetsWriters {
 			t.add(x.Met, x.Name, x.Figure)
 		}
 		ts = append(ts, t)
@@ -304,7 +304,7 @@ func newTarget(name string, ran, ok bool, figure, absent string) Target {
 	return t
 }
 
-func evaluate(r *Results, _ func(string) *system) []Target {
+func evaluateListen(r *Results, _ func(string) *system) []Target {
 	f := finder{r}
 	var ts []Target
 	add := func(name string, measured bool, ok bool, figure string) {
@@ -515,7 +515,7 @@ func winsFigure(wins []string) string {
 	return "gohub wins: " + strings.Join(wins, "; ")
 }
 
-// ---- issue 13
+// ---- the at-scale targets
 
 // need is one row a target compares; what names it when the run lacks it.
 type need struct {
@@ -559,9 +559,9 @@ func sizes(full []size, run []size) []size {
 	return out
 }
 
-// evaluate13 gives the verdicts of issue 13's targets from the same run.
+// evaluateScale gives the verdicts of the at-scale targets from the same run.
 // A target whose scenario or system is missing from the run is "not run".
-func evaluate13(r *Results) []Target {
+func evaluateScale(r *Results) []Target {
 	f := finder{r}
 	var ts []Target
 	add := func(name string, ran bool, ok bool, figure string) {

@@ -9,22 +9,22 @@ import (
 	"github.com/listenhub/listenhub/benchmarks/internal/hist"
 )
 
-// target13 returns the issue-13 target whose name starts with prefix.
-func target13(t *testing.T, ts []Target, prefix string) Target {
+// targetScale returns the at-scale target whose name starts with prefix.
+func targetScale(t *testing.T, ts []Target, prefix string) Target {
 	t.Helper()
 	for _, x := range ts {
 		if strings.HasPrefix(x.Name, prefix) {
 			return x
 		}
 	}
-	t.Fatalf("no issue-13 target %q in %+v", prefix, ts)
+	t.Fatalf("no at-scale target %q in %+v", prefix, ts)
 	return Target{}
 }
 
-// TestTargets13 feeds a hand-built run (paced 256 procs, the 64-procs
-// flood, churn; no 1×256, no many-channels scenario) to the issue-13
+// TestTargetsScale feeds a hand-built run (paced 256 procs, the 64-procs
+// flood, churn; no 1×256, no many-channels scenario) to the at-scale
 // verdicts and to the tables.
-func TestTargets13(t *testing.T) {
+func TestTargetsScale(t *testing.T) {
 	procs := func(n int) layout { return layout{Procs: n, ConnsPerProc: 1} }
 	r := &Results{
 		Paced: []LatencyRow{
@@ -37,8 +37,8 @@ func TestTargets13(t *testing.T) {
 		},
 		Churn: []ChurnRow{{System: "hub", Cycles: 100000, RSSBefore: 10e6, RSSAfter: 16e6}},
 	}
-	r.Targets, r.Targets13 = evaluate(r, nil), evaluate13(r)
-	ts := r.Targets13
+	r.Targets, r.TargetsScale = evaluateListen(r, nil), evaluateScale(r)
+	ts := r.TargetsScale
 
 	for _, c := range []struct{ prefix, want string }{
 		{"paced N=256 (256 procs)", "met"},                      // 30 ms < 40 ms
@@ -53,30 +53,30 @@ func TestTargets13(t *testing.T) {
 		{"churn: RSS growth", "NOT MET"},                  // +6 MB per 100,000 cycles
 		{"the goroutine-per-connection hub loses", "met"}, // gohub wins no compared row
 	} {
-		if got := target13(t, ts, c.prefix); got.Met != c.want {
+		if got := targetScale(t, ts, c.prefix); got.Met != c.want {
 			t.Errorf("%s: verdict %q, want %q (figure %q)", c.prefix, got.Met, c.want, got.Figure)
 		}
 	}
-	if f := target13(t, ts, "paced 1×256").Figure; !strings.Contains(f, "no hub paced 1×256") {
+	if f := targetScale(t, ts, "paced 1×256").Figure; !strings.Contains(f, "no hub paced 1×256") {
 		t.Errorf("not-run figure %q does not name the missing row", f)
 	}
-	if f := target13(t, ts, "CPU/delivery ≤ 0.8× gohub's: paced 256 procs").Figure; !strings.Contains(f, "(0.50×)") {
+	if f := targetScale(t, ts, "CPU/delivery ≤ 0.8× gohub's: paced 256 procs").Figure; !strings.Contains(f, "(0.50×)") {
 		t.Errorf("CPU figure %q lacks the hub/gohub ratio 0.50×", f)
 	}
 
-	// The issue-13 table is printed right after the issue-6 one, which no
+	// The at-scale table is printed right after the listen-side one, which no
 	// longer carries the many-channels target.
 	tbls := tables(r)
-	if n := len(tbls); n < 2 || tbls[n-2].title != "Targets (issue 6)" || tbls[n-1].title != "Targets (issue 13)" {
-		t.Fatalf("last tables are not issue 6 then issue 13: %v", titles(tbls))
+	if n := len(tbls); n < 2 || tbls[n-2].title != "Targets: the listen side" || tbls[n-1].title != "Targets: at scale" {
+		t.Fatalf("last tables are not the listen side then at scale: %v", titles(tbls))
 	}
 	for _, row := range tbls[len(tbls)-2].rows {
 		if strings.Contains(row[1], "channels") {
-			t.Errorf("issue-6 table still has %q", row[1])
+			t.Errorf("listen-side table still has %q", row[1])
 		}
 	}
 	if got, want := len(tbls[len(tbls)-1].rows), len(ts); got != want {
-		t.Errorf("issue-13 table has %d rows, want %d", got, want)
+		t.Errorf("at-scale table has %d rows, want %d", got, want)
 	}
 }
 
@@ -88,9 +88,9 @@ func titles(ts []*table) []string {
 	return s
 }
 
-// TestTargets13SavedRun re-evaluates a saved many-channels run: the
+// TestTargetsScaleSavedRun re-evaluates a saved many-channels run: the
 // channels target is measured there, the scenarios it did not run are not.
-func TestTargets13SavedRun(t *testing.T) {
+func TestTargetsScaleSavedRun(t *testing.T) {
 	b, err := os.ReadFile("../../results/2026-12-03-channels.json")
 	if err != nil {
 		t.Fatal(err)
@@ -99,14 +99,14 @@ func TestTargets13SavedRun(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
-	ts := evaluate13(&r)
-	if got := target13(t, ts, "50,000 channels"); got.Met != "met" || !strings.Contains(got.Figure, "(109%)") {
+	ts := evaluateScale(&r)
+	if got := targetScale(t, ts, "50,000 channels"); got.Met != "met" || !strings.Contains(got.Figure, "(109%)") {
 		t.Errorf("channels target: %+v, want met at 109%%", got)
 	}
-	if got := target13(t, ts, "paced N=256 (256 procs)"); got.Met != "not run" {
+	if got := targetScale(t, ts, "paced N=256 (256 procs)"); got.Met != "not run" {
 		t.Errorf("paced target of a channels-only run: %q, want not run", got.Met)
 	}
-	if got := target13(t, ts, "the goroutine-per-connection hub loses"); got.Met != "not run" {
+	if got := targetScale(t, ts, "the goroutine-per-connection hub loses"); got.Met != "not run" {
 		t.Errorf("gohub target without gohub rows: %q, want not run", got.Met)
 	}
 }

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/listenhub/listenhub/benchmarks/internal/hist"
-	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
 )
 
 // params are the sizes and durations of one suite; --quick shrinks them.
@@ -50,7 +50,7 @@ type params struct {
 	SatOneProcN    []int         `json:"saturation_one_proc_n"` // 1×N saturation layouts (full suite)
 	BigCensusProcs int           `json:"big_census_procs"`
 	ChannelsN      []int         `json:"channels_n,omitempty"` // the many-channels scenario's channel counts
-	// The writers scenario (issue 17).
+	// The writers scenario.
 	WritersW       []int         `json:"writers_w,omitempty"`
 	WritersDur     time.Duration `json:"writers_dur_ns,omitempty"`
 	WritersDrain   time.Duration `json:"writers_drain_ns,omitempty"`    // wait for the last wakes after the writers stop
@@ -268,7 +268,7 @@ func runMain(args []string) error {
 
 	pgVersion := ""
 	if *dbURL == "" {
-		cl, err := pgcluster.Start(ctx, pgcluster.Options{MaxConnections: 1100, Logf: logf})
+		cl, err := startCluster(ctx, 1100, false, false, logf)
 		if err != nil {
 			return err
 		}
@@ -390,9 +390,9 @@ func runMain(args []string) error {
 	}
 	b.res.Machine.LoadEnd = loadavg()
 	b.res.Elapsed = time.Since(start).Round(time.Second).String()
-	b.res.Targets = evaluate(b.res, b.sys)
-	b.res.Targets13 = evaluate13(b.res)
-	b.res.Targets17 = evaluate17(b.res)
+	b.res.Targets = evaluateListen(b.res, b.sys)
+	b.res.TargetsScale = evaluateScale(b.res)
+	b.res.TargetsWriters = evaluateWriters(b.res)
 	printAll(os.Stdout, b.res)
 	if *jsonOut != "" {
 		out, _ := json.MarshalIndent(b.res, "", "  ")

@@ -18,26 +18,26 @@ import (
 
 // Results is everything one run measured; it is the --json output.
 type Results struct {
-	Started    string        `json:"started"`
-	Elapsed    string        `json:"elapsed"`
-	Machine    Machine       `json:"machine"`
-	Params     params        `json:"params"`
-	Systems    []string      `json:"systems"`
-	Census     []CensusRow   `json:"census"`
-	Paced      []LatencyRow  `json:"paced"`
-	Saturation []SatRow      `json:"saturation"`
-	Churn      []ChurnRow    `json:"churn"`
-	Idle       []IdleRow     `json:"idle"`
-	Wedged     []WedgedRow   `json:"wedged"`
-	Channels   []ChannelsRow `json:"channels,omitempty"`
-	Targets    []Target      `json:"targets"`
-	Targets13  []Target      `json:"targets_issue13,omitempty"`
-	Writers    []WritersRow  `json:"writers,omitempty"`
+	Started      string        `json:"started"`
+	Elapsed      string        `json:"elapsed"`
+	Machine      Machine       `json:"machine"`
+	Params       params        `json:"params"`
+	Systems      []string      `json:"systems"`
+	Census       []CensusRow   `json:"census"`
+	Paced        []LatencyRow  `json:"paced"`
+	Saturation   []SatRow      `json:"saturation"`
+	Churn        []ChurnRow    `json:"churn"`
+	Idle         []IdleRow     `json:"idle"`
+	Wedged       []WedgedRow   `json:"wedged"`
+	Channels     []ChannelsRow `json:"channels,omitempty"`
+	Targets      []Target      `json:"targets"`
+	TargetsScale []Target      `json:"targets_scale,omitempty"`
+	Writers      []WritersRow  `json:"writers,omitempty"`
 	// WritersInfo is the writers scenario's set-up (nil when it did not run).
-	WritersInfo *WritersInfo   `json:"writers_info,omitempty"`
-	Targets17   []Target       `json:"targets_issue17,omitempty"`
-	Notes       []string       `json:"notes,omitempty"`
-	Durations   []scenarioTime `json:"durations"`
+	WritersInfo    *WritersInfo   `json:"writers_info,omitempty"`
+	TargetsWriters []Target       `json:"targets_writers,omitempty"`
+	Notes          []string       `json:"notes,omitempty"`
+	Durations      []scenarioTime `json:"durations"`
 }
 
 type scenarioTime struct {

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/listenhub/listenhub/benchmarks/internal/wire"
 )
 

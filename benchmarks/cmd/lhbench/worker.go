@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/listenhub/listenhub/benchmarks/internal/hist"
 	"github.com/listenhub/listenhub/benchmarks/internal/wire"
 )

@@ -1,6 +1,6 @@
 package main
 
-// The writers scenario (issue 17): what a wake source costs the writers.
+// The writers scenario: what a wake source costs the writers.
 //
 // W writers insert into pgmq-shaped queue tables (one row per transaction,
 // fsync on) while a hub with K worker processes is subscribed to every
@@ -50,8 +50,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/listenhub/listenhub/benchmarks/internal/hist"
-	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
+	"github.com/listenhub/listenhub/internal/pgtest"
 )
 
 // WritersRow is one (source, W): the rounds pooled.
@@ -288,7 +289,7 @@ type writersEnv struct {
 	b        *bench
 	url      string
 	db       *pgx.Conn
-	cluster  *pgcluster.Cluster
+	cluster  *pgtest.Cluster
 	hub      *system
 	workers  []*proc
 	writers  []*pgx.Conn
@@ -326,7 +327,7 @@ func (b *bench) writersScenario() error {
 	}
 	defer e.close()
 
-	binDir, err := pgcluster.BinDir()
+	binDir, err := pgtest.BinDir()
 	if err != nil {
 		return err
 	}
@@ -336,7 +337,7 @@ func (b *bench) writersScenario() error {
 		info.Notes = append(info.Notes, "an external server (--database-url): its settings, and pg_test_fsync run in "+fsyncDir)
 	} else {
 		b.logf("writers: starting a cluster with fsync on and wal_level=logical")
-		if e.cluster, err = pgcluster.Start(b.ctx, pgcluster.Options{MaxConnections: 200, Durable: true, Logical: true, Logf: b.logf}); err != nil {
+		if e.cluster, err = startCluster(b.ctx, 200, true, true, b.logf); err != nil {
 			return err
 		}
 		e.url, e.pgPID, fsyncDir = e.cluster.URL(), e.cluster.PID(), e.cluster.Dir()

@@ -1,6 +1,6 @@
 package main
 
-// The writers scenario's table and the issue-17 verdicts.
+// The writers scenario's table and its verdicts.
 
 import (
 	"fmt"
@@ -99,9 +99,9 @@ func (f finder) writers(src string, w int) *WritersRow {
 	return nil
 }
 
-// evaluate17 gives the verdicts of issue 17's relay targets. A target whose
-// rows the run lacks is "not run".
-func evaluate17(r *Results) []Target {
+// evaluateWriters gives the verdicts of the writers scenario's relay
+// targets. A target whose rows the run lacks is "not run".
+func evaluateWriters(r *Results) []Target {
 	if len(r.Writers) == 0 {
 		return nil
 	}
@@ -190,7 +190,7 @@ func evaluate17(r *Results) []Target {
 		add(name, ran, misses == 0, fig)
 	}
 	if i := r.WritersInfo; i != nil && i.NoReread && i.Workers > 0 {
-		// Workers that never re-read are a diagnostic, not the issue's
+		// Workers that never re-read are a diagnostic, not the scenario's
 		// benchmark: the figures stay, no verdict.
 		for k := range ts {
 			ts[k].Met = "not run"

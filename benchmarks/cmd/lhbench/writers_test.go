@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/listenhub/listenhub/benchmarks/internal/pgcluster"
+	"github.com/listenhub/listenhub/internal/pgtest"
 )
 
 // childEnv makes this test binary act as lhbench when a test re-executes
@@ -32,7 +32,7 @@ func init() {
 // listenhub binary LHBENCH_TEST_RELAY_BIN names.
 func runSmallWriters(t *testing.T, set func(*params)) *bench {
 	t.Helper()
-	if _, err := pgcluster.BinDir(); err != nil {
+	if _, err := pgtest.BinDir(); err != nil {
 		t.Skip(err)
 	}
 	t.Setenv(childEnv, "1")
@@ -104,9 +104,9 @@ func TestWritersSmoke(t *testing.T) {
 	}
 
 	// The verdicts: W=64 and W=16 were not run; the misses were.
-	ts := evaluate17(b.res)
+	ts := evaluateWriters(b.res)
 	if len(ts) != 4 {
-		t.Fatalf("%d issue-17 targets, want 4", len(ts))
+		t.Fatalf("%d writers targets, want 4", len(ts))
 	}
 	for _, x := range ts[:3] {
 		if x.Met != "not run" {
@@ -116,16 +116,16 @@ func TestWritersSmoke(t *testing.T) {
 	if x := ts[3]; x.Met != "met" || !strings.Contains(x.Figure, "W=4: 0 of") {
 		t.Errorf("%s: %q (%s), want met with the W=4 count", x.Name, x.Met, x.Figure)
 	}
-	b.res.Targets17 = ts
+	b.res.TargetsWriters = ts
 	var sb strings.Builder
 	printAll(&sb, b.res)
-	for _, want := range []string{"## Writers: W writers insert into 4 pgmq queue tables", "## Targets (issue 17)", "throttled"} {
+	for _, want := range []string{"## Writers: W writers insert into 4 pgmq queue tables", "## Targets: the writers", "throttled"} {
 		if !strings.Contains(sb.String(), want) {
 			t.Errorf("tables lack %q:\n%s", want, sb.String())
 		}
 	}
-	if strings.Contains(sb.String(), "Targets (issue 6)") {
-		t.Errorf("a writers-only run prints the issue-6 targets:\n%s", sb.String())
+	if strings.Contains(sb.String(), "Targets: the listen side") {
+		t.Errorf("a writers-only run prints the listen-side targets:\n%s", sb.String())
 	}
 }
 
@@ -194,23 +194,23 @@ func TestWritersNoWorkers(t *testing.T) {
 	}
 
 	// The verdicts: the wake and misses targets are not run, not met.
-	ts := evaluate17(b.res)
+	ts := evaluateWriters(b.res)
 	if len(ts) != 4 {
-		t.Fatalf("%d issue-17 targets, want 4", len(ts))
+		t.Fatalf("%d writers targets, want 4", len(ts))
 	}
 	if x := ts[3]; x.Met != "not run" || !strings.Contains(x.Figure, "not counted") {
 		t.Errorf("%s: %q (%s), want not run", x.Name, x.Met, x.Figure)
 	}
-	b.res.Targets17 = ts
+	b.res.TargetsWriters = ts
 	var sb strings.Builder
 	printAll(&sb, b.res)
 	t.Logf("the tables:\n%s", sb.String())
 }
 
-// TestWriters17NoWorkers: the issue-17 verdicts of a run without workers
+// TestWritersVerdictsNoWorkers: the writers verdicts of a run without workers
 // judge the writers' rates, and give the wake and misses targets no verdict
 // (their zeros measured nothing), however good the relay's own figures.
-func TestWriters17NoWorkers(t *testing.T) {
+func TestWritersVerdictsNoWorkers(t *testing.T) {
 	relayFigs := &relayFigures{Transactions: 1000, CommitToNotify: map[string]float64{"0.001": 1000, "0.01": 1000, "+Inf": 1000}}
 	row := func(src string, w int, rate float64) WritersRow {
 		x := WritersRow{Source: src, W: w, Rounds: 1, Commits: int(rate), Seconds: 1, CommitsPerS: rate, PGCPU: 0.1}
@@ -221,7 +221,7 @@ func TestWriters17NoWorkers(t *testing.T) {
 	}
 	r := &Results{WritersInfo: &WritersInfo{Workers: 0},
 		Writers: []WritersRow{row("none", 64, 1000), row("trigger", 64, 200), row("relay", 64, 900), row("relay", 16, 900)}}
-	ts := evaluate17(r)
+	ts := evaluateWriters(r)
 	want := []string{"met", "met", "not run", "not run"}
 	if len(ts) != len(want) {
 		t.Fatalf("%d targets, want %d", len(ts), len(want))
@@ -237,14 +237,14 @@ func TestWriters17NoWorkers(t *testing.T) {
 
 	// The same rows with workers are judged on their (zero) wake figures.
 	r.WritersInfo.Workers = 8
-	if ts := evaluate17(r); ts[2].Met != "met" || ts[3].Met != "met" {
+	if ts := evaluateWriters(r); ts[2].Met != "met" || ts[3].Met != "met" {
 		t.Errorf("with workers: %q, %q; want met, met", ts[2].Met, ts[3].Met)
 	}
 }
 
 // TestWritersNoReread runs the writers scenario with workers that never
 // re-read (--writers-no-reread): the per-row trigger's wakes still reach
-// them, no queue is re-read, misses are not counted, and no issue-17
+// them, no queue is re-read, misses are not counted, and no writers
 // target gets a verdict from such a run.
 func TestWritersNoReread(t *testing.T) {
 	b := runSmallWriters(t, func(p *params) { p.WritersNoReread, p.WritersSources = true, []string{"none", "trigger"} })
@@ -266,7 +266,7 @@ func TestWritersNoReread(t *testing.T) {
 	if !strings.Contains(writersTable(b.res).title, "never re-read") {
 		t.Errorf("title: %q", writersTable(b.res).title)
 	}
-	for _, x := range evaluate17(b.res) {
+	for _, x := range evaluateWriters(b.res) {
 		if x.Met != "not run" {
 			t.Errorf("%s: %q (%s), want not run", x.Name, x.Met, x.Figure)
 		}

@@ -24,6 +24,7 @@ package monitor
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"runtime"
 	"runtime/debug"
@@ -49,6 +50,9 @@ type Options struct {
 	// main module's version as the Go toolchain stamped it (often
 	// "(devel)"), an empty Revision "unknown".
 	Version, Revision string
+	// Logger gets a Server's own lines (accepting stalled for want of
+	// descriptors); nil is slog.Default().
+	Logger *slog.Logger
 }
 
 // build is what /metrics and /status say about the build.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/fdreserve"
 )
 
 // The bounds of a Server. Anyone who can connect to its address can open
@@ -86,6 +88,10 @@ func Start(ctx context.Context, addr string, h *hub.Hub, o Options) (*Server, er
 // background; the Server owns ln from now on.
 func StartListener(ln net.Listener, h *hub.Hub, o Options) *Server {
 	s := &Server{srv: newHTTPServer(Handler(h, o)), cl: newConnLimiter(ln, MaxConns), done: make(chan struct{})}
+	s.cl.log = o.Logger
+	if s.cl.log == nil {
+		s.cl.log = slog.Default()
+	}
 	s.srv.ConnState = s.cl.track
 	go func() {
 		defer close(s.done)
@@ -146,6 +152,12 @@ type connLimiter struct {
 	every time.Duration
 	burst int
 	tat   time.Time
+
+	// log gets the lines of accepting out of descriptors; short counts
+	// the accepts that failed so since the last line (shortLogged).
+	log         *slog.Logger
+	short       int
+	shortLogged time.Time
 }
 
 func newConnLimiter(ln net.Listener, max int) *connLimiter {
@@ -199,7 +211,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			runtime.Gosched()
 		}
 		var err error
-		if c, err = l.Listener.Accept(); err != nil {
+		if c, err = l.accept(); err != nil {
 			return nil, err
 		}
 		// Past the pace (a flood), a client that gave up while its
@@ -239,6 +251,60 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		case <-time.After(50 * time.Millisecond):
 			// A connection may have gone idle meanwhile.
+		}
+	}
+}
+
+// Out of descriptors, accept is retried with a growing pause (the
+// listener stays readable, and http.Server's own retry starts at 5 ms
+// and logs each one): from shortPauseMin to shortPauseMax, with one log
+// line per shortLogEvery saying how many failed.
+const (
+	shortPauseMin = 10 * time.Millisecond
+	shortPauseMax = time.Second
+	shortLogEvery = 10 * time.Second
+	// reserveAccept bounds the accept made on the descriptor reserve:
+	// the connection that failed is waiting, so it is at once.
+	reserveAccept = 50 * time.Millisecond
+)
+
+// accept is the listener's Accept that rides out a lack of descriptors
+// (RLIMIT_NOFILE lowered under the process, EMFILE): the waiting
+// connection is taken on the process's descriptor reserve (package
+// fdreserve; a /healthz probe is how the operator sees the hub), else
+// accepting pauses, longer each time, instead of failing at once again.
+func (l *connLimiter) accept() (net.Conn, error) {
+	pause := time.Duration(0)
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil || !fdreserve.Exhausted(err) {
+			return c, err
+		}
+		if dl, ok := l.Listener.(interface{ SetDeadline(time.Time) error }); ok {
+			var rc net.Conn
+			rerr := fdreserve.Retry(func() (err error) {
+				_ = dl.SetDeadline(time.Now().Add(reserveAccept))
+				rc, err = l.Listener.Accept()
+				_ = dl.SetDeadline(time.Time{})
+				return err
+			})
+			if rerr == nil {
+				return rc, nil
+			}
+		}
+		pause = min(max(2*pause, shortPauseMin), shortPauseMax)
+		l.short++
+		if now := time.Now(); now.Sub(l.shortLogged) >= shortLogEvery {
+			l.log.Warn("metrics server: out of file descriptors; accepting paused",
+				"reason", err, "failed", l.short, "pause", pause)
+			l.short, l.shortLogged = 0, now
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-l.closed:
+			t.Stop()
+			return nil, net.ErrClosed
 		}
 	}
 }

@@ -402,7 +402,7 @@ func (s *server) start(ctx context.Context) (int, bool) {
 func (s *server) serveMetrics(ln net.Listener) {
 	s.metricsLn = ln
 	b := readBuildInfo()
-	s.metrics = monitor.StartListener(ln, s.h, monitor.Options{Relay: s.rl, Token: s.token,
+	s.metrics = monitor.StartListener(ln, s.h, monitor.Options{Relay: s.rl, Token: s.token, Logger: s.log,
 		Version: b.version, Revision: b.revision})
 	s.log.Info("metrics listening", "addr", ln.Addr().String(), "token", s.token != "")
 }

@@ -1,7 +1,8 @@
 // Package clients_test runs the test suites of the non-Go clients
-// (clients/python, clients/node) against the real listenhub binary and a
-// real, throwaway Postgres: it builds the binary, starts the cluster, and
-// runs `python3 -m unittest` and `node --test` with
+// (clients/python, clients/node, clients/ruby) against the real listenhub
+// binary and a real, throwaway Postgres: it builds the binary, starts the
+// cluster, and runs `python3 -m unittest`, `node --test` and the Ruby
+// minitest suites (test/run.rb) with
 //
 //	LHTEST_HUB_BIN       the binary (each test starts its own hubs: killing
 //	                     one for a failover test touches no other test)
@@ -13,9 +14,11 @@
 //
 // in the environment, failing with their output on a non-zero exit.
 // LISTENHUB_CLIENT_TEST_RUN=PATTERN runs only the matching tests (unittest
-// -k, node --test-name-pattern). A
+// -k, node --test-name-pattern, minitest -n /PATTERN/). A
 // missing interpreter or dependency (python3 with psycopg 3; node with
-// clients/node/node_modules from `npm ci`) skips, except under CI=true,
+// clients/node/node_modules from `npm ci`; ruby with Debian's ruby-pg,
+// ruby-minitest, ruby-actioncable, ruby-activerecord and puma) skips,
+// except under CI=true,
 // where it fails: a client suite that silently skips is one that never
 // runs.
 package clients_test
@@ -206,4 +209,45 @@ func TestNode(t *testing.T) {
 		args = append(args, "--test-name-pattern", pat)
 	}
 	run(t, dir, node, append(args, files...)...)
+}
+
+// rubyDeps is what the Ruby suites load: the gem's own dependency (pg), the
+// test framework, and what the Action Cable adapter's tests run (Rails'
+// adapter contract, Active Record for the broadcasts, Puma end to end).
+const rubyDeps = `require "pg"; require "minitest"; require "action_cable"; require "active_record"; require "puma"`
+
+// findRuby returns a ruby (>= 3.0) that loads rubyDeps: LISTENHUB_RUBY,
+// else ruby on PATH, else /usr/bin/ruby (Debian's packages install for it).
+func findRuby(t *testing.T) string {
+	t.Helper()
+	var cands []string
+	if p := os.Getenv("LISTENHUB_RUBY"); p != "" {
+		cands = append(cands, p)
+	}
+	if p, err := exec.LookPath("ruby"); err == nil {
+		cands = append(cands, p)
+	}
+	cands = append(cands, "/usr/bin/ruby")
+	for _, p := range cands {
+		if exec.Command(p, "-e", `exit(RUBY_VERSION >= "3.0" ? 0 : 1); `+rubyDeps).Run() == nil {
+			return p
+		}
+	}
+	missing(t, fmt.Sprintf("ruby client tests need ruby (>= 3.0) with pg, minitest, actioncable, activerecord and puma; tried %v; on Debian: apt-get install -y ruby ruby-pg ruby-minitest ruby-actioncable ruby-activerecord puma", cands))
+	return ""
+}
+
+func TestRuby(t *testing.T) {
+	rb := findRuby(t)
+	dir, err := filepath.Abs("ruby")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// test/rails first: Rails' copied adapter tests require "test_helper"
+	// and mean that harness.
+	args := []string{"-Ilib", "-Itest/rails", "test/run.rb", "-v"}
+	if pat := os.Getenv("LISTENHUB_CLIENT_TEST_RUN"); pat != "" {
+		args = append(args, "-n", "/"+pat+"/")
+	}
+	run(t, dir, rb, args...)
 }

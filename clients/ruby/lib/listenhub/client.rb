@@ -1,0 +1,634 @@
+# frozen_string_literal: true
+
+require "socket"
+require_relative "errors"
+require_relative "frame"
+
+module Listenhub
+  # Bound of the wait for an ack. The hub acks once Postgres confirmed the
+  # LISTEN (a round trip); nothing within 2 s means a wedged hub.
+  DEFAULT_ACK_TIMEOUT = 2.0
+  # Bound of one write to the hub. Frames to the hub are tiny, so a write
+  # that cannot finish means the hub stopped reading.
+  DEFAULT_WRITE_TIMEOUT = 2.0
+  # Bound of the connect.
+  DEFAULT_CONNECT_TIMEOUT = 2.0
+  # Bound of one frame from the hub, from its first byte to its last: the
+  # hub's own --frame-timeout default. A hub that stops in the middle of a
+  # frame is wedged; without it the client would wait forever.
+  DEFAULT_FRAME_TIMEOUT = 10.0
+  # Where the hub listens unless told otherwise (LISTENHUB_SOCKET).
+  DEFAULT_SOCKET = "/run/listenhub/listenhub.sock"
+
+  # O_PATH (Linux; not in File::Constants): opens the socket's directory to
+  # pin it without needing read permission on it.
+  O_PATH = 0o10000000
+  S_ISVTX = 0o1000
+
+  def self.monotonic
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  def self.logger
+    @logger ||= begin
+      require "logger"
+      Logger.new(nil)
+    end
+  end
+
+  # The gem logs through this logger (silent by default; the Action Cable
+  # adapter hands it the server's logger).
+  def self.logger=(logger)
+    @logger = logger
+  end
+
+  # Why a socket directory cannot be trusted (nil if it can), OpenSSH's
+  # StrictModes rule: owned by us, root or an allowed uid, and not writable
+  # by group or other unless sticky (like /tmp: there only an entry's owner
+  # can rename or remove it, and the socket's own owner is checked too).
+  def self.dir_problem(st, trusted)
+    unless trusted.include?(st.uid)
+      return "directory owned by uid #{st.uid}, not ours (#{Process.uid}), root or an allowed uid"
+    end
+    if (st.mode & 0o022).nonzero? && (st.mode & S_ISVTX).zero?
+      return format("directory mode %04o is writable by group or other (and not sticky)", st.mode & 0o7777)
+    end
+
+    nil
+  end
+
+  # Why the file at the socket path (lstat: a symlink is not followed) is
+  # not our hub's socket (nil if it may be).
+  def self.sock_problem(st, trusted)
+    unless st.socket?
+      kind = st.symlink? ? "a symlink" : "not a socket"
+      return format("%s (mode %06o): not our hub's socket", kind, st.mode)
+    end
+    unless trusted.include?(st.uid)
+      return "socket owned by uid #{st.uid}, not ours (#{Process.uid}), root or an allowed uid: not our hub"
+    end
+
+    nil
+  end
+
+  # Refuses a hub that runs as another user: the peer of the socket
+  # (SO_PEERCRED) must be this process's uid, root, or an allowed uid.
+  def self.check_peer(sock, path, trusted)
+    pid, uid, = sock.getsockopt(Socket::SOL_SOCKET, Socket::SO_PEERCRED).data.unpack("iii")
+    return if trusted.include?(uid)
+
+    raise ConnError.new("peer", path, "peer pid #{pid} runs as uid #{uid}, not ours (#{Process.uid}) or root: not our hub")
+  end
+
+  # Connects to the hub socket: ConnError op "dial" for a missing socket
+  # (ENOENT) or a stale one (ECONNREFUSED), op "peer" for one that is not
+  # our hub's. With peer_check (the default) the socket's identity is
+  # checked as the Go, Python and Node clients check it: the directory is
+  # opened (O_PATH) and checked, the name is lstat'ed in it, the connect
+  # goes through that open directory (/proc/self/fd/N/name: a symlink
+  # swapped into the path meanwhile changes nothing), then the peer's uid
+  # is checked (SO_PEERCRED).
+  def self.dial(path, timeout: DEFAULT_CONNECT_TIMEOUT, peer_check: true, allowed_uids: [])
+    return connect_unix(path, path, timeout) unless peer_check
+
+    trusted = [Process.uid, 0, *allowed_uids]
+    dir, name = File.split(path)
+    if name.empty? || name == "." || name == ".." || path.end_with?("/")
+      raise ConnError.new("dial", path, "not a socket path")
+    end
+
+    begin
+      dfd = begin
+        File.new(dir, O_PATH)
+      rescue Errno::EINVAL
+        File.new(dir, File::RDONLY)
+      end
+    rescue SystemCallError => e
+      raise ConnError.new("dial", path, e.message)
+    end
+    begin
+      st = dfd.stat
+      raise ConnError.new("dial", path, "#{dir} is not a directory") unless st.directory?
+
+      problem = dir_problem(st, trusted)
+      raise ConnError.new("peer", path, problem) if problem
+
+      via = "/proc/self/fd/#{dfd.fileno}/#{name}"
+      via = path unless File.directory?("/proc/self/fd") && via.bytesize < 108
+      begin
+        before = File.lstat(via)
+      rescue SystemCallError => e
+        raise ConnError.new("dial", path, e.message)
+      end
+      problem = sock_problem(before, trusted)
+      raise ConnError.new("peer", path, problem) if problem
+
+      sock = connect_unix(via, path, timeout)
+      begin
+        if via == path
+          # No /proc: connect by path and require the same socket file
+          # afterwards.
+          after = File.lstat(path)
+          if after.dev != before.dev || after.ino != before.ino
+            raise ConnError.new("peer", path, "the socket file changed during the connect: not our hub")
+          end
+        end
+        check_peer(sock, path, trusted)
+      rescue StandardError
+        sock.close
+        raise
+      end
+      sock
+    ensure
+      dfd.close
+    end
+  end
+
+  def self.connect_unix(via, path, timeout)
+    sock = Socket.new(:UNIX, :STREAM)
+    addr = Socket.sockaddr_un(via)
+    begin
+      sock.connect_nonblock(addr)
+    rescue IO::WaitWritable
+      unless sock.wait_writable(timeout)
+        sock.close
+        raise ConnError.new("dial", path, "connect timed out after #{timeout}s")
+      end
+      begin
+        sock.connect_nonblock(addr)
+      rescue Errno::EISCONN
+        nil
+      end
+    end
+    sock
+  rescue SystemCallError => e
+    sock&.close
+    raise ConnError.new("dial", path, e.message)
+  end
+
+  # A connection to a listenhub hub. Thread-safe: Action Cable (or any
+  # threaded server) may call it from many threads at once.
+  #
+  # Alive until its first failure, then dead for good (it never reconnects:
+  # that is Failover's job): #err says why (ClosedError after close,
+  # ConnError: EOF, which is also what an eviction looks like, a malformed
+  # frame, a stalled write; AckTimeoutError; NackError; RefusedError).
+  #
+  # One thread per client reads the socket and calls on_wake(Wake) and
+  # on_status(healthy) one at a time in wire order; they must not block
+  # (while one runs nothing is read, acks wait, and the hub may evict this
+  # process). on_death(err) is called once from that thread when the client
+  # died. Writes happen on the caller's thread, bounded by write_timeout.
+  #
+  # Fork: a Client made before fork() is dead in the child: every call
+  # there raises ForkedError at once, and the child's copy of the socket is
+  # closed without touching the parent's connection.
+  class Client
+    Sub = Struct.new(:active, :call, :want_unsub)
+    Call = Struct.new(:deadline, :waiters, :done, :err)
+
+    attr_reader :path, :ack_timeout
+
+    def initialize(path, on_wake: nil, on_status: nil, on_death: nil,
+                   ack_timeout: DEFAULT_ACK_TIMEOUT, write_timeout: DEFAULT_WRITE_TIMEOUT,
+                   connect_timeout: DEFAULT_CONNECT_TIMEOUT, frame_timeout: DEFAULT_FRAME_TIMEOUT,
+                   peer_check: true, allowed_uids: [])
+      @path = path
+      @ack_timeout = ack_timeout || DEFAULT_ACK_TIMEOUT
+      @write_timeout = write_timeout || DEFAULT_WRITE_TIMEOUT
+      @frame_timeout = frame_timeout || DEFAULT_FRAME_TIMEOUT
+      @on_wake = on_wake
+      @on_status = on_status
+      @on_death = on_death
+      @sock = Listenhub.dial(path, timeout: connect_timeout || DEFAULT_CONNECT_TIMEOUT,
+                                   peer_check: peer_check, allowed_uids: allowed_uids)
+      @pid = Process.pid
+      @mu = Mutex.new
+      @cv = ConditionVariable.new
+      @wmu = Mutex.new # one writer at a time; frames leave in @out's order
+      @dispatch = Mutex.new # close() waits for a running callback
+      @subs = {}
+      @out = String.new(encoding: Encoding::BINARY)
+      @err = nil
+      @healthy = false
+      @greeted = false # a frame other than a refusal arrived
+      @closing = false
+      @reader = Thread.new { read_loop }
+      @reader.name = "listenhub-reader" if @reader.respond_to?(:name=)
+      @reader.report_on_exception = false
+    end
+
+    # Subscribes to q and returns once the hub acked it: from then on every
+    # NOTIFY committed on q's channel is delivered (wakes may also arrive
+    # before; over-delivery is harmless). A set, not a count: subscribing an
+    # acked name returns at once; concurrent calls for one name share one
+    # sub frame.
+    #
+    # Raises InvalidNameError or LimitError (the client stays alive);
+    # NackError, AckTimeoutError or ConnError when the hub failed (the client
+    # is dead); the client's error when already dead. timeout: (seconds)
+    # bounds this caller's wait only: Listenhub::TimeoutError, the client
+    # lives on and the subscription is abandoned (unsubscribed once acked
+    # unless another caller waits for it).
+    def subscribe(q, timeout: nil)
+      check_fork!
+      problem = Frame.name_problem(q)
+      raise InvalidNameError.new(q, problem) if problem
+
+      mine = nil
+      c = @mu.synchronize do
+        raise @err if @err
+
+        s = (@subs[q] ||= Sub.new(false, nil, false))
+        return if s.active && s.call.nil?
+
+        unless s.call
+          s.call = Call.new(Listenhub.monotonic + @ack_timeout, 0, false, nil)
+          @out << Frame.sub(q)
+          mine = true
+        end
+        s.want_unsub = false
+        s.call.waiters += 1
+        s.call
+      end
+      flush if mine
+      mine_deadline = timeout && Listenhub.monotonic + timeout
+      @mu.synchronize do
+        until c.done
+          now = Listenhub.monotonic
+          if c.deadline <= now
+            die_locked(AckTimeoutError.new(q, @ack_timeout))
+            break
+          end
+          if mine_deadline && mine_deadline <= now
+            c.waiters -= 1
+            @subs[q].want_unsub = true if c.waiters.zero? && @subs[q]
+            raise Listenhub::TimeoutError, "listenhub: no answer for #{q.inspect} within #{timeout}s"
+          end
+          @cv.wait(@mu, [c.deadline, mine_deadline].compact.min - now)
+        end
+      end
+      after_death if @err && !@shut
+      raise c.err if c.err
+
+      nil
+    end
+
+    # Subscribes to every name of qs at once (all sub frames in one write,
+    # then every ack awaited) and returns {q => nil or the error}: a
+    # fail-back subscribes a whole set so, without a thread per name.
+    # Errors are per name as for subscribe; once the client is dead every
+    # name not acked carries its error.
+    def subscribe_many(qs)
+      check_fork!
+      res = {}
+      calls = {}
+      mine = false
+      @mu.synchronize do
+        qs.each do |q|
+          problem = Frame.name_problem(q)
+          if problem
+            res[q] = InvalidNameError.new(q, problem)
+            next
+          end
+          if @err
+            res[q] = @err
+            next
+          end
+          s = (@subs[q] ||= Sub.new(false, nil, false))
+          if s.active && s.call.nil?
+            res[q] = nil
+            next
+          end
+          unless s.call
+            s.call = Call.new(Listenhub.monotonic + @ack_timeout, 0, false, nil)
+            @out << Frame.sub(q)
+            mine = true
+          end
+          s.want_unsub = false
+          s.call.waiters += 1
+          calls[q] = s.call
+        end
+      end
+      flush if mine
+      @mu.synchronize do
+        calls.each do |q, c|
+          until c.done
+            now = Listenhub.monotonic
+            if c.deadline <= now
+              die_locked(AckTimeoutError.new(q, @ack_timeout))
+              break
+            end
+            @cv.wait(@mu, c.deadline - now)
+          end
+          res[q] = c.err
+        end
+      end
+      after_death if @err && !@shut
+      res
+    end
+
+    # Drops q and tells the hub (no answer). Never waits for the hub; may be
+    # called from a callback. A pending subscribe of q completes, then the
+    # client unsubscribes. Unknown names and dead clients: nothing.
+    def unsubscribe(q)
+      check_fork!
+      queued = @mu.synchronize do
+        next false if @err
+
+        s = @subs[q]
+        next false unless s
+
+        if s.call
+          s.want_unsub = true
+          next false
+        end
+        @subs.delete(q)
+        @out << Frame.unsub(q)
+        true
+      end
+      flush if queued
+      nil
+    end
+
+    # Alive, and the hub's last status said its Postgres connection is
+    # healthy (false until the first status, which the hub sends on
+    # connect).
+    def healthy?
+      check_fork!
+      @err.nil? && @healthy
+    end
+
+    # The acked names.
+    def subscriptions
+      check_fork!
+      @mu.synchronize { @subs.select { |_, s| s.active }.keys }
+    end
+
+    # Why the client is dead (nil while alive).
+    def err
+      @pid == Process.pid ? @err : ForkedError.new(@pid)
+    end
+
+    def alive?
+      err.nil?
+    end
+
+    # Waits until the client is dead (up to timeout seconds); returns err.
+    def wait(timeout = nil)
+      check_fork!
+      @reader.join(timeout)
+      @err
+    end
+
+    # Kills the client with ClosedError and closes the socket; the hub drops
+    # its subscriptions. Waiting subscribes raise ClosedError. No callback
+    # starts once close returned (safe from a callback). Idempotent.
+    def close
+      return if forked_child_close
+
+      @closing = true
+      die(ClosedError.new)
+      @dispatch.synchronize { nil } unless Thread.current == @reader
+      nil
+    end
+
+    private
+
+    def check_fork!
+      raise ForkedError.new(@pid) if @pid != Process.pid && forked_child_close
+    end
+
+    # In a forked child: the child's copy of the socket is closed (never
+    # shut down: that would cut the parent's connection too) and nothing of
+    # the parent's state is used again. True in the child.
+    def forked_child_close
+      return false if @pid == Process.pid
+
+      unless @forked
+        @forked = true
+        @sock.close rescue nil # rubocop:disable Style/RescueModifier
+      end
+      true
+    end
+
+    def die(err)
+      first = @mu.synchronize do
+        next false if @err
+
+        die_locked(err)
+        true
+      end
+      after_death if first
+    end
+
+    def die_locked(err)
+      @err = err
+      @subs.each_value do |s|
+        next unless s.call && !s.call.done
+
+        s.call.err = err
+        s.call.done = true
+      end
+      @subs = {}
+      @out.clear
+      @healthy = false
+      @cv.broadcast
+    end
+
+    # The reader sees EOF and ends (it closes the socket and calls
+    # on_death).
+    def after_death
+      @shut = true
+      begin
+        @sock.shutdown(Socket::SHUT_RDWR)
+      rescue IOError, SystemCallError
+        nil
+      end
+      log_death
+    end
+
+    def log_death
+      return if @logged
+
+      @logged = true
+      if @err.is_a?(ClosedError)
+        Listenhub.logger.debug("listenhub client closed")
+      else
+        Listenhub.logger.warn("listenhub client dead: #{@err.message}")
+      end
+    end
+
+    # Writes what is queued, in order, within the write timeout (or kills
+    # the client). Nothing is written before the hub's first frame (status,
+    # or the refusal of this connection): a write into a connection the hub
+    # is refusing fails with EPIPE and loses the reason it sent.
+    def flush
+      @wmu.synchronize do
+        buf = @mu.synchronize do
+          next nil if @err || !@greeted || @out.empty?
+
+          b = @out.dup
+          @out.clear
+          b
+        end
+        write_all(buf) if buf
+      end
+    end
+
+    def write_all(buf)
+      deadline = Listenhub.monotonic + @write_timeout
+      until buf.empty?
+        n = @sock.write_nonblock(buf, exception: false)
+        if n == :wait_writable
+          left = deadline - Listenhub.monotonic
+          if left <= 0 || !@sock.wait_writable(left)
+            die(ConnError.new("write", @path, "stalled for #{@write_timeout}s: the hub stopped reading"))
+            return
+          end
+          next
+        end
+        buf = buf.byteslice(n, buf.bytesize - n)
+      end
+    rescue IOError, SystemCallError => e
+      die(ConnError.new("write", @path, e.message))
+    end
+
+    def read_loop
+      dec = Frame::Decoder.new
+      loop do
+        if dec.partial_since
+          left = dec.partial_since + @frame_timeout - Listenhub.monotonic
+          unless left.positive? && @sock.wait_readable(left)
+            die(ConnError.new("read", @path, "a frame from the hub stalled: #{dec.buffered} bytes of it in #{@frame_timeout}s (frame timeout)"))
+            break
+          end
+        end
+        begin
+          data = @sock.readpartial(65_536)
+        rescue EOFError
+          why = dec.buffered.positive? ? "unexpected EOF (inside a frame)" : "EOF: the hub closed the connection"
+          die(ConnError.new("read", @path, why))
+          break
+        rescue IOError, SystemCallError => e
+          die(ConnError.new("read", @path, e.message))
+          break
+        end
+        dec.feed(data)
+        begin
+          while (m = dec.next_message)
+            handle(m)
+            break if @err
+          end
+        rescue Frame::FrameError => e
+          die(ConnError.new("read", @path, e.message))
+        end
+        break if @err
+      end
+    rescue StandardError => e # a bug here must not leave callers hanging
+      die(Error.new("listenhub: reader crashed: #{e.class}: #{e.message}"))
+    ensure
+      @wmu.synchronize { @sock.close rescue nil } # rubocop:disable Style/RescueModifier
+      begin
+        @on_death&.call(@err) unless @closing
+      rescue StandardError => e
+        Listenhub.logger.error("listenhub client: on_death raised: #{e.class}: #{e.message}")
+      end
+    end
+
+    def handle(m)
+      t = m["t"]
+      q = m["q"]
+      unless @greeted
+        @greeted = true
+        if t == "nack"
+          # A nack before anything else is the hub's refusal of this
+          # connection (docs/protocol.md); it closes it next.
+          die(RefusedError.new(@path, m["error"].is_a?(String) && !m["error"].empty? ? m["error"] : "no reason given"))
+          return
+        end
+        flush
+      end
+      case t
+      when "ack"
+        queued = @mu.synchronize do
+          s = @subs[q]
+          next false unless s&.call
+
+          s.call.done = true
+          s.call = nil
+          @cv.broadcast
+          if s.want_unsub
+            @subs.delete(q)
+            @out << Frame.unsub(q)
+            next true
+          end
+          s.active = true
+          false
+        end
+        flush if queued
+      when "nack"
+        reason = m["error"].is_a?(String) ? m["error"] : ""
+        q = nacked_name(q, m["q64"])
+        if Frame.invalid_name_reason?(reason) || Frame.limit_reason?(reason)
+          klass = Frame.limit_reason?(reason) ? LimitError : InvalidNameError
+          @mu.synchronize do
+            s = @subs[q]
+            if s&.call
+              s.call.err = klass.new(q, reason)
+              s.call.done = true
+              s.call = nil
+              @subs.delete(q) unless s.active
+              @cv.broadcast
+            end
+          end
+        else
+          pending = @mu.synchronize { @subs[q]&.call }
+          die(NackError.new(q, reason)) if pending
+        end
+      when "wake"
+        held = q.is_a?(String) && @mu.synchronize { @subs.key?(q) }
+        deliver(@on_wake, Wake.from(q, m["p"].is_a?(String) ? m["p"] : nil)) if held
+      when "status"
+        @healthy = m["healthy"] == true
+        deliver(@on_status, @healthy)
+      else
+        Listenhub.logger.debug("listenhub client: skipping unknown frame type #{t.inspect}")
+      end
+    end
+
+    # The name a nack answers. A nack for a name that was not valid UTF-8
+    # carries the name's bytes as sent in "q64": find the pending sub they
+    # match.
+    def nacked_name(q, q64)
+      return q unless q64.is_a?(String)
+
+      sent = Frame.q64_bytes(q64)
+      @mu.synchronize do
+        @subs.each { |name, s| return name if s.call && name.b == sent }
+      end
+      q
+    end
+
+    def deliver(cb, arg)
+      return unless cb
+
+      @dispatch.synchronize do
+        return if @closing
+
+        begin
+          cb.call(arg)
+        rescue StandardError => e # a callback's bug must not kill the reader
+          Listenhub.logger.error("listenhub client: callback raised: #{e.class}: #{e.message}")
+        end
+      end
+    end
+  end
+
+  # Connects to the hub at path and returns a Client (see Client for the
+  # options). Raises ConnError when there is no hub (ENOENT, ECONNREFUSED)
+  # or the socket is not our hub's.
+  def self.connect(path = nil, **opts)
+    Client.new(path || ENV.fetch("LISTENHUB_SOCKET", DEFAULT_SOCKET), **opts)
+  end
+end

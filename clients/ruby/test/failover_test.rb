@@ -1,0 +1,208 @@
+# frozen_string_literal: true
+
+# Failover against a real hub and a real Postgres: the hub is killed, the
+# client goes on with its own LISTEN connection, and returns to the hub.
+require_relative "test_helper"
+
+class FailoverTest < LHTestCase
+  PREFIX = "lh."
+  SUFFIX = ".ev"
+  # Needs quoting (a dot, a capital, a double quote): the local LISTEN must
+  # send it as a quoted identifier with the quote doubled.
+  ODD = 'Mixed"Case.q'
+
+  def setup
+    super
+    @col = Collector.new
+  end
+
+  def hub(**opts)
+    super(prefix: PREFIX, suffix: SUFFIX, **opts)
+  end
+
+  def failover(path, **opts)
+    @app = "lhrb-local-#{name}"[0, 60]
+    f = Listenhub::Failover.new(path, database_url: DATABASE_URL, channel_prefix: PREFIX, channel_suffix: SUFFIX,
+                                      application_name: @app, on_wake: @col.on_wake, on_status: @col.on_status, **opts)
+    cleanup { f.close }
+    f
+  end
+
+  def notify(q, payload = "")
+    db.notify(PREFIX + q + SUFFIX, payload)
+  end
+
+  def durable(q)
+    Listenhub::Wake.new(q, nil)
+  end
+
+  def test_hub_killed_fails_over_to_local_listen
+    h = hub
+    reasons = []
+    f = failover(h.socket, on_failover: ->(r) { reasons << r }, min_local: 60)
+    f.subscribe("jobs")
+    f.subscribe(ODD)
+    assert_equal :hub, f.mode
+    assert_equal 0, db.backends(@app)
+    notify("jobs", "via-hub")
+    @col.wait("a wake through the hub") { |s| s.payloads("jobs").include?("via-hub") }
+
+    h.kill
+    LHTest.wait_for("local mode") { f.mode == :local }
+    @col.wait("a durable wake per name") { |s| s.include?(durable("jobs")) && s.include?(durable(ODD)) }
+    assert_equal 1, @col.count(durable("jobs"))
+    assert_equal 1, reasons.size
+    assert_kind_of Listenhub::ConnError, reasons[0]
+    assert_equal 1, db.backends(@app)
+    assert f.healthy?
+
+    notify("jobs", "via-local")
+    notify(ODD, "odd")
+    @col.wait("wakes through the local listener") { |s| s.payloads("jobs").include?("via-local") && s.payloads(ODD).include?("odd") }
+    f.subscribe("later")
+    f.unsubscribe("jobs")
+    f.subscribe("sync-point") # LISTEN/UNLISTEN run in call order
+    notify("jobs", "gone")
+    notify("later", "new")
+    @col.wait("a wake for a name subscribed in local mode") { |s| s.payloads("later").include?("new") }
+    refute_includes @col.payloads("jobs"), "gone"
+    assert_equal [ODD, "later", "sync-point"].sort, f.subscriptions.sort
+
+    f.close
+    LHTest.wait_for("the local backend gone") { db.backends(@app).zero? }
+  end
+
+  # SIGKILL, fallback, fail-back while a writer commits back to back. The
+  # durable rule: a reader that re-reads on every durable wake ends having
+  # seen the last committed state (every wake lost in the gap is made up by
+  # the failover's and the fail-back's own durable wakes). The ephemeral
+  # rule: every payload committed once the local listener took over arrives,
+  # across the fail-back (make before break).
+  def test_sigkill_fallback_failback_loses_no_durable_wake
+    db.conn.exec("CREATE TABLE IF NOT EXISTS lhrb_counter (id int PRIMARY KEY, n bigint NOT NULL)")
+    db.conn.exec("INSERT INTO lhrb_counter VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET n = 0")
+    h = hub
+    wakes = Queue.new
+    on_wake = lambda do |w|
+      @col.on_wake.call(w)
+      wakes << true if w.q == "counter" && w.durable?
+    end
+    @app = "lhrb-local-#{name}"[0, 60]
+    f = Listenhub::Failover.new(h.socket, database_url: DATABASE_URL, channel_prefix: PREFIX, channel_suffix: SUFFIX,
+                                          application_name: @app, on_wake: on_wake, min_local: 0.2, probe_interval: 0.1)
+    cleanup { f.close }
+    f.subscribe("counter")
+    f.subscribe("stream")
+    seen = 0
+    reader = Thread.new do
+      d = DB.new
+      while wakes.pop
+        seen = d.conn.exec("SELECT n FROM lhrb_counter WHERE id = 1").getvalue(0, 0).to_i
+      end
+    ensure
+      d&.close
+    end
+    sent = []
+    mu = Mutex.new
+    stop = false
+    committed = 0
+    pump = Thread.new do
+      d = DB.new
+      i = 0
+      until stop
+        i += 1
+        d.conn.transaction do |c|
+          c.exec("UPDATE lhrb_counter SET n = n + 1 WHERE id = 1")
+          c.exec("NOTIFY #{c.escape_identifier(PREFIX + 'counter' + SUFFIX)}")
+        end
+        d.notify(PREFIX + "stream" + SUFFIX, i.to_s)
+        mu.synchronize do
+          committed = i
+          sent << i.to_s
+        end
+      end
+    ensure
+      d&.close
+    end
+    begin
+      LHTest.wait_for("NOTIFYs before the kill") { mu.synchronize { sent.size > 100 } }
+      h.kill
+      LHTest.wait_for("local mode") { f.mode == :local }
+      floor = mu.synchronize { sent.size }
+      LHTest.wait_for("NOTIFYs in local mode") { mu.synchronize { sent.size > floor + 100 } }
+      assert_equal 1, db.backends(@app)
+      h2 = Hub.new("#{name}-2", prefix: PREFIX, suffix: SUFFIX, socket: h.socket, dir: h.dir)
+      cleanup { h2.close }
+      LHTest.wait_for("back on the hub") { f.mode == :hub }
+      n = mu.synchronize { sent.size }
+      LHTest.wait_for("NOTIFYs after the fail-back") { mu.synchronize { sent.size > n + 100 } }
+    ensure
+      stop = true
+      pump.join
+    end
+    LHTest.wait_for("the reader to see the last committed state (#{committed})") { seen == committed }
+    wakes << nil
+    reader.join
+    # floor was read once the local listener was current; floor+1 may have
+    # been in flight then.
+    want = mu.synchronize { sent[(floor + 1)..] }
+    @col.wait("every payload committed since the local listener took over") { |s| (want - s.payloads("stream")).empty? }
+    assert_operator want.size, :>, 200
+    LHTest.wait_for("the local backend gone") { db.backends(@app).zero? }
+  end
+
+  def test_eviction_fails_over
+    h = hub(args: ["--hard-queue-limit", "16"])
+    release = Queue.new
+    first = Queue.new
+    @app = "lhrb-local-#{name}"[0, 60]
+    seen = false
+    on_wake = lambda do |w|
+      @col.on_wake.call(w)
+      unless seen
+        seen = true
+        first << true
+        release.pop # stop reading: the hub's queue for us grows
+      end
+    end
+    f = Listenhub::Failover.new(h.socket, database_url: DATABASE_URL, channel_prefix: PREFIX, channel_suffix: SUFFIX,
+                                          application_name: @app, on_wake: on_wake, min_local: 60)
+    cleanup do
+      release << true
+      f.close
+    end
+    f.subscribe("flood")
+    db.conn.exec_params("SELECT pg_notify($1, i::text) FROM generate_series(1, 50000) i", [PREFIX + "flood" + SUFFIX])
+    first.pop
+    LHTest.wait_for("the eviction in the hub's log") { h.output.downcase.include?("evict") }
+    release << true
+    LHTest.wait_for("local mode") { f.mode == :local }
+    assert_kind_of Listenhub::ConnError, f.reason
+    @col.wait("the durable wake of the failover") { |s| s.include?(durable("flood")) }
+  end
+
+  def test_no_hub_at_start_is_local_mode_at_once
+    f = failover(File.join(tmpdir, "none.sock"), min_local: 60)
+    assert_equal :local, f.mode
+    f.subscribe("x")
+    notify("x", "local")
+    @col.wait("a local wake") { |s| s.payloads("x") == ["local"] }
+  end
+
+  def test_ack_timeout_fails_over
+    fake = FakeHub.new(:silent)
+    cleanup { fake.close }
+    f = failover(fake.socket, ack_timeout: 0.3, min_local: 60)
+    f.subscribe("x")
+    assert_equal :local, f.mode
+    assert_kind_of Listenhub::AckTimeoutError, f.reason
+  end
+
+  def test_invalid_name_does_not_fail_over
+    h = hub
+    f = failover(h.socket)
+    assert_raises(Listenhub::InvalidNameError) { f.subscribe("x" * 60) } # 66 bytes mapped: the hub's nack
+    assert_equal :hub, f.mode
+    assert_empty f.subscriptions
+  end
+end

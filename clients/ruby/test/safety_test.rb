@@ -1,0 +1,156 @@
+# frozen_string_literal: true
+
+# The peer checks on the socket path and its directory, and fork safety.
+require_relative "test_helper"
+
+class SafetyTest < LHTestCase
+  def fake(mode, dir: nil)
+    f = FakeHub.new(mode, dir: dir)
+    cleanup { f.close }
+    f
+  end
+
+  def refused(path, why, **opts)
+    err = assert_raises(Listenhub::ConnError) { Listenhub.connect(path, **opts) }
+    assert_equal "peer", err.op, err.message
+    assert_includes err.message, why
+  end
+
+  def test_symlink_to_a_real_socket_is_refused
+    f = fake(:ack)
+    link = File.join(f.dir, "link.sock")
+    File.symlink(f.socket, link)
+    refused(link, "a symlink")
+  end
+
+  def test_a_file_is_not_a_socket
+    d = tmpdir
+    File.write(File.join(d, "hub.sock"), "")
+    refused(File.join(d, "hub.sock"), "not a socket")
+  end
+
+  def test_directory_writable_by_group_or_other_is_refused
+    d = tmpdir
+    f = fake(:ack, dir: d)
+    File.chmod(0o777, d)
+    refused(f.socket, "writable by group or other")
+    File.chmod(0o700, d)
+    Listenhub.connect(f.socket).close
+  end
+
+  def test_sticky_directory_is_accepted
+    d = tmpdir
+    f = fake(:ack, dir: d)
+    File.chmod(0o1777, d)
+    c = Listenhub.connect(f.socket)
+    c.subscribe("x")
+    c.close
+  end
+
+  def test_directory_of_another_owner_is_refused
+    skip "needs root to chown" unless Process.uid.zero?
+    d = tmpdir
+    f = fake(:ack, dir: d)
+    File.chown(65_534, nil, d)
+    refused(f.socket, "directory owned by uid 65534")
+    Listenhub.connect(f.socket, allowed_uids: [65_534]).close # naming the uid trusts it
+  end
+
+  # A listener bound by another user in a sticky directory (like /tmp): the
+  # directory passes, the socket's owner and the peer do not.
+  def test_peer_of_another_user_is_refused
+    skip "needs root to run a fake hub as another user" unless Process.uid.zero?
+    d = tmpdir
+    File.chmod(0o1777, d)
+    path = File.join(d, "other.sock")
+    code = 'require "socket"; s = UNIXServer.new(ARGV[0]); $stdout.puts "ready"; $stdout.flush; ' \
+           'c = s.accept; c.write([0].pack("N")) rescue nil; sleep 30'
+    io = IO.popen(["runuser", "-u", "nobody", "--", RbConfig.ruby, "-rrbconfig", "-e", code, path], "r", pgroup: true)
+    cleanup do
+      Process.kill(:KILL, -io.pid) # runuser and the ruby it runs
+      io.close
+    end
+    assert_equal "ready\n", io.gets
+    refused(path, "socket owned by uid 65534")
+    # Past the file checks (the owner trusted by name), SO_PEERCRED still
+    # sees nobody only if nobody is not trusted: trusting it lets it through.
+    Listenhub.connect(path, allowed_uids: [65_534]).close
+  end
+
+  def test_peer_credentials_are_checked
+    skip "needs root to bind as another user" unless Process.uid.zero?
+    d = tmpdir
+    File.chmod(0o1777, d)
+    path = File.join(d, "peer.sock")
+    # The socket file is ours (chowned back), the listener runs as nobody:
+    # only SO_PEERCRED tells.
+    code = 'require "socket"; s = UNIXServer.new(ARGV[0]); $stdout.puts "ready"; $stdout.flush; ' \
+           'loop { s.accept }'
+    io = IO.popen(["runuser", "-u", "nobody", "--", RbConfig.ruby, "-e", code, path], "r", pgroup: true)
+    cleanup do
+      Process.kill(:KILL, -io.pid) # runuser and the ruby it runs
+      io.close
+    end
+    assert_equal "ready\n", io.gets
+    File.lchown(0, 0, path)
+    refused(path, "peer pid")
+  end
+
+  def test_client_made_before_fork_raises_in_the_child
+    f = fake(:ack)
+    c = Listenhub.connect(f.socket)
+    cleanup { c.close }
+    c.subscribe("parent")
+    r, w = IO.pipe
+    pid = fork do
+      r.close
+      t0 = Listenhub.monotonic
+      out = begin
+        c.subscribe("child", timeout: 5)
+        "no error"
+      rescue Listenhub::ForkedError => e
+        format("ForkedError %.3f %s", Listenhub.monotonic - t0, e.message)
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        "#{e.class} #{e.message}"
+      end
+      w.write(out)
+      w.close
+      exit!(0)
+    end
+    w.close
+    out = r.read
+    r.close
+    Process.wait(pid)
+    assert out.start_with?("ForkedError "), out
+    assert_operator out.split[1].to_f, :<, 1.0, out
+    assert_includes out, "before fork()"
+    # The parent's connection was not cut by the child.
+    c.subscribe("after")
+    assert_nil c.err
+    assert_equal "parent", f.subs.pop
+    assert_equal "after", f.subs.pop, "the child sent a frame on the parent's connection"
+  end
+
+  def test_failover_made_before_fork_raises_in_the_child_and_leaves_the_parent_alone
+    h = hub
+    col = Collector.new
+    fo = Listenhub::Failover.new(h.socket, database_url: DATABASE_URL, on_wake: col.on_wake)
+    cleanup { fo.close }
+    fo.subscribe("forked")
+    pid = fork do
+      code = begin
+        fo.subscribe("child")
+        1
+      rescue Listenhub::ForkedError
+        fo.close # in the child: closes its copies only
+        0
+      end
+      exit!(code)
+    end
+    Process.wait(pid)
+    assert_equal 0, $CHILD_STATUS&.exitstatus || $?.exitstatus # rubocop:disable Style/SpecialGlobalVars
+    db.notify("forked", "still here")
+    col.wait("the parent's wake after the child closed") { |s| s.payloads("forked") == ["still here"] }
+    assert_equal :hub, fo.mode
+  end
+end

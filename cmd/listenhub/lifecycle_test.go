@@ -290,15 +290,15 @@ func TestServeSIGHUP(t *testing.T) {
 	}
 }
 
-// The units shown in the README are the ones in deploy/systemd, comments
-// and the descriptive [Unit] keys trimmed.
+// The units shown in docs/operations.md are the ones in deploy/systemd,
+// comments and the descriptive [Unit] keys trimmed.
 func TestREADMEUnitsMatchDeploy(t *testing.T) {
-	doc := readmeSection(t, readREADME(t), "## Deployment")
+	doc := readmeSection(t, readDoc(t, opsPath), "## systemd")
 	for _, name := range []string{"listenhub.socket", "listenhub.service"} {
 		marker := "# deploy/systemd/" + name + " (comments trimmed)\n"
 		i := strings.Index(doc, marker)
 		if i < 0 {
-			t.Errorf("README Deployment shows no %q block", strings.TrimSpace(marker))
+			t.Errorf("docs/operations.md shows no %q block", strings.TrimSpace(marker))
 			continue
 		}
 		block := doc[i+len(marker):]
@@ -326,7 +326,7 @@ func TestREADMEUnitsMatchDeploy(t *testing.T) {
 			}
 		}
 		if want, got := strings.Join(kept, "\n"), strings.Join(shown, "\n"); got != want {
-			t.Errorf("README's %s differs from deploy/systemd/%s:\n--- README\n%s\n--- deploy/systemd (trimmed)\n%s", name, name, got, want)
+			t.Errorf("docs/operations.md's %s differs from deploy/systemd/%s:\n--- docs/operations.md\n%s\n--- deploy/systemd (trimmed)\n%s", name, name, got, want)
 		}
 	}
 }

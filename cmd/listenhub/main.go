@@ -32,7 +32,7 @@ func main() {
 }
 
 // command is one line of the usage. The synopsis is printed by the top-level
-// usage, by `listenhub COMMAND -h` and in the README's command list; a test
+// usage, by `listenhub COMMAND -h` and in the command list of docs/usage.md; a test
 // holds the three to the same text and to the flags each command has.
 type command struct {
 	name, synopsis, summary string
@@ -67,7 +67,7 @@ func synopsis(name string) string {
 	panic("listenhub: no command " + name)
 }
 
-// commandList is the command block of the usage (and of the README).
+// commandList is the command block of the usage (and of docs/usage.md).
 func commandList() string {
 	var b strings.Builder
 	for _, c := range commands {

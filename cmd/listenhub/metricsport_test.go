@@ -21,8 +21,8 @@ func TestMetricsPortOneValue(t *testing.T) {
 		"deploy/container/Containerfile":   "LISTENHUB_METRICS_ADDR=" + port,
 		"deploy/kubernetes/daemonset.yaml": `value: "` + port + `"`,
 		"deploy/kubernetes/sidecar.yaml":   `value: "` + port + `"`,
-		"README.md":                        "listenhub status` prints a summary",
-		"docs/deploy.md":                   "`127.0.0.1" + port + "`",
+		"docs/usage.md":                    "`" + defaultMetricsAddr + "`",
+		"docs/operations.md":               "`127.0.0.1" + port + "`",
 	} {
 		b, err := os.ReadFile(filepath.Join("..", "..", file))
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -14,15 +15,27 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/monitor"
+	"github.com/listenhub/listenhub/relay"
 )
 
-const readmePath = "../../README.md"
+const (
+	readmePath = "../../README.md"
+	usagePath  = "../../docs/usage.md"
+	opsPath    = "../../docs/operations.md"
+)
 
 func readREADME(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile(readmePath)
+	return readDoc(t, readmePath)
+}
+
+func readDoc(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +69,7 @@ func readmeSection(t *testing.T, doc, heading string) string {
 		}
 	}
 	if !in {
-		t.Fatalf("README has no %q section", heading)
+		t.Fatalf("no %q section", heading)
 	}
 	return strings.Join(out, "\n")
 }
@@ -146,12 +159,12 @@ func commandHelp(t *testing.T, cmd string) (synopsis string, flags map[string]he
 	return synopsis, flags
 }
 
-// helpAside is the trailing remark of a usage text that the README's
+// helpAside is the trailing remark of a usage text that the flag tables
 // environment and default columns say instead.
-var helpAside = regexp.MustCompile(` \((env |default: |required|off when empty\))[^()]*\)?$`)
+var helpAside = regexp.MustCompile(` \((env |default: |required|off when empty|not checked when empty)[^()]*\)?$`)
 
-// relayFlagNames are the flags serve shares with relay (relayFlags): the
-// README documents them once, in relay's table.
+// relayFlagNames are the flags serve shares with relay (relayFlags):
+// docs/usage.md documents them once, in relay's table.
 func relayFlagNames() map[string]bool {
 	fs := newFlagSet("x")
 	var rf relayFlags
@@ -161,120 +174,187 @@ func relayFlagNames() map[string]bool {
 	return names
 }
 
-// TestREADMEServeFlags fails when the README's flag table and `serve -h`
-// disagree: a flag missing from either side, a wrong environment variable,
-// a wrong default, or a meaning that does not say what -h says (markdown
-// aside; the environment and default remarks of -h are the table's other
-// columns). The relay flags serve shares are in relay's table.
-func TestREADMEServeFlags(t *testing.T) {
-	checkFlagTable(t, "serve", relayFlagNames())
-}
-
-// TestREADMERelayFlags is the same for `relay -h` and its table.
-func TestREADMERelayFlags(t *testing.T) {
-	checkFlagTable(t, "relay", nil)
-}
-
-func checkFlagTable(t *testing.T, cmd string, elsewhere map[string]bool) {
-	_, flags := commandHelp(t, cmd)
-	if len(flags) < 10 {
-		t.Fatalf("parsed only %d flags from %s -h", len(flags), cmd)
+// TestUsageFlags fails when a flag table of docs/usage.md and the
+// command's -h disagree, for every command with flags: a flag missing from
+// either side, a wrong environment variable, a wrong default, or a meaning
+// that does not say what -h says (markdown aside; the environment and
+// default remarks of -h are the table's other columns). The relay flags
+// serve shares are in relay's table.
+func TestUsageFlags(t *testing.T) {
+	doc := readDoc(t, usagePath)
+	for _, c := range commands {
+		_, flags := commandHelp(t, c.name)
+		if len(flags) == 0 {
+			continue
+		}
+		var elsewhere map[string]bool
+		if c.name == "serve" {
+			elsewhere = relayFlagNames()
+		}
+		t.Run(c.name, func(t *testing.T) {
+			checkFlagTable(t, doc, c.name, flags, elsewhere)
+		})
 	}
-	rows := markdownTable(t, readmeSection(t, readREADME(t), "### `"+cmd+"` flags"),
-		[]string{"flag", "environment", "default", "meaning"})
+}
+
+// fromEnv reports whether cmd reads its flags from LISTENHUB_ variables
+// too, as its -h says.
+func fromEnv(t *testing.T, cmd string) bool {
+	var out, errw bytes.Buffer
+	run(context.Background(), []string{cmd, "-h"}, &out, &errw)
+	return strings.Contains(out.String(), "each also read from "+envPrefix)
+}
+
+func checkFlagTable(t *testing.T, doc, cmd string, flags map[string]helpFlag, elsewhere map[string]bool) {
+	t.Helper()
+	env := fromEnv(t, cmd)
+	header := []string{"flag", "default", "meaning"}
+	if env {
+		header = []string{"flag", "environment", "default", "meaning"}
+	}
+	rows := markdownTable(t, readmeSection(t, doc, "## `listenhub "+cmd+"`"), header)
 	seen := map[string]bool{}
 	markdown := strings.NewReplacer("`", "", "**", "")
 	for _, r := range rows {
 		name := strings.TrimPrefix(firstCode(r[0]), "--")
 		if name == "" || seen[name] {
-			t.Errorf("README flag row %q: no flag, or a duplicate", r[0])
+			t.Errorf("usage.md %s flag row %q: no flag, or a duplicate", cmd, r[0])
 			continue
 		}
 		seen[name] = true
 		f, ok := flags[name]
 		if !ok {
-			t.Errorf("README documents --%s, which %s does not have", name, cmd)
+			t.Errorf("usage.md documents %s --%s, which %s -h lacks", cmd, name, cmd)
 			continue
 		}
-		if env := firstCode(r[1]); env != envName(name) {
-			t.Errorf("README: --%s is read from %s, the table says %q", name, envName(name), env)
+		def, meaning := r[1], r[2]
+		if env {
+			if got := firstCode(r[1]); got != envName(name) {
+				t.Errorf("usage.md: %s --%s is read from %s, the table says %q", cmd, name, envName(name), got)
+			}
+			def, meaning = r[2], r[3]
 		}
 		// A non-zero default must appear as the cell's first code span;
 		// a zero default must not look like a value (the cell says
-		// "empty", "off", "required" or what the hub does instead).
-		if got := firstCode(r[2]); got != f.def {
+		// "empty", "off", "none" or what the command does instead).
+		if got := firstCode(def); got != f.def {
 			if f.def == "" {
-				t.Errorf("README: --%s has no default, the table says `%s`", name, got)
+				t.Errorf("usage.md: %s --%s has no default, the table says `%s`", cmd, name, got)
 			} else {
-				t.Errorf("README: --%s defaults to %q, the table says %q", name, f.def, got)
+				t.Errorf("usage.md: %s --%s defaults to %q, the table says %q", cmd, name, f.def, got)
 			}
 		}
-		if help, doc := helpAside.ReplaceAllString(f.usage, ""), markdown.Replace(r[3]); help != doc {
-			t.Errorf("README: --%s means\n  %q in the table,\n  %q in %s -h", name, doc, help, cmd)
+		if help, doc := helpAside.ReplaceAllString(f.usage, ""), markdown.Replace(meaning); help != doc {
+			t.Errorf("usage.md: %s --%s means\n  %q in the table,\n  %q in %s -h", cmd, name, doc, help, cmd)
 		}
 	}
 	for name := range flags {
 		if !seen[name] && !elsewhere[name] {
-			t.Errorf("%s has --%s, which the README's flag table lacks", cmd, name)
+			t.Errorf("%s has --%s, which the flag table of docs/usage.md lacks", cmd, name)
 		}
 	}
 }
 
-// TestREADMEMetrics fails when the README's metrics table and /metrics
-// disagree: every family the exposition writes, in its order, with its
-// type.
-func TestREADMEMetrics(t *testing.T) {
-	rows := markdownTable(t, readmeSection(t, readREADME(t), "### Metrics"),
-		[]string{"metric", "type", "meaning"})
-	var doc, code []string
-	for _, r := range rows {
-		doc = append(doc, firstCode(r[0])+" "+r[1])
+// metricFamilies returns "name type" of every family in an exposition.
+func metricFamilies(text string) []string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			out = append(out, f[2]+" "+f[3])
+		}
 	}
-	// A hub never started: its /metrics has every family, at zero.
+	return out
+}
+
+// exposition returns what handler serves on /metrics.
+func exposition(t *testing.T, handler http.Handler) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", rec.Code, rec.Body)
+	}
+	return rec.Body.String()
+}
+
+// TestUsageMetrics fails when the metrics tables of docs/usage.md and
+// /metrics disagree: every family the hub's and the relay's expositions
+// write, in their order, with their type.
+func TestUsageMetrics(t *testing.T) {
+	sec := readmeSection(t, readDoc(t, usagePath), "## Metrics")
+	hubRows := markdownTable(t, sec, []string{"metric", "type", "meaning"})
+	_, rest, _ := strings.Cut(sec, "The relay's, on")
+	relayRows := markdownTable(t, rest, []string{"metric", "type", "meaning"})
+
+	// A hub and a relay never started: their /metrics has every family,
+	// at zero.
 	h, err := hub.New(hub.Config{SocketPath: filepath.Join(t.TempDir(), "hub.sock"), DatabaseURL: "postgres://u@127.0.0.1:1/x"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := httptest.NewRecorder()
-	monitor.Handler(h, monitor.Options{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	for _, line := range strings.Split(rec.Body.String(), "\n") {
-		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
-			code = append(code, f[2]+" "+f[3])
+	hubCode := metricFamilies(exposition(t, monitor.Handler(h, monitor.Options{})))
+	cc, err := pgconn.ParseConfig("postgres://u@127.0.0.1:1/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := newFlagSet("relay")
+	var rf relayFlags
+	rf.register(fs)
+	opts, err := rf.options(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := relay.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var relayCode []string
+	for _, f := range metricFamilies(exposition(t, monitor.Handler(nil, monitor.Options{Relay: rl}))) {
+		if strings.HasPrefix(f, "listenhub_relay_") {
+			relayCode = append(relayCode, f)
 		}
 	}
-	if !slices.Equal(doc, code) {
-		t.Errorf("README metrics table\n  %q\n/metrics serves\n  %q", doc, code)
+	for _, c := range []struct {
+		what string
+		rows [][]string
+		code []string
+	}{{"hub", hubRows, hubCode}, {"relay", relayRows, relayCode}} {
+		var doc []string
+		for _, r := range c.rows {
+			doc = append(doc, firstCode(r[0])+" "+r[1])
+		}
+		if !slices.Equal(doc, c.code) {
+			t.Errorf("usage.md's %s metrics table\n  %q\nthe exposition writes\n  %q", c.what, doc, c.code)
+		}
 	}
 }
 
-// TestREADMECommands checks the two commands a fresh clone starts with, and
-// holds the README's command list, the usage and every command's -h to the
-// same synopses: the list is the usage's, word for word; each command's -h
-// starts with its synopsis; and the flags a synopsis names are exactly the
-// flags the command has (serve's are in its table, checked above).
-func TestREADMECommands(t *testing.T) {
-	doc := readREADME(t)
-	for heading, want := range map[string]string{
-		"## Run it":  "go run ./cmd/listenhub demo",
-		"## Test it": "go test -race ./...",
-	} {
-		sec := readmeSection(t, doc, heading)
-		if !strings.Contains(sec, "```\n"+want+"\n```") {
-			t.Errorf("README %s: want the command %q in a code block of its own", heading, want)
-		}
-	}
-	if first := strings.Index(doc, "## Run it"); first < 0 || first > strings.Index(doc, "## Test it") ||
-		strings.Count(doc[:first], "\n## ") > 0 {
-		t.Errorf("README: \"Run it\" and \"Test it\" must be the first two sections")
-	}
-	cmds := readmeSection(t, doc, "## The commands")
-	block, ok := codeBlock(cmds)
+// TestUsageCommands holds docs/usage.md's command list, the README's
+// command table, the usage and every command's -h to the same synopses:
+// the list is the usage's, word for word; the README names every command
+// with its summary; each command's -h starts with its synopsis; and the
+// flags a synopsis names are exactly the flags the command has (serve's and
+// relay's are in their tables, checked above).
+func TestUsageCommands(t *testing.T) {
+	usage := readDoc(t, usagePath)
+	block, ok := codeBlock(readmeSection(t, usage, "## Commands"))
 	if !ok || block != commandList() {
-		t.Errorf("README's command list\n%s\nis not what listenhub help prints\n%s", block, commandList())
+		t.Errorf("usage.md's command list\n%s\nis not what listenhub help prints\n%s", block, commandList())
 	}
 	_, help, _ := runCmd([]string{"help"})
 	if !strings.Contains(help, commandList()) {
 		t.Errorf("listenhub help does not list every command:\n%s", help)
+	}
+	rows := markdownTable(t, readmeSection(t, readREADME(t), "## The commands"), []string{"command", "what it does"})
+	var doc, code []string
+	for _, r := range rows {
+		doc = append(doc, firstCode(r[0])+": "+r[1])
+	}
+	for _, c := range commands {
+		code = append(code, "listenhub "+c.name+": "+c.summary)
+	}
+	if !slices.Equal(doc, code) {
+		t.Errorf("README's command table\n  %q\nthe commands are\n  %q", doc, code)
 	}
 	flagRE := regexp.MustCompile(`--([a-z0-9-]+)`)
 	for _, c := range commands {
@@ -294,9 +374,31 @@ func TestREADMECommands(t *testing.T) {
 		}
 		for f := range flags {
 			if !named[f] {
-				t.Errorf("%s has --%s, which its synopsis (the README's command list) lacks", c.name, f)
+				t.Errorf("%s has --%s, which its synopsis (the command list) lacks", c.name, f)
 			}
 		}
+	}
+}
+
+// TestREADMEFirstCommands checks the two commands a fresh clone starts
+// with, each in a code block of its own.
+func TestREADMEFirstCommands(t *testing.T) {
+	doc := readREADME(t)
+	for heading, want := range map[string]string{
+		"## Run it":  "go run ./cmd/listenhub demo",
+		"## Test it": "go test -race ./...",
+	} {
+		sec := readmeSection(t, doc, heading)
+		if !strings.Contains(sec, "```\n"+want+"\n```") {
+			t.Errorf("README %s: want the command %q in a code block of its own", heading, want)
+		}
+	}
+	ci, err := os.ReadFile("../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^[^#\n]*go test -race .*\./\.\.\.`).Match(ci) {
+		t.Errorf(".ci/run does not run go test -race ./... (the README's test command)")
 	}
 }
 
@@ -308,36 +410,6 @@ func codeBlock(text string) (string, bool) {
 	}
 	body, _, ok := strings.Cut(rest, "```")
 	return body, ok
-}
-
-// TestREADMELinks checks the README's in-page anchors and relative links.
-func TestREADMELinks(t *testing.T) {
-	doc := readREADME(t)
-	anchors := map[string]bool{}
-	fence := false
-	for _, line := range strings.Split(doc, "\n") {
-		if strings.HasPrefix(line, "```") {
-			fence = !fence
-		}
-		if !fence && strings.HasPrefix(line, "#") {
-			anchors[githubAnchor(strings.TrimLeft(line, "# "))] = true
-		}
-	}
-	for _, m := range regexp.MustCompile(`\]\(([^)\s]+)\)`).FindAllStringSubmatch(doc, -1) {
-		link := m[1]
-		switch {
-		case strings.HasPrefix(link, "#"):
-			if !anchors[link[1:]] {
-				t.Errorf("README links to %s, but no heading has that anchor", link)
-			}
-		case strings.Contains(link, "://"):
-		default:
-			path, _, _ := strings.Cut(link, "#")
-			if _, err := os.Stat(filepath.Join(filepath.Dir(readmePath), path)); err != nil {
-				t.Errorf("README links to %s: %v", link, err)
-			}
-		}
-	}
 }
 
 // githubAnchor is GitHub's heading anchor: lower case, spaces to hyphens,

@@ -122,6 +122,12 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !isSet(fs, "database-url") && os.Getenv("DATABASE_URL") != "" {
 		*databaseURL = os.Getenv("DATABASE_URL")
 	}
+	if *databaseURL == "" && !pgEnvNamesServer() {
+		// As serve: retrying libpq's defaults (the local socket) forever
+		// would look like an outage, not a missing setting.
+		fmt.Fprintf(stderr, "listenhub relay: no database named: give --database-url URL (or set %s, DATABASE_URL, or libpq's PGHOST, PGPORT, PGDATABASE, PGUSER…; PGHOST=/var/run/postgresql is the local server's socket)\n", envName("database-url"))
+		return 1
+	}
 	bad := func(err error) int { return flagError(stderr, "relay", err) }
 	log, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {

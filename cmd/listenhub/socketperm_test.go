@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// The multi-user set-up of the README without a socket unit: a hub run as
+// The multi-user set-up of docs/operations.md without a socket unit: a hub run as
 // root with --socket-mode 0660 --socket-group 65534 --allow-uid 0,65534
 // serves a worker running as nobody (uid and gid 65534), which the default
 // mode 0600 keeps out before the uid check is even reached.

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/internal/channame"
-	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/internal/pglisten"
 )
 
 // Defaults for the zero fields of a Config. They are docs/design.md's defaults.
@@ -343,7 +343,7 @@ func (c Config) withDefaults() (Config, error) {
 		// Parsed here, not at connect time: the connection is made in
 		// the background after Start, and a string that cannot parse
 		// is a mistake to report at once.
-		cc, err := listener.ParseConfig(c.DatabaseURL, c.ApplicationName)
+		cc, err := pglisten.ParseConfig(c.DatabaseURL, c.ApplicationName)
 		if err != nil {
 			return c, fmt.Errorf("hub: config: DatabaseURL: %w", err)
 		}

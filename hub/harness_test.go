@@ -27,7 +27,7 @@ type pgCall struct {
 	done func(error)
 }
 
-// fakePG stands in for listener.Conn. It records commands; the test
+// fakePG stands in for pglisten.Conn. It records commands; the test
 // completes them (on the loop) with complete, or they complete on their own
 // in the next loop pass when auto is set. Loop goroutine only, like the
 // real one; tests reach it through env.do.

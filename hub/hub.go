@@ -50,11 +50,11 @@ import (
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/fdreserve"
 	"github.com/listenhub/listenhub/internal/histogram"
-	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/internal/pglisten"
 	"github.com/listenhub/listenhub/loop"
 )
 
-// postgres is the hub's view of its LISTEN connection (listener.Conn in
+// postgres is the hub's view of its LISTEN connection (pglisten.Conn in
 // production, a fake in unit tests). Every method is called on the loop
 // goroutine, and every callback must run there too, after the call
 // returned: the hub never expects a done callback from inside Listen.
@@ -677,8 +677,8 @@ func (h *Hub) run() {
 
 // listenerConfig is the listener configuration Start's opener uses. New
 // has parsed DatabaseURL into ConnConfig, so it cannot fail.
-func (h *Hub) listenerConfig() listener.Config {
-	return listener.Config{
+func (h *Hub) listenerConfig() pglisten.Config {
+	return pglisten.Config{
 		ConnConfig:          h.cfg.ConnConfig,
 		HealthCheckInterval: h.cfg.HealthCheckInterval,
 		HealthCheckTimeout:  h.cfg.HealthCheckTimeout,

@@ -6,12 +6,12 @@ import (
 	"hash/fnv"
 
 	"github.com/listenhub/listenhub/internal/handoff"
-	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/internal/pglisten"
 	"github.com/listenhub/listenhub/loop"
 )
 
 // pgSet is the hub's Postgres side: Config.PostgresConnections LISTEN
-// connections (listener.Conn) over which the channel union is spread, each
+// connections (pglisten.Conn) over which the channel union is spread, each
 // channel on the connection its name hashes to (FNV-1a modulo the count, so
 // every process with the same count places it alike: an upgrade hands each
 // connection over with its own set).
@@ -31,7 +31,7 @@ import (
 //
 // Every method runs on the loop goroutine, as the postgres interface says.
 type pgSet struct {
-	conns []*listener.Conn
+	conns []*pglisten.Conn
 	// healthy is each connection's last OnHealth; onHealth is told the
 	// conjunction on every report (the hub ignores a report that changes
 	// nothing).
@@ -56,7 +56,7 @@ func pgIndex(ch string, k int) int {
 // OnHealth rerouted through the set. healthy is what each connection's
 // health is taken to be until it reports. On an error the set holds the
 // connections opened before it, for the caller to close (or abandon).
-func newPGSet(k int, cfg listener.Config, healthy bool, open func(i int, cfg listener.Config) (*listener.Conn, error)) (*pgSet, error) {
+func newPGSet(k int, cfg pglisten.Config, healthy bool, open func(i int, cfg pglisten.Config) (*pglisten.Conn, error)) (*pgSet, error) {
 	s := &pgSet{onHealth: cfg.OnHealth, healthy: make([]bool, k), listens: make([]int, k)}
 	for i := range k {
 		c := cfg
@@ -87,7 +87,7 @@ func (s *pgSet) allHealthy() bool {
 	return true
 }
 
-func (s *pgSet) conn(ch string) (*listener.Conn, int) {
+func (s *pgSet) conn(ch string) (*pglisten.Conn, int) {
 	i := pgIndex(ch, len(s.conns))
 	return s.conns[i], i
 }
@@ -138,7 +138,7 @@ func all(n int, done func()) func() {
 // The hot upgrade (pgHandover, upgrade.go), on every connection.
 
 // pgUp is the listener's upgrade side (not part of its API).
-var pgUp = handoff.GetListener[*listener.Conn, listener.Config]()
+var pgUp = handoff.GetListener[*pglisten.Conn, pglisten.Config]()
 
 func (s *pgSet) CanDetach() bool {
 	for _, c := range s.conns {
@@ -229,14 +229,14 @@ func (s *pgSet) SendMarker(marker string) error { return pgUp.Of(s.conns[0]).Sen
 // openSetForTakeover opens k connections of this process's own for the
 // marker hand-over (handoff.Listener.OpenForTakeover): each LISTENs its share of
 // channels and the marker. onMarker runs once the marker reached all.
-func openSetForTakeover(ctx context.Context, l *loop.Loop, k int, cfg listener.Config, channels []string, marker string, onMarker func()) (*pgSet, error) {
+func openSetForTakeover(ctx context.Context, l *loop.Loop, k int, cfg pglisten.Config, channels []string, marker string, onMarker func()) (*pgSet, error) {
 	share := make([][]string, k)
 	for _, ch := range channels {
 		i := pgIndex(ch, k)
 		share[i] = append(share[i], ch)
 	}
 	seen := all(k, onMarker)
-	s, err := newPGSet(k, cfg, false, func(i int, c listener.Config) (*listener.Conn, error) {
+	s, err := newPGSet(k, cfg, false, func(i int, c pglisten.Config) (*pglisten.Conn, error) {
 		return pgUp.OpenForTakeover(ctx, l, c, share[i], marker, seen)
 	})
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/listenhub/listenhub/internal/fdpass"
 	"github.com/listenhub/listenhub/internal/handoff"
-	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/internal/pglisten"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -274,7 +274,7 @@ func (h *Hub) adopt(st *handedHub, fds []int) error {
 				"handed", len(hos), "configured", h.cfg.PostgresConnections)
 		}
 		adopted := 0
-		set, err := newPGSet(len(hos), cfg, true, func(i int, c listener.Config) (*listener.Conn, error) {
+		set, err := newPGSet(len(hos), cfg, true, func(i int, c pglisten.Config) (*pglisten.Conn, error) {
 			ho := hos[i]
 			ho.FD = fds[pgFDs[i]]
 			adopted = i + 1

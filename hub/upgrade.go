@@ -49,7 +49,7 @@ func init() {
 // record layer's state lives in old's memory): new opens its own, LISTENs
 // the union and a marker channel, and one NOTIFY on the marker splits the
 // notification stream between the two, so that at most two backends exist
-// and old's is closed at commit. See package listener, handover.go.
+// and old's is closed at commit. See package pglisten, handover.go.
 //
 // This file holds the conversation's messages and the handed state's
 // format; handover.go is the old process's side, takeover.go the new one's.

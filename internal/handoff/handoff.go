@@ -1,5 +1,5 @@
 // Package handoff is the bridge the hot upgrade crosses between packages
-// that must not show it in their public API: package listener registers how
+// that must not show it in their public API: package pglisten registers how
 // a LISTEN connection is detached, adopted and split at a marker, package
 // hub registers its two ends of the hand-over, and package hub and command
 // listenhub call them through here. Nothing in it is a promise to anyone
@@ -34,7 +34,7 @@ type PG struct {
 	Check string `json:",omitempty"`
 }
 
-// Conn is what a listener connection offers an upgrade (package listener,
+// Conn is what a listener connection offers an upgrade (package pglisten,
 // handover.go, says what each does).
 type Conn interface {
 	CanDetach() bool
@@ -48,7 +48,7 @@ type Conn interface {
 	SendMarker(marker string) error
 }
 
-// Listener is package listener's part, C its connection and Cfg its
+// Listener is package pglisten's part, C its connection and Cfg its
 // configuration type.
 type Listener[C, Cfg any] struct {
 	// Of returns the upgrade side of c.
@@ -70,10 +70,10 @@ type Hub[H any] struct {
 
 var listener, hub any
 
-// RegisterListener is called by package listener's init.
+// RegisterListener is called by package pglisten's init.
 func RegisterListener[C, Cfg any](f Listener[C, Cfg]) { listener = f }
 
-// GetListener returns what package listener registered; it panics if the
+// GetListener returns what package pglisten registered; it panics if the
 // types differ (a programming error).
 func GetListener[C, Cfg any]() Listener[C, Cfg] { return listener.(Listener[C, Cfg]) }
 

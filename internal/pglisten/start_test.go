@@ -1,4 +1,4 @@
-package listener
+package pglisten
 
 // Start: a Conn that connects in the background, retries an unreachable
 // server forever (at most 500 ms apart while a command waits) and gives up

@@ -1,4 +1,6 @@
-// Package listener is the Postgres side of listenhub: the LISTEN connection.
+// Package pglisten is the Postgres side of listenhub: the LISTEN connection.
+// Package listener is its public face (Plain, CheckDelivery and the
+// helpers); Conn, the hub's connection, is package hub's alone.
 //
 // Conn is the hub's connection. Start makes one that connects in the
 // background (the hub accepts workers before Postgres is reached; an
@@ -22,7 +24,7 @@
 // one query stays short however many channels the session listens to
 // (see targetBatchTime): a large set becomes healthy, and stays healthy
 // under the health check, after start and after every reconnect.
-package listener
+package pglisten
 
 import (
 	"errors"

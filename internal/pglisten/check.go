@@ -1,6 +1,6 @@
 //go:build unix
 
-package listener
+package pglisten
 
 import (
 	"encoding/binary"
@@ -70,15 +70,6 @@ type checkState struct {
 	lastMsg string
 	lastAt  time.Time
 }
-
-// CheckChannel is the private channel of the delivery check: LISTENed on
-// every connection, never delivered to OnNotification, refused to Listen.
-func (c *Conn) CheckChannel() string { return c.chk.channel }
-
-// BackendPIDs reports the connection's pid from BackendKeyData and the
-// server's pg_backend_pid() (0 until the check asked for it). They differ
-// when a pooler or proxy sits between.
-func (c *Conn) BackendPIDs() (keyData, server uint32) { return c.pid, c.chk.serverPID }
 
 func (c *Conn) nextCheckPayload() string {
 	c.chk.seq++

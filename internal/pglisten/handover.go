@@ -1,6 +1,6 @@
 //go:build unix
 
-package listener
+package pglisten
 
 import (
 	"context"

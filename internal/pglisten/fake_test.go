@@ -1,4 +1,4 @@
-package listener
+package pglisten
 
 // Tests against a scripted fake server on a socketpair: the batching, error
 // and health paths, byte by byte, without Postgres.

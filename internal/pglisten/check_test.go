@@ -1,4 +1,4 @@
-package listener
+package pglisten
 
 // The delivery check (check.go) against a real server, directly and through
 // a real PgBouncer in transaction and session mode.
@@ -113,7 +113,7 @@ func TestCheckDirect(t *testing.T) {
 			s.r.waitHealth(t, 0, pgTimeout, true)
 			var key, server uint32
 			var check string
-			s.on(t, func() { key, server = s.c.BackendPIDs(); check = s.c.CheckChannel() })
+			s.on(t, func() { key, server = s.c.backendPIDs(); check = s.c.checkChannel() })
 			if key == 0 || key != server {
 				t.Fatalf("BackendKeyData pid %d, pg_backend_pid() %d: want equal", key, server)
 			}
@@ -208,7 +208,7 @@ func TestCheckSessionPooler(t *testing.T) {
 		t.Fatal(err)
 	}
 	var key, server uint32
-	s.on(t, func() { key, server = s.c.BackendPIDs() })
+	s.on(t, func() { key, server = s.c.backendPIDs() })
 	if key == server || server == 0 {
 		t.Fatalf("BackendKeyData pid %d, pg_backend_pid() %d: PgBouncer makes up its own", key, server)
 	}

@@ -1,4 +1,4 @@
-package listener
+package pglisten
 
 // Bounded LISTEN batches: a large channel set (the hub's default
 // --max-channels) becomes healthy, and healthy again after every reconnect,

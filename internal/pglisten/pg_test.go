@@ -1,4 +1,4 @@
-package listener
+package pglisten
 
 // Integration tests against a real PostgreSQL (a throwaway cluster with TLS
 // on, or LISTENHUB_TEST_DATABASE_URL), run over every implementation and

@@ -1,4 +1,4 @@
-package listener
+package pglisten
 
 // What the loop-driven Conn (Unix only) and Plain (everywhere) share.
 

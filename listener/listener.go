@@ -1,0 +1,120 @@
+// Package listener is the Postgres side of listenhub for a program without a
+// hub: Plain, a per-process LISTEN connection owned by one goroutine, with
+// the hub's semantics (Listen and Unlisten return once the server confirmed
+// them; commands are batched into multi-statement queries; an idle
+// connection is health-checked, and on loss it reconnects with capped
+// exponential backoff and jitter, re-LISTENs the whole set and only then
+// reports healthy again). Healthy means notifications provably arrive: each
+// connection NOTIFYs a private channel of its own and waits for it to come
+// back (CheckDelivery runs the same check once, for tools).
+//
+// The hub's own connection, driven by its event loop, shares this code and
+// is not part of the API (internal/pglisten).
+package listener
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/internal/pglisten"
+)
+
+// DefaultApplicationName is the application_name a listener's backends
+// carry in pg_stat_activity unless the connection string or PGAPPNAME says
+// otherwise: `listenhub census` counts backends by it.
+const DefaultApplicationName = pglisten.DefaultApplicationName
+
+// MaxChannelLen is the longest channel name Postgres keeps: identifiers are
+// silently truncated at NAMEDATALEN-1 bytes, and a truncated LISTEN would
+// listen to a different channel than the one asked for.
+const MaxChannelLen = pglisten.MaxChannelLen
+
+// Defaults applied to the zero fields of a PlainConfig.
+const (
+	DefaultHealthCheckInterval = pglisten.DefaultHealthCheckInterval
+	DefaultHealthCheckTimeout  = pglisten.DefaultHealthCheckTimeout
+	DefaultReconnectMin        = pglisten.DefaultReconnectMin
+	DefaultReconnectMax        = pglisten.DefaultReconnectMax
+)
+
+var (
+	// ErrClosed is returned by the commands still waiting when the
+	// listener was closed, and by those issued after Close.
+	ErrClosed = pglisten.ErrClosed
+	// ErrCommandTimeout: a command issued while the connection was down
+	// waited longer than its timeout.
+	ErrCommandTimeout = pglisten.ErrCommandTimeout
+	// ErrInvalidChannel wraps every reason ValidChannel refuses a name
+	// (the hub's nack texts say the same: "invalid channel: …").
+	ErrInvalidChannel = pglisten.ErrInvalidChannel
+	// ErrHealthCheck is the reason a connection is declared dead when the
+	// server sent nothing within the health-check deadline.
+	ErrHealthCheck = pglisten.ErrHealthCheck
+	// ErrNotDelivered says notifications do not arrive on a connection
+	// (a transaction-pooling PgBouncer, most likely).
+	ErrNotDelivered = pglisten.ErrNotDelivered
+	// ErrURLScheme is returned by ParseConfig for a URL whose scheme is
+	// not postgres:// or postgresql:// (a typo such as postgress://).
+	ErrURLScheme = pglisten.ErrURLScheme
+)
+
+// PlainConfig configures a Plain listener (NewPlain).
+type PlainConfig = pglisten.PlainConfig
+
+// Plain is a per-process LISTEN connection for a worker that has no hub:
+// one pgconn connection owned by one goroutine. All methods are safe for
+// concurrent use.
+type Plain = pglisten.Plain
+
+// NewPlain connects with cfg and returns a Plain listener once the
+// connection passed the delivery check.
+func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
+	return pglisten.NewPlain(ctx, cfg)
+}
+
+// Delivery is what CheckDelivery found out about a connection.
+type Delivery = pglisten.Delivery
+
+// CheckDelivery connects with cfg and runs the delivery check every
+// connection runs: LISTEN a private channel, compare pg_backend_pid() with
+// BackendKeyData, NOTIFY it and wait for it, and when a pooler sits between,
+// have a second session NOTIFY it too. An error wrapping ErrNotDelivered
+// says notifications do not arrive on such a connection (and why, most
+// likely); any other error is the connection's. timeout bounds each wait
+// (default DefaultHealthCheckTimeout); ctx the whole. For tools (listenhub
+// doctor).
+func CheckDelivery(ctx context.Context, cfg *pgconn.Config, timeout time.Duration) (Delivery, error) {
+	return pglisten.CheckDelivery(ctx, cfg, timeout)
+}
+
+// ParseConfig parses a connection string the way libpq does, through
+// pgconn.ParseConfig: a postgres:// URL, a key=value DSN, or "" for the PG*
+// environment variables alone (which also fill in whatever the string
+// leaves out). The application_name is applicationName, or
+// DefaultApplicationName when that is empty, unless the string or
+// PGAPPNAME already sets one.
+func ParseConfig(connString, applicationName string) (*pgconn.Config, error) {
+	return pglisten.ParseConfig(connString, applicationName)
+}
+
+// IsConfigError reports whether err says the server refused the connection
+// settings themselves, so that retrying without a change cannot succeed:
+// authentication failed (SQLSTATE 28P01, 28000, which also covers an unknown
+// role and a missing pg_hba.conf entry), no such database (3D000), or an
+// unparsable connection string.
+func IsConfigError(err error) bool { return pglisten.IsConfigError(err) }
+
+// ValidChannel reports why ch cannot be LISTENed to as given, or nil (the
+// error wraps ErrInvalidChannel). Empty names are a syntax error in
+// Postgres; names over MaxChannelLen bytes would be truncated into another
+// channel; NUL cannot travel in a query; invalid UTF-8 is refused by the
+// server.
+func ValidChannel(ch string) error { return pglisten.ValidChannel(ch) }
+
+// QuoteIdentifier returns ch as a quoted SQL identifier: wrapped in double
+// quotes with every double quote doubled, so that no channel name can end
+// the identifier and inject SQL. Check ValidChannel first (NUL is not
+// representable).
+func QuoteIdentifier(ch string) string { return pglisten.QuoteIdentifier(ch) }

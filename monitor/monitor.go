@@ -107,12 +107,21 @@ func Handler(h *hub.Hub, o Options) http.Handler {
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		var relayLine string
+		if rl != nil {
+			// The relay is a guest: its state is a second line, never
+			// the hub's status code (listenhub_relay_up says it).
+			relayLine = relayHealth(rl)
+		}
 		if !h.Stats().PostgresHealthy {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(w, "postgres unhealthy")
-			return
+		} else {
+			fmt.Fprintln(w, "ok")
 		}
-		fmt.Fprintln(w, "ok")
+		if relayLine != "" {
+			fmt.Fprintln(w, relayLine)
+		}
 	})
 	return withToken(mux, o.Token)
 }

@@ -34,6 +34,10 @@ type RelayStatus struct {
 	CommitToNotifyP50   float64 `json:"commit_to_notify_p50_seconds"`
 	CommitToNotifyP99   float64 `json:"commit_to_notify_p99_seconds"`
 	CommitToNotifyCount uint64  `json:"commit_to_notify_count"`
+	// LastError is why the relay is not streaming, with the fix when
+	// one is known, or what its set-up waits on; empty while it streams
+	// or stands by.
+	LastError string `json:"last_error,omitempty"`
 }
 
 // registerRelay adds GET /relay to mux and, when the relay runs on its own
@@ -51,6 +55,7 @@ func registerRelay(mux *http.ServeMux, rl *relay.Relay, b build, alone bool) {
 			CommitToNotifyP50:   h.Quantile(0.5).Seconds(),
 			CommitToNotifyP99:   h.Quantile(0.99).Seconds(),
 			CommitToNotifyCount: h.Count,
+			LastError:           s.LastError,
 		})
 	})
 	if !alone {
@@ -75,11 +80,30 @@ func registerRelay(mux *http.ServeMux, rl *relay.Relay, b build, alone bool) {
 	})
 }
 
+// relayUp: the relay streams, or stands by for one that does.
+func relayUp(st relay.State) bool { return st == relay.StateActive || st == relay.StateStandby }
+
+// relayHealth is the relay's line in the hub's /healthz when it is not up:
+// the hub answers for itself, and says what is wrong with its guest.
+func relayHealth(rl *relay.Relay) string {
+	s := rl.Stats()
+	if relayUp(s.State) {
+		return ""
+	}
+	line := "relay " + s.State.String()
+	if s.LastError != "" {
+		line += ": " + s.LastError
+	}
+	return line
+}
+
 // relayMetrics are the listenhub_relay_* families but the histogram.
 var relayMetrics = []struct {
 	name, typ, help string
 	value           func(s *relay.Stats) float64
 }{
+	{"listenhub_relay_up", "gauge", "1 while the relay streams or stands by (it can deliver), 0 while it is down, retrying or starting.",
+		func(s *relay.Stats) float64 { return b2f(relayUp(s.State)) }},
 	{"listenhub_relay_active", "gauge", "1 while this relay streams from the slot, else 0.",
 		func(s *relay.Stats) float64 { return b2f(s.State == relay.StateActive) }},
 	{"listenhub_relay_standby", "gauge", "1 while another relay has the slot and this one waits to take over, else 0.",

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/listenhub/listenhub/client"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -352,5 +353,75 @@ func TestRelayProcessGOMAXPROCS(t *testing.T) {
 		if !strings.Contains(string(out), "listenhub relay starting") || !strings.Contains(string(out), c.want) {
 			t.Errorf("environment %q: want %s in the start line:\n%s", c.env, c.want, out)
 		}
+	}
+}
+
+// TestServeRelayPublicationDropped: under serve --relay, a publication
+// dropped while the relay streams makes the relay a guest that is down:
+// the hub serves on (a worker keeps its connection and its wakes on a
+// plain NOTIFY channel), /metrics says listenhub_relay_up 0 and /healthz
+// answers 200 for the hub with the relay's line naming the fix.
+func TestServeRelayPublicationDropped(t *testing.T) {
+	f := newFixture(t, "q_jobs")
+	ch := f.schema + ".q_jobs.INSERT"
+	l := listen(t, ch)
+	addr := freeAddr(t)
+	sock := filepath.Join(t.TempDir(), "hub.sock")
+	p := &relayProc{out: &testutil.SyncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(relayBinary(t), "serve", "--relay", "--socket", sock,
+		"--database-url", db.URL(), "--publication", f.pub, "--slot", f.slot, "--metrics-addr", addr)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("serve output:\n%s", p.out.String())
+		}
+	})
+	testutil.WaitFor(t, 20*time.Second, "the resync wake", func() bool { return l.count(ch) == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wakes := make(chan client.Wake, 16)
+	c, err := client.Dial(ctx, sock, client.Options{OnWake: func(w client.Wake) { wakes <- w }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	plain := f.schema + "_plain"
+	if err := c.Subscribe(ctx, plain); err != nil {
+		t.Fatal(err)
+	}
+	f.exec("DROP PUBLICATION " + f.pub)
+	f.exec("INSERT INTO " + f.schema + ".q_jobs (v) VALUES ('a')")
+	dropped := time.Now()
+	testutil.WaitFor(t, 20*time.Second, "the relay down", func() bool {
+		return strings.Contains(httpGet(t, "http://"+addr+"/metrics"), "\nlistenhub_relay_up 0\n")
+	})
+	t.Logf("relay down %v after the drop", time.Since(dropped))
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(string(body), "ok\nrelay down: publication '"+f.pub+"' was dropped while the relay ran") {
+		t.Errorf("/healthz %d %q", resp.StatusCode, body)
+	}
+	f.exec("NOTIFY " + plain)
+	select {
+	case <-wakes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake on a plain channel while the relay is down")
+	}
+	select {
+	case <-c.Done():
+		t.Fatalf("the worker lost its hub: %v", c.Err())
+	case <-p.done:
+		t.Fatal("serve --relay exited")
+	default:
 	}
 }

@@ -1,11 +1,16 @@
 package main
 
 import (
-	"context"
+	"io"
+	"net/http"
 	"os/exec"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // The relay's own tests (relay/) run on a cluster with wal_level=logical;
@@ -22,20 +27,53 @@ func TestRelayWalLevelNotLogical(t *testing.T) {
 	}
 }
 
-// TestServeRelayMisconfigured: serve --relay stops with the relay's
-// misconfiguration, so that it is seen (exit 1, the line on stderr).
+// TestServeRelayMisconfigured: under serve --relay the relay is a guest.
+// Misconfigured (wal_level minimal here), it is down, never the hub: a
+// worker on a plain NOTIFY channel keeps its connection and its wakes,
+// /metrics says listenhub_relay_up 0, /healthz answers 200 for the hub with
+// the relay's line, and listenhub status shows the relay's last error,
+// which names the fix.
 func TestServeRelayMisconfigured(t *testing.T) {
-	db := needDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, hubBinary(t), "serve", "--relay", "--socket", sockPath(t),
-		"--database-url", db.URL(), "--log-level", "error").CombinedOutput()
-	code := -1
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
+	path := sockPath(t)
+	p := serve(t, path, nil, "--relay", "--metrics-addr", "127.0.0.1:0")
+	p.ready()
+	addr := p.metricsAddr()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
 	}
-	if code != 1 || !strings.Contains(string(out), "listenhub serve: relay: wal_level is minimal") {
-		t.Fatalf("exit %d (%v), output %q; want 1 and the relay's line", code, err, out)
+	testutil.WaitFor(t, timeout, "the relay down", func() bool {
+		_, body := get("/healthz")
+		return strings.Contains(body, "relay down")
+	})
+	if _, m := get("/metrics"); !strings.Contains(m, "\nlistenhub_relay_up 0\n") {
+		t.Error("/metrics lacks listenhub_relay_up 0")
+	}
+	code, body := get("/healthz")
+	if code != 200 || body != "ok\nrelay down: wal_level is minimal, the relay needs logical: run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL\n" {
+		t.Errorf("/healthz %d %q; want 200, the hub's ok and the relay's line", code, body)
+	}
+	w := dialWorker(t, path)
+	w.sub("plain")
+	notify(t, "NOTIFY plain")
+	w.expect("wake")
+	out, err := exec.Command(hubBinary(t), "status", "--metrics-addr", addr).CombinedOutput()
+	if err != nil || !regexp.MustCompile(`\nlast error +wal_level is minimal, .*: run ALTER SYSTEM SET wal_level = logical`).Match(out) {
+		t.Errorf("listenhub status: %v\n%s", err, out)
+	}
+	select {
+	case <-p.done:
+		t.Fatalf("serve --relay exited with a misconfigured relay:\n%s", p.stderr.String())
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.exit(); code != 0 {
+		t.Errorf("exit %d on SIGTERM, want 0", code)
 	}
 }
 

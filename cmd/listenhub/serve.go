@@ -224,6 +224,10 @@ func (s *server) configure() (code int, ok bool) {
 			return s.bad(err)
 		}
 		ropts.Logger = s.log.With("component", "relay")
+		// A guest: no relay error ends the hub. A misconfigured relay
+		// is down (listenhub_relay_up 0, its error in listenhub status
+		// and on /healthz) and sets itself up again every 30 s.
+		ropts.Guest = true
 		if s.rl, err = relay.New(ropts); err != nil {
 			return s.bad(err)
 		}
@@ -408,13 +412,14 @@ func (s *server) serveMetrics(ln net.Listener) {
 }
 
 // wait serves until a signal asks the hub to stop (graceful: stop it), or
-// an upgrade hands it over, the relay or the hub fails (not graceful: the
-// exit status). SIGHUP re-reads --config meanwhile.
+// an upgrade hands it over or the hub fails (not graceful: the exit
+// status); never for the relay, a guest. SIGHUP re-reads --config meanwhile.
 func (s *server) wait(ctx context.Context, usr2 <-chan os.Signal) (code int, graceful bool) {
 	reloader := newConfigReloader(s.fs, *s.configPath, s.fromArgs, s.confEntries)
 	reloader.h, reloader.log, reloader.logs = s.h, s.log, s.logs
 	up := &upgrader{exe: s.upgradeExe, args: append([]string{"serve"}, s.args...), timeout: *s.upTimeout, log: s.log,
 		stdout: s.stdout, stderr: s.stderr, h: s.h, predecessor: s.predecessor}
+	relayDone := s.relayDone
 	for {
 		select {
 		case <-ctx.Done():
@@ -438,19 +443,15 @@ func (s *server) wait(ctx context.Context, usr2 <-chan os.Signal) (code int, gra
 			}
 		case <-s.hup:
 			reloader.reload(ctx)
-		case err := <-s.relayDone:
-			// Only a misconfiguration ends the relay (it retries
-			// everything else): the hub stops with it, so that it is
-			// seen and fixed.
-			why := "relay stopped unexpectedly"
+		case err := <-relayDone:
+			// A guest relay returns only when stopped; whatever it
+			// says otherwise never takes the hub (and every worker's
+			// connection) down with it. (Put back for the stop's wait.)
+			relayDone = nil
+			s.relayDone <- err
 			if err != nil {
-				why = "relay: " + oneLine(err)
+				s.log.Error("relay stopped; the hub serves on", "err", oneLine(err))
 			}
-			s.stopFailed(why)
-			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
-			s.h.Stop(sctx)
-			cancel()
-			return 1, false
 		case <-s.h.Done():
 			// A Postgres configuration error (Wait says which), or the
 			// loop failed.

@@ -415,5 +415,8 @@ func printRelay(w io.Writer, addr string, r *monitor.RelayStatus) {
 	if r.ChannelsTooLong > 0 {
 		fmt.Fprintf(tw, "too long\t%d changes not NOTIFYed: channel over 63 bytes\n", r.ChannelsTooLong)
 	}
+	if r.LastError != "" {
+		fmt.Fprintf(tw, "last error\t%s\n", r.LastError)
+	}
 	tw.Flush()
 }

@@ -5,9 +5,9 @@ import (
 	"runtime"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/jsonstr"
 )
 
 // The pages of /workers and /channels are encoded by hand, byte for byte
@@ -44,7 +44,7 @@ func appendListHead(b []byte, total, offset, limit int, sort, key string) []byte
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, int64(limit), 10)
 	b = append(b, `,"sort":`...)
-	b = appendJSONString(b, sort)
+	b = jsonstr.AppendHTML(b, sort)
 	b = append(b, `,"`...)
 	b = append(b, key...)
 	return append(b, `":`...)
@@ -91,7 +91,7 @@ func appendWorkerInfo(b []byte, w *hub.WorkerInfo) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendJSONString(b, n)
+			b = jsonstr.AppendHTML(b, n)
 		}
 		b = append(b, ']')
 	}
@@ -112,13 +112,13 @@ func appendWorkerInfo(b []byte, w *hub.WorkerInfo) []byte {
 
 func appendChannelInfo(b []byte, c *hub.ChannelInfo) []byte {
 	b = append(b, `{"name":`...)
-	b = appendJSONString(b, c.Name)
+	b = jsonstr.AppendHTML(b, c.Name)
 	b = append(b, `,"channel":`...)
-	b = appendJSONString(b, c.Channel)
+	b = jsonstr.AppendHTML(b, c.Channel)
 	b = append(b, `,"subscribers":`...)
 	b = strconv.AppendInt(b, int64(c.Subscribers), 10)
 	b = append(b, `,"state":`...)
-	b = appendJSONString(b, c.State)
+	b = jsonstr.AppendHTML(b, c.State)
 	b = append(b, `,"waiting":`...)
 	b = strconv.AppendInt(b, int64(c.Waiting), 10)
 	b = append(b, `,"wakes_received":`...)
@@ -133,62 +133,4 @@ func appendChannelInfo(b []byte, c *hub.ChannelInfo) []byte {
 func yieldP(ctx context.Context) error {
 	runtime.Gosched()
 	return ctx.Err()
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s quoted as encoding/json does by default:
-// HTML-safe (<, > and & escaped), U+2028 and U+2029 escaped, invalid
-// UTF-8 replaced by U+FFFD. (frame has its own for the wire, which
-// pgbus's bytes fix: no HTML escaping there.)
-func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -94,18 +94,6 @@ func TestListJSONStopsForAGoneClient(t *testing.T) {
 	}
 }
 
-func FuzzJSONString(f *testing.F) {
-	for _, s := range awkward {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		want, _ := json.Marshal(s)
-		if got := appendJSONString(nil, s); string(got) != string(want) {
-			t.Fatalf("%q: got %s want %s", s, got, want)
-		}
-	})
-}
-
 func BenchmarkWorkerPage(b *testing.B) {
 	l := sampleWorkers()
 	for len(l.Workers) < 10000 {

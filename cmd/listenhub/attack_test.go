@@ -9,7 +9,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -148,33 +147,8 @@ func (s *logSink) stats() (bytes, lines int64, maxLine int) {
 // values, not the exposition.
 func (h *attackHub) metrics() map[string]float64 {
 	h.t.Helper()
-	return scrapeAny(h.t, h.addr)
-}
-
-func scrapeAny(t testing.TB, addr string) map[string]float64 {
-	t.Helper()
-	cl := http.Client{Timeout: timeout}
-	resp, err := cl.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("/metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out
+	series, _ := scrapeSeries(h.t, h.addr)
+	return series
 }
 
 // metric is one series, failing if the hub does not export it.
@@ -434,34 +408,6 @@ func pipeSubs(t testing.TB, c net.Conn, names []string) {
 	}
 }
 
-// answers reads frames until it has an ack or nack for n names, skipping
-// status frames and failing on anything else or on EOF. It returns the
-// nacks by name.
-func (w *worker) answers(n int, d time.Duration) (acks int, nacks map[string]string) {
-	w.t.Helper()
-	nacks = map[string]string{}
-	deadline := time.Now().Add(d)
-	for acks+len(nacks) < n {
-		m, err := w.read(time.Until(deadline))
-		if err != nil {
-			w.t.Fatalf("after %d acks and %d nacks of %d: %v", acks, len(nacks), n, err)
-		}
-		switch m.T {
-		case "status":
-			if !m.Healthy {
-				w.t.Fatalf("healthy:false after %d acks", acks)
-			}
-		case "ack":
-			acks++
-		case "nack":
-			nacks[m.Q] = m.Error
-		default:
-			w.t.Fatalf("got %+v while waiting for acks", m)
-		}
-	}
-	return acks, nacks
-}
-
 // names returns n subscription names with the prefix.
 func names(prefix string, n int) []string {
 	out := make([]string, n)
@@ -469,14 +415,6 @@ func names(prefix string, n int) []string {
 		out[i] = fmt.Sprintf("%s%d", prefix, i)
 	}
 	return out
-}
-
-// dialBig is dialWorker with a read buffer that takes a burst of acks.
-func dialBig(t testing.TB, path string) *worker {
-	t.Helper()
-	w := dialWorker(t, path)
-	w.buf = make([]byte, 256<<10)
-	return w
 }
 
 // healthyThroughout asserts that the hub has evicted nobody and never lost
@@ -513,10 +451,7 @@ func tail(s string, n int) string {
 	return s
 }
 
-// frameHeader is a frame's 4-byte length announcing n bytes.
-func frameHeader(n int) []byte { return binary.BigEndian.AppendUint32(nil, uint32(n)) }
-
-// waitMetricAny waits until the series reaches want (scrapeAny: series other
+// waitMetricAny waits until the series reaches want (scrapeSeries: series other
 // than docs/design.md's are fine here).
 func (h *attackHub) waitMetric(name string, want float64, d time.Duration) {
 	h.t.Helper()
@@ -530,39 +465,6 @@ func (h *attackHub) waitMetric(name string, want float64, d time.Duration) {
 		got = h.metrics()[name]
 		return got == want
 	})
-}
-
-// sendSub writes one sub and returns the answer to it (status frames
-// skipped).
-func (w *worker) answer(q string) frame.Message {
-	w.t.Helper()
-	if _, err := w.c.Write(frame.AppendSub(nil, q)); err != nil {
-		w.t.Fatal(err)
-	}
-	for {
-		m := w.expect2()
-		if m.T == "ack" || m.T == "nack" {
-			if m.Q != q {
-				w.t.Fatalf("answer for %q, want %q", m.Q, q)
-			}
-			return m
-		}
-		w.t.Fatalf("got %+v, want the answer to sub %q", m, q)
-	}
-}
-
-// expect2 reads the next frame that is not a status.
-func (w *worker) expect2() frame.Message {
-	w.t.Helper()
-	for {
-		m, err := w.read(timeout)
-		if err != nil {
-			w.t.Fatalf("worker: %v", err)
-		}
-		if m.T != "status" {
-			return m
-		}
-	}
 }
 
 // Attack a: one worker takes the whole --max-subscriptions (10,000) in one
@@ -609,7 +511,7 @@ func TestAttackSubscriptionCaps(t *testing.T) {
 		t.Fatalf("sub after the nack: %+v", m)
 	}
 	notify(t, "NOTIFY \"a0.9999\", 'still served'")
-	if m := ws[0].expect2(); m.T != "wake" || m.P != "still served" {
+	if m := ws[0].nextMessage(); m.T != "wake" || m.P != "still served" {
 		t.Fatalf("worker at the cap: %+v", m)
 	}
 	// Stays healthy: a few health-check intervals at --max-channels.
@@ -642,7 +544,7 @@ func TestAttackFastSubscriber(t *testing.T) {
 	}
 	acked := time.Since(start)
 	notify(t, "NOTIFY \"d1.9999\", 'x'")
-	if m := ws[1].expect2(); m.T != "wake" || m.Q != "d1.9999" {
+	if m := ws[1].nextMessage(); m.T != "wake" || m.Q != "d1.9999" {
 		t.Fatalf("got %+v", m)
 	}
 	h.healthyThroughout()
@@ -665,7 +567,7 @@ func TestAttackInvalidUTF8(t *testing.T) {
 		if _, err := w.c.Write(rawBody(body)); err != nil {
 			t.Fatal(err)
 		}
-		m := w.expect2()
+		m := w.nextMessage()
 		if m.T != "nack" || !strings.Contains(m.Error, "UTF-8") {
 			t.Fatalf("sub %q: %+v, want a nack about UTF-8", body, m)
 		}
@@ -673,7 +575,7 @@ func TestAttackInvalidUTF8(t *testing.T) {
 	sib.await(25)
 	w.sub("utf8.ok")
 	notify(t, "NOTIFY \"utf8.ok\", 'served'")
-	if m := w.expect2(); m.T != "wake" || m.P != "served" {
+	if m := w.nextMessage(); m.T != "wake" || m.P != "served" {
 		t.Fatalf("after the nacks: %+v", m)
 	}
 	if n := h.metric("listenhub_protocol_errors_total"); n != 0 {

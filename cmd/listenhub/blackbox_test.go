@@ -8,13 +8,10 @@ package main
 // frames are read byte for byte where the contract fixes the bytes.
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -67,126 +64,7 @@ var designMetrics = []string{
 	"process_start_time_seconds",
 }
 
-// rawWorker is a worker connection that reads frames as raw bodies, to
-// check the exact bytes the hub writes (compact JSON, key order).
-type rawWorker struct {
-	t testing.TB
-	c *net.UnixConn
-	r *bufio.Reader
-}
-
-func dialRawWorker(t testing.TB, path string) *rawWorker {
-	t.Helper()
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return &rawWorker{t: t, c: c, r: bufio.NewReaderSize(c, 64<<10)}
-}
-
-func (w *rawWorker) send(b []byte) {
-	w.t.Helper()
-	w.c.SetWriteDeadline(time.Now().Add(timeout))
-	if _, err := w.c.Write(b); err != nil {
-		w.t.Fatalf("worker write: %v", err)
-	}
-}
-
-// body reads one frame and returns its JSON body.
-func (w *rawWorker) body(d time.Duration) (string, error) {
-	w.c.SetReadDeadline(time.Now().Add(d))
-	var hdr [4]byte
-	if _, err := io.ReadFull(w.r, hdr[:]); err != nil {
-		return "", err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > frame.MaxLen {
-		return "", fmt.Errorf("hub sent a frame of %d bytes", n)
-	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(w.r, b); err != nil {
-		return "", err
-	}
-	return string(b), nil
-}
-
-// next returns the next frame body, skipping status frames unless
-// withStatus.
-func (w *rawWorker) next(withStatus bool) string {
-	w.t.Helper()
-	for {
-		b, err := w.body(timeout)
-		if err != nil {
-			w.t.Fatalf("worker read: %v", err)
-		}
-		if !withStatus && strings.HasPrefix(b, `{"t":"status",`) {
-			continue
-		}
-		return b
-	}
-}
-
-// expect reads the next non-status frames and compares their bytes.
-func (w *rawWorker) expect(want ...string) {
-	w.t.Helper()
-	for _, s := range want {
-		if got := w.next(false); got != s {
-			w.t.Fatalf("worker got %s, want %s", got, s)
-		}
-	}
-}
-
-// closed waits for the hub to close the connection, skipping what was
-// queued before the close.
-func (w *rawWorker) closed() {
-	w.t.Helper()
-	for {
-		_, err := w.body(timeout)
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			w.t.Fatalf("connection still open after %v", timeout)
-		}
-		return // EOF or ECONNRESET: severed either way
-	}
-}
-
-func (w *rawWorker) sub(q string) {
-	w.t.Helper()
-	w.send(frame.AppendSub(nil, q))
-	w.expect(bbAck(q))
-}
-
-func bbAck(q string) string { return `{"t":"ack","q":` + jsonString(q) + `}` }
-
-func bbWake(q string, p *string) string {
-	if p == nil {
-		return `{"t":"wake","q":` + jsonString(q) + `,"p":null}`
-	}
-	return `{"t":"wake","q":` + jsonString(q) + `,"p":` + jsonString(*p) + `}`
-}
-
-// jsonString is s as encoding/json writes it without HTML escaping: the
-// hub's compact output.
-func jsonString(s string) string {
-	var b strings.Builder
-	e := json.NewEncoder(&b)
-	e.SetEscapeHTML(false)
-	if err := e.Encode(s); err != nil {
-		panic(err)
-	}
-	return strings.TrimSuffix(b.String(), "\n")
-}
-
 func sp(s string) *string { return &s }
-
-// header is a frame's length header alone, announcing n bytes.
-func header(n uint32) []byte { return binary.BigEndian.AppendUint32(nil, n) }
-
-// rawBody frames any bytes as a body.
-func rawBody(body string) []byte { return append(header(uint32(len(body))), body...) }
 
 // notifier is a plain Postgres connection for NOTIFYs.
 func notifier(t testing.TB) *pgconn.PgConn {
@@ -208,67 +86,6 @@ func pgExec(t testing.TB, c *pgconn.PgConn, sql string) {
 	if _, err := c.Exec(ctx, sql).ReadAll(); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
-}
-
-// scrape reads /metrics into sample (name and labels, as written) → value,
-// and checks the exposition: every sample belongs to a family with a TYPE,
-// and the families are exactly docs/design.md's. (internal/promcheck parses
-// it with Prometheus' own parser.)
-func scrape(t testing.TB, addr string) map[string]float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
-		t.Fatalf("/metrics: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
-	out := map[string]float64{}
-	typed := map[string]bool{}
-	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
-		if f := strings.Fields(line); len(f) >= 4 && f[0] == "#" && f[1] == "TYPE" {
-			typed[f[2]] = true
-		}
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		f := strings.Fields(line)
-		if len(f) != 2 {
-			t.Fatalf("/metrics line %q", line)
-		}
-		v, err := strconv.ParseFloat(f[1], 64)
-		if err != nil {
-			t.Fatalf("/metrics line %q: %v", line, err)
-		}
-		out[f[0]] = v
-		family, _, _ := strings.Cut(f[0], "{")
-		if !typed[family] && !typed[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(family, "_bucket"), "_sum"), "_count")] {
-			t.Errorf("/metrics: %s has no TYPE before it", f[0])
-		}
-	}
-	var names []string
-	for n := range typed {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	want := slices.Clone(designMetrics)
-	slices.Sort(want)
-	if !slices.Equal(names, want) {
-		t.Fatalf("/metrics names %v, want exactly %v", names, want)
-	}
-	return out
-}
-
-// waitMetric waits until the metric has the value.
-func waitMetric(t testing.TB, addr, name string, want float64) {
-	t.Helper()
-	var got float64
-	testutil.WaitFor(t, timeout, fmt.Sprintf("%s == %v", name, want), func() bool {
-		got = scrape(t, addr)[name]
-		return got == want
-	})
 }
 
 // The socket file exists only once the hub accepts: a supervisor that
@@ -306,13 +123,13 @@ func TestBlackboxReadiness(t *testing.T) {
 			}
 			runtime.Gosched() // poll as tightly as we can: no sleep
 		}
-		w := dialRawWorker(t, path) // at once: the file means "listening"
-		got := w.next(true)
+		w := connectWorker(t, path) // at once: the file means "listening"
+		got := w.nextBody(true)
 		if got != `{"t":"status","healthy":false}` && got != `{"t":"status","healthy":true}` {
 			t.Fatalf("first frame %s, want a status", got)
 		}
 		for got != `{"t":"status","healthy":true}` {
-			got = w.next(true)
+			got = w.nextBody(true)
 		}
 		if n := census(t, app); n != 1 {
 			t.Fatalf("round %d: census %d while the socket exists, want 1", i, n)
@@ -338,28 +155,28 @@ func TestBlackboxProtocol(t *testing.T) {
 	n := notifier(t)
 	pg := func(q string) string { return `"` + prefix + q + suffix + `"` }
 
-	w1 := dialRawWorker(t, path)
-	if got := w1.next(true); got != `{"t":"status","healthy":true}` {
+	w1 := connectWorker(t, path)
+	if got := w1.nextBody(true); got != `{"t":"status","healthy":true}` {
 		t.Fatalf("first frame %s, want the status", got)
 	}
 	w1.sub("a")
 	w1.sub("a") // a second sub on a listening channel: acked (at once)
-	w2 := dialRawWorker(t, path)
-	w2.next(true)
+	w2 := connectWorker(t, path)
+	w2.nextBody(true)
 	w2.sub("a")
 
 	pgExec(t, n, "NOTIFY "+pg("a"))
-	w1.expect(bbWake("a", nil))
-	w2.expect(bbWake("a", nil))
+	w1.expectBodies(bbWake("a", nil))
+	w2.expectBodies(bbWake("a", nil))
 	for _, payload := range []string{"plain", `he said "hi" \o/`, "tab\tnew\nline", "unicode é ✓ 🐘", "<&>"} {
 		pgExec(t, n, "SELECT pg_notify('"+prefix+"a"+suffix+"', "+sqlString(payload)+")")
-		w1.expect(bbWake("a", sp(payload)))
-		w2.expect(bbWake("a", sp(payload)))
+		w1.expectBodies(bbWake("a", sp(payload)))
+		w2.expectBodies(bbWake("a", sp(payload)))
 	}
 	long := strings.Repeat("x", 7999)
 	pgExec(t, n, "SELECT pg_notify('"+prefix+"a"+suffix+"', repeat('x', 7999))")
-	w1.expect(bbWake("a", &long))
-	w2.expect(bbWake("a", &long))
+	w1.expectBodies(bbWake("a", &long))
+	w2.expectBodies(bbWake("a", &long))
 
 	// 63 bytes after mapping: fine; 64: refused; NUL: refused.
 	fits := strings.Repeat("q", 63-len(prefix)-len(suffix))
@@ -367,7 +184,7 @@ func TestBlackboxProtocol(t *testing.T) {
 	nack := func(q string) {
 		t.Helper()
 		w1.send(frame.AppendSub(nil, q))
-		got := w1.next(false)
+		got := w1.nextBody(false)
 		var m map[string]any
 		if err := json.Unmarshal([]byte(got), &m); err != nil {
 			t.Fatal(err)
@@ -390,8 +207,8 @@ func TestBlackboxProtocol(t *testing.T) {
 	w1.sub("b")
 	pgExec(t, n, "NOTIFY "+pg("a")+", 'after unsub'")
 	pgExec(t, n, "NOTIFY "+pg("b")+", 'sentinel'")
-	w2.expect(bbWake("a", sp("after unsub")))
-	w1.expect(bbWake("b", sp("sentinel")))
+	w2.expectBodies(bbWake("a", sp("after unsub")))
+	w1.expectBodies(bbWake("b", sp("sentinel")))
 	// unsub of a name never subscribed, or twice: nothing.
 	w1.send(frame.AppendUnsub(nil, "never"))
 	w1.send(frame.AppendUnsub(nil, "a"))
@@ -403,25 +220,25 @@ func TestBlackboxProtocol(t *testing.T) {
 	w1.send(rawBody(`{"t":"ping","q":"x","extra":[1,{"y":null}]}`))
 	w1.send(rawBody(`{"t":"ack","q":"a"}`))
 	w1.send(rawBody(`{"q":"c","t":"sub"}`))
-	w1.expect(bbAck("c"))
+	w1.expectBodies(bbAck("c"))
 	w1.send(rawBody(" {\n \"t\" : \"sub\" ,\t\"q\" : \"d\", \"v\": 2 } "))
-	w1.expect(bbAck("d"))
+	w1.expectBodies(bbAck("d"))
 	// Several frames in one write, and one frame split over writes.
 	both := append(frame.AppendSub(nil, "e"), frame.AppendSub(nil, "f")...)
 	w1.send(both)
-	w1.expect(bbAck("e"), bbAck("f"))
+	w1.expectBodies(bbAck("e"), bbAck("f"))
 	split := frame.AppendSub(nil, "g")
 	w1.send(split[:2])
 	w1.send(split[2:9])
 	w1.send(split[9:])
-	w1.expect(bbAck("g"))
+	w1.expectBodies(bbAck("g"))
 	// A frame of exactly 64 KiB (the most a worker may send) is allowed.
 	body := `{"t":"sub","q":"big"}`
 	body += strings.Repeat(" ", hub.MaxInboundFrame-len(body))
 	w1.send(rawBody(body))
-	w1.expect(bbAck("big"))
+	w1.expectBodies(bbAck("big"))
 	pgExec(t, n, "NOTIFY "+pg("big"))
-	w1.expect(bbWake("big", nil))
+	w1.expectBodies(bbWake("big", nil))
 }
 
 func sqlString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -434,17 +251,17 @@ func TestBlackboxMalformedSeversOne(t *testing.T) {
 	p.ready()
 	addr := p.metricsAddr()
 	n := notifier(t)
-	sib := dialRawWorker(t, path)
-	sib.next(true)
+	sib := connectWorker(t, path)
+	sib.nextBody(true)
 	sib.sub("m")
 	cases := []struct {
 		name  string
 		input []byte
 	}{
-		{"length over 64 KiB", header(hub.MaxInboundFrame + 1)},
-		{"length over 4 MiB", header(frame.MaxLen + 1)},
+		{"length over 64 KiB", frameHeader(hub.MaxInboundFrame + 1)},
+		{"length over 4 MiB", frameHeader(frame.MaxLen + 1)},
 		{"length 0xffffffff", []byte{0xff, 0xff, 0xff, 0xff}},
-		{"zero-length frame", header(0)},
+		{"zero-length frame", frameHeader(0)},
 		{"bad JSON", rawBody(`{"t":"sub","q":"m"`)},
 		{"bad JSON token", rawBody(`{"t":"sub","q":'m'}`)},
 		{"trailing garbage", rawBody(`{"t":"sub","q":"m"}x`)},
@@ -457,14 +274,14 @@ func TestBlackboxMalformedSeversOne(t *testing.T) {
 		{"unsub with array q", rawBody(`{"t":"unsub","q":["m"]}`)},
 	}
 	for i, c := range cases {
-		bad := dialRawWorker(t, path)
-		bad.next(true)
+		bad := connectWorker(t, path)
+		bad.nextBody(true)
 		bad.sub("m")
 		bad.send(c.input)
-		bad.closed()
+		bad.eofWithin(timeout)
 		payload := fmt.Sprint("after ", c.name)
 		pgExec(t, n, "SELECT pg_notify('m', "+sqlString(payload)+")")
-		sib.expect(bbWake("m", &payload))
+		sib.expectBodies(bbWake("m", &payload))
 		waitMetric(t, addr, "listenhub_protocol_errors_total", float64(i+1))
 	}
 	m := scrape(t, addr)
@@ -483,7 +300,7 @@ func TestBlackboxStatusPeriod(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, []string{"LISTENHUB_STATUS_INTERVAL=100ms"})
 	p.ready()
-	w := dialRawWorker(t, path)
+	w := connectWorker(t, path)
 	var at []time.Time
 	for len(at) < 6 {
 		b, err := w.body(5 * time.Second)
@@ -522,15 +339,15 @@ func TestBlackboxResyncAfterTerminate(t *testing.T) {
 	p.ready()
 	addr := p.metricsAddr()
 	n := notifier(t)
-	w1 := dialRawWorker(t, path)
-	w1.next(true)
+	w1 := connectWorker(t, path)
+	w1.nextBody(true)
 	w1.sub("r1")
 	w1.sub("r2")
-	w2 := dialRawWorker(t, path)
-	w2.next(true)
+	w2 := connectWorker(t, path)
+	w2.nextBody(true)
 	w2.sub("r2")
-	idle := dialRawWorker(t, path) // subscribed to nothing: statuses only
-	idle.next(true)
+	idle := connectWorker(t, path) // subscribed to nothing: statuses only
+	idle.nextBody(true)
 	m := scrape(t, addr)
 	if m["listenhub_channels"] != 2 || m["listenhub_postgres_reconnects_total"] != 0 || m["listenhub_postgres_healthy"] != 1 {
 		t.Fatalf("metrics before: %v", m)
@@ -540,26 +357,26 @@ func TestBlackboxResyncAfterTerminate(t *testing.T) {
 	if k, err := c.Terminate(ctx, p.app); err != nil || k != 1 {
 		t.Fatalf("terminated %d backends: %v", k, err)
 	}
-	for _, w := range []*rawWorker{w1, w2, idle} {
-		if got := w.next(true); got != `{"t":"status","healthy":false}` {
+	for _, w := range []*worker{w1, w2, idle} {
+		if got := w.nextBody(true); got != `{"t":"status","healthy":false}` {
 			t.Fatalf("after the termination: %s", got)
 		}
-		if got := w.next(true); got != `{"t":"status","healthy":true}` {
+		if got := w.nextBody(true); got != `{"t":"status","healthy":true}` {
 			t.Fatalf("after healthy:false: %s", got)
 		}
 	}
-	got := []string{w1.next(true), w1.next(true)}
+	got := []string{w1.nextBody(true), w1.nextBody(true)}
 	slices.Sort(got)
 	if want := []string{bbWake("r1", nil), bbWake("r2", nil)}; !slices.Equal(got, want) {
 		t.Fatalf("w1 resync wakes %v, want %v", got, want)
 	}
-	w2.expect(bbWake("r2", nil))
+	w2.expectBodies(bbWake("r2", nil))
 	// Exactly one per channel: the next frame is a fresh NOTIFY.
 	pgExec(t, n, "NOTIFY r2, 'after'")
-	w1.expect(bbWake("r2", sp("after")))
-	w2.expect(bbWake("r2", sp("after")))
+	w1.expectBodies(bbWake("r2", sp("after")))
+	w2.expectBodies(bbWake("r2", sp("after")))
 	pgExec(t, n, "NOTIFY r1, 'idle?'")
-	w1.expect(bbWake("r1", sp("idle?")))
+	w1.expectBodies(bbWake("r1", sp("idle?")))
 	if b, err := idle.body(200 * time.Millisecond); err == nil {
 		t.Fatalf("a worker subscribed to nothing got %s", b)
 	}
@@ -583,8 +400,8 @@ func TestBlackboxHealthCheckFrozenBackend(t *testing.T) {
 	p := serve(t, path, nil, "--health-check-interval", "100ms", "--health-check-timeout", "400ms",
 		"--status-interval", "1h")
 	p.ready()
-	w := dialRawWorker(t, path)
-	w.next(true)
+	w := connectWorker(t, path)
+	w.nextBody(true)
 	w.sub("hc")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -597,21 +414,21 @@ func TestBlackboxHealthCheckFrozenBackend(t *testing.T) {
 	}
 	frozen := time.Now()
 	t.Cleanup(func() { c.Thaw(pids[0]) })
-	if got := w.next(true); got != `{"t":"status","healthy":false}` {
+	if got := w.nextBody(true); got != `{"t":"status","healthy":false}` {
 		t.Fatalf("after the freeze: %s", got)
 	}
 	detected := time.Since(frozen)
-	if got := w.next(true); got != `{"t":"status","healthy":true}` {
+	if got := w.nextBody(true); got != `{"t":"status","healthy":true}` {
 		t.Fatalf("after healthy:false: %s", got)
 	}
-	w.expect(bbWake("hc", nil))
+	w.expectBodies(bbWake("hc", nil))
 	t.Logf("frozen backend detected after %v", detected)
 	if detected > 5*time.Second {
 		t.Fatalf("frozen backend detected after %v; interval + timeout is 500ms", detected)
 	}
 	c.Thaw(pids[0])
 	pgExec(t, notifier(t), "NOTIFY hc, 'new backend'")
-	w.expect(bbWake("hc", sp("new backend")))
+	w.expectBodies(bbWake("hc", sp("new backend")))
 }
 
 // Rule 3 through the binary: a worker that never reads is evicted once its
@@ -624,11 +441,11 @@ func TestBlackboxEviction(t *testing.T) {
 	p.ready()
 	addr := p.metricsAddr()
 	n := notifier(t)
-	wedged := dialRawWorker(t, path)
-	wedged.next(true)
+	wedged := connectWorker(t, path)
+	wedged.nextBody(true)
 	wedged.sub("ev")
-	sib := dialRawWorker(t, path)
-	sib.next(true)
+	sib := connectWorker(t, path)
+	sib.nextBody(true)
 	sib.sub("ev")
 	// 1,000 bytes a payload, 10 per transaction, the sibling reading each
 	// batch before the next: about 200 frames fill the wedged worker's
@@ -638,7 +455,7 @@ func TestBlackboxEviction(t *testing.T) {
 	for i := 0; i < total; i += batch {
 		pgExec(t, n, fmt.Sprintf("SELECT pg_notify('ev', i || '%s') FROM generate_series(%d, %d) i", pad, i, i+batch-1))
 		for j := i; j < i+batch; j++ {
-			sib.expect(bbWake("ev", sp(fmt.Sprint(j)+pad)))
+			sib.expectBodies(bbWake("ev", sp(fmt.Sprint(j)+pad)))
 		}
 	}
 	waitMetric(t, addr, "listenhub_evictions_total", 1)
@@ -666,9 +483,9 @@ func TestBlackboxEviction(t *testing.T) {
 	}
 	// The sibling is still served, the hub still accepts.
 	pgExec(t, n, "NOTIFY ev, 'still'")
-	sib.expect(bbWake("ev", sp("still")))
-	w := dialRawWorker(t, path)
-	w.next(true)
+	sib.expectBodies(bbWake("ev", sp("still")))
+	w := connectWorker(t, path)
+	w.nextBody(true)
 	w.sub("ev")
 }
 
@@ -685,10 +502,10 @@ func TestBlackboxDurableCoalescingAndLimit(t *testing.T) {
 	addr := p.metricsAddr()
 	n := notifier(t)
 	chans := []string{"fill", "d0", "d1", "d2", "d3", "d4", "d5"}
-	wedged := dialRawWorker(t, path)
-	wedged.next(true)
-	sib := dialRawWorker(t, path)
-	sib.next(true)
+	wedged := connectWorker(t, path)
+	wedged.nextBody(true)
+	sib := connectWorker(t, path)
+	sib.nextBody(true)
 	for _, q := range chans {
 		wedged.sub(q)
 		sib.sub(q)
@@ -699,13 +516,13 @@ func TestBlackboxDurableCoalescingAndLimit(t *testing.T) {
 	const fill = 80
 	pgExec(t, n, fmt.Sprintf("SELECT pg_notify('fill', lpad(i::text, 7999, '0')) FROM generate_series(1, %d) i", fill))
 	for i := 1; i <= fill; i++ {
-		sib.expect(bbWake("fill", sp(fmt.Sprintf("%07999d", i))))
+		sib.expectBodies(bbWake("fill", sp(fmt.Sprintf("%07999d", i))))
 	}
 	// Ten durable wakes on d0, one transaction each, the sibling reading
 	// each one: the wedged worker's merge into its first, 9 coalesced.
 	for range 10 {
 		pgExec(t, n, "NOTIFY d0")
-		sib.expect(bbWake("d0", nil))
+		sib.expectBodies(bbWake("d0", nil))
 	}
 	waitMetric(t, addr, "listenhub_durable_coalesced_total", 9)
 	// d1..d5 at once: with d0 pending, d1 and d2 fill the limit of 3; d3,
@@ -713,7 +530,7 @@ func TestBlackboxDurableCoalescingAndLimit(t *testing.T) {
 	pgExec(t, n, "NOTIFY d1; NOTIFY d2; NOTIFY d3; NOTIFY d4; NOTIFY d5")
 	got := []string{}
 	for range 5 {
-		got = append(got, sib.next(false))
+		got = append(got, sib.nextBody(false))
 	}
 	slices.Sort(got)
 	var want []string
@@ -725,7 +542,7 @@ func TestBlackboxDurableCoalescingAndLimit(t *testing.T) {
 	}
 	waitMetric(t, addr, "listenhub_durable_dropped_total", 3)
 	pgExec(t, n, "NOTIFY fill, 'end'")
-	sib.expect(bbWake("fill", sp("end")))
+	sib.expectBodies(bbWake("fill", sp("end")))
 	m := scrape(t, addr)
 	if m["listenhub_evictions_total"] != 0 || m["listenhub_workers"] != 2 {
 		t.Fatalf("metrics: %v", m)
@@ -733,15 +550,15 @@ func TestBlackboxDurableCoalescingAndLimit(t *testing.T) {
 	// The wedged worker reads now: the fill in order, d0 once in its
 	// place, d1, d2, then the end marker, and nothing else.
 	for i := 1; i <= fill; i++ {
-		wedged.expect(bbWake("fill", sp(fmt.Sprintf("%07999d", i))))
+		wedged.expectBodies(bbWake("fill", sp(fmt.Sprintf("%07999d", i))))
 	}
-	wedged.expect(bbWake("d0", nil))
-	got = []string{wedged.next(false), wedged.next(false)}
+	wedged.expectBodies(bbWake("d0", nil))
+	got = []string{wedged.nextBody(false), wedged.nextBody(false)}
 	slices.Sort(got)
 	if want := []string{bbWake("d1", nil), bbWake("d2", nil)}; !slices.Equal(got, want) {
 		t.Fatalf("wedged worker's durable wakes after d0: %v, want %v", got, want)
 	}
-	wedged.expect(bbWake("fill", sp("end")))
+	wedged.expectBodies(bbWake("fill", sp("end")))
 }
 
 // Rule 4 against rule 3 through the binary: with --hard-queue-limit below
@@ -757,10 +574,10 @@ func TestBlackboxDurableNeverEvicts(t *testing.T) {
 	p.ready()
 	addr := p.metricsAddr()
 	n := notifier(t)
-	wedged := dialRawWorker(t, path)
-	wedged.next(true)
-	sib := dialRawWorker(t, path)
-	sib.next(true)
+	wedged := connectWorker(t, path)
+	wedged.nextBody(true)
+	sib := connectWorker(t, path)
+	sib.nextBody(true)
 	const channels = 30
 	for i := range channels {
 		wedged.sub(fmt.Sprint("c", i))
@@ -778,7 +595,7 @@ func TestBlackboxDurableNeverEvicts(t *testing.T) {
 			t.Fatal("the wedged worker's socket never filled")
 		}
 		pgExec(t, n, fmt.Sprintf("SELECT pg_notify('fill', '%d%s')", fills, pad))
-		sib.expect(bbWake("fill", sp(fmt.Sprint(fills)+pad)))
+		sib.expectBodies(bbWake("fill", sp(fmt.Sprint(fills)+pad)))
 		fills++
 		want := base + float64(2*fills)
 		full = true
@@ -808,10 +625,10 @@ func TestBlackboxDurableNeverEvicts(t *testing.T) {
 	if k, err := c.Terminate(ctx, p.app); err != nil || k != 1 {
 		t.Fatalf("terminated %d: %v", k, err)
 	}
-	if got := sib.next(true); got != `{"t":"status","healthy":false}` {
+	if got := sib.nextBody(true); got != `{"t":"status","healthy":false}` {
 		t.Fatalf("sibling: %s", got)
 	}
-	if got := sib.next(true); got != `{"t":"status","healthy":true}` {
+	if got := sib.nextBody(true); got != `{"t":"status","healthy":true}` {
 		t.Fatalf("sibling: %s", got)
 	}
 	m := scrape(t, addr)
@@ -819,22 +636,22 @@ func TestBlackboxDurableNeverEvicts(t *testing.T) {
 		t.Fatalf("a worker pending only durable wakes was evicted or lost some: %v", m)
 	}
 	pgExec(t, n, "NOTIFY fill, 'end'")
-	sib.expect(bbWake("fill", nil), bbWake("fill", sp("end"))) // resync, then the NOTIFY
+	sib.expectBodies(bbWake("fill", nil), bbWake("fill", sp("end"))) // resync, then the NOTIFY
 	// The wedged worker reads now: everything, in production order; the
 	// resync wakes merged into the pending ones.
 	for i := range fills {
-		wedged.expect(bbWake("fill", sp(fmt.Sprint(i)+pad)))
+		wedged.expectBodies(bbWake("fill", sp(fmt.Sprint(i)+pad)))
 	}
 	for i := range channels {
-		wedged.expect(bbWake(fmt.Sprint("c", i), nil))
+		wedged.expectBodies(bbWake(fmt.Sprint("c", i), nil))
 	}
-	if got := wedged.next(true); got != `{"t":"status","healthy":false}` {
+	if got := wedged.nextBody(true); got != `{"t":"status","healthy":false}` {
 		t.Fatalf("wedged: %s", got)
 	}
-	if got := wedged.next(true); got != `{"t":"status","healthy":true}` {
+	if got := wedged.nextBody(true); got != `{"t":"status","healthy":true}` {
 		t.Fatalf("wedged: %s", got)
 	}
-	wedged.expect(bbWake("fill", nil), bbWake("fill", sp("end")))
+	wedged.expectBodies(bbWake("fill", nil), bbWake("fill", sp("end")))
 }
 
 // Rule 1 through the binary: every NOTIFY issued after the worker received
@@ -846,26 +663,26 @@ func TestBlackboxAckMeansListening(t *testing.T) {
 	p := serve(t, path, nil, "--status-interval", "1h")
 	p.ready()
 	n := notifier(t)
-	w1 := dialRawWorker(t, path)
-	w1.next(true)
-	w2 := dialRawWorker(t, path)
-	w2.next(true)
+	w1 := connectWorker(t, path)
+	w1.nextBody(true)
+	w2 := connectWorker(t, path)
+	w2.nextBody(true)
 	for i := range 40 {
 		q := fmt.Sprint("ack", i)
 		w1.send(frame.AppendSub(nil, q))
 		w2.send(frame.AppendSub(nil, q))
-		w1.expect(bbAck(q))
-		w2.expect(bbAck(q))
+		w1.expectBodies(bbAck(q))
+		w2.expectBodies(bbAck(q))
 		pgExec(t, n, "NOTIFY "+q+", 'x'")
-		w1.expect(bbWake(q, sp("x")))
-		w2.expect(bbWake(q, sp("x")))
+		w1.expectBodies(bbWake(q, sp("x")))
+		w2.expectBodies(bbWake(q, sp("x")))
 		// Last subscribers leave and one comes straight back.
 		w1.send(frame.AppendUnsub(nil, q))
 		w2.send(frame.AppendUnsub(nil, q))
 		w1.send(frame.AppendSub(nil, q))
-		w1.expect(bbAck(q))
+		w1.expectBodies(bbAck(q))
 		pgExec(t, n, "NOTIFY "+q+", 'y'")
-		w1.expect(bbWake(q, sp("y")))
+		w1.expectBodies(bbWake(q, sp("y")))
 		w1.send(frame.AppendUnsub(nil, q))
 	}
 }
@@ -925,15 +742,15 @@ func TestBlackboxEnvironment(t *testing.T) {
 		if k := census(t, app); k != 1 {
 			t.Fatalf("census %d for %s", k, app) // --application-name, --database-url
 		}
-		w := dialRawWorker(t, path)
-		w.next(true)
+		w := connectWorker(t, path)
+		w.nextBody(true)
 		w.sub("q")
 		pgExec(t, notifier(t), `NOTIFY "env_q.evt", 'mapped'`) // prefix and suffix
-		w.expect(bbWake("q", sp("mapped")))
+		w.expectBodies(bbWake("q", sp("mapped")))
 		// Status every 250 ms: two periodic ones well within a second.
 		start := time.Now()
 		for range 2 {
-			if got := w.next(true); got != `{"t":"status","healthy":true}` {
+			if got := w.nextBody(true); got != `{"t":"status","healthy":true}` {
 				t.Fatalf("got %s", got)
 			}
 		}
@@ -976,8 +793,8 @@ func TestBlackboxEnvironment(t *testing.T) {
 		if k := census(t, app); k != 1 {
 			t.Fatalf("census %d", k)
 		}
-		w := dialRawWorker(t, path)
-		w.next(true)
+		w := connectWorker(t, path)
+		w.nextBody(true)
 		w.sub("pgvars")
 	})
 
@@ -1027,10 +844,10 @@ func TestBlackboxMetricsValues(t *testing.T) {
 		t.Fatalf("metrics at start: %v", m)
 	}
 	probe := m["listenhub_frames_sent_total"] // the probe is gone: final
-	ws := make([]*rawWorker, 3)
+	ws := make([]*worker, 3)
 	for i := range ws {
-		ws[i] = dialRawWorker(t, path)
-		ws[i].next(true)
+		ws[i] = connectWorker(t, path)
+		ws[i].nextBody(true)
 		ws[i].sub("shared")
 		ws[i].sub(fmt.Sprint("own", i))
 	}
@@ -1044,7 +861,7 @@ func TestBlackboxMetricsValues(t *testing.T) {
 	waitMetric(t, addr, "listenhub_frames_sent_total", probe+3*3)
 	pgExec(t, n, "NOTIFY shared, 'x'")
 	for _, w := range ws {
-		w.expect(bbWake("shared", sp("x")))
+		w.expectBodies(bbWake("shared", sp("x")))
 	}
 	waitMetric(t, addr, "listenhub_frames_sent_total", probe+3*3+3)
 	waitMetric(t, addr, "listenhub_wakes_received_total", 1)
@@ -1075,15 +892,15 @@ func TestBlackboxSIGTERMWithBacklog(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, nil, "--status-interval", "1h")
 	p.ready()
-	wedged := dialRawWorker(t, path)
-	wedged.next(true)
+	wedged := connectWorker(t, path)
+	wedged.nextBody(true)
 	wedged.sub("bl")
-	other := dialRawWorker(t, path)
-	other.next(true)
+	other := connectWorker(t, path)
+	other.nextBody(true)
 	other.sub("bl")
 	pgExec(t, notifier(t), "SELECT pg_notify('bl', lpad(i::text, 7999, '0')) FROM generate_series(1, 60) i")
 	for i := 1; i <= 60; i++ {
-		other.expect(bbWake("bl", sp(fmt.Sprintf("%07999d", i))))
+		other.expectBodies(bbWake("bl", sp(fmt.Sprintf("%07999d", i))))
 	}
 	start := time.Now()
 	p.cmd.Process.Signal(syscall.SIGTERM)
@@ -1091,8 +908,8 @@ func TestBlackboxSIGTERMWithBacklog(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	t.Logf("exit 0 %v after SIGTERM with a backlog", time.Since(start))
-	other.closed()
-	wedged.closed()
+	other.eofWithin(timeout)
+	wedged.eofWithin(timeout)
 	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket file left: %v", err)
 	}

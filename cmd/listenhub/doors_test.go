@@ -574,7 +574,7 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 			return false
 		}
 		defer c.Close()
-		w := &worker{t: t, c: c, buf: make([]byte, 4096)}
+		w := newWorker(t, c, 4096)
 		m, err := w.read(timeout)
 		return err == nil && m.T == "status"
 	})

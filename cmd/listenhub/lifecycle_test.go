@@ -174,7 +174,7 @@ func TestServeSocketActivation(t *testing.T) {
 	}
 	path := sockPath(t)
 	ln := testutil.ListenUnixFile(t, path)
-	early := dialWorker0(t, path) // before any hub: queued by the kernel
+	early := connectWorker(t, path) // before any hub: queued by the kernel
 	p := activated(t, ln, nil)
 	early.expect("status")
 	early.sub("act")
@@ -199,7 +199,7 @@ func TestServeSocketActivation(t *testing.T) {
 	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("the activated socket's file is gone after SIGTERM: %v", err)
 	}
-	between := dialWorker0(t, path) // no hub now: connect still succeeds
+	between := connectWorker(t, path) // no hub now: connect still succeeds
 	p2 := activated(t, ln, nil)
 	between.expect("status")
 	between.sub("act")
@@ -211,18 +211,6 @@ func TestServeSocketActivation(t *testing.T) {
 	if code := p2.exit(); code != 0 {
 		t.Fatalf("second hub: exit %d", code)
 	}
-}
-
-// dialWorker0 connects without reading the status (nobody may be there to
-// send it yet).
-func dialWorker0(t *testing.T, path string) *worker {
-	t.Helper()
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return &worker{t: t, c: c, buf: make([]byte, 4096)}
 }
 
 // A socket unit with the wrong kind of socket (TCP here) or a --socket

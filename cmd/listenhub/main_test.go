@@ -23,7 +23,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
@@ -188,7 +187,7 @@ func (p *proc) ready() {
 		default:
 		}
 		if c, err := net.Dial("unix", p.socket); err == nil {
-			w := &worker{t: p.t, c: c.(*net.UnixConn), buf: make([]byte, 64<<10)}
+			w := newWorker(p.t, c.(*net.UnixConn), 64<<10)
 			m, err := w.read(timeout)
 			for err == nil && m.T == "status" && !m.Healthy {
 				m, err = w.read(timeout)
@@ -282,125 +281,6 @@ func census(t testing.TB, app string) int {
 		t.Fatalf("census printed %q: %v", out, err)
 	}
 	return n
-}
-
-// worker is a test worker speaking raw frames.
-type worker struct {
-	t   testing.TB
-	c   *net.UnixConn
-	dec frame.Decoder
-	buf []byte
-}
-
-func dialWorker(t testing.TB, path string) *worker {
-	t.Helper()
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	w := &worker{t: t, c: c, buf: make([]byte, 4096)}
-	w.expect("status")
-	return w
-}
-
-func (w *worker) read(d time.Duration) (frame.Message, error) {
-	for {
-		m, ok, err := w.dec.Next()
-		if err != nil || ok {
-			return m, err
-		}
-		w.c.SetReadDeadline(time.Now().Add(d))
-		n, err := w.c.Read(w.buf)
-		if n > 0 {
-			w.dec.Feed(w.buf[:n])
-			continue
-		}
-		if err != nil {
-			return m, err
-		}
-	}
-}
-
-// dialRaw connects a raw worker (no client library) and reads the hub's
-// first frame, which says whether it was admitted: a status frame (admitted
-// true), or a refusal, told as a nack with an empty q (its words in nack)
-// and then EOF, or a bare close (nack ""). Anything else fails the test.
-func dialRaw(t *testing.T, socket string, i int) (w *worker, admitted bool, nack string) {
-	t.Helper()
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
-	if err != nil {
-		t.Fatalf("worker %d: %v", i, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	w = &worker{t: t, c: c, buf: make([]byte, 4096)}
-	m, err := w.read(timeout)
-	switch {
-	case err == nil && m.T == "status":
-		return w, true, ""
-	case err == nil && m.T == "nack" && m.Q == "":
-		return w, false, m.Error
-	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
-		return w, false, ""
-	}
-	t.Fatalf("worker %d: %+v, %v; want a status frame, a refusal or EOF", i, m, err)
-	return nil, false, ""
-}
-
-// expect reads the next frame and checks its type. Status frames (the
-// hub re-sends them every 5 intervals) are skipped unless typ is "status".
-func (w *worker) expect(typ string) frame.Message {
-	w.t.Helper()
-	for {
-		m, err := w.read(timeout)
-		if err != nil {
-			w.t.Fatalf("worker: %v", err)
-		}
-		if m.T == "status" && typ != "status" {
-			continue
-		}
-		if m.T != typ {
-			w.t.Fatalf("worker got %+v, want %s", m, typ)
-		}
-		return m
-	}
-}
-
-// status waits for a status frame saying healthy, skipping others.
-func (w *worker) status(healthy bool) {
-	w.t.Helper()
-	for {
-		if m := w.expect("status"); m.Healthy == healthy {
-			return
-		}
-	}
-}
-
-func (w *worker) sub(q string) {
-	w.t.Helper()
-	if _, err := w.c.Write(frame.AppendSub(nil, q)); err != nil {
-		w.t.Fatal(err)
-	}
-	if m := w.expect("ack"); m.Q != q {
-		w.t.Fatalf("ack for %q, want %q", m.Q, q)
-	}
-}
-
-// eofWithin waits for the hub to close the connection and returns how long
-// that took.
-func (w *worker) eofWithin(d time.Duration) time.Duration {
-	w.t.Helper()
-	start := time.Now()
-	for {
-		_, err := w.read(d)
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			w.t.Fatalf("no EOF within %v", d)
-		}
-		return time.Since(start)
-	}
 }
 
 func notify(t testing.TB, sql string) {
@@ -524,7 +404,7 @@ func dialWhenListening(t *testing.T, p *proc) *worker {
 		_, err := os.Lstat(p.socket)
 		return err == nil
 	})
-	return dialWorker0(t, p.socket)
+	return connectWorker(t, p.socket)
 }
 
 // SIGTERM: workers see EOF, the backend goes away (UNLISTEN, Terminate),
@@ -759,17 +639,12 @@ func TestServeChurnFDs(t *testing.T) {
 	p.ready()
 	addr := p.metricsAddr()
 	workers := func() string {
-		resp, err := http.Get("http://" + addr + "/metrics")
-		if err != nil {
-			t.Fatal(err)
+		series, _ := scrapeSeries(t, addr)
+		n, ok := series["listenhub_workers"]
+		if !ok {
+			t.Fatalf("no listenhub_workers in /metrics")
 		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		m := regexp.MustCompile(`(?m)^listenhub_workers (\d+)$`).FindSubmatch(b)
-		if m == nil {
-			t.Fatalf("no listenhub_workers in\n%s", b)
-		}
-		return string(m[1])
+		return fmt.Sprint(n)
 	}
 	w := dialWorker(t, path) // warm-up: one worker, one channel
 	w.sub("churn")
@@ -889,7 +764,7 @@ func TestServeEMFILE(t *testing.T) {
 	// an empty q, docs/protocol.md) and closed; none hangs.
 	refused := 0
 	for _, c := range waiting {
-		w := &worker{t: t, c: c, buf: make([]byte, 4096)}
+		w := newWorker(t, c, 4096)
 		m, err := w.read(timeout)
 		switch {
 		case err == nil && m.T == "nack" && m.Q == "":

@@ -37,9 +37,14 @@ module Listenhub
   end
 
   # The gem logs through this logger (silent by default; the Action Cable
-  # adapter hands it the server's logger).
+  # adapter hands it Action Cable's logger unless one was set).
   def self.logger=(logger)
+    @logger_set = true
     @logger = logger
+  end
+
+  def self.logger_set?
+    @logger_set == true
   end
 
   # Why a socket directory cannot be trusted (nil if it can), OpenSSH's

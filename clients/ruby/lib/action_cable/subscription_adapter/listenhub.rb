@@ -37,7 +37,7 @@ module ActionCable
 
       def initialize(*)
         super
-        cable = @server.config.cable
+        cable = @server.config.cable.to_h.with_indifferent_access
         @socket = (cable[:socket] || ENV["LISTENHUB_SOCKET"] || ::Listenhub::DEFAULT_SOCKET).to_s
         @hub_prefix = cable[:hub_channel_prefix].to_s
         @hub_suffix = cable[:hub_channel_suffix].to_s
@@ -51,6 +51,7 @@ module ActionCable
           application_name: cable[:id] || ::Listenhub::DEFAULT_LOCAL_APPLICATION_NAME
         }.compact
         @listener = nil
+        ::Listenhub.logger = logger if logger && !::Listenhub.logger_set?
       end
 
       def broadcast(channel, payload)

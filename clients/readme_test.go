@@ -1,0 +1,378 @@
+package clients_test
+
+// The README's quick starts, as a newcomer copies them: each one is taken
+// out of README.md, pointed at a real hub (its socket path replaced, the
+// database in DATABASE_URL), and run in the server it is written for — the
+// Go one built for every platform a release has and run on this one, the
+// Python one under gunicorn, the Node one as a cluster — until every worker
+// it starts has received a NOTIFY through the hub, none on a connection of
+// its own.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/listenhub/listenhub/internal/testutil"
+)
+
+// readmeSocket is the socket path the quick starts name.
+const readmeSocket = "/run/listenhub/listenhub.sock"
+
+// quickStart returns the code blocks of the README's section heading, by
+// their language tag.
+func quickStart(t *testing.T, heading string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := map[string]string{}
+	in, fence := false, ""
+	var body strings.Builder
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case fence != "" && line == "```":
+			blocks[fence] += body.String()
+			body.Reset()
+			fence = ""
+		case fence != "":
+			body.WriteString(line + "\n")
+		case strings.HasPrefix(line, "#"):
+			in = line == heading
+		case in && strings.HasPrefix(line, "```"):
+			fence = strings.TrimPrefix(line, "```")
+			if fence == "" {
+				fence = "text"
+			}
+		}
+	}
+	if len(blocks) == 0 {
+		t.Fatalf("README.md has no code under %q", heading)
+	}
+	return blocks
+}
+
+// lineWatcher collects a process's output lines and waits for a condition
+// on them.
+type lineWatcher struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (w *lineWatcher) feed(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		w.mu.Lock()
+		w.lines = append(w.lines, sc.Text())
+		w.mu.Unlock()
+	}
+}
+
+func (w *lineWatcher) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.lines, "\n")
+}
+
+// pidsWith returns the distinct first fields (pids) of the lines matching re.
+func (w *lineWatcher) pidsWith(re *regexp.Regexp) map[string]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	pids := map[string]bool{}
+	for _, l := range w.lines {
+		if re.MatchString(l) {
+			pids[strings.Fields(l)[0]] = true
+		}
+	}
+	return pids
+}
+
+// startApp runs an app in its own process group (killed at the end of the
+// test, with whatever it forked) and watches its output.
+func startApp(t *testing.T, dir string, env []string, name string, args ...string) *lineWatcher {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	w := &lineWatcher{}
+	done := make(chan struct{})
+	go func() { w.feed(pr); close(done) }()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // anything it forked
+		pw.Close()
+		<-done
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, w)
+		}
+	})
+	return w
+}
+
+// waitWorkers waits until n distinct worker pids have printed a wake of
+// the channel "orders", then checks that none of them listens on a
+// connection of its own (the clients' fallback application_name).
+func waitWorkers(t *testing.T, w *lineWatcher, n int) {
+	t.Helper()
+	re := regexp.MustCompile(`^\d+ orders n`)
+	testutil.WaitFor(t, 60*time.Second, fmt.Sprintf("%d workers to print a wake", n), func() bool {
+		return len(w.pidsWith(re)) >= n
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, db.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var local int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'listenhub-local'").Scan(&local); err != nil {
+		t.Fatal(err)
+	}
+	if local != 0 {
+		t.Errorf("%d workers listen on a connection of their own, want all of them on the hub", local)
+	}
+}
+
+// goQuickStart wraps the README's Go quick start (an import line, then a
+// function body) into a program.
+func goQuickStart(t *testing.T, sock string) string {
+	code := quickStart(t, "### Go")["go"]
+	imp, body, _ := strings.Cut(code, "\n")
+	if imp != `import "github.com/listenhub/listenhub/client"` {
+		t.Fatalf("README.md ### Go: the quick start starts with %q, want the client's import path", imp)
+	}
+	return `package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/listenhub/listenhub/client"
+)
+
+func onWake(w client.Wake) { fmt.Println(os.Getpid(), w.Q, w.Payload, w.Durable) }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+` + strings.ReplaceAll(body, readmeSocket, sock) + `	fmt.Println(os.Getpid(), "subscribed in mode", f.Mode())
+	<-ctx.Done()
+	return nil
+}
+`
+}
+
+// TestREADMEQuickStartGo builds the Go quick start in a module of its own
+// that requires listenhub through a replace (as the README says to until
+// the module is published), for each platform of the release, and runs it.
+func TestREADMEQuickStartGo(t *testing.T) {
+	sock := startHub(t)
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	gomod := "module quickstart\n\ngo 1.26\n\nrequire github.com/listenhub/listenhub v0.0.0\n\nreplace github.com/listenhub/listenhub => " + repo + "\n"
+	sum, err := os.ReadFile(filepath.Join(repo, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{"go.mod": gomod, "go.sum": string(sum), "main.go": goQuickStart(t, sock)} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	goEnv := []string{"GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off", "CGO_ENABLED=0"}
+	bin := filepath.Join(dir, "quickstart")
+	for _, p := range []string{"darwin/arm64", "freebsd/amd64"} { // the development platforms; this one below
+		goos, goarch, _ := strings.Cut(p, "/")
+		runIn(t, dir, append(goEnv, "GOOS="+goos, "GOARCH="+goarch), "go", "build", "-o", bin+"-"+goos+"-"+goarch, ".")
+	}
+	runIn(t, dir, goEnv, "go", "build", "-o", bin, ".")
+	notifyUntilDone(t, "orders")
+	w := startApp(t, dir, []string{"DATABASE_URL=" + db.URL()}, bin)
+	testutil.WaitFor(t, 30*time.Second, "the quick start to subscribe", func() bool {
+		return strings.Contains(w.String(), "subscribed in mode hub")
+	})
+	waitWorkers(t, w, 1)
+}
+
+// TestREADMEQuickStartPython runs the Python quick start, a gunicorn
+// config file, under gunicorn with two workers.
+func TestREADMEQuickStartPython(t *testing.T) {
+	py := findPython(t)
+	if exec.Command(py, "-c", "import gunicorn").Run() != nil {
+		missing(t, "the README's Python quick start needs gunicorn; on Debian: apt-get install -y gunicorn")
+	}
+	sock := startHub(t)
+	conf := quickStart(t, "### Python under gunicorn")["python"]
+	if !strings.Contains(conf, "gunicorn -c gunicorn.conf.py") {
+		t.Fatalf("README.md: the Python quick start does not say how to run it:\n%s", conf)
+	}
+	dir := t.TempDir()
+	app := "def app(environ, start_response):\n    start_response(\"200 OK\", [])\n    return [b\"ok\"]\n"
+	for name, content := range map[string]string{"gunicorn.conf.py": strings.ReplaceAll(conf, readmeSocket, sock), "app.py": app} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := filepath.Abs("python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	notifyUntilDone(t, "orders")
+	w := startApp(t, dir, []string{"DATABASE_URL=" + db.URL(), "PYTHONPATH=" + src, "PYTHONDONTWRITEBYTECODE=1"},
+		py, "-m", "gunicorn", "-c", "gunicorn.conf.py", "-w", "2", "-b", "unix:"+filepath.Join(dir, "http.sock"), "app:app")
+	waitWorkers(t, w, 2)
+}
+
+// TestREADMEQuickStartNode runs the Node quick start, a cluster of four
+// workers, with the client package resolved as an app's node_modules would.
+func TestREADMEQuickStartNode(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		missing(t, "the README's Node quick start needs node (>= 18); on Debian: apt-get install -y nodejs npm")
+	}
+	src, err := filepath.Abs("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(src, "node_modules", "pg")); err != nil {
+		missing(t, "the README's Node quick start needs the client's dependencies: run `npm ci` in clients/node")
+	}
+	sock := startHub(t)
+	server := quickStart(t, "### Node cluster")["js"]
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "node_modules"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(src, filepath.Join(dir, "node_modules", "listenhub")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "server.js"), []byte(strings.ReplaceAll(server, readmeSocket, sock)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notifyUntilDone(t, "orders")
+	w := startApp(t, dir, []string{"DATABASE_URL=" + db.URL()}, node, "server.js")
+	waitWorkers(t, w, 4)
+}
+
+// cableCheck is a Rails process's view of config/cable.yml: Action Cable
+// finds the adapter by the file's name for it, subscribes through it and
+// receives a broadcast; and no connection of Active Record's LISTENs (the
+// adapter's fallback), so the subscription went through the hub.
+const cableCheck = `
+require "yaml"
+require "timeout"
+require "logger"
+require "pg"
+require "active_support/core_ext/hash/indifferent_access"
+require "action_cable"
+require "active_record"
+
+file, url = ARGV
+kv = PG::Connection.conninfo_parse(url).each_with_object({}) { |o, h| h[o[:keyword]] = o[:val] if o[:val] }
+ActiveRecord::Base.establish_connection({ adapter: "postgresql", host: kv["host"], port: kv["port"],
+  database: kv["dbname"], username: kv["user"], password: kv["password"] }.compact)
+server = ActionCable::Server::Base.new
+server.config.cable = YAML.safe_load(File.read(file)).fetch("production").with_indifferent_access
+server.config.logger = Logger.new($stderr)
+adapter = server.pubsub
+abort "config/cable.yml gave #{adapter.class}" unless adapter.class.name == "ActionCable::SubscriptionAdapter::Listenhub"
+got = Queue.new
+adapter.subscribe("orders", ->(msg) { got << msg }, -> { adapter.broadcast("orders", "hello") })
+msg = Timeout.timeout(30) { got.pop }
+abort "received #{msg.inspect}" unless msg == "hello"
+local = ActiveRecord::Base.connection.select_value(
+  "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND application_name <> 'listenhub'")
+abort "#{local} connections of the app LISTEN: the adapter did not use the hub" unless local.to_i.zero?
+puts "cable: received #{msg} through the hub"
+adapter.shutdown
+`
+
+// TestREADMEQuickStartRails loads the README's config/cable.yml into
+// Action Cable, with the gem of clients/ruby on the load path.
+func TestREADMEQuickStartRails(t *testing.T) {
+	rb := findRuby(t)
+	sock := startHub(t)
+	cable := quickStart(t, "### Rails Action Cable")["yaml"]
+	if !strings.Contains(cable, readmeSocket) {
+		t.Fatalf("README.md: the cable.yml names no socket:\n%s", cable)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "cable.yml")
+	if err := os.WriteFile(file, []byte(strings.ReplaceAll(cable, readmeSocket, sock)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := filepath.Abs(filepath.Join("ruby", "lib"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := runIn(t, dir, nil, rb, "-I", lib, "-e", cableCheck, file, db.URL())
+	if !strings.Contains(out, "through the hub") {
+		t.Fatalf("the cable.yml check said:\n%s", out)
+	}
+}
+
+// TestREADMEQuickStartPgbus checks the pgbus quick start's Ruby (syntax,
+// and the variable pgbus reads); its listenhub command line is checked
+// with the others (cmd/listenhub, TestDocsCommandLines).
+func TestREADMEQuickStartPgbus(t *testing.T) {
+	blocks := quickStart(t, "### pgbus on Puma")
+	code := blocks["ruby"]
+	for _, want := range []string{`ENV["PGBUS_STREAMS_HUB_SOCKET"] = "` + readmeSocket + `"`, "streams_listen_scope = :master"} {
+		if !strings.Contains(code, want) {
+			t.Errorf("README.md: the pgbus quick start lacks %q:\n%s", want, code)
+		}
+	}
+	if !strings.Contains(blocks["sh"], "--channel-prefix pgmq.q_ --channel-suffix .INSERT") {
+		t.Errorf("README.md: the pgbus quick start's hub does not map names to pgmq's channels:\n%s", blocks["sh"])
+	}
+	rb, err := exec.LookPath("ruby")
+	if err != nil {
+		missing(t, "the README's pgbus quick start needs ruby to be checked; on Debian: apt-get install -y ruby")
+	}
+	f := filepath.Join(t.TempDir(), "pgbus.rb")
+	if err := os.WriteFile(f, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runIn(t, "", nil, rb, "-c", f)
+}

@@ -3,8 +3,9 @@ package clients_test
 // The clients as packages a team installs: the Node package as `npm pack`
 // makes it, installed into a fresh app (with its dependency pg, so a
 // failover works), used from CommonJS, ESM and TypeScript; the Python
-// package as a wheel built offline, installed into a fresh venv. Neither
-// build may leave files in the source tree.
+// package as a wheel built offline, installed into a fresh venv; the Ruby
+// gem as `gem build` makes it offline, installed into a GEM_PATH of its
+// own. No build may leave files in the source tree.
 
 import (
 	"archive/tar"
@@ -332,7 +333,7 @@ func TestClientLicenses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"node/LICENSE", "python/LICENSE"} {
+	for _, f := range []string{"node/LICENSE", "python/LICENSE", "ruby/LICENSE"} {
 		got, err := os.ReadFile(f)
 		if err != nil {
 			t.Errorf("%s: %v", f, err)
@@ -373,5 +374,109 @@ func TestClientVersions(t *testing.T) {
 	}
 	if pm := regexp.MustCompile(`(?m)^__version__ = "([^"]+)"`).FindSubmatch(b); pm == nil || string(pm[1]) != want {
 		t.Errorf("clients/python/listenhub/__init__.py __version__ %q, the release is %q", pm, want)
+	}
+	b, err = os.ReadFile(filepath.Join("ruby", "lib", "listenhub", "version.rb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rm := regexp.MustCompile(`(?m)^\s*VERSION = "([^"]+)"`).FindSubmatch(b); rm == nil || string(rm[1]) != want {
+		t.Errorf("clients/ruby/lib/listenhub/version.rb VERSION %q, the release is %q", rm, want)
+	}
+}
+
+func TestRubyPackage(t *testing.T) {
+	rb := findRuby(t)
+	gemBin := filepath.Join(filepath.Dir(rb), "gem")
+	if _, err := os.Stat(gemBin); err != nil {
+		if gemBin, err = exec.LookPath("gem"); err != nil {
+			missing(t, "the ruby package test needs gem (RubyGems); on Debian it comes with ruby")
+		}
+	}
+	src, err := filepath.Abs("ruby")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := leftovers(t, src)
+
+	// gem build, offline, into a directory of ours.
+	work := t.TempDir()
+	pkg := filepath.Join(work, "listenhub.gem")
+	runIn(t, src, []string{"SOURCE_DATE_EPOCH=1700000000"}, gemBin, "build", "listenhub.gemspec", "--output", pkg)
+	files := gemFiles(t, pkg)
+	for _, want := range []string{"lib/listenhub.rb", "lib/listenhub/client.rb", "lib/listenhub/failover.rb",
+		"lib/action_cable/subscription_adapter/listenhub.rb", "README.md", "LICENSE", "listenhub.gemspec"} {
+		if !slices.Contains(files, want) {
+			t.Errorf("the gem lacks %s: %v", want, files)
+		}
+	}
+	for _, f := range files {
+		if strings.HasPrefix(f, "test/") {
+			t.Errorf("the gem ships %s", f)
+		}
+	}
+
+	// Installed into a GEM_PATH of its own (before the system's, which has
+	// Debian's pg and Action Cable), with no registry.
+	gems := filepath.Join(work, "gems")
+	runIn(t, work, nil, gemBin, "install", "--local", "--ignore-dependencies", "--no-document", "--install-dir", gems, pkg)
+	sys := strings.TrimSpace(runIn(t, work, nil, rb, "-e", `print Gem.path.join(":")`))
+	app := filepath.Join(work, "app")
+	if err := os.MkdirAll(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join("testdata", "rubyapp", "consumer.rb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(app, "consumer.rb"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := startHub(t)
+	q := "pkg_ruby"
+	notifyUntilDone(t, q)
+	env := []string{"GEM_PATH=" + gems + ":" + sys, "GEM_HOME=" + gems, "RUBYLIB=", "RUBYOPT="}
+	t.Log(runIn(t, app, env, rb, "consumer.rb", sock, q, filepath.Join(work, "no-hub.sock"), db.URL()))
+
+	if after := leftovers(t, src); !slices.Equal(before, after) {
+		t.Errorf("gem build left files in the source tree: %v (before: %v)", after, before)
+	}
+}
+
+// gemFiles lists the files of a .gem (a tar holding data.tar.gz).
+func gemFiles(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			t.Fatalf("%s holds no data.tar.gz", path)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name != "data.tar.gz" {
+			continue
+		}
+		zr, err := gzip.NewReader(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		dr := tar.NewReader(zr)
+		for {
+			h, err := dr.Next()
+			if err == io.EOF {
+				return names
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, h.Name)
+		}
 	}
 }

@@ -24,6 +24,7 @@
 
 require "digest/sha1"
 require "action_cable"
+require "active_support/core_ext/hash/indifferent_access"
 require_relative "../../listenhub"
 
 module ActionCable

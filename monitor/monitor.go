@@ -111,7 +111,7 @@ func Handler(h *hub.Hub, o Options) http.Handler {
 		if rl != nil {
 			// The relay is a guest: its state is a second line, never
 			// the hub's status code (listenhub_relay_up says it).
-			relayLine = relayHealth(rl)
+			relayLine = relayHealth(rl.Stats())
 		}
 		if !h.Stats().PostgresHealthy {
 			w.WriteHeader(http.StatusServiceUnavailable)

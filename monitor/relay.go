@@ -70,12 +70,14 @@ func registerRelay(mux *http.ServeMux, rl *relay.Relay, b build, alone bool) {
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		switch st := rl.Stats().State; st {
+		switch s := rl.Stats(); s.State {
 		case relay.StateActive, relay.StateStandby:
-			fmt.Fprintf(w, "ok (%s)\n", st)
+			fmt.Fprintf(w, "ok (%s)\n", s.State)
 		default:
+			// Why, too: a slot creation waiting on a transaction, a
+			// lost connection.
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "relay %s\n", st)
+			fmt.Fprintln(w, relayHealth(s))
 		}
 	})
 }
@@ -85,8 +87,7 @@ func relayUp(st relay.State) bool { return st == relay.StateActive || st == rela
 
 // relayHealth is the relay's line in the hub's /healthz when it is not up:
 // the hub answers for itself, and says what is wrong with its guest.
-func relayHealth(rl *relay.Relay) string {
-	s := rl.Stats()
+func relayHealth(s relay.Stats) string {
 	if relayUp(s.State) {
 		return ""
 	}

@@ -725,7 +725,11 @@ func (s *session) watchPublication(ctx context.Context) error {
 	perr := r.checkPublished(strings.TrimPrefix(s.published, "+"))
 	var ce *ConfigError
 	if errors.As(perr, &ce) {
-		return configErrorf(nil, "%s (changed while the relay ran: changes committed since got no wake; once fixed, the relay NOTIFYs every channel once)", ce.Msg)
+		then := "once fixed, the relay NOTIFYs every channel once"
+		if !s.owedInSlot() && !r.opts.TemporarySlot { // PostgreSQL 13: no messages
+			then = "once fixed, restart the workers or NOTIFY their channels"
+		}
+		return configErrorf(nil, "%s (changed while the relay ran: changes committed since got no wake; %s)", ce.Msg, then)
 	}
 	return perr
 }

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -426,3 +428,79 @@ func githubAnchor(heading string) string {
 	}
 	return b.String()
 }
+
+// jsonKeys returns the keys a usage.md row lists for an endpoint: the
+// first {"a","b",…} of the cell.
+func jsonKeys(cell string) []string {
+	m := regexp.MustCompile(`\{("[a-z_0-9]+"(?:,"[a-z_0-9]+")*)`).FindStringSubmatch(cell)
+	if m == nil {
+		return nil
+	}
+	keys := strings.Split(strings.ReplaceAll(m[1], `"`, ""), ",")
+	slices.Sort(keys)
+	return keys
+}
+
+// TestUsageJSON holds the JSON endpoints' table of docs/usage.md to what
+// /status, /relay and the lists' heads answer: the same keys.
+func TestUsageJSON(t *testing.T) {
+	rows := markdownTable(t, readmeSection(t, readDoc(t, usagePath), "## The JSON endpoints"), []string{"endpoint", "answers"})
+	doc := map[string][]string{}
+	for _, r := range rows {
+		path, _, _ := strings.Cut(strings.TrimPrefix(firstCode(r[0]), "GET "), "?")
+		doc[path] = jsonKeys(r[1])
+	}
+	h, err := hub.New(hub.Config{SocketPath: filepath.Join(t.TempDir(), "hub.sock"), DatabaseURL: "postgres://u@127.0.0.1:1/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := pgconn.ParseConfig("postgres://u@127.0.0.1:1/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := newFlagSet("relay")
+	var rf relayFlags
+	rf.register(fs)
+	opts, err := rf.options(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := relay.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler := monitor.Handler(h, monitor.Options{Relay: rl})
+	for _, path := range []string{"/status", "/relay"} {
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		var body map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%s: %v: %s", path, err, rec.Body)
+		}
+		var keys []string
+		for k := range body {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		// A key left out when empty (omitempty) is answered only then.
+		want := slices.DeleteFunc(slices.Clone(doc[path]), func(k string) bool { return omitEmpty[k] && !slices.Contains(keys, k) })
+		if !slices.Equal(keys, want) {
+			t.Errorf("usage.md: GET %s answers\n  %q\nthe table says\n  %q", path, keys, doc[path])
+		}
+	}
+}
+
+// omitEmpty are the keys of the status bodies that are left out when empty.
+var omitEmpty = func() map[string]bool {
+	m := map[string]bool{}
+	for _, v := range []any{monitor.Status{}, monitor.RelayStatus{}} {
+		rt := reflect.TypeOf(v)
+		for i := range rt.NumField() {
+			name, opts, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+			if strings.Contains(opts, "omitempty") {
+				m[name] = true
+			}
+		}
+	}
+	return m
+}()

@@ -198,12 +198,7 @@ func TestClientNackInvalidNameKeepsClient(t *testing.T) {
 	}
 	// Still usable, and the refused name can be retried (to be refused
 	// again) rather than remembered as subscribed.
-	done = result(func() error { return c.Subscribe(context.Background(), "bad") })
-	fc.expect(t, "sub", "bad")
-	fc.ack("bad")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, c, "bad")
 }
 
 // A nack at one of the hub's caps is final for that subscribe and leaves the
@@ -226,12 +221,7 @@ func TestClientNackLimitKeepsClient(t *testing.T) {
 			t.Fatalf("client died on a %q nack: %v", reason, c.Err())
 		}
 	}
-	done := result(func() error { return c.Subscribe(context.Background(), "ok") })
-	fc.expect(t, "sub", "ok")
-	fc.ack("ok")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, c, "ok")
 }
 
 func TestClientInvalidNameLocally(t *testing.T) {
@@ -477,12 +467,7 @@ func TestClientUnsubscribe(t *testing.T) {
 	fc := h.accept()
 	ctx := context.Background()
 
-	done := result(func() error { return c.Subscribe(ctx, "a") })
-	fc.expect(t, "sub", "a")
-	fc.ack("a")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, c, "a")
 	c.Unsubscribe("a")
 	fc.expect(t, "unsub", "a")
 	c.Unsubscribe("a") // unknown now: nothing sent
@@ -490,7 +475,7 @@ func TestClientUnsubscribe(t *testing.T) {
 
 	// Unsubscribe while the sub is pending: Subscribe returns on the ack,
 	// then the unsub goes out.
-	done = result(func() error { return c.Subscribe(ctx, "b") })
+	done := result(func() error { return c.Subscribe(ctx, "b") })
 	fc.expect(t, "sub", "b")
 	testutil.WaitFor(t, waitLong, "b pending", func() bool {
 		c.mu.Lock()
@@ -505,12 +490,7 @@ func TestClientUnsubscribe(t *testing.T) {
 	fc.expect(t, "unsub", "b")
 
 	// Unsubscribe then Subscribe: the frames keep that order.
-	done = result(func() error { return c.Subscribe(ctx, "b") })
-	fc.expect(t, "sub", "b")
-	fc.ack("b")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, c, "b")
 	c.Unsubscribe("b")
 	done = result(func() error { return c.Subscribe(ctx, "b") })
 	fc.expect(t, "unsub", "b")
@@ -527,12 +507,7 @@ func TestClientStrayAckIgnored(t *testing.T) {
 	fc := h.accept()
 	fc.ack("nobody")
 	fc.nack("nobody", "LISTEN failed")
-	done := result(func() error { return c.Subscribe(context.Background(), "a") })
-	fc.expect(t, "sub", "a")
-	fc.ack("a")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, c, "a")
 }
 
 func TestClientCloseFromHandler(t *testing.T) {

@@ -40,9 +40,29 @@ func newFailbackTest(t *testing.T, h *fakeHub, rec *recorder, opts FailoverOptio
 	return f, fl, sw
 }
 
+// failOverFrom has fc report healthy, subscribes f to names through it,
+// drops it and waits until f is on its local listener.
+func (sw *swaps) failOverFrom(t *testing.T, fc *fakeConn, f *Failover, names ...string) {
+	t.Helper()
+	fc.status(true)
+	for _, q := range names {
+		fc.subscribeVia(t, f, q)
+	}
+	fc.c.Close()
+	sw.waitLocal(t)
+}
+
+// waitLocal waits for the first failover.
+func (sw *swaps) waitLocal(t *testing.T) {
+	t.Helper()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+}
+
 // subscribeVia subscribes f to q through fc, a connection of a hub that
 // does not ack by itself: the sub must arrive, and fc acks it.
-func (fc *fakeConn) subscribeVia(t testing.TB, f *Failover, q string) {
+func (fc *fakeConn) subscribeVia(t testing.TB, f interface {
+	Subscribe(context.Context, string) error
+}, q string) {
 	t.Helper()
 	done := result(func() error { return f.Subscribe(context.Background(), q) })
 	fc.expect(t, "sub", q)
@@ -134,7 +154,7 @@ func TestFailbackToHub(t *testing.T) {
 	}
 	fc.expectSubs(t, 2)
 	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.waitLocal(t)
 	local := fl.get(t)
 
 	back := h.accept() // the fail-back's connection
@@ -219,7 +239,7 @@ func TestFailbackOneWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.waitLocal(t)
 	// The hub accepts all along; without OneWay these timings fail back
 	// within milliseconds (TestFailbackToHub).
 	select {
@@ -263,10 +283,7 @@ func TestFailbackWaitsForHealthy(t *testing.T) {
 	h := newFakeHub(t, false)
 	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{AckTimeout: 300 * time.Millisecond})
 	fc := h.accept()
-	fc.status(true)
-	fc.subscribeVia(t, f, "a")
-	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.failOverFrom(t, fc, f, "a")
 
 	for range 2 {
 		sick := h.accept()
@@ -312,10 +329,7 @@ func TestFailbackHubFailsDuringAttempt(t *testing.T) {
 	rec := &recorder{}
 	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
 	fc := h.accept()
-	fc.status(true)
-	fc.subscribeVia(t, f, "a")
-	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.failOverFrom(t, fc, f, "a")
 	local := fl.get(t)
 
 	dies := h.accept()
@@ -358,11 +372,7 @@ func TestFailbackSubscribeDuring(t *testing.T) {
 	rec := &recorder{}
 	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
 	fc := h.accept()
-	fc.status(true)
-	fc.subscribeVia(t, f, "a")
-	fc.subscribeVia(t, f, "c")
-	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.failOverFrom(t, fc, f, "a", "c")
 	local := fl.get(t)
 
 	back := h.accept()
@@ -416,7 +426,7 @@ func TestFailbackConcurrentSubscribes(t *testing.T) {
 		t.Fatal(err)
 	}
 	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.waitLocal(t)
 	var names []string
 	var calls []<-chan error
 	for i := range 40 {
@@ -450,10 +460,7 @@ func TestFailbackClose(t *testing.T) {
 	h := newFakeHub(t, false)
 	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{AckTimeout: time.Minute})
 	fc := h.accept()
-	fc.status(true)
-	fc.subscribeVia(t, f, "a")
-	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.failOverFrom(t, fc, f, "a")
 	back := h.accept()
 	back.status(true)
 	back.expect(t, "sub", "a")
@@ -543,7 +550,7 @@ func TestFailbackBackoffGrows(t *testing.T) {
 	}
 	h.stop() // every attempt fails at connect, at once
 	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.waitLocal(t)
 	const ms = time.Millisecond
 	nominal := []time.Duration{50 * ms, 100 * ms, 200 * ms, 200 * ms, 200 * ms}
 	testutil.WaitFor(t, waitLong, "six failed attempts", func() bool { return len(at.get()) > len(nominal) })
@@ -571,7 +578,7 @@ func TestFailbackAfterHubAbsence(t *testing.T) {
 	}
 	h.stop()
 	fc.c.Close()
-	testutil.WaitFor(t, waitLong, "local mode", func() bool { return sw.failovers.Load() == 1 })
+	sw.waitLocal(t)
 	testutil.WaitFor(t, waitLong, "three failed attempts", func() bool {
 		return strings.Count(logs.String(), "fail-back attempt failed") >= 3
 	})

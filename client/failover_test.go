@@ -249,12 +249,7 @@ func TestFailoverOnAckTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	fc := h.accept()
-	done := result(func() error { return f.Subscribe(context.Background(), "a") })
-	fc.expect(t, "sub", "a")
-	fc.ack("a")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	fc.subscribeVia(t, f, "a")
 	// A hub that stops answering: Subscribe still succeeds, locally.
 	if err := await(t, result(func() error { return f.Subscribe(context.Background(), "b") })); err != nil {
 		t.Fatalf("Subscribe across the failover: %v", err)

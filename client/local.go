@@ -191,8 +191,14 @@ func (l *Local) Subscribe(ctx context.Context, q string) error {
 		l.mu.Unlock()
 		return nil
 	}
+	return l.doLocked(ctx, localOp{q: q, listen: true})
+}
+
+// doLocked queues op, unlocks l.mu and waits for op's answer.
+func (l *Local) doLocked(ctx context.Context, op localOp) error {
 	reply := make(chan error, 1)
-	l.queueLocked(localOp{q: q, listen: true, reply: reply})
+	op.reply = reply
+	l.queueLocked(op)
 	l.mu.Unlock()
 	select {
 	case err := <-reply:
@@ -230,17 +236,7 @@ func (l *Local) sync(ctx context.Context) error {
 		l.mu.Unlock()
 		return err
 	}
-	reply := make(chan error, 1)
-	l.queueLocked(localOp{sync: true, reply: reply})
-	l.mu.Unlock()
-	select {
-	case err := <-reply:
-		return err
-	case <-l.done:
-		return l.Err()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return l.doLocked(ctx, localOp{sync: true})
 }
 
 // Unsubscribe queues an UNLISTEN of q's channel; it never blocks.

@@ -86,8 +86,7 @@ func TestPGSessionPooler(t *testing.T) {
 	testutil.WaitFor(t, timeout, "healthy", func() bool { return h.Stats().PostgresHealthy })
 	w := dialRaw(t, path)
 	w.expect(statusTrue)
-	w.sub("sess")
-	w.expect(ack("sess"))
+	w.subscribe("sess")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := c.Notify(ctx, "sess", "through"); err != nil {

@@ -134,17 +134,23 @@ func newEnvPG(t *testing.T, mutate func(*Config), healthy bool) *env {
 	if err := h.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	stopAtEnd(t, h, logs)
+	return e
+}
+
+// stopAtEnd stops h when the test ends, showing logs (when not nil) if
+// the test failed.
+func stopAtEnd(t testing.TB, h *Hub, logs *logBuf) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		if err := h.Stop(ctx); err != nil {
 			t.Errorf("Stop: %v", err)
 		}
-		if t.Failed() {
+		if t.Failed() && logs != nil {
 			t.Logf("hub log:\n%s", logs.String())
 		}
 	})
-	return e
 }
 
 // do runs f on the loop and waits for it.
@@ -272,8 +278,11 @@ func (w *tw) send(b []byte) {
 	}
 }
 
-func (w *tw) sub(q string)   { w.t.Helper(); w.send(frame.AppendSub(nil, q)) }
-func (w *tw) unsub(q string) { w.t.Helper(); w.send(frame.AppendUnsub(nil, q)) }
+func (w *tw) sub(q string) { w.t.Helper(); w.send(frame.AppendSub(nil, q)) }
+
+// subscribe sends a sub and expects its ack.
+func (w *tw) subscribe(q string) { w.t.Helper(); w.sub(q); w.expect(ack(q)) }
+func (w *tw) unsub(q string)     { w.t.Helper(); w.send(frame.AppendUnsub(nil, q)) }
 
 // read returns the next frame, or err (io.EOF when the hub closed us).
 func (w *tw) read(d time.Duration) (frame.Message, error) {

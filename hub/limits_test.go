@@ -32,8 +32,7 @@ func TestInboundFrameCap(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	sib := e.dial()
-	sib.sub("a")
-	sib.expect(ack("a"))
+	sib.subscribe("a")
 
 	body := `{"t":"sub","q":"big"}`
 	body += strings.Repeat(" ", MaxInboundFrame-len(body))
@@ -187,11 +186,9 @@ func TestMaxSubscriptions(t *testing.T) {
 	}
 	w.sub("d")
 	w.expect(nack("d", "too many subscriptions"))
-	w.sub("a")
-	w.expect(ack("a"))
+	w.subscribe("a")
 	w.unsub("a")
-	w.sub("d")
-	w.expect(ack("d"))
+	w.subscribe("d")
 	e.notify("d", "x")
 	w.expect(wake("d", ptr("x")))
 	if s := e.h.Stats(); s.Nacks != 1 || s.Workers != 1 {
@@ -220,14 +217,11 @@ func TestMaxChannels(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.MaxChannels = 2 })
 	e.do(func() { e.pg.auto = true })
 	w1, w2 := e.dial(), e.dial()
-	w1.sub("a")
-	w1.expect(ack("a"))
-	w1.sub("b")
-	w1.expect(ack("b"))
+	w1.subscribe("a")
+	w1.subscribe("b")
 	w2.sub("c")
 	w2.expect(nack("c", "too many channels"))
-	w2.sub("a")
-	w2.expect(ack("a"))
+	w2.subscribe("a")
 	// Once a channel is UNLISTENed there is room again.
 	w1.unsub("b")
 	testutil.WaitFor(t, timeout, "b UNLISTENed", func() bool {
@@ -235,8 +229,7 @@ func TestMaxChannels(t *testing.T) {
 		e.do(func() { n = len(e.h.channels) })
 		return n == 1
 	})
-	w2.sub("c")
-	w2.expect(ack("c"))
+	w2.subscribe("c")
 	if s := e.h.Stats(); s.Nacks != 1 || s.Workers != 2 || s.Channels != 2 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -331,8 +324,7 @@ func TestInvalidUTF8Nacked(t *testing.T) {
 	}
 	w.send(rawFrame("{\"t\":\"unsub\",\"q\":\"a\xffb\"}"))
 	// U+FFFD itself is a valid name.
-	w.sub("x\uFFFD")
-	w.expect(ack("x\uFFFD"))
+	w.subscribe("x\uFFFD")
 	if s := e.h.Stats(); s.Nacks != 2 || s.Workers != 1 || s.ProtocolErrors != 0 {
 		t.Fatalf("stats %+v", s)
 	}

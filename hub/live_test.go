@@ -13,8 +13,7 @@ func TestSetLive(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
-	w.sub("a")
-	w.expect(ack("a"))
+	w.subscribe("a")
 	ctx := context.Background()
 	live := Live{MaxSubscriptions: 1, StatusInterval: 2 * time.Second}
 	if err := e.h.SetLive(ctx, live); err != nil {
@@ -43,8 +42,7 @@ func TestSetLive(t *testing.T) {
 	}
 	refused := dialRaw(t, e.path)
 	refused.eof()
-	w.sub("b")
-	w.expect(ack("b"))
+	w.subscribe("b")
 	if s := e.h.Stats(); s.ConnectionsRefused != 1 || s.Workers != 1 {
 		t.Fatalf("stats %+v", s)
 	}

@@ -127,17 +127,10 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 	const budget = 1 << 20
 	e := budgetEnv(t, budget, budget)
 	big, small, sib := e.dial(), e.dial(), e.dial()
-	for _, x := range []struct {
-		w *tw
-		q string
-	}{{big, "big"}, {small, "small"}, {sib, "s"}} {
-		x.w.sub(x.q)
-		x.w.expect(ack(x.q))
-	}
-	held := func(id uint64) (n int) {
-		e.workerState(id, func(w *worker) { n = w.out.Len() })
-		return n
-	}
+	big.subscribe("big")
+	small.subscribe("small")
+	sib.subscribe("s")
+	held := e.held
 	payload := strings.Repeat("p", 7000)
 	sentSmall := 0
 	// small falls 100 KB behind, big 850 KB (each past what its socket
@@ -316,17 +309,9 @@ func TestSetLiveLowersBudget(t *testing.T) {
 	const hard = 512 << 10
 	e := budgetEnv(t, hard, 4*hard)
 	big, small := e.dial(), e.dial()
-	for _, x := range []struct {
-		w *tw
-		q string
-	}{{big, "big"}, {small, "small"}} {
-		x.w.sub(x.q)
-		x.w.expect(ack(x.q))
-	}
-	held := func(id uint64) (n int) {
-		e.workerState(id, func(w *worker) { n = w.out.Len() })
-		return n
-	}
+	big.subscribe("big")
+	small.subscribe("small")
+	held := e.held
 	payload := strings.Repeat("p", 7000)
 	for _, x := range []struct {
 		id   uint64
@@ -356,4 +341,10 @@ func TestSetLiveLowersBudget(t *testing.T) {
 	if s := e.h.Stats(); s.Evictions != 1 || s.Workers != 1 || s.OutboundBytes > hard || held(2) < 200<<10 {
 		t.Fatalf("stats %+v, small holds %d", s, held(2))
 	}
+}
+
+// held is the bytes queued on worker id's ring.
+func (e *env) held(id uint64) (n int) {
+	e.workerState(id, func(w *worker) { n = w.out.Len() })
+	return n
 }

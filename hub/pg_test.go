@@ -88,16 +88,7 @@ func startHub(t testing.TB, cfg Config, logs *logBuf) *Hub {
 	if err := h.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		if err := h.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("hub log:\n%s", logs.String())
-		}
-	})
+	stopAtEnd(t, h, logs)
 	return h
 }
 
@@ -276,8 +267,7 @@ func TestPGWedgedWorkerDurable(t *testing.T) {
 	e := newPGEnv(t, nil)
 	wedged, sib := e.dial(), e.dial()
 	for _, w := range []*tw{wedged, sib} {
-		w.sub("d")
-		w.expect(ack("d"))
+		w.subscribe("d")
 	}
 	e.exec(`DO $$ BEGIN FOR i IN 1..20000 LOOP PERFORM pg_notify('d', ''); COMMIT; END LOOP; END $$`)
 	e.exec(`SELECT pg_notify('d', 'last')`)
@@ -331,8 +321,7 @@ func TestPGWedgedWorkerEphemeral(t *testing.T) {
 	e := newPGEnv(t, nil)
 	wedged, sib := e.dial(), e.dial()
 	for _, w := range []*tw{wedged, sib} {
-		w.sub("e")
-		w.expect(ack("e"))
+		w.subscribe("e")
 	}
 	const total, batch, window = 5000, 100, 500
 	var read atomicInt
@@ -373,8 +362,7 @@ func TestPGWedgedWorkerEphemeral(t *testing.T) {
 func TestPGBadInput(t *testing.T) {
 	e := newPGEnv(t, nil)
 	sib := e.dial()
-	sib.sub("m")
-	sib.expect(ack("m"))
+	sib.subscribe("m")
 	inputs := [][]byte{
 		{0xff, 0xff, 0xff, 0xff},
 		rawFrame(`{"t":"sub","q":`),
@@ -385,8 +373,7 @@ func TestPGBadInput(t *testing.T) {
 	}
 	for i, in := range inputs {
 		bad := e.dial()
-		bad.sub("m")
-		bad.expect(ack("m"))
+		bad.subscribe("m")
 		bad.send(in)
 		bad.eof()
 		e.exec(fmt.Sprintf("NOTIFY m, '%d'", i))
@@ -432,8 +419,7 @@ func TestPGChurnFDs(t *testing.T) {
 	// status between a sub and its ack, which the loop below reads next.
 	e := newPGEnv(t, func(c *Config) { c.StatusInterval = time.Hour })
 	warm := e.dial()
-	warm.sub("warm")
-	warm.expect(ack("warm"))
+	warm.subscribe("warm")
 	warm.c.Close()
 	testutil.WaitFor(t, timeout, "warm-up worker gone", func() bool { return e.h.Stats().Workers == 0 })
 	before := testutil.FDCount()
@@ -500,8 +486,7 @@ func TestPGOverTLS(t *testing.T) {
 	}
 	e := newPGEnv(t, func(cfg *Config) { cfg.DatabaseURL = c.TLSURL() })
 	w := e.dial()
-	w.sub("tls")
-	w.expect(ack("tls"))
+	w.subscribe("tls")
 	e.exec("NOTIFY tls, 'secure'")
 	w.expect(wake("tls", ptr("secure")))
 	n, err := c.QueryInt(context.Background(), "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND application_name = $1", e.app)

@@ -78,8 +78,7 @@ func TestPGFourConnections(t *testing.T) {
 	// go to the connection the channel lives on.
 	w.unsub("k5")
 	testutil.WaitFor(t, timeout, "k5 UNLISTENed", func() bool { return e.h.Stats().Channels == n-1 })
-	w.sub("k5")
-	w.expect(ack("k5"))
+	w.subscribe("k5")
 	e.exec("NOTIFY k5, 'back'")
 	w.expect(wake("k5", ptr("back")))
 	if sp2 := e.spread(); !slices.Equal(sp, sp2) {

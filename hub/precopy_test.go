@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/listenhub/listenhub/internal/fdpass"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -29,8 +28,7 @@ type backlogWorker struct {
 func newBacklogWorker(t *testing.T, env *pgEnv, n int) *backlogWorker {
 	t.Helper()
 	b := &backlogWorker{tw: env.dial(), h: env.h, next: 1}
-	b.sub("big")
-	b.expect(ack("big"))
+	b.subscribe("big")
 	b.notify(t, env, n)
 	testutil.WaitFor(t, timeout, "the backlog in the hub's ring", func() bool {
 		_, _, pending := b.ring(t)
@@ -199,42 +197,7 @@ func TestHandoverPrecopied(t *testing.T) {
 	b := newBacklogWorker(t, env, 160)
 	copied, goOn := holdAfterPrecopy(t, env.h)
 
-	fa, fb, err := fdpass.Pair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldEnd, err := fdpass.New(fa)
-	fa.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer oldEnd.Close()
-	newEnd, err := fdpass.New(fb)
-	fb.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer newEnd.Close()
-	nh, err := New(env.h.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		if err := nh.Stop(ctx); err != nil {
-			t.Errorf("new hub: Stop: %v", err)
-		}
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	took := make(chan error, 1)
-	go func() {
-		_, err := nh.takeover(ctx, newEnd, nil)
-		took <- err
-	}()
-	handed := make(chan error, 1)
-	go func() { handed <- env.h.handover(ctx, oldEnd, nil) }()
+	nh, handed, took := upgradeInProcess(t, env.h)
 
 	pc := <-copied
 	drainAndGrow(t, env, b, pc)
@@ -301,22 +264,7 @@ func TestHandoverPrecopyRollback(t *testing.T) {
 	b := newBacklogWorker(t, env, 160)
 	copied, goOn := holdAfterPrecopy(t, env.h)
 
-	fa, fb, err := fdpass.Pair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, err := fdpass.New(fa)
-	fa.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	fake, err := fdpass.New(fb)
-	fb.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fake.Close()
+	old, fake := connPair(t)
 	fakeErr := make(chan error, 1)
 	go func() {
 		fakeErr <- func() error {

@@ -67,8 +67,7 @@ func TestSecondSub(t *testing.T) {
 		t.Fatalf("issued %v, want one LISTEN", got)
 	}
 	// A worker subscribing twice is answered twice and counted once.
-	w3.sub("a")
-	w3.expect(ack("a"))
+	w3.subscribe("a")
 	e.do(func() {
 		if n := len(e.h.channels["a"].subs); n != 3 {
 			t.Errorf("refcount = %d, want 3", n)
@@ -82,10 +81,8 @@ func TestRefcountedUnlisten(t *testing.T) {
 	e := newEnv(t, func(c *Config) {})
 	e.do(func() { e.pg.auto = true })
 	w1, w2 := e.dial(), e.dial()
-	w1.sub("a")
-	w1.expect(ack("a"))
-	w2.sub("a")
-	w2.expect(ack("a"))
+	w1.subscribe("a")
+	w2.subscribe("a")
 	w1.unsub("a")
 	e.sync()
 	if got := e.issued(); !slices.Equal(got, []string{"LISTEN a"}) {
@@ -221,8 +218,7 @@ func TestChannelMapping(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.ChannelPrefix, c.ChannelSuffix = "pgmq.q_", ".INSERT" })
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
-	w.sub("jobs")
-	w.expect(ack("jobs"))
+	w.subscribe("jobs")
 	if got := e.issued(); !slices.Equal(got, []string{"LISTEN pgmq.q_jobs.INSERT"}) {
 		t.Fatalf("issued %v", got)
 	}
@@ -306,8 +302,7 @@ func TestDurableLimit(t *testing.T) {
 	}
 	w.expect(wake("c9", ptr("eph")))
 
-	w.sub("fill")
-	w.expect(ack("fill"))
+	w.subscribe("fill")
 	fills := e.fill(1)
 	burst()
 	if s := e.h.Stats(); s.DurableDropped != 6 || s.Evictions != 0 {
@@ -356,8 +351,7 @@ func TestWedgedWorkerDurable(t *testing.T) {
 		w.sub(q)
 		w.expect(ack(q))
 	}
-	sib.sub("a")
-	sib.expect(ack("a"))
+	sib.subscribe("a")
 	fills := e.fill(1)
 	for range 200 {
 		for _, q := range []string{"a", "b", "c", "d"} {
@@ -402,8 +396,7 @@ func TestEvictionByFrames(t *testing.T) {
 	e.do(func() { e.pg.auto = true })
 	wedged, sib := e.dial(), e.dial()
 	for _, w := range []*tw{wedged, sib} {
-		w.sub("e")
-		w.expect(ack("e"))
+		w.subscribe("e")
 	}
 	var read atomic.Int64
 	done := make(chan []string)
@@ -464,8 +457,7 @@ func TestEvictionByBytes(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.HardQueueBytes = 64 << 10 })
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
-	w.sub("e")
-	w.expect(ack("e"))
+	w.subscribe("e")
 	payload := strings.Repeat("b", 7900)
 	for i := 0; e.h.Stats().Evictions == 0; i++ {
 		if i > 2000 {
@@ -486,8 +478,7 @@ func TestBurstInOneIterationNoEviction(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.HardQueueLimit = 16 })
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
-	w.sub("e")
-	w.expect(ack("e"))
+	w.subscribe("e")
 	e.do(func() {
 		for i := range 100 {
 			e.h.onNotification([]byte("e"), []byte(fmt.Sprint(i)))
@@ -507,8 +498,7 @@ func TestOneWritePerIteration(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
-	w.sub("a")
-	w.expect(ack("a"))
+	w.subscribe("a")
 	e.sync()
 	var before, after uint32
 	e.workerState(1, func(wk *worker) { before = wk.writes })
@@ -566,8 +556,7 @@ func TestStatusResendSkipsUnsent(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
-	w.sub("fill")
-	w.expect(ack("fill"))
+	w.subscribe("fill")
 	e.fill(1)
 	var frames int
 	e.do(func() {
@@ -595,12 +584,9 @@ func TestResyncAfterReconnect(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	w1, w2 := e.dial(), e.dial()
-	w1.sub("a")
-	w1.expect(ack("a"))
-	w1.sub("b")
-	w1.expect(ack("b"))
-	w2.sub("a")
-	w2.expect(ack("a"))
+	w1.subscribe("a")
+	w1.subscribe("b")
+	w2.subscribe("a")
 	e.health(false)
 	w1.expect(statusFalse)
 	w2.expect(statusFalse)
@@ -646,13 +632,11 @@ func TestBadInputSeversOne(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	sib := e.dial()
-	sib.sub("a")
-	sib.expect(ack("a"))
+	sib.subscribe("a")
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			bad := e.dial()
-			bad.sub("a")
-			bad.expect(ack("a"))
+			bad.subscribe("a")
 			bad.send(c.input)
 			bad.eof()
 			e.notify("a", fmt.Sprint(i))
@@ -672,8 +656,7 @@ func TestBadInputSeversOne(t *testing.T) {
 	u := e.dial()
 	u.send(rawFrame(`{"t":"hello","q":"x","extra":[1,2]}`))
 	u.send(rawFrame(`{"t":"wake","q":"a","p":null}`)) // hub-to-worker type
-	u.sub("a")
-	u.expect(ack("a"))
+	u.subscribe("a")
 	if n := e.logs.count("unknown frame type"); n != 2 {
 		t.Fatalf("unknown type logged %d times, want 2", n)
 	}
@@ -734,10 +717,8 @@ func TestRingStorageKeptOnlyWhileBusy(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
 	busy, idle := e.dial(), e.dial()
-	busy.sub("hot")
-	busy.expect(ack("hot"))
-	idle.sub("cold")
-	idle.expect(ack("cold"))
+	busy.subscribe("hot")
+	idle.subscribe("cold")
 	capOf := func(id uint64) (c int) {
 		e.workerState(id, func(w *worker) { c = w.out.Cap() })
 		return c

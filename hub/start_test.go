@@ -39,8 +39,7 @@ func TestStartBeforePostgres(t *testing.T) {
 	e.sync()
 	w.none() // no resync wake
 	w2 := e.dial()
-	w2.sub("early")
-	w2.expect(ack("early"))
+	w2.subscribe("early")
 	if s := e.h.Stats(); s.PostgresReconnects != 0 || !s.PostgresHealthy {
 		t.Fatalf("stats %+v, want healthy and no reconnect counted", s)
 	}

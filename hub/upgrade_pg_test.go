@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/frame"
-	"github.com/listenhub/listenhub/internal/fdpass"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -39,25 +38,9 @@ func TestHandoverRollback(t *testing.T) {
 				}
 			})
 			w := env.dial()
-			w.sub("rb")
-			w.expect(ack("rb"))
+			w.subscribe("rb")
 
-			fa, fb, err := fdpass.Pair()
-			if err != nil {
-				t.Fatal(err)
-			}
-			old, err := fdpass.New(fa)
-			fa.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer old.Close()
-			fake, err := fdpass.New(fb)
-			fb.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer fake.Close()
+			old, fake := connPair(t)
 
 			fakeErr := make(chan error, 1)
 			go func() {
@@ -170,8 +153,7 @@ func TestHandoverInProcess(t *testing.T) {
 			}
 			env := newPGEnv(t, func(cfg *Config) { cfg.DatabaseURL = url })
 			w := env.dial()
-			w.sub("a")
-			w.expect(ack("a"))
+			w.subscribe("a")
 
 			pids, err := c.BackendPIDs(context.Background(), env.app)
 			if err != nil || len(pids) != 1 {
@@ -239,43 +221,7 @@ func TestHandoverInProcess(t *testing.T) {
 			}
 			since := partialSince(env.h)
 
-			fa, fb, err := fdpass.Pair()
-			if err != nil {
-				t.Fatal(err)
-			}
-			oldEnd, err := fdpass.New(fa)
-			fa.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer oldEnd.Close()
-			newEnd, err := fdpass.New(fb)
-			fb.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer newEnd.Close()
-
-			nh, err := New(env.h.Config())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				defer cancel()
-				if err := nh.Stop(ctx); err != nil {
-					t.Errorf("new hub: Stop: %v", err)
-				}
-			})
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			took := make(chan error, 1)
-			go func() {
-				_, err := nh.takeover(ctx, newEnd, nil)
-				took <- err
-			}()
-			handed := make(chan error, 1)
-			go func() { handed <- env.h.handover(ctx, oldEnd, nil) }()
+			nh, handed, took := upgradeInProcess(t, env.h)
 
 			// The old hub freezes; the sub in flight holds the quiet
 			// point back. Meanwhile a sub and a NOTIFY arrive. (Under

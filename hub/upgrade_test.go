@@ -2,6 +2,7 @@ package hub
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -154,22 +155,7 @@ func TestHandedStateJSON(t *testing.T) {
 // receives them into to (the same workers, through JSON).
 func rawRoundTrip(t *testing.T, from, to []handedWorker) {
 	t.Helper()
-	fa, fb, err := fdpass.Pair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := fdpass.New(fa)
-	fa.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := fdpass.New(fb)
-	fb.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := connPair(t)
 	sent := make(chan error, 1)
 	go func() { sent <- sendRaw(a, from) }()
 	if err := recvRaw(b, to); err != nil {
@@ -207,4 +193,51 @@ func TestHandedStateFromVersion2(t *testing.T) {
 	if err := st.fromVersion(); err != nil || st.MemFD != 4 {
 		t.Errorf("this version: %v, MemFD %d", err, st.MemFD)
 	}
+}
+
+// connPair returns the two ends of an upgrade's conversation, closed when
+// the test ends.
+func connPair(t *testing.T) (a, b *fdpass.Conn) {
+	t.Helper()
+	fa, fb, err := fdpass.Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err = fdpass.New(fa)
+	fa.Close()
+	if err != nil {
+		fb.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	b, err = fdpass.New(fb)
+	fb.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return a, b
+}
+
+// upgradeInProcess starts an upgrade of h to a new hub of this process
+// with h's configuration (stopped when the test ends): handed and took
+// report the ends' results, handover's and takeover's.
+func upgradeInProcess(t *testing.T, h *Hub) (nh *Hub, handed, took <-chan error) {
+	t.Helper()
+	nh, err := New(h.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopAtEnd(t, nh, nil)
+	oldEnd, newEnd := connPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	tk := make(chan error, 1)
+	go func() {
+		_, err := nh.takeover(ctx, newEnd, nil)
+		tk <- err
+	}()
+	hd := make(chan error, 1)
+	go func() { hd <- h.handover(ctx, oldEnd, nil) }()
+	return nh, hd, tk
 }

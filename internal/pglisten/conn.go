@@ -234,14 +234,20 @@ func Open(ctx context.Context, l *loop.Loop, cfg Config) (*Conn, error) {
 		return nil, errNoConnConfig
 	}
 	c := newConn(l, cfg)
-	tr, err := dial(ctx, c.cfg.ConnConfig)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.begin(tr); err != nil {
+	if err := c.dialAndBegin(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// dialAndBegin connects c (off the loop, bounded by ctx) and starts it on
+// the new transport.
+func (c *Conn) dialAndBegin(ctx context.Context) error {
+	tr, err := dial(ctx, c.cfg.ConnConfig)
+	if err != nil {
+		return err
+	}
+	return c.begin(tr)
 }
 
 func newConn(l *loop.Loop, cfg Config) *Conn {
@@ -1116,14 +1122,7 @@ func (c *Conn) Close(done func()) {
 	}
 	prev := c.state
 	c.state = stateClosing
-	if c.reconnect != nil {
-		c.reconnect.Stop()
-		c.reconnect = nil
-	}
-	if c.cancelDial != nil {
-		c.cancelDial()
-		c.cancelDial = nil
-	}
+	c.stopReconnecting()
 	if c.hc != nil {
 		c.hc.Stop()
 		c.hc = nil
@@ -1194,14 +1193,8 @@ func (c *Conn) runCloseDone() {
 	}
 }
 
-// loopStopped is the loop's OnClose hook: the loop is going away, so drop
-// the connection without ceremony (the server cleans up the LISTENs of a
-// closed session) and end every waiting command.
-func (c *Conn) loopStopped() {
-	if c.state == stateClosed {
-		return
-	}
-	c.state = stateClosing
+// stopReconnecting stops a scheduled reconnect and a dial in progress.
+func (c *Conn) stopReconnecting() {
 	if c.reconnect != nil {
 		c.reconnect.Stop()
 		c.reconnect = nil
@@ -1210,6 +1203,17 @@ func (c *Conn) loopStopped() {
 		c.cancelDial()
 		c.cancelDial = nil
 	}
+}
+
+// loopStopped is the loop's OnClose hook: the loop is going away, so drop
+// the connection without ceremony (the server cleans up the LISTENs of a
+// closed session) and end every waiting command.
+func (c *Conn) loopStopped() {
+	if c.state == stateClosed {
+		return
+	}
+	c.state = stateClosing
+	c.stopReconnecting()
 	c.failWaiting(ErrClosed)
 	c.finishClose()
 }

@@ -253,6 +253,16 @@ func (r *results) has(name string) (error, bool) {
 	return err, ok
 }
 
+// noErrors fails t for each of names that was done with an error.
+func (r *results) noErrors(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if err, _ := r.has(n); err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+}
+
 func (r *results) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -302,11 +312,7 @@ func TestFakeBatchOneQuery(t *testing.T) {
 	}
 	s.send(rfqMsg())
 	testutil.WaitFor(t, fakeTimeout, "3 done", func() bool { return r.count() == 3 })
-	for _, n := range []string{"a", "weird", "b"} {
-		if err, _ := r.has(n); err != nil {
-			t.Errorf("%s: %v", n, err)
-		}
-	}
+	r.noErrors(t, "a", "weird", "b")
 	if fmt.Sprint(r.seq) != "[a weird b]" {
 		t.Errorf("order %v", r.seq)
 	}
@@ -349,11 +355,7 @@ func TestFakeBatchError(t *testing.T) {
 	}
 	s.answer(sql)
 	testutil.WaitFor(t, fakeTimeout, "all done", func() bool { return r.count() == 4 })
-	for _, n := range []string{"a", "c", "d"} {
-		if err, _ := r.has(n); err != nil {
-			t.Errorf("%s: %v", n, err)
-		}
-	}
+	r.noErrors(t, "a", "c", "d")
 	var set []string
 	h.on(func() {
 		for ch := range h.c.set {

@@ -298,11 +298,7 @@ func openForTakeover(ctx context.Context, l *loop.Loop, cfg Config, channels []s
 	}
 	c.set[marker] = struct{}{}
 	c.ho.marker, c.ho.skip, c.ho.onMarker = marker, true, onMarker
-	tr, err := dial(ctx, c.cfg.ConnConfig)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.begin(tr); err != nil {
+	if err := c.dialAndBegin(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil

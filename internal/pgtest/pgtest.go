@@ -533,17 +533,26 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	return c.stop(ctx)
 }
 
-// Start starts a stopped server again, on the same port, and waits until it
-// accepts connections. It is a no-op when the server runs.
-func (c *Cluster) Start(ctx context.Context) error {
+// lockOwn takes c.mu of a cluster this process started and has not closed.
+func (c *Cluster) lockOwn() error {
 	if c.external {
 		return ErrExternal
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return errors.New("pgtest: cluster closed")
 	}
+	return nil
+}
+
+// Start starts a stopped server again, on the same port, and waits until it
+// accepts connections. It is a no-op when the server runs.
+func (c *Cluster) Start(ctx context.Context) error {
+	if err := c.lockOwn(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
 	if c.proc != nil {
 		return nil
 	}
@@ -552,14 +561,10 @@ func (c *Cluster) Start(ctx context.Context) error {
 
 // Restart stops and starts the server (every connection is terminated).
 func (c *Cluster) Restart(ctx context.Context) error {
-	if c.external {
-		return ErrExternal
+	if err := c.lockOwn(); err != nil {
+		return err
 	}
-	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
-		return errors.New("pgtest: cluster closed")
-	}
 	c.dropHelper()
 	if err := c.stop(ctx); err != nil {
 		return err
@@ -693,19 +698,29 @@ func (c *Cluster) BackendPIDs(ctx context.Context, applicationName string) ([]in
 	return pids, err
 }
 
+// lockBackend takes c.mu when pid is a backend of a cluster this process
+// started.
+func (c *Cluster) lockBackend(pid int) error {
+	if c.external {
+		return ErrExternal
+	}
+	c.mu.Lock()
+	if err := c.checkBackend(pid); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
 // Freeze stops a backend process with SIGSTOP, as a hung server or a
 // half-open connection looks to a client: the socket stays open, nothing
 // answers. It returns once the kernel reports the process stopped. pid must
 // be a backend of this cluster. Stop, Restart and Close thaw frozen backends.
 func (c *Cluster) Freeze(pid int) error {
-	if c.external {
-		return ErrExternal
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.checkBackend(pid); err != nil {
+	if err := c.lockBackend(pid); err != nil {
 		return err
 	}
+	defer c.mu.Unlock()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return fmt.Errorf("pgtest: freeze %d: %w", pid, os.NewSyscallError("kill", err))
 	}
@@ -807,14 +822,10 @@ func (c *Cluster) frozenIdle(ctx context.Context, pid int) (bool, error) {
 
 // Thaw resumes a backend stopped by Freeze (SIGCONT).
 func (c *Cluster) Thaw(pid int) error {
-	if c.external {
-		return ErrExternal
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.checkBackend(pid); err != nil {
+	if err := c.lockBackend(pid); err != nil {
 		return err
 	}
+	defer c.mu.Unlock()
 	delete(c.frozen, pid)
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		return fmt.Errorf("pgtest: thaw %d: %w", pid, os.NewSyscallError("kill", err))

@@ -437,17 +437,7 @@ func openDirect(ctx context.Context, url, channel string, s *connStats) (func(),
 		conn.Close(ctx)
 		return nil, err
 	}
-	go func() {
-		for {
-			n, err := conn.WaitForNotification(context.Background())
-			if err != nil {
-				s.markEOF()
-				return
-			}
-			s.wake([]byte(n.Payload), n.Payload != "", time.Now().UnixNano())
-		}
-	}()
-	return func() { conn.Close(context.Background()) }, nil
+	return s.readNotifications(conn), nil
 }
 
 // openSocketMany subscribes names on one hub connection (the subs
@@ -529,6 +519,12 @@ func openDirectMany(ctx context.Context, url string, names []string, s *connStat
 			sb.Reset()
 		}
 	}
+	return s.readNotifications(conn), nil
+}
+
+// readNotifications hands conn's notifications to s on a goroutine of
+// their own until conn fails; the returned func closes conn.
+func (s *connStats) readNotifications(conn *pgx.Conn) func() {
 	go func() {
 		for {
 			n, err := conn.WaitForNotification(context.Background())
@@ -539,5 +535,5 @@ func openDirectMany(ctx context.Context, url string, names []string, s *connStat
 			s.wake([]byte(n.Payload), n.Payload != "", time.Now().UnixNano())
 		}
 	}()
-	return func() { conn.Close(context.Background()) }, nil
+	return func() { conn.Close(context.Background()) }
 }

@@ -134,6 +134,17 @@ func newTestFailover(t *testing.T, path string, fl *fakeLocals, rec *recorder, o
 	return f, err
 }
 
+// failoverOn starts a Failover on h with fl's local listeners and no
+// callbacks, and returns it with its connection to h.
+func failoverOn(t *testing.T, h *fakeHub, fl *fakeLocals) (*Failover, *fakeConn) {
+	t.Helper()
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, h.accept()
+}
+
 func TestFailoverHubAbsentAtStart(t *testing.T) {
 	fl := &fakeLocals{}
 	f, err := newTestFailover(t, filepath.Join(shortDir(t), "absent.sock"), fl, nil, FailoverOptions{})
@@ -266,11 +277,7 @@ func TestFailoverOnAckTimeout(t *testing.T) {
 func TestFailoverOnNack(t *testing.T) {
 	h := newFakeHub(t, false)
 	fl := &fakeLocals{}
-	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fc := h.accept()
+	f, fc := failoverOn(t, h, fl)
 
 	// An invalid name: refused, no failover.
 	done := result(func() error { return f.Subscribe(context.Background(), "bad") })
@@ -336,11 +343,7 @@ func TestFailoverLocalFailsToo(t *testing.T) {
 func TestFailoverLocalSubscribeFails(t *testing.T) {
 	h := newFakeHub(t, true)
 	fl := &fakeLocals{failSub: errTest}
-	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fc := h.accept()
+	f, fc := failoverOn(t, h, fl)
 	if err := f.Subscribe(context.Background(), "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -378,11 +381,7 @@ func TestFailoverLocalDiesLater(t *testing.T) {
 func TestFailoverCloseIsNotAFailure(t *testing.T) {
 	h := newFakeHub(t, true)
 	fl := &fakeLocals{}
-	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fc := h.accept()
+	f, fc := failoverOn(t, h, fl)
 	if err := f.Subscribe(context.Background(), "a"); err != nil {
 		t.Fatal(err)
 	}

@@ -129,15 +129,7 @@ func TestMuxFanout1000(t *testing.T) {
 
 func TestMuxDurableCoalescesForSlowSubscriber(t *testing.T) {
 	m, _, fc := muxOverFake(t, true, MuxOptions{Buffer: 4})
-	ctx := context.Background()
-	slow, err := m.Subscribe(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fast, err := m.Subscribe(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
+	slow, fast := subscribeTwo(t, m, "a")
 	var burst []byte
 	burst = frame.AppendWake(burst, "a", []byte("e1"), true)
 	for range 100 {
@@ -181,15 +173,7 @@ func TestMuxDurableCoalescesForSlowSubscriber(t *testing.T) {
 
 func TestMuxEphemeralOverflowClosesOnlyTheSlowOne(t *testing.T) {
 	m, _, fc := muxOverFake(t, true, MuxOptions{Buffer: 4})
-	ctx := context.Background()
-	slow, err := m.Subscribe(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fast, err := m.Subscribe(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
+	slow, fast := subscribeTwo(t, m, "a")
 	fc.expect(t, "sub", "a")
 	for i := range 6 {
 		fc.wake("a", fmt.Sprint(i))
@@ -203,7 +187,7 @@ func TestMuxEphemeralOverflowClosesOnlyTheSlowOne(t *testing.T) {
 		t.Fatal("slow subscriber not closed")
 	}
 	var se *SlowSubscriberError
-	if _, err := slow.Next(ctx); !errors.As(err, &se) || !errors.Is(err, ErrSlowSubscriber) || se.Buffer != 4 {
+	if _, err := slow.Next(context.Background()); !errors.As(err, &se) || !errors.Is(err, ErrSlowSubscriber) || se.Buffer != 4 {
 		t.Fatalf("Next = %v, want a *SlowSubscriberError", err)
 	}
 	if !errors.Is(slow.Err(), ErrSlowSubscriber) {
@@ -427,4 +411,17 @@ func TestMuxCloseEndsBindWatcher(t *testing.T) {
 	testutil.WaitFor(t, waitLong, "Bind's goroutine to end after Mux.Close", func() bool {
 		return bindWatchers() <= before
 	})
+}
+
+// subscribeTwo subscribes two subscribers of m to q.
+func subscribeTwo(t *testing.T, m *Mux, q string) (a, b *Subscription) {
+	t.Helper()
+	var err error
+	if a, err = m.Subscribe(context.Background(), q); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = m.Subscribe(context.Background(), q); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
 }

@@ -60,18 +60,7 @@ func startChecked(t *testing.T, url string, cfg Config) *checkSubject {
 }
 
 // on runs f on the loop and waits for it.
-func (s *checkSubject) on(t testing.TB, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	if err := s.l.Post(func() { f(); close(done) }); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-done:
-	case <-time.After(pgTimeout):
-		t.Fatal("loop did not run the post")
-	}
-}
+func (s *checkSubject) on(t testing.TB, f func()) { t.Helper(); runOn(t, s.l, f) }
 
 // listen issues a Listen and returns a channel that gets its outcome.
 func (s *checkSubject) listen(t testing.TB, ch string) chan error {

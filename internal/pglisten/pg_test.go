@@ -237,10 +237,13 @@ type loopSubject struct {
 }
 
 // on runs f on the loop and waits.
-func (s *loopSubject) on(t testing.TB, f func()) {
+func (s *loopSubject) on(t testing.TB, f func()) { t.Helper(); runOn(t, s.l, f) }
+
+// runOn runs f on l and waits for it.
+func runOn(t testing.TB, l *loop.Loop, f func()) {
 	t.Helper()
 	done := make(chan struct{})
-	if err := s.l.Post(func() { f(); close(done) }); err != nil {
+	if err := l.Post(func() { f(); close(done) }); err != nil {
 		t.Fatal(err)
 	}
 	select {

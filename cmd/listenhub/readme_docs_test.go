@@ -9,15 +9,20 @@ import (
 	"testing"
 )
 
-// docFiles returns README.md and every docs/*.md, as paths relative to
-// this package.
+// docFiles returns README.md, every docs/*.md and the READMEs of deploy/
+// and the clients, as paths relative to this package.
 func docFiles(t *testing.T) []string {
 	t.Helper()
 	files, err := filepath.Glob("../../docs/*.md")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no docs/*.md (%v)", err)
 	}
-	return append([]string{readmePath}, files...)
+	more, err := filepath.Glob("../../clients/*/README.md")
+	if err != nil || len(more) == 0 {
+		t.Fatalf("no clients/*/README.md (%v)", err)
+	}
+	files = append(files, more...)
+	return append([]string{readmePath, "../../deploy/README.md"}, files...)
 }
 
 // headingAnchors returns the GitHub anchors of a markdown file's headings.
@@ -42,8 +47,8 @@ func headingAnchors(doc string) map[string]bool {
 
 var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
-// TestDocsLinks checks the relative links of README.md and docs/*.md: the
-// file exists, and an anchor names a heading of it.
+// TestDocsLinks checks the relative links of the documentation (docFiles):
+// the file exists, and an anchor names a heading of it.
 func TestDocsLinks(t *testing.T) {
 	for _, path := range docFiles(t) {
 		doc := readDoc(t, path)
@@ -73,7 +78,8 @@ func TestDocsLinks(t *testing.T) {
 
 // commandLine finds a listenhub command line: the command and what follows
 // it on the line.
-var commandLine = regexp.MustCompile(`\blistenhub ([a-z][a-z-]*)([^\n` + "`" + `]*)`)
+// ("from listenhub import" is Python's).
+var commandLine = regexp.MustCompile(`(?:^|[^m] |[^ ])\blistenhub ([a-z][a-z-]*)([^\n` + "`" + `]*)`)
 
 // codeBlocks returns the bodies of the fenced code blocks in text, each
 // line ending in a newline.
@@ -122,8 +128,8 @@ func docCode(doc string) []string {
 	return out
 }
 
-// TestDocsCommandLines: every listenhub command line in README.md and
-// docs/*.md names a command that exists and only flags that command has.
+// TestDocsCommandLines: every listenhub command line in the documentation
+// (docFiles) names a command that exists and only flags that command has.
 func TestDocsCommandLines(t *testing.T) {
 	known := map[string]map[string]helpFlag{}
 	for _, c := range commands {

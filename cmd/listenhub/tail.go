@@ -41,11 +41,42 @@ to stderr) or closes the connection.
 // closes the connection, cannot be reached or sends a malformed frame, 2
 // for a usage error.
 func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	socket, qs, code := parseTail(args, stdout, stderr)
+	if qs == nil {
+		return code
+	}
+	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stopSignals()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0
+		}
+		fmt.Fprintf(stderr, "listenhub tail: cannot connect to the hub: %v\n", err)
+		return 1
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	if err := tailSubscribe(conn, qs); err != nil {
+		if ctx.Err() != nil {
+			return 0
+		}
+		fmt.Fprintf(stderr, "listenhub tail: sending subscriptions to %s: %v\n", socket, err)
+		return 1
+	}
+	return tailFrames(ctx, conn, socket, stdout, stderr)
+}
+
+// parseTail parses tail's flags and names; nil names and the exit status
+// when they are wrong (or -h was asked).
+func parseTail(args []string, stdout, stderr io.Writer) (socket string, qs []string, code int) {
 	fs := newFlagSet("tail")
-	socket := fs.String("socket", os.Getenv(envName("socket")), "hub socket `path`")
+	sock := fs.String("socket", os.Getenv(envName("socket")), "hub socket `path`")
 	// Flags may come after the names too (`tail jobs --socket /run/x`);
 	// everything after "--" is a name, even one that starts with "-".
-	var qs, literal []string
+	var literal []string
 	for i, a := range args {
 		if a == "--" {
 			args, literal = args[:i], args[i+1:]
@@ -58,7 +89,7 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				printUsage(stdout, fs, "tail", true)
 				fmt.Fprint(stdout, tailDescription)
 			}
-			return flagError(stderr, "tail", err)
+			return "", nil, flagError(stderr, "tail", err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -68,42 +99,29 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		args = args[1:]
 	}
 	qs = append(qs, literal...)
-	if *socket == "" {
-		return flagError(stderr, "tail", errors.New("--socket is required (or "+envName("socket")+")"))
+	if *sock == "" {
+		return "", nil, flagError(stderr, "tail", errors.New("--socket is required (or "+envName("socket")+")"))
 	}
 	if len(qs) == 0 {
-		return flagError(stderr, "tail", errors.New("give at least one subscription name"))
+		return "", nil, flagError(stderr, "tail", errors.New("give at least one subscription name"))
 	}
+	return *sock, qs, 0
+}
 
-	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stopSignals()
-
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", *socket)
-	if err != nil {
-		if ctx.Err() != nil {
-			return 0
-		}
-		fmt.Fprintf(stderr, "listenhub tail: cannot connect to the hub: %v\n", err)
-		return 1
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-
+// tailSubscribe sends a sub for each name, all in one write.
+func tailSubscribe(conn net.Conn, qs []string) error {
 	var subs []byte
 	for _, q := range qs {
 		subs = frame.AppendSub(subs, q)
 	}
 	conn.SetWriteDeadline(time.Now().Add(tailWriteTimeout))
-	if _, err := conn.Write(subs); err != nil {
-		if ctx.Err() != nil {
-			return 0
-		}
-		fmt.Fprintf(stderr, "listenhub tail: sending subscriptions to %s: %v\n", *socket, err)
-		return 1
-	}
+	_, err := conn.Write(subs)
+	return err
+}
 
+// tailFrames prints every frame from conn as a compact JSON line until ctx
+// ends (0), the hub refuses a name, closes or sends a malformed frame (1).
+func tailFrames(ctx context.Context, conn net.Conn, socket string, stdout, stderr io.Writer) int {
 	r := bufio.NewReaderSize(conn, 64<<10)
 	w := bufio.NewWriter(stdout)
 	var hdr [4]byte
@@ -116,9 +134,9 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			case ctx.Err() != nil:
 				return 0
 			case errors.Is(err, io.EOF):
-				fmt.Fprintf(stderr, "listenhub tail: the hub closed the connection (EOF on %s)\n", *socket)
+				fmt.Fprintf(stderr, "listenhub tail: the hub closed the connection (EOF on %s)\n", socket)
 			default:
-				fmt.Fprintf(stderr, "listenhub tail: reading from %s: %v\n", *socket, err)
+				fmt.Fprintf(stderr, "listenhub tail: reading from %s: %v\n", socket, err)
 			}
 			return 1
 		}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -100,90 +101,127 @@ func relayProcs() {
 	}
 }
 
-// runRelay is `listenhub relay`: the relay on its own.
+// runRelay is `listenhub relay`: the relay on its own. Parse, configure,
+// run.
 func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("relay")
-	var rf relayFlags
-	databaseURL := fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct connection to the primary (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-	appName := fs.String("application-name", relay.DefaultApplicationName, "application_name of the relay's two backends")
-	rf.register(fs)
-	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /relay on this address, e.g. 127.0.0.1:9188 (off when empty)")
-	logFormat := fs.String("log-format", "text", "log format: text or json")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(stdout, fs, "relay", true)
-		}
-		return flagError(stderr, "relay", err)
+	c, code := parseRelay(args, stdout, stderr)
+	if c == nil {
+		return code
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	if !isSet(fs, "database-url") && os.Getenv("DATABASE_URL") != "" {
-		*databaseURL = os.Getenv("DATABASE_URL")
+	if code, ok := c.configure(); !ok {
+		return code
 	}
-	if *databaseURL == "" && !pgEnvNamesServer() {
+	return c.run(ctx, hup)
+}
+
+// relayCmd is one run of `listenhub relay`: its flags, then what
+// configure makes of them.
+type relayCmd struct {
+	fs                                *flag.FlagSet
+	rf                                relayFlags
+	databaseURL, appName, metricsAddr *string
+	logFormat, logLevel               *string
+	stderr                            io.Writer
+	log                               *slog.Logger
+	cc                                *pgconn.Config
+	opts                              relay.Options
+	rl                                *relay.Relay
+}
+
+// parseRelay parses the relay's flags; nil and the exit status when they
+// are wrong (or -h was asked).
+func parseRelay(args []string, stdout, stderr io.Writer) (*relayCmd, int) {
+	c := &relayCmd{fs: newFlagSet("relay"), stderr: stderr}
+	fs := c.fs
+	c.databaseURL = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct connection to the primary (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
+	c.appName = fs.String("application-name", relay.DefaultApplicationName, "application_name of the relay's two backends")
+	c.rf.register(fs)
+	c.metricsAddr = fs.String("metrics-addr", "", "serve /metrics, /healthz and /relay on this address, e.g. 127.0.0.1:9188 (off when empty)")
+	c.logFormat = fs.String("log-format", "text", "log format: text or json")
+	c.logLevel = fs.String("log-level", "info", "log level: debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, fs, "relay", true)
+		}
+		return nil, flagError(stderr, "relay", err)
+	}
+	return c, 0
+}
+
+// configure checks the flags and builds the relay, without starting it;
+// ok false with the exit status if they are wrong.
+func (c *relayCmd) configure() (code int, ok bool) {
+	if !isSet(c.fs, "database-url") && os.Getenv("DATABASE_URL") != "" {
+		*c.databaseURL = os.Getenv("DATABASE_URL")
+	}
+	if *c.databaseURL == "" && !pgEnvNamesServer() {
 		// As serve: retrying libpq's defaults (the local socket) forever
 		// would look like an outage, not a missing setting.
-		fmt.Fprintf(stderr, "listenhub relay: no database named: give --database-url URL (or set %s, DATABASE_URL, or libpq's PGHOST, PGPORT, PGDATABASE, PGUSER…; PGHOST=/var/run/postgresql is the local server's socket)\n", envName("database-url"))
-		return 1
+		fmt.Fprintf(c.stderr, "listenhub relay: no database named: give --database-url URL (or set %s, DATABASE_URL, or libpq's PGHOST, PGPORT, PGDATABASE, PGUSER…; PGHOST=/var/run/postgresql is the local server's socket)\n", envName("database-url"))
+		return 1, false
 	}
-	bad := func(err error) int { return flagError(stderr, "relay", err) }
-	log, err := newLogger(stderr, *logFormat, *logLevel)
-	if err != nil {
+	bad := func(err error) (int, bool) { return flagError(c.stderr, "relay", err), false }
+	var err error
+	if c.log, err = newLogger(c.stderr, *c.logFormat, *c.logLevel); err != nil {
 		return bad(err)
 	}
-	cc, err := pgconn.ParseConfig(*databaseURL)
-	if err != nil {
-		fmt.Fprintf(stderr, "listenhub relay: --database-url: %s\n", oneLine(err))
-		return 1
+	if c.cc, err = pgconn.ParseConfig(*c.databaseURL); err != nil {
+		fmt.Fprintf(c.stderr, "listenhub relay: --database-url: %s\n", oneLine(err))
+		return 1, false
 	}
-	opts, err := rf.options(cc)
-	if err != nil {
+	if c.opts, err = c.rf.options(c.cc); err != nil {
 		return bad(err)
 	}
-	opts.ApplicationName = *appName
-	opts.Logger = log
-	rl, err := relay.New(opts)
-	if err != nil {
+	c.opts.ApplicationName = *c.appName
+	c.opts.Logger = c.log
+	if c.rl, err = relay.New(c.opts); err != nil {
 		return bad(err)
 	}
+	return 0, true
+}
+
+// run serves the metrics address, if any, and runs the relay until a
+// signal (0) or a misconfiguration (1) ends it.
+func (c *relayCmd) run(ctx context.Context, hup <-chan os.Signal) int {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if *metricsAddr != "" {
-		ln, err := net.Listen("tcp", *metricsAddr)
+	if *c.metricsAddr != "" {
+		ln, err := net.Listen("tcp", *c.metricsAddr)
 		if err != nil {
-			fmt.Fprintf(stderr, "listenhub relay: --metrics-addr: %v\n", err)
+			fmt.Fprintf(c.stderr, "listenhub relay: --metrics-addr: %v\n", err)
 			return 1
 		}
 		b := readBuildInfo()
-		srv := &http.Server{Handler: monitor.Handler(nil, monitor.Options{Relay: rl, Version: b.version, Revision: b.revision}),
+		srv := &http.Server{Handler: monitor.Handler(nil, monitor.Options{Relay: c.rl, Version: b.version, Revision: b.revision}),
 			ReadHeaderTimeout: 5 * time.Second}
-		log.Info("metrics listening", "addr", ln.Addr().String())
+		c.log.Info("metrics listening", "addr", ln.Addr().String())
 		go srv.Serve(ln)
 		defer srv.Close()
 	}
-	sd := newSDReporter(log)
+	sd := newSDReporter(c.log)
 	defer sd.close()
 	sd.ready()
-	log.Info("listenhub relay starting", "version", versionString(), "host", cc.Host, "port", cc.Port,
-		"database", cc.Database, "user", cc.User, "publication", opts.Publication, "slot", opts.Slot,
+	c.log.Info("listenhub relay starting", "version", versionString(), "host", c.cc.Host, "port", c.cc.Port,
+		"database", c.cc.Database, "user", c.cc.User, "publication", c.opts.Publication, "slot", c.opts.Slot,
 		"gomaxprocs", runtime.GOMAXPROCS(0))
 	done := make(chan error, 1)
-	go func() { done <- rl.Run(ctx) }()
+	go func() { done <- c.rl.Run(ctx) }()
 	for {
 		select {
 		case <-hup:
-			log.Warn("SIGHUP ignored; send SIGTERM to stop")
+			c.log.Warn("SIGHUP ignored; send SIGTERM to stop")
 			continue
 		case err := <-done:
 			if err != nil {
 				sd.stopping("stopped: " + oneLine(err))
-				fmt.Fprintf(stderr, "listenhub relay: %s\n", oneLine(err))
+				fmt.Fprintf(c.stderr, "listenhub relay: %s\n", oneLine(err))
 				return 1
 			}
 			sd.stopping("stopping")
-			log.Info("relay stopped")
+			c.log.Info("relay stopped")
 			return 0
 		}
 	}

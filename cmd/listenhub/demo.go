@@ -73,47 +73,13 @@ type demoConfig struct {
 	writers     int
 }
 
+// runDemo is `listenhub demo`: parse, then run the demo (or the relay's,
+// demo_relay.go) until Ctrl-C or --duration, and clean up.
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("demo")
-	var cfg demoConfig
-	fs.StringVar(&cfg.databaseURL, "database-url", "", "use this PostgreSQL server (default: start a throwaway cluster, removed on exit)")
-	fs.IntVar(&cfg.workers, "workers", 8, "worker processes subscribing through the hub")
-	fs.IntVar(&cfg.rate, "rate", 200, "NOTIFYs per second")
-	fs.Var((*durationValue)(&cfg.duration), "duration", "stop after this long, counted from the first report (default: run until Ctrl-C)")
-	fs.BoolVar(&cfg.relay, "relay", false, "instead: writers' commits/s with pgmq's per-row NOTIFY trigger and with the relay, side by side (needs wal_level=logical with --database-url)")
-	fs.IntVar(&cfg.writers, "writers", 16, "with --relay: writer connections, one row per transaction")
-	// The demo reads no environment variables: with DATABASE_URL set in
-	// a shell, a demo must still not write to that database unasked.
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(stdout, fs, "demo", false)
-		}
-		return flagError(stderr, "demo", err)
+	cfg, code := parseDemoFlags(args, stdout, stderr)
+	if cfg == nil {
+		return code
 	}
-	if fs.NArg() > 0 {
-		return flagError(stderr, "demo", fmt.Errorf("unexpected argument %q", fs.Arg(0)))
-	}
-	if err := positiveInt("workers", cfg.workers); err != nil {
-		return flagError(stderr, "demo", err)
-	}
-	if err := positiveInt("rate", cfg.rate); err != nil {
-		return flagError(stderr, "demo", err)
-	}
-	if cfg.duration < 0 {
-		return flagError(stderr, "demo", fmt.Errorf("--duration must not be negative (got %v)", cfg.duration))
-	}
-	if err := positiveInt("writers", cfg.writers); err != nil {
-		return flagError(stderr, "demo", err)
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if cfg.relay && set["rate"] {
-		return flagError(stderr, "demo", errors.New("--rate does not apply to --relay (the writers write as fast as they can)"))
-	}
-	if !cfg.relay && set["writers"] {
-		return flagError(stderr, "demo", errors.New("--writers needs --relay"))
-	}
-
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// `listenhub demo | head -3`: once the reader is gone, a write to
@@ -128,13 +94,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer gone()
 	out := &stopOnError{w: stdout, stop: gone}
 	if cfg.relay {
-		if err := runRelayDemo(ctx, cfg, out, stderr); err != nil {
+		if err := runRelayDemo(ctx, *cfg, out, stderr); err != nil {
 			fmt.Fprintf(stderr, "listenhub demo: %s\n", oneLine(err))
 			return 1
 		}
 		return 0
 	}
-	d := &demo{cfg: cfg, out: out, errw: stderr}
+	d := &demo{cfg: *cfg, out: out, errw: stderr}
 	err := d.run(ctx)
 	if ctx.Err() != nil {
 		// Ctrl-C (or the reader gone) during a step of the start: the
@@ -149,6 +115,51 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// parseDemoFlags parses and checks demo's flags; nil and the exit status when
+// they are wrong (or -h was asked).
+func parseDemoFlags(args []string, stdout, stderr io.Writer) (*demoConfig, int) {
+	fs := newFlagSet("demo")
+	var cfg demoConfig
+	fs.StringVar(&cfg.databaseURL, "database-url", "", "use this PostgreSQL server (default: start a throwaway cluster, removed on exit)")
+	fs.IntVar(&cfg.workers, "workers", 8, "worker processes subscribing through the hub")
+	fs.IntVar(&cfg.rate, "rate", 200, "NOTIFYs per second")
+	fs.Var((*durationValue)(&cfg.duration), "duration", "stop after this long, counted from the first report (default: run until Ctrl-C)")
+	fs.BoolVar(&cfg.relay, "relay", false, "instead: writers' commits/s with pgmq's per-row NOTIFY trigger and with the relay, side by side (needs wal_level=logical with --database-url)")
+	fs.IntVar(&cfg.writers, "writers", 16, "with --relay: writer connections, one row per transaction")
+	// The demo reads no environment variables: with DATABASE_URL set in
+	// a shell, a demo must still not write to that database unasked.
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, fs, "demo", false)
+		}
+		return nil, flagError(stderr, "demo", err)
+	}
+	if fs.NArg() > 0 {
+		return nil, flagError(stderr, "demo", fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	}
+	if err := positiveInt("workers", cfg.workers); err != nil {
+		return nil, flagError(stderr, "demo", err)
+	}
+	if err := positiveInt("rate", cfg.rate); err != nil {
+		return nil, flagError(stderr, "demo", err)
+	}
+	if cfg.duration < 0 {
+		return nil, flagError(stderr, "demo", fmt.Errorf("--duration must not be negative (got %v)", cfg.duration))
+	}
+	if err := positiveInt("writers", cfg.writers); err != nil {
+		return nil, flagError(stderr, "demo", err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if cfg.relay && set["rate"] {
+		return nil, flagError(stderr, "demo", errors.New("--rate does not apply to --relay (the writers write as fast as they can)"))
+	}
+	if !cfg.relay && set["writers"] {
+		return nil, flagError(stderr, "demo", errors.New("--writers needs --relay"))
+	}
+	return &cfg, 0
 }
 
 // stopOnError is the demo's stdout: the first failed write (the reader went
@@ -188,6 +199,9 @@ type demo struct {
 	workers  []*demoWorker
 	notifier *demoNotifier
 
+	url    string           // of the database
+	exited chan *demoWorker // a worker process ended
+
 	hubApp, localApp string // application_names counted by the census
 	channel          string
 
@@ -197,6 +211,8 @@ type demo struct {
 	latencies []int64 // this second's, from all workers
 }
 
+// run sets the demo up, then reports every second until Ctrl-C or
+// --duration.
 func (d *demo) run(ctx context.Context) error {
 	// Names carry our pid, so that two demos on one server (or a demo on
 	// a server in use) count and hear only their own.
@@ -208,67 +224,11 @@ func (d *demo) run(ctx context.Context) error {
 	readyCtx, cancel := context.WithTimeout(ctx, demoReadyTimeout)
 	defer cancel()
 
-	url, cluster, err := demoDatabase(readyCtx, d.out, d.cfg.databaseURL, pgtest.Options{}, "")
-	if err != nil {
+	sock, err := d.setUp(ctx, readyCtx)
+	if sock == "" || err != nil {
 		return err
 	}
-	d.cluster = cluster
-
-	dir, err := os.MkdirTemp("", "listenhub-demo-")
-	if err != nil {
-		return err
-	}
-	d.dir = dir
-	sock := filepath.Join(dir, "hub.sock")
-	h, err := hub.New(hub.Config{
-		SocketPath:      sock,
-		DatabaseURL:     url,
-		ApplicationName: d.hubApp,
-		Logger:          slog.New(slog.NewTextHandler(d.errw, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		return err
-	}
-	if err := h.Start(readyCtx); err != nil {
-		return err
-	}
-	d.hub = h
-
-	if d.census, err = connectAs(readyCtx, url, "listenhub-demo-census"); err != nil {
-		return fmt.Errorf("census connection: %w", err)
-	}
-
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find this binary to start the workers: %w", err)
-	}
-	ready := make(chan string, d.cfg.workers)
-	exited := make(chan *demoWorker, d.cfg.workers)
-	for i := range d.cfg.workers {
-		w, err := startDemoWorker(exe, i, []string{
-			"--socket", sock,
-			"--channel", d.channel,
-			"--application-name", d.localApp,
-		}, url, d.errw, ready, exited, d.addLatencies)
-		if err != nil {
-			return err
-		}
-		d.workers = append(d.workers, w)
-	}
-	for range d.cfg.workers {
-		select {
-		case <-ready:
-		case w := <-exited:
-			return fmt.Errorf("worker %d exited before subscribing: %v", w.id, w.err)
-		case <-readyCtx.Done():
-			if ctx.Err() != nil {
-				return nil // Ctrl-C during start-up
-			}
-			return fmt.Errorf("workers not subscribed within %v", demoReadyTimeout)
-		}
-	}
-
-	if d.notifier, err = startNotifier(readyCtx, url, d.channel, d.cfg.rate); err != nil {
+	if d.notifier, err = startNotifier(readyCtx, d.url, d.channel, d.cfg.rate); err != nil {
 		return fmt.Errorf("notifier: %w", err)
 	}
 	plural := "es"
@@ -277,7 +237,80 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	fmt.Fprintf(d.out, "listenhub demo: hub on %s; %d worker process%s subscribed to %q; notifying %d/s. Ctrl-C to stop.\n",
 		sock, d.cfg.workers, plural, d.channel, d.cfg.rate)
+	return d.reportEverySecond(ctx)
+}
 
+// setUp starts the cluster (or connects to --database-url), the hub, the
+// census connection and the worker processes, and waits, within readyCtx, for
+// the workers to subscribe. It returns the hub's socket, or "" when
+// ctx ended meanwhile (Ctrl-C: no error).
+func (d *demo) setUp(ctx, readyCtx context.Context) (sock string, err error) {
+	url, cluster, err := demoDatabase(readyCtx, d.out, d.cfg.databaseURL, pgtest.Options{}, "")
+	if err != nil {
+		return "", err
+	}
+	d.cluster, d.url = cluster, url
+
+	dir, err := os.MkdirTemp("", "listenhub-demo-")
+	if err != nil {
+		return "", err
+	}
+	d.dir = dir
+	sock = filepath.Join(dir, "hub.sock")
+	h, err := hub.New(hub.Config{
+		SocketPath:      sock,
+		DatabaseURL:     url,
+		ApplicationName: d.hubApp,
+		Logger:          slog.New(slog.NewTextHandler(d.errw, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return "", err
+	}
+	if err := h.Start(readyCtx); err != nil {
+		return "", err
+	}
+	d.hub = h
+
+	if d.census, err = connectAs(readyCtx, url, "listenhub-demo-census"); err != nil {
+		return "", fmt.Errorf("census connection: %w", err)
+	}
+
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find this binary to start the workers: %w", err)
+	}
+	ready := make(chan string, d.cfg.workers)
+	d.exited = make(chan *demoWorker, d.cfg.workers)
+	for i := range d.cfg.workers {
+		w, err := startDemoWorker(exe, i, []string{
+			"--socket", sock,
+			"--channel", d.channel,
+			"--application-name", d.localApp,
+		}, url, d.errw, ready, d.exited, d.addLatencies)
+		if err != nil {
+			return "", err
+		}
+		d.workers = append(d.workers, w)
+	}
+	for range d.cfg.workers {
+		select {
+		case <-ready:
+		case w := <-d.exited:
+			return "", fmt.Errorf("worker %d exited before subscribing: %v", w.id, w.err)
+		case <-readyCtx.Done():
+			if ctx.Err() != nil {
+				return "", nil // Ctrl-C during start-up
+			}
+			return "", fmt.Errorf("workers not subscribed within %v", demoReadyTimeout)
+		}
+	}
+
+	return sock, nil
+}
+
+// reportEverySecond prints a report a second until ctx ends, the notifier
+// fails or --duration has passed.
+func (d *demo) reportEverySecond(ctx context.Context) error {
 	// --duration counts from here, in report lines: start-up (initdb,
 	// mostly) takes a few seconds that nobody asked to watch, and a run
 	// of 3s prints 3 lines.
@@ -291,7 +324,7 @@ func (d *demo) run(ctx context.Context) error {
 			return nil
 		case err := <-d.notifier.failed:
 			return fmt.Errorf("notifier: %w", err)
-		case w := <-exited:
+		case w := <-d.exited:
 			fmt.Fprintf(d.out, "listenhub demo: worker %d (pid %d) exited: %v\n", w.id, w.cmd.Process.Pid, w.err)
 		case now := <-tick.C:
 			if err := d.report(ctx, now.Sub(start)); err != nil {
@@ -610,15 +643,9 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
 	defer stop()
 
-	fs := newFlagSet("demo-worker")
-	socket := fs.String("socket", "", "hub socket")
-	channel := fs.String("channel", "", "subscription name")
-	appName := fs.String("application-name", client.DefaultLocalApplicationName, "application_name of the fallback listener")
-	if err := fs.Parse(args); err != nil {
+	socket, channel, appName, err := parseDemoWorker(args)
+	if err != nil {
 		return flagError(stderr, "demo-worker", err)
-	}
-	if *socket == "" || *channel == "" {
-		return flagError(stderr, "demo-worker", errors.New("--socket and --channel are required"))
 	}
 	databaseURL := os.Getenv(demoWorkerURLEnv) // the fallback listener's Postgres
 
@@ -649,9 +676,9 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		mu.Unlock()
 	}
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
-		SocketPath:      *socket,
+		SocketPath:      socket,
 		DatabaseURL:     databaseURL,
-		ApplicationName: *appName,
+		ApplicationName: appName,
 		OnWake:          onWake,
 		OnFailover: func(reason error) {
 			fmt.Fprintf(stderr, "listenhub demo-worker %d: hub failed (%s); listening on its own connection\n", os.Getpid(), oneLine(reason))
@@ -667,8 +694,8 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return 1
 	}
 	defer f.Close()
-	if err := f.Subscribe(ctx, *channel); err != nil {
-		fmt.Fprintf(stderr, "listenhub demo-worker: subscribe %q: %s\n", *channel, oneLine(err))
+	if err := f.Subscribe(ctx, channel); err != nil {
+		fmt.Fprintf(stderr, "listenhub demo-worker: subscribe %q: %s\n", channel, oneLine(err))
 		return 1
 	}
 	emit("ready " + f.Mode().String())
@@ -706,6 +733,21 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		mu.Unlock()
 	}
+}
+
+// parseDemoWorker parses the flags the demo gives its worker processes.
+func parseDemoWorker(args []string) (socket, channel, appName string, err error) {
+	fs := newFlagSet("demo-worker")
+	fs.StringVar(&socket, "socket", "", "hub socket")
+	fs.StringVar(&channel, "channel", "", "subscription name")
+	fs.StringVar(&appName, "application-name", client.DefaultLocalApplicationName, "application_name of the fallback listener")
+	if err := fs.Parse(args); err != nil {
+		return "", "", "", err
+	}
+	if socket == "" || channel == "" {
+		return "", "", "", errors.New("--socket and --channel are required")
+	}
+	return socket, channel, appName, nil
 }
 
 // demoDatabase is the demo's server: url when given, else a throwaway

@@ -206,3 +206,36 @@ class FailoverTest < LHTestCase
     assert_empty f.subscriptions
   end
 end
+
+# The local listener proves that notifications arrive on its connection: a
+# transaction-pooling PgBouncer accepts LISTEN and delivers nothing.
+class DeliveryCheckTest < LHTestCase
+  def pooler(mode)
+    url = ENV.fetch("LHTEST_PGBOUNCER_#{mode.upcase}_URL", "")
+    if url.empty?
+      flunk("no PgBouncer (CI=true: the delivery check must be tested)") if ENV["CI"] == "true"
+      skip "no PgBouncer (LHTEST_PGBOUNCER_#{mode.upcase}_URL)"
+    end
+    url
+  end
+
+  def test_direct_connection_passes
+    l = Listenhub::Local.new(database_url: DATABASE_URL)
+    l.subscribe("x")
+    l.close
+  end
+
+  def test_transaction_pooler_is_refused
+    err = assert_raises(Listenhub::Error) { Listenhub::Local.new(database_url: pooler("transaction")) }
+    assert_match(/transaction-pooling PgBouncer/, err.message)
+  end
+
+  def test_session_pooler_delivers
+    col = Collector.new
+    l = Listenhub::Local.new(database_url: pooler("session"), on_wake: col.on_wake)
+    cleanup { l.close }
+    l.subscribe("via_session_pool")
+    db.notify("via_session_pool", "ok")
+    col.wait("the wake through the session pool") { |s| s.payloads("via_session_pool") == ["ok"] }
+  end
+end

@@ -155,6 +155,33 @@ class ListenhubAdapterTest < ActionCable::TestCase
     adapter.shutdown # before the hub goes (a failover during teardown would hold a pooled connection)
   end
 
+  # Action Cable calls the adapter from many threads: subscribes,
+  # broadcasts and unsubscribes at once, every message delivered, and no
+  # thread per subscription.
+  def test_many_threads_and_no_thread_per_subscription
+    adapter = adapter_for(cable_config)
+    warm = Concurrent::Event.new
+    adapter.subscribe("warm", ->(_) {}, -> { warm.set })
+    assert warm.wait(10)
+    threads_before = Thread.list.size
+    n = 40
+    queues = Array.new(n) { Queue.new }
+    subscribed = Array.new(n) { Concurrent::Event.new }
+    callbacks = Array.new(n) { |i| ->(m) { queues[i] << m } }
+    Array.new(n) { |i| Thread.new { adapter.subscribe("t#{i % 10}", callbacks[i], -> { subscribed[i].set }) } }.each(&:join)
+    subscribed.each { |e| assert e.wait(LHTest::TIMEOUT) }
+    assert_operator Thread.list.size, :<=, threads_before + 2, "threads grew with the subscriptions"
+    Array.new(10) { |c| Thread.new { 5.times { |k| @tx_adapter.broadcast("t#{c}", "m#{k}") } } }.each(&:join)
+    queues.each do |q|
+      got = Array.new(5) { Timeout.timeout(LHTest::TIMEOUT) { q.pop } }
+      assert_equal %w[m0 m1 m2 m3 m4], got.sort
+    end
+    Array.new(n) { |i| Thread.new { adapter.unsubscribe("t#{i % 10}", callbacks[i]) } }.each(&:join)
+    @tx_adapter.broadcast("t0", "after")
+    sleep CommonSubscriptionAdapterTest::WAIT_WHEN_NOT_EXPECTING_EVENT
+    assert queues.all?(&:empty?), "a message after every unsubscribe"
+  end
+
   # A listener made before fork (Puma's preload_app! master) is not used in
   # the child: the child gets its own, lazily; the parent's keeps working.
   def test_fork_reconnects_lazily_in_the_child

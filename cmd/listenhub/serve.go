@@ -119,7 +119,7 @@ func (f *serveFlags) define() {
 	f.logFormat = fs.String("log-format", "text", "log format: text or json")
 	f.logLevel = fs.String("log-level", "info", "log level: debug, info, warn or error")
 	f.pidFile = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically, never through a link; in a directory others can write to, only if it is sticky, else exit 1; removed on a normal stop)")
-	f.upTimeout = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, "SIGUSR2 upgrade: the new process must take over within this, or the old one serves on")
+	f.upTimeout = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, upgradeTimeoutHelp)
 	f.pgConns = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
 	f.writeThreads = fs.Int("write-threads", 0, "threads writing a large fanout (32 or more workers in one loop iteration) while the loop has been idle more than busy lately; 1 keeps every write on the loop's thread; 0 means min(GOMAXPROCS, 4)")
 	f.relayOn = fs.Bool("relay", false, "also run the relay (listenhub relay) in this process, on connections of its own; the relay flags (see relay -h) apply")
@@ -128,7 +128,7 @@ func (f *serveFlags) define() {
 	f.socketMode = modeValue(hub.DefaultSocketMode)
 	fs.Var(&f.socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still decides whom the hub serves)")
 	f.socketGroup = fs.String("socket-group", "", "group (name or gid) given to the socket file before it accepts (default: the hub's)")
-	fs.Var(&f.allowUIDs, "allow-uid", "uids allowed to connect (checked with SO_PEERCRED), comma-separated or repeated (default: the hub's uid and root)")
+	fs.Var(&f.allowUIDs, "allow-uid", allowUIDHelp)
 }
 
 // server is one run of `listenhub serve`: what configure builds from the
@@ -255,6 +255,9 @@ func (s *server) checkFlags() (int, bool) {
 	}
 	if *s.socket == "" && s.listenFile == nil {
 		return s.bad(errors.New("--socket is required"))
+	}
+	if errNoHotUpgrade != nil && isSet(s.fs, "upgrade-timeout") {
+		return s.bad(fmt.Errorf("--upgrade-timeout: %w", errNoHotUpgrade))
 	}
 	for _, err := range []error{
 		checkLiveFlags(s.fs),

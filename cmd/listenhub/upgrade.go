@@ -43,6 +43,9 @@ func inheritedUpgrade() (*fdpass.Conn, error) {
 		return nil, nil
 	}
 	os.Unsetenv(upgradeEnv)
+	if errNoHotUpgrade != nil {
+		return nil, errNoHotUpgrade
+	}
 	fd, err := strconv.Atoi(v)
 	if err != nil || fd < 3 {
 		return nil, fmt.Errorf("%s=%q: not a descriptor", upgradeEnv, v)
@@ -94,6 +97,10 @@ func (u *upgrader) waitPredecessor(ctx context.Context) error {
 // (then this hub has stopped and the process should exit). On a failure the
 // hub serves on and the reason is logged.
 func (u *upgrader) run(ctx context.Context) bool {
+	if errNoHotUpgrade != nil {
+		u.log.Error("upgrade refused; serving on", "reason", errNoHotUpgrade)
+		return false
+	}
 	start := time.Now()
 	if err := u.waitPredecessor(ctx); err != nil {
 		u.log.Error("upgrade refused; serving on", "reason", err)

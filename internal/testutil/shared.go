@@ -64,7 +64,7 @@ func Binary(t testing.TB, pkg string) string {
 			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
 		}
 		out := filepath.Join(binDir, fmt.Sprintf("%s-%d", filepath.Base(pkg), len(binPath)))
-		if msg, err := exec.Command(goTool, "build", "-o", out, pkg).CombinedOutput(); err != nil {
+		if msg, err := exec.Command(goTool, append(append([]string{"build"}, buildTags...), "-o", out, pkg)...).CombinedOutput(); err != nil {
 			return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, msg)
 		}
 		return out, nil

@@ -17,14 +17,6 @@ import (
 // 100 on every Linux the hub runs on (procfs assumes the same).
 const userHZ = 100
 
-// procStat is what /proc/self/stat says about this process.
-type procStat struct {
-	cpuSeconds float64 // utime + stime
-	vsize      float64 // bytes
-	rss        float64 // bytes
-	startTime  float64 // unix seconds
-}
-
 func readProcStat() (procStat, error) {
 	b, err := os.ReadFile("/proc/self/stat")
 	if err != nil {
@@ -50,12 +42,13 @@ func readProcStat() (procStat, error) {
 		cpuSeconds: (num(14) + num(15)) / userHZ,
 		vsize:      num(23),
 		rss:        num(24) * float64(os.Getpagesize()),
+		hasMemory:  true,
 	}
 	bt, err := bootTime()
 	if err != nil {
 		return procStat{}, err
 	}
-	st.startTime = bt + num(22)/userHZ
+	st.startTime, st.hasStart = bt+num(22)/userHZ, true
 	return st, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/internal/fdpass"
+	"github.com/listenhub/listenhub/internal/handoff"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -78,7 +79,7 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 		unmark()
 		if err == nil && m.T == "abort" {
 			// It refused (a changed channel mapping, say): its words.
-			return fmt.Errorf("hub: upgrade: the new process refused: %s", m.Reason)
+			return fmt.Errorf("hub: upgrade: %w: %s", handoff.ErrRefused, m.Reason)
 		}
 		if err == nil {
 			err = fmt.Errorf("new process said %q, want prepared: %s", m.T, m.Reason)

@@ -805,8 +805,22 @@ func TestServeEMFILE(t *testing.T) {
 	for _, c := range waiting {
 		c.Close()
 	}
+	// Now one gets in, once the hub has seen the others leave: base may
+	// count a descriptor the ready probe was closing, so the count alone
+	// can say "gone" while one served connection is still the hub's.
 	testutil.WaitFor(t, timeout, "every worker gone", func() bool { return p.fds() <= base })
-	dialWorker(t, path) // now one gets in
+	testutil.WaitFor(t, timeout, "a worker admitted again", func() bool {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		m, err := newWorker(t, c, 4096).read(timeout)
+		if err != nil || m.T != "status" && !(m.T == "nack" && strings.Contains(m.Error, "too many workers")) {
+			t.Fatalf("a worker after the others left: %+v, %v; want a status (or, until the hub saw them go, the cap)", m, err)
+		}
+		return m.T == "status"
+	})
 	prlimitNofile(p.pid(), &old, nil)
 }
 

@@ -34,6 +34,10 @@ const upgradeEnv = "LISTENHUB_UPGRADE_FD"
 // commit; past it the old process serves on.
 const defaultUpgradeTimeout = 10 * time.Second
 
+// refusedExit is how long a new process that refused the hand-over is given
+// to exit by itself before it is killed.
+const refusedExit = 2 * time.Second
+
 // inheritedUpgrade returns the connection to the old process when this
 // process was started by a hot upgrade, nil otherwise. The variable is
 // removed, so that this process's own upgrades start clean.
@@ -155,8 +159,18 @@ func (u *upgrader) run(ctx context.Context) bool {
 	stopWait := context.AfterFunc(hctx, func() { conn.SetDeadline(time.Now()) })
 	defer stopWait()
 	if err := hubUp.Handover(u.h, hctx, conn, extra); err != nil {
+		var werr error
+		if errors.Is(err, handoff.ErrRefused) {
+			// It refused and exits on its own, after its line saying
+			// why: not cut short by the kill, unless it lingers.
+			select {
+			case werr = <-exited:
+				exited <- werr
+			case <-time.After(refusedExit):
+			}
+		}
 		kill()
-		werr := <-exited
+		werr = <-exited
 		u.log.Error("upgrade abandoned; the new process was stopped", "reason", err, "new_pid", cmd.Process.Pid,
 			"new_exit", exitString(werr), "timeout", u.timeout)
 		return false

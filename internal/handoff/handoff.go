@@ -12,6 +12,7 @@ package handoff
 
 import (
 	"context"
+	"errors"
 
 	"github.com/listenhub/listenhub/internal/fdpass"
 	"github.com/listenhub/listenhub/loop"
@@ -67,6 +68,10 @@ type Hub[H any] struct {
 	// Takeover starts h from the state handed over on conn.
 	Takeover func(h H, ctx context.Context, conn *fdpass.Conn, onLive func()) (map[string]int, error)
 }
+
+// ErrRefused is wrapped by Handover's error when the new process refused
+// the state (and says why itself before it exits).
+var ErrRefused = errors.New("the new process refused")
 
 var listener, hub any
 

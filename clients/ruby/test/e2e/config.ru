@@ -42,5 +42,26 @@ ActionCable.server.config.worker_pool_size = 4
 ActionCable.server.pubsub
 ActiveRecord::Base.connection_pool.disconnect!
 
+# A hub client made in the master, before the fork: in a worker every call
+# must fail at once with an error that names fork (never hang, never write
+# on the master's socket).
+if cable["adapter"] == "listenhub"
+  require "listenhub"
+  MASTER_CLIENT = Listenhub.connect(ENV.fetch("LISTENHUB_SOCKET"))
+  MASTER_CLIENT.subscribe("master")
+end
+
 map("/cable") { run ActionCable.server }
+map("/client") do
+  run(lambda do |_env|
+    t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    body = begin
+      MASTER_CLIENT.subscribe("in-worker", timeout: 5)
+      "no error"
+    rescue StandardError => e
+      "#{e.class} #{format('%.3f', Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0)} #{e.message}"
+    end
+    [200, { "Content-Type" => "text/plain" }, [body]]
+  end)
+end
 map("/pid") { run ->(_env) { [200, { "Content-Type" => "text/plain" }, [Process.pid.to_s]] } }

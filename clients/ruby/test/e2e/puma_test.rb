@@ -7,7 +7,8 @@
 # (the hub's); with `adapter: postgresql`, in the same test against the
 # same database, one per worker. The hub SIGKILLed: the clients keep
 # receiving through the workers' own connections; the hub restarted: the
-# workers fail back and the census returns to one.
+# workers fail back and the census returns to one. A hub client made in
+# the master before the fork fails at once in a worker, naming fork.
 require_relative "../rails/test_helper"
 require_relative "websocket"
 
@@ -142,6 +143,14 @@ class PumaEndToEndTest < Minitest::Test
     again&.join
   end
 
+  def http_get(sock, path)
+    s = UNIXSocket.new(sock)
+    s.write("GET #{path} HTTP/1.0\r\nHost: localhost\r\n\r\n")
+    resp = Timeout.timeout(LHTest::TIMEOUT) { s.read }
+    s.close
+    resp.split("\r\n\r\n", 2)[1].to_s
+  end
+
   def broadcaster(adapter)
     server = ActionCable::Server::Base.new(config: ActionCable::Server::Configuration.new)
     server.config.cable = { "adapter" => adapter, "socket" => File.join(@dir, "unused.sock") }
@@ -163,6 +172,13 @@ class PumaEndToEndTest < Minitest::Test
     census[:listenhub] = app_backends(h.app) + app_backends(LOCAL_ID) + actioncable_backends
     assert_equal 1, app_backends(h.app)
     assert_equal 1, census[:listenhub], "LISTEN backends for the whole Puma"
+
+    # A hub client made in the master before the fork fails at once in a
+    # worker, naming fork.
+    body = http_get(sock, "/client")
+    assert body.start_with?("Listenhub::ForkedError "), body
+    assert_operator body.split[1].to_f, :<, 1.0, body
+    assert_includes body, "before fork()"
 
     # The hub SIGKILLed: every worker LISTENs on its own connection.
     h.kill

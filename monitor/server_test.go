@@ -40,19 +40,19 @@ func TestMetricsConnectionCap(t *testing.T) {
 	addr := ln.Addr().String()
 
 	// Two idle keep-alive connections fill the cap.
-	a, code := idleHTTP(addr, "/", timeout)
+	a, code := testutil.IdleHTTP(addr, "/", timeout)
 	if code != 200 {
 		t.Fatalf("first: %d", code)
 	}
 	defer a.Close()
 	time.Sleep(10 * time.Millisecond) // a is idle longer than b
-	b, code := idleHTTP(addr, "/", timeout)
+	b, code := testutil.IdleHTTP(addr, "/", timeout)
 	if code != 200 {
 		t.Fatalf("second: %d", code)
 	}
 	defer b.Close()
 	// A third is served: the oldest idle one (a) is closed for it.
-	c, code := idleHTTP(addr, "/", timeout)
+	c, code := testutil.IdleHTTP(addr, "/", timeout)
 	if code != 200 {
 		t.Fatalf("third: %d", code)
 	}
@@ -89,7 +89,7 @@ func TestMetricsConnectionCap(t *testing.T) {
 	testutil.WaitFor(t, timeout, "two slow requests in", func() bool { return len(cl.slots) == 2 })
 	got := make(chan int, 1)
 	go func() {
-		_, code := idleHTTP(addr, "/", timeout)
+		_, code := testutil.IdleHTTP(addr, "/", timeout)
 		got <- code
 	}()
 	select {
@@ -158,7 +158,7 @@ func TestMetricsServerTimeouts(t *testing.T) {
 	}
 	defer half.Close()
 	fmt.Fprint(half, "GET / HTTP/1.1\r\nHost: x\r\n")
-	idle, code := idleHTTP(ln.Addr().String(), "/", timeout)
+	idle, code := testutil.IdleHTTP(ln.Addr().String(), "/", timeout)
 	if code != 200 {
 		t.Fatalf("keep-alive request: %d", code)
 	}
@@ -307,24 +307,4 @@ func TestIntrospectionRests(t *testing.T) {
 			}()
 		}
 	}
-}
-
-// idleHTTP opens a TCP connection to addr, sends GET path with keep-alive,
-// reads the answer and keeps the connection open (never sending more).
-// It returns the connection (nil if the server did not answer within d).
-func idleHTTP(addr, path string, d time.Duration) (net.Conn, int) {
-	c, err := net.DialTimeout("tcp", addr, d)
-	if err != nil {
-		return nil, 0
-	}
-	c.SetDeadline(time.Now().Add(d))
-	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		return c, 0
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	c.SetDeadline(time.Time{})
-	return c, resp.StatusCode
 }

@@ -6,7 +6,6 @@ package main
 // drives the real binary and checks a sibling worker on its own channel.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -367,26 +366,6 @@ func TestAttackIntrospection(t *testing.T) {
 	h.healthyThroughout()
 }
 
-// idleHTTP opens a TCP connection to addr, sends GET path with keep-alive,
-// reads the answer and keeps the connection open (never sending more).
-// It returns the connection (nil if the hub did not answer within d).
-func idleHTTP(addr, path string, d time.Duration) (net.Conn, int) {
-	c, err := net.DialTimeout("tcp", addr, d)
-	if err != nil {
-		return nil, 0
-	}
-	c.SetDeadline(time.Now().Add(d))
-	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		return c, 0
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	c.SetDeadline(time.Time{})
-	return c, resp.StatusCode
-}
-
 // Attack i: the hub runs under `ulimit -n 256`; 600 connections to the
 // metrics address each send one GET /healthz and then stay open, idle.
 // The metrics server's connections are capped and come out of the
@@ -417,7 +396,7 @@ func TestAttackMetricsConnections(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			c, code := idleHTTP(h.addr, "/healthz", 2*time.Second)
+			c, code := testutil.IdleHTTP(h.addr, "/healthz", 2*time.Second)
 			mu.Lock()
 			defer mu.Unlock()
 			if c != nil {

@@ -362,6 +362,22 @@ func scrape(t testing.TB, addr string) map[string]float64 {
 	return series
 }
 
+// httpGet answers GET http://addr+path: the status code and the body.
+func httpGet(t testing.TB, addr, path string) (int, string) {
+	t.Helper()
+	cl := http.Client{Timeout: timeout}
+	resp, err := cl.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	return resp.StatusCode, string(b)
+}
+
 // waitMetric waits until the metric has the value.
 func waitMetric(t testing.TB, addr, name string, want float64) {
 	t.Helper()

@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -539,15 +537,7 @@ func TestServeMetricsAndHealthz(t *testing.T) {
 		"--health-check-timeout", "500ms")
 	p.ready()
 	addr := p.metricsAddr()
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return httpGet(t, addr, path) }
 	w := dialWorker(t, path)
 	w.sub("m")
 	notify(t, "NOTIFY m")

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"io"
-	"net/http"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -38,15 +36,7 @@ func TestServeRelayMisconfigured(t *testing.T) {
 	p := serve(t, path, nil, "--relay", "--metrics-addr", "127.0.0.1:0")
 	p.ready()
 	addr := p.metricsAddr()
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return httpGet(t, addr, path) }
 	testutil.WaitFor(t, timeout, "the relay down", func() bool {
 		_, body := get("/healthz")
 		return strings.Contains(body, "relay down")

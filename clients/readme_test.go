@@ -222,7 +222,9 @@ func TestREADMEQuickStartGo(t *testing.T) {
 	}
 	goEnv := []string{"GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off", "CGO_ENABLED=0"}
 	bin := filepath.Join(dir, "quickstart")
-	for _, p := range []string{"darwin/arm64", "freebsd/amd64"} { // the development platforms; this one below
+	// The other platforms the client builds for (windows: local
+	// listening only); this one below.
+	for _, p := range []string{"darwin/arm64", "darwin/amd64", "freebsd/amd64", "linux/arm64", "windows/amd64"} {
 		goos, goarch, _ := strings.Cut(p, "/")
 		runIn(t, dir, append(goEnv, "GOOS="+goos, "GOARCH="+goarch), "go", "build", "-o", bin+"-"+goos+"-"+goarch, ".")
 	}

@@ -48,6 +48,7 @@ type params struct {
 	OneProcN       int           `json:"one_proc_n"`
 	SatOneProc     bool          `json:"saturation_one_proc"`
 	SatOneProcN    []int         `json:"saturation_one_proc_n"` // 1×N saturation layouts (full suite)
+	Layouts        []layout      `json:"layouts,omitempty"`     // P×C layouts (--n PxC), paced and saturation
 	BigCensusProcs int           `json:"big_census_procs"`
 	ChannelsN      []int         `json:"channels_n,omitempty"` // the many-channels scenario's channel counts
 	// The writers scenario.
@@ -148,11 +149,11 @@ func runMain(args []string) error {
 	relayBin := fs.String("relay-bin", "", "run `relay` from this listenhub binary (default: the hub's)")
 	cpus := fs.Int("cpus", 0, "pin every server process to this many cores (taskset -c 0..N-1; 0: no pinning)")
 	channelsN := fs.String("channels", "", "override the many-channels scenario's channel counts (e.g. 1000,50000)")
-	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet; also hub-wt1 and hub-wt2: the hub with --write-threads 1 or 2, hublib)")
+	systems := fs.String("systems", "", "comma-separated systems (default direct,hub,gohub,gnet; --quick leaves out gnet; also hub-wt1 and hub-wt2: the hub with --write-threads 1 or 2, hub-poll: the hub built with -tags listenhub_poll, hublib)")
 	hubBin := fs.String("hub-bin", "", "use this listenhub binary instead of building ../cmd/listenhub")
 	dbURL := fs.String("database-url", "", "use this PostgreSQL instead of a throwaway one (max_connections must allow 1,000 listeners)")
 	keep := fs.Bool("keep", false, "keep the temp dir (server logs)")
-	nList := fs.String("n", "", "override the paced and saturation N list (e.g. 1,8,1x256; 1xN = one process holding N), for development")
+	nList := fs.String("n", "", "override the paced and saturation N list (e.g. 1,8,1x256; 1xN = one process holding N; PxC = P processes holding C each, e.g. 16x64), for development")
 	churnProcs := fs.Int("churn-procs", 0, "override the number of churn processes")
 	churnRate := fs.Float64("churn-rate", -1, "override the offered churn cycles/s (0: as fast as possible)")
 	fs.Float64Var(&ratePerNotifier, "rate-per-notifier", ratePerNotifier, "paced NOTIFY/s per notifier connection")
@@ -229,7 +230,17 @@ func runMain(args []string) error {
 	}
 	if *nList != "" {
 		p.PacedN, p.SatN, p.CensusN, p.OneProcN = nil, nil, nil, 0
+		p.SatOneProc, p.SatOneProcN = false, nil
 		for _, s := range strings.Split(*nList, ",") {
+			if ps, cs, ok := strings.Cut(s, "x"); ok && ps != "1" { // P processes holding C sockets each
+				np, err1 := strconv.Atoi(ps)
+				nc, err2 := strconv.Atoi(cs)
+				if err1 != nil || err2 != nil || np < 1 || nc < 1 {
+					return fmt.Errorf("--n: bad layout %q (want PxC)", s)
+				}
+				p.Layouts = append(p.Layouts, layout{Procs: np, ConnsPerProc: nc})
+				continue
+			}
 			if v, ok := strings.CutPrefix(s, "1x"); ok { // one process holding v sockets
 				n, err := strconv.Atoi(v)
 				if err != nil {
@@ -307,11 +318,20 @@ func runMain(args []string) error {
 		switch name {
 		case "direct":
 			s.direct, s.appName = true, directAppName
+		case "hub-poll":
+			// The hub built with -tags listenhub_poll: the poll(2) loop
+			// of macOS and FreeBSD, measured on Linux against epoll.
+			logf("building ../cmd/listenhub -tags listenhub_poll")
+			bin, err := buildHub(ctx, dir, "listenhub-poll", "-tags", "listenhub_poll")
+			if err != nil {
+				return fmt.Errorf("hub-poll: %w", err)
+			}
+			s.argv, s.appName = []string{bin, "serve", "--log-level", "warn"}, "listenhub"
 		case "hub", "hub-wt1", "hub-wt2":
 			bin := *hubBin
 			if bin == "" && builtHub == "" {
 				logf("building ../cmd/listenhub")
-				if builtHub, err = buildHub(ctx, dir); err != nil {
+				if builtHub, err = buildHub(ctx, dir, "listenhub"); err != nil {
 					logf("hub: not available, its rows are skipped: %v", err)
 					b.res.Notes = append(b.res.Notes, "hub not measured: "+err.Error())
 					continue

@@ -252,6 +252,9 @@ func (b *bench) paced() error {
 	if b.p.OneProcN > 0 {
 		jobs = append(jobs, job{b.p.OneProcN, layout{Procs: 1, ConnsPerProc: b.p.OneProcN}})
 	}
+	for _, l := range b.p.Layouts {
+		jobs = append(jobs, job{l.total(), l})
+	}
 	for _, j := range jobs {
 		// Large N is noisy on 2 cores (one stall delays all N receipts of
 		// a NOTIFY): it runs in interleaved rounds (hub, gohub, …, hub,
@@ -346,6 +349,7 @@ func (b *bench) saturation() error {
 			layouts = append(layouts, layout{Procs: 1, ConnsPerProc: n})
 		}
 	}
+	layouts = append(layouts, b.p.Layouts...)
 	for _, l := range layouts {
 		for _, sys := range b.systems {
 			b.waitBackends(0)

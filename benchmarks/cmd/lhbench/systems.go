@@ -234,7 +234,7 @@ func findRepoRoot() (string, error) {
 }
 
 // buildHub builds ../cmd/listenhub into dir.
-func buildHub(ctx context.Context, dir string) (string, error) {
+func buildHub(ctx context.Context, dir, name string, flags ...string) (string, error) {
 	root, err := findRepoRoot()
 	if err != nil {
 		return "", err
@@ -242,8 +242,8 @@ func buildHub(ctx context.Context, dir string) (string, error) {
 	if _, err := os.Stat(filepath.Join(root, "cmd", "listenhub")); err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "listenhub")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/listenhub")
+	bin := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, "go", append(append([]string{"build"}, flags...), "-o", bin, "./cmd/listenhub")...)
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -198,6 +198,37 @@ class FailoverTest < LHTestCase
     assert_kind_of Listenhub::AckTimeoutError, f.reason
   end
 
+  # close from inside a callback returns (on the hub's reader thread, and
+  # on the local listener's) and no callback runs after it.
+  def test_close_from_a_callback
+    [:hub, :local].each do |mode|
+      h = hub
+      path = mode == :hub ? h.socket : File.join(tmpdir, "none.sock")
+      f = nil
+      after = []
+      closed = Queue.new
+      on_wake = lambda do |w|
+        if f.err
+          after << w
+        else
+          f.close
+          closed << true
+        end
+      end
+      f = Listenhub::Failover.new(path, database_url: DATABASE_URL, channel_prefix: PREFIX, channel_suffix: SUFFIX,
+                                        on_wake: on_wake, min_local: 60)
+      cleanup { f.close }
+      assert_equal mode, f.mode
+      f.subscribe("cb")
+      notify("cb", "1")
+      Timeout.timeout(LHTest::TIMEOUT) { closed.pop }
+      notify("cb", "2")
+      sleep 0.2
+      assert_empty after, "a callback after close (#{mode})"
+      assert_kind_of Listenhub::ClosedError, f.err
+    end
+  end
+
   def test_invalid_name_does_not_fail_over
     h = hub
     f = failover(h.socket)

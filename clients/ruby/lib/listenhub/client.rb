@@ -388,13 +388,14 @@ module Listenhub
 
     # Kills the client with ClosedError and closes the socket; the hub drops
     # its subscriptions. Waiting subscribes raise ClosedError. No callback
-    # starts once close returned (safe from a callback). Idempotent.
-    def close
+    # starts once close returned, and one running on another thread is
+    # waited for unless wait: false (safe from a callback). Idempotent.
+    def close(wait: true)
       return if forked_child_close
 
       @closing = true
       die(ClosedError.new)
-      @dispatch.synchronize { nil } unless Thread.current == @reader
+      @dispatch.synchronize { nil } if wait && Thread.current != @reader
       nil
     end
 

@@ -202,7 +202,10 @@ module Listenhub
       @mu.synchronize { @local }&.backend_pid
     end
 
-    # Closes whichever listeners exist. Idempotent; safe from a callback.
+    # Closes whichever listeners exist. No callback starts once close
+    # returned (each checks the Failover's state first). Idempotent; safe
+    # from a callback: from one it waits for none of the listeners' threads
+    # (one of them may be waiting for that very callback to return).
     def close
       return if forked_child_close
 
@@ -213,8 +216,9 @@ module Listenhub
         @cv.broadcast
         [@hub, @local, @cand]
       end
-      [hub, local, cand].compact.each(&:close)
-      @failback&.join(5) unless Thread.current == @failback
+      wait = !@dispatch.mon_owned?
+      [hub, local, cand].compact.each { |x| x.close(wait: wait) }
+      @failback&.join(5) if wait && Thread.current != @failback
       nil
     end
 

@@ -41,7 +41,7 @@ module Listenhub
       @application_name = application_name
       @timeout = timeout || DEFAULT_LOCAL_TIMEOUT
       @url = database_url || ENV["LISTENHUB_DATABASE_URL"] || ENV["DATABASE_URL"] || ""
-      @connector = connect || -> { PG.connect(@url) }
+      @connector = connect || -> { Local.connect(@url, @timeout) }
       @on_wake = on_wake
       @on_status = on_status
       @on_death = on_death
@@ -56,6 +56,19 @@ module Listenhub
       @kick_r, @kick_w = IO.pipe
       @thread = Thread.new { run }
       @thread.report_on_exception = false
+    end
+
+    # A connection for url, with a connect timeout and TCP keepalives (a dead
+    # peer is noticed within about half a minute) unless the URL or the PG*
+    # variables set them.
+    def self.connect(url, timeout = DEFAULT_LOCAL_TIMEOUT)
+      given = PG::Connection.conninfo_parse(url).select { |o| o[:val] }.map { |o| o[:keyword] }
+      extra = {}
+      extra[:connect_timeout] = [2, timeout.to_i].max unless given.include?("connect_timeout") || ENV["PGCONNECT_TIMEOUT"]
+      unless given.include?("keepalives")
+        extra.merge!(keepalives: 1, keepalives_idle: 10, keepalives_interval: 5, keepalives_count: 3)
+      end
+      extra.empty? ? PG.connect(url) : PG.connect(url, extra)
     end
 
     def channel(q)
@@ -118,14 +131,14 @@ module Listenhub
     end
 
     # Closes the connection; waiting subscribes raise ClosedError; no
-    # callback starts once close returned (unless called from one).
-    # Idempotent.
-    def close
+    # callback starts once close returned. Waits for the listener's thread
+    # to end (and close the connection) unless wait: false. Idempotent.
+    def close(wait: true)
       return if forked_child_close
 
       @closing = true
       die(ClosedError.new)
-      @thread.join(@timeout) unless Thread.current == @thread
+      @thread.join(@timeout) if wait && Thread.current != @thread
       nil
     end
 

@@ -170,12 +170,8 @@ func TestClientSubscribeSameNameConcurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	done := result(func() error { return c.Subscribe(context.Background(), "z") })
-	fc.expect(t, "sub", "z") // the next frame: no second "sub a" was sent
-	fc.ack("z")
-	if err := await(t, done); err != nil {
-		t.Fatal(err)
-	}
+	// The next frame is "sub z": no second "sub a" was sent.
+	fc.subscribeVia(t, c, "z")
 }
 
 func TestClientNackInvalidNameKeepsClient(t *testing.T) {
@@ -453,12 +449,8 @@ func TestClientSubscribeContextCancelAbandons(t *testing.T) {
 	if err := await(t, second); err != nil {
 		t.Fatal(err)
 	}
-	third := result(func() error { return c.Subscribe(context.Background(), "c") })
-	fc.expect(t, "sub", "c") // no "unsub b" before it
-	fc.ack("c")
-	if err := await(t, third); err != nil {
-		t.Fatal(err)
-	}
+	// The next frame is "sub c": no "unsub b" before it.
+	fc.subscribeVia(t, c, "c")
 }
 
 func TestClientUnsubscribe(t *testing.T) {

@@ -31,9 +31,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(peerHelperEnv) != "" {
 		os.Exit(m.Run()) // TestDialRefusesForeignHub's helper: no cluster
 	}
-	code := pgtesting.Run(m, pgtest.Options{}, &db)
-	testutil.RemoveBinaries()
-	os.Exit(code)
+	pgtesting.Main(m, pgtest.Options{}, &db)
 }
 
 func needDB(t testing.TB) *pgtest.Cluster {
@@ -569,32 +567,7 @@ func TestPGMuxFanout1000(t *testing.T) {
 	for i := range 5 {
 		e.notify("a", fmt.Sprint(i))
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, len(subs))
-	for _, s := range subs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(ctx, waitLong)
-			defer cancel()
-			for i := range 5 {
-				w, err := s.Next(ctx)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if w.Payload != fmt.Sprint(i) {
-					errs <- fmt.Errorf("wake %d = %+v", i, w)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	eachReadsInOrder(t, subs, 5)
 	for _, s := range subs {
 		s.Close()
 	}

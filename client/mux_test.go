@@ -99,32 +99,7 @@ func TestMuxFanout1000(t *testing.T) {
 		burst = frame.AppendWake(burst, "a", []byte(fmt.Sprint(i)), true)
 	}
 	fc.send(burst)
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for _, s := range subs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(ctx, waitLong)
-			defer cancel()
-			for i := range wakes {
-				w, err := s.Next(ctx)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if w.Payload != fmt.Sprint(i) {
-					errs <- fmt.Errorf("wake %d: payload %q", i, w.Payload)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	eachReadsInOrder(t, subs, wakes)
 }
 
 func TestMuxDurableCoalescesForSlowSubscriber(t *testing.T) {
@@ -424,4 +399,36 @@ func subscribeTwo(t *testing.T, m *Mux, q string) (a, b *Subscription) {
 		t.Fatal(err)
 	}
 	return a, b
+}
+
+// eachReadsInOrder has every one of subs read n wakes at once, the payload
+// of the i-th being i, within waitLong.
+func eachReadsInOrder(t *testing.T, subs []*Subscription, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(subs))
+	for _, s := range subs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+			defer cancel()
+			for i := range n {
+				w, err := s.Next(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if w.Payload != fmt.Sprint(i) {
+					errs <- fmt.Errorf("wake %d: %+v", i, w)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
 }

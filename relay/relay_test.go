@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,11 +20,7 @@ import (
 
 var db *pgtest.Cluster
 
-func TestMain(m *testing.M) {
-	code := pgtesting.Run(m, pgtest.Options{Logical: true, SSL: true}, &db)
-	testutil.RemoveBinaries() // the listenhub binary (workload_test.go)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{Logical: true, SSL: true}, &db) }
 
 var testSeq atomic.Int64
 

@@ -214,6 +214,21 @@ func (h *harness) server() *fakeServer {
 	}
 }
 
+// setLen is the number of channels in the connection's set.
+func (h *harness) setLen() (n int) {
+	h.on(func() { n = len(h.c.set) })
+	return n
+}
+
+// listen issues a Listen of each of names on the loop, reporting to r.
+func (h *harness) listen(r *results, names ...string) {
+	h.on(func() {
+		for _, n := range names {
+			h.c.Listen(n, r.done(n))
+		}
+	})
+}
+
 // on runs f on the loop and waits for it.
 func (h *harness) on(f func()) {
 	h.t.Helper()
@@ -316,10 +331,8 @@ func TestFakeBatchOneQuery(t *testing.T) {
 	if fmt.Sprint(r.seq) != "[a weird b]" {
 		t.Errorf("order %v", r.seq)
 	}
-	var set int
-	h.on(func() { set = len(h.c.set) })
-	if set != 2 {
-		t.Errorf("set has %d channels, want 2", set)
+	if n := h.setLen(); n != 2 {
+		t.Errorf("set has %d channels, want 2", n)
 	}
 }
 
@@ -330,11 +343,7 @@ func TestFakeBatchError(t *testing.T) {
 	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
 	s := h.server()
 	r := newResults()
-	h.on(func() {
-		h.c.Listen("a", r.done("a"))
-		h.c.Listen("b", r.done("b"))
-		h.c.Listen("c", r.done("c"))
-	})
+	h.listen(r, "a", "b", "c")
 	if sql := s.readQuery(); sql != `LISTEN "a";LISTEN "b";LISTEN "c"` {
 		t.Fatalf("query %q", sql)
 	}
@@ -356,14 +365,8 @@ func TestFakeBatchError(t *testing.T) {
 	s.answer(sql)
 	testutil.WaitFor(t, fakeTimeout, "all done", func() bool { return r.count() == 4 })
 	r.noErrors(t, "a", "c", "d")
-	var set []string
-	h.on(func() {
-		for ch := range h.c.set {
-			set = append(set, ch)
-		}
-	})
-	if len(set) != 3 {
-		t.Errorf("set %v", set)
+	if n := h.setLen(); n != 3 {
+		t.Errorf("set has %d channels, want 3", n)
 	}
 }
 
@@ -374,11 +377,7 @@ func TestFakeBatchErrorBeforeAnyComplete(t *testing.T) {
 	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
 	s := h.server()
 	r := newResults()
-	h.on(func() {
-		h.c.Listen("a", r.done("a"))
-		h.c.Listen("b", r.done("b"))
-		h.c.Listen("c", r.done("c"))
-	})
+	h.listen(r, "a", "b", "c")
 	s.readQuery()
 	s.send(errorMsg("ERROR", "42601", "syntax error"), rfqMsg())
 	if sql := s.readQuery(); sql != `LISTEN "a"` {
@@ -416,10 +415,7 @@ func TestFakeCommitError(t *testing.T) {
 	h := newHarness(t, Config{HealthCheckInterval: time.Hour})
 	s := h.server()
 	r := newResults()
-	h.on(func() {
-		h.c.Listen("a", r.done("a"))
-		h.c.Listen("b", r.done("b"))
-	})
+	h.listen(r, "a", "b")
 	s.readQuery()
 	s.send(ccMsg("LISTEN"), ccMsg("LISTEN"), errorMsg("ERROR", "53200", "out of memory"), rfqMsg())
 	testutil.WaitFor(t, fakeTimeout, "both done", func() bool { return r.count() == 2 })
@@ -506,10 +502,7 @@ func TestFakeHealthProbe(t *testing.T) {
 		ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond})
 	s := h.server()
 	r := newResults()
-	h.on(func() {
-		h.c.Listen("a", r.done("a"))
-		h.c.Listen("b", r.done("b"))
-	})
+	h.listen(r, "a", "b")
 	s.answer(s.readQuery())
 	testutil.WaitFor(t, fakeTimeout, "listens", func() bool { return r.count() == 2 })
 	for i := 0; i < 3; i++ {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // Main starts a cluster with opts, stores it in *dst, runs the tests and
@@ -30,7 +31,8 @@ import (
 // database is never a skip. The cluster is removed when the tests end, pass
 // or fail, and on SIGINT or SIGTERM (after which the binary exits 1). Should
 // the binary die otherwise (its -timeout panic, SIGKILL), the server follows
-// it (parent-death signal) and the next Start removes the directory.
+// it (parent-death signal) and the next Start removes the directory. The
+// programs the tests built with testutil.Binary are removed too.
 //
 // With -v, lifecycle steps are logged to stderr unless opts.Logf is set.
 func Main(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) {
@@ -45,6 +47,7 @@ func Run(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) int {
 }
 
 func run(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) int {
+	defer testutil.RemoveBinaries()
 	if !flag.Parsed() {
 		flag.Parse() // for testing.Verbose; m.Run does not parse twice
 	}

@@ -208,6 +208,19 @@ type startSubject struct {
 	fatal chan error
 }
 
+// waitFatal returns the error OnFatal reported, failing t if none comes
+// within pgTimeout.
+func (s *startSubject) waitFatal(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-s.fatal:
+		return err
+	case <-time.After(pgTimeout):
+		t.Fatal("no OnFatal")
+		return nil
+	}
+}
+
 func startConn(t *testing.T, r *recorder, url string, o opts) *startSubject {
 	t.Helper()
 	if o.app == "" {
@@ -330,12 +343,7 @@ func TestStartConfigErrorReal(t *testing.T) {
 			s := startConn(t, r, url, opts{reconnectMax: 20 * time.Millisecond})
 			errc := make(chan error, 1)
 			s.on(t, func() { s.c.Listen("cfg", func(err error) { errc <- err }) })
-			var fatal error
-			select {
-			case fatal = <-s.fatal:
-			case <-time.After(pgTimeout):
-				t.Fatal("no OnFatal")
-			}
+			fatal := s.waitFatal(t)
 			var pe *pgconn.PgError
 			if !errors.As(fatal, &pe) || pe.Code != c.code || !IsConfigError(fatal) {
 				t.Fatalf("OnFatal(%v), want SQLSTATE %s", fatal, c.code)
@@ -398,12 +406,7 @@ func TestStartWrongPassword(t *testing.T) {
 	}()
 	r := newRecorder()
 	s := startConn(t, r, "postgres://app:sekrit@"+ln.Addr().String()+"/app?sslmode=disable", opts{reconnectMax: 20 * time.Millisecond})
-	var fatal error
-	select {
-	case fatal = <-s.fatal:
-	case <-time.After(pgTimeout):
-		t.Fatal("no OnFatal")
-	}
+	fatal := s.waitFatal(t)
 	var pe *pgconn.PgError
 	if !errors.As(fatal, &pe) || pe.Code != "28P01" {
 		t.Fatalf("OnFatal(%v), want SQLSTATE 28P01", fatal)

@@ -141,6 +141,7 @@ module LHTest
     def initialize
       @conn = PG.connect(DATABASE_URL)
       @conn.exec("SET application_name = 'lhrb-test'")
+      @conn.exec("SET client_min_messages = warning")
     end
 
     def notify(channel, payload = "")

@@ -222,9 +222,11 @@ module ActionCable
             end
             retry_in = RETRY_MIN
             op = @mu.synchronize do
-              @cv.wait(@mu, 1) while @ops.empty?
+              @cv.wait(@mu, 1) if @ops.empty?
               @ops.shift
             end
+            next unless op # once a second: is the Failover still alive?
+
             case op[0]
             when :listen
               begin
@@ -235,6 +237,7 @@ module ActionCable
               rescue ::Listenhub::Error => e
                 @logger.error("listenhub adapter: subscribe to #{op[1].inspect} failed: #{e.message}; retrying")
                 @mu.synchronize { @ops.unshift(op) }
+                wait_ops(RETRY_MIN)
               end
             when :unlisten
               failover.unsubscribe(op[1])
@@ -267,7 +270,7 @@ module ActionCable
           @failover = nil
           @failover = @adapter.new_failover(
             on_wake: ->(w) { on_wake(w) },
-            on_status: ->(h) { @logger.info("listenhub adapter: #{h ? 'healthy' : 'not healthy'}") }
+            on_status: ->(h) { on_status(h) }
           )
           if again
             channels = @sync.synchronize { @subscribers.keys }
@@ -277,6 +280,18 @@ module ActionCable
         rescue StandardError => e
           @logger.error("listenhub adapter: no listener (#{e.message}); retrying")
           nil
+        end
+
+        # The hub repeats its status every few seconds: log changes only.
+        def on_status(healthy)
+          return if healthy == @healthy
+
+          @healthy = healthy
+          if healthy
+            @logger.info("listenhub adapter: Postgres healthy")
+          else
+            @logger.warn("listenhub adapter: Postgres not healthy (subscriptions are kept; messages sent meanwhile may be lost)")
+          end
         end
 
         # A durable wake (empty payload) carries no message: it is what the

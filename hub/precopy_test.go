@@ -268,13 +268,7 @@ func TestHandoverPrecopyRollback(t *testing.T) {
 	fakeErr := make(chan error, 1)
 	go func() {
 		fakeErr <- func() error {
-			if err := sendMsg(fake, upMsg{T: "hello", PID: 1}, nil); err != nil {
-				return err
-			}
-			if _, _, err := recvMsg(fake); err != nil {
-				return err
-			}
-			if err := sendMsg(fake, upMsg{T: "prepared"}, nil); err != nil {
+			if _, err := helloPrepared(fake); err != nil {
 				return err
 			}
 			m, fds, err := recvMsg(fake)

@@ -45,18 +45,12 @@ func TestHandoverRollback(t *testing.T) {
 			fakeErr := make(chan error, 1)
 			go func() {
 				fakeErr <- func() error {
-					if err := sendMsg(fake, upMsg{T: "hello", PID: 1}, nil); err != nil {
-						return err
-					}
-					plan, _, err := recvMsg(fake)
+					plan, err := helloPrepared(fake)
 					if err != nil {
 						return err
 					}
 					if plan.T != "plan" || (plan.Marker != "") != tc.tls {
 						t.Errorf("plan: %+v", plan)
-					}
-					if err := sendMsg(fake, upMsg{T: "prepared"}, nil); err != nil {
-						return err
 					}
 					m, fds, err := recvMsg(fake)
 					if err != nil {

@@ -241,3 +241,16 @@ func upgradeInProcess(t *testing.T, h *Hub) (nh *Hub, handed, took <-chan error)
 	go func() { hd <- h.handover(ctx, oldEnd, nil) }()
 	return nh, hd, tk
 }
+
+// helloPrepared plays a new process on fake up to the freeze: hello, the
+// old one's plan, prepared. It returns the plan.
+func helloPrepared(fake *fdpass.Conn) (upMsg, error) {
+	if err := sendMsg(fake, upMsg{T: "hello", PID: 1}, nil); err != nil {
+		return upMsg{}, err
+	}
+	plan, _, err := recvMsg(fake)
+	if err != nil {
+		return upMsg{}, err
+	}
+	return plan, sendMsg(fake, upMsg{T: "prepared"}, nil)
+}

@@ -19,7 +19,7 @@ import (
 )
 
 // maxSocketPath is the room in sockaddr_un.sun_path, less the NUL.
-const maxSocketPath = 107
+const maxSocketPath = len(unix.RawSockaddrUnix{}.Path) - 1 // 107 on Linux, 103 on macOS and FreeBSD
 
 // listenBacklog is the listen(2) backlog: a host's workers often start at
 // once (a preforking master forks them all), and a full backlog makes

@@ -104,3 +104,31 @@ class Sink:
             if ev is None:
                 return
             yield ev
+
+
+class Listener:
+    """What Client, Local and Failover share: the queued events, waiting for
+    the end, and use as a context manager. A subclass sets _sink (a Sink),
+    err and done (a threading.Event set at death) and defines close()."""
+
+    def events(self):
+        """Iterates the queued events (the kinds without a callback) until
+        the listener is dead and the queue drained."""
+        return self._sink.events()
+
+    def get(self, timeout=None):
+        """The next queued event, or None after timeout seconds or at the
+        end."""
+        return self._sink.get(timeout)
+
+    def wait(self, timeout=None):
+        """Waits until the listener is dead; returns err (None on
+        timeout)."""
+        self.done.wait(timeout)
+        return self.err
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -116,7 +116,33 @@ class _Sub:
         self.active, self.call, self.want_unsub = False, None, False
 
 
-class AsyncClient:
+class _AsyncListener:
+    """What AsyncClient and AsyncFailover share: the queued events, waiting
+    for the end, and use as an async context manager. A subclass sets _sink
+    (an _AsyncSink), err and done (an asyncio.Event set at death) and
+    defines close()."""
+
+    def events(self):
+        """Async iterator over the events without a callback, until the
+        listener is dead and the queue drained."""
+        return self._sink.events()
+
+    async def get(self, timeout=None):
+        return await self._sink.get(timeout)
+
+    async def wait(self):
+        """Waits until the listener is dead; returns err."""
+        await self.done.wait()
+        return self.err
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+
+class AsyncClient(_AsyncListener):
     """A connection to a listenhub hub for asyncio. Make one with
     ``await listenhub.aio.connect(path, ...)``.
 
@@ -212,30 +238,11 @@ class AsyncClient:
     def subscriptions(self):
         return {q for q, s in self._subs.items() if s.active}
 
-    def events(self):
-        """Async iterator over the events without a callback, until the
-        client is dead and the queue drained."""
-        return self._sink.events()
-
-    async def get(self, timeout=None):
-        return await self._sink.get(timeout)
-
     def close(self):
         """Kills the client with ClosedError and closes the socket. No new
         callback starts once called. Idempotent; safe from a callback."""
         self._closing = True
         self._die(ClosedError())
-
-    async def wait(self):
-        """Waits until the client is dead; returns err."""
-        await self.done.wait()
-        return self.err
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        self.close()
 
     # --- internals -----------------------------------------------------------
 
@@ -474,7 +481,7 @@ class _AsyncLocal:
         threading.Thread(target=self.local.close, daemon=True).start()
 
 
-class AsyncFailover:
+class AsyncFailover(_AsyncListener):
     """Failover for asyncio: the AsyncClient while the hub works, a local
     psycopg LISTEN connection while it does not, the hub again once it is
     back; the same rules as listenhub.Failover (see there: failover, one
@@ -593,12 +600,6 @@ class AsyncFailover:
     def subscriptions(self):
         return set(self._subs)
 
-    def events(self):
-        return self._sink.events()
-
-    async def get(self, timeout=None):
-        return await self._sink.get(timeout)
-
     def close(self):
         if self.err is not None:
             return
@@ -610,16 +611,6 @@ class AsyncFailover:
         if self._failback_task is not None:
             self._failback_task.cancel()
         self._sink.end()
-
-    async def wait(self):
-        await self.done.wait()
-        return self.err
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        self.close()
 
     # --- internals -----------------------------------------------------------
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 from . import _fork, _frame
-from ._events import DEFAULT_MAX_PENDING, Sink, SlowConsumerError, Status, Wake, make_wake
+from ._events import DEFAULT_MAX_PENDING, Listener, Sink, SlowConsumerError, Status, Wake, make_wake
 from .errors import (
     AckTimeoutError,
     ClosedError,
@@ -163,7 +163,7 @@ class _Sub:
         self.want_unsub = False
 
 
-class Client:
+class Client(Listener):
     """A connection to a listenhub hub. All methods are thread-safe.
 
     Alive until its first failure, then dead for good (never reconnects:
@@ -297,16 +297,6 @@ class Client:
         with self._mu:
             return {q for q, s in self._subs.items() if s.active}
 
-    def events(self):
-        """Iterates the queued events (the kinds without a callback) until
-        the client is dead and the queue drained."""
-        return self._sink.events()
-
-    def get(self, timeout=None):
-        """The next queued event, or None after timeout seconds or at the
-        end."""
-        return self._sink.get(timeout)
-
     def close(self):
         """Kills the client with ClosedError and closes the socket; the hub
         drops its subscriptions. Waiting subscribes raise ClosedError. No new
@@ -317,17 +307,6 @@ class Client:
         if not self._in_handler:
             with self._dispatch:
                 pass
-
-    def wait(self, timeout=None):
-        """Waits until the client is dead; returns err (None on timeout)."""
-        self.done.wait(timeout)
-        return self.err
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # --- internals -----------------------------------------------------------
 

@@ -2,10 +2,9 @@
 
 import os
 import socket
-import threading
-from typing import Collection, Iterator, Optional, Set
+from typing import Collection, Optional, Set
 
-from ._events import _Event, _OnStatus, _OnWake, Status as Status, Wake as Wake
+from ._events import Listener, _OnStatus, _OnWake, Status as Status, Wake as Wake
 from .errors import ListenhubError as ListenhubError
 
 DEFAULT_ACK_TIMEOUT: float
@@ -18,13 +17,11 @@ def dir_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]: 
 def sock_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]: ...
 def dial(path: str, timeout: Optional[float], peer_check: bool, allowed_uids: Collection[int]) -> socket.socket: ...
 
-class Client:
+class Client(Listener):
     path: str
     ack_timeout: float
     write_timeout: float
     frame_timeout: float
-    err: Optional[BaseException]
-    done: threading.Event
     def __init__(
         self,
         path: str,
@@ -44,14 +41,7 @@ class Client:
     def unsubscribe(self, q: str) -> None: ...
     def healthy(self) -> bool: ...
     def subscriptions(self) -> Set[str]: ...
-    def events(self) -> Iterator[_Event]: ...
-    def get(self, timeout: Optional[float] = ...) -> Optional[_Event]: ...
     def close(self) -> None: ...
-    def wait(self, timeout: Optional[float] = ...) -> Optional[BaseException]: ...
-    def __enter__(self) -> "Client": ...
-    def __exit__(
-        self, *exc: object
-    ) -> None: ...
 
 def connect(
     path: str,

@@ -8,7 +8,7 @@ import random
 import threading
 
 from . import _fork, _frame
-from ._events import DEFAULT_MAX_PENDING, Sink, SlowConsumerError, Status, Wake
+from ._events import DEFAULT_MAX_PENDING, Listener, Sink, SlowConsumerError, Status, Wake
 from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
 from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
@@ -35,7 +35,7 @@ def jitter(d):
     return d * (1 - PROBE_JITTER + 2 * PROBE_JITTER * random.random())
 
 
-class Failover:
+class Failover(Listener):
     """A listener that uses the hub while it can, its own Postgres
     connection while it cannot, and the hub again once it is back.
 
@@ -239,12 +239,6 @@ class Failover:
         with self._mu:
             return set(self._subs)
 
-    def events(self):
-        return self._sink.events()
-
-    def get(self, timeout=None):
-        return self._sink.get(timeout)
-
     def close(self):
         """Closes whichever listeners exist. Idempotent; safe from a
         callback."""
@@ -259,16 +253,6 @@ class Failover:
             if x is not None:
                 x.close()
         self._sink.end()
-
-    def wait(self, timeout=None):
-        self.done.wait(timeout)
-        return self.err
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # --- internals -----------------------------------------------------------
 

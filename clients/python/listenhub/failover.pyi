@@ -1,10 +1,9 @@
 # Type hints of listenhub.failover (the code is failover.py).
 
 import logging
-import threading
-from typing import Callable, Collection, Iterator, Literal, Optional, Set
+from typing import Callable, Collection, Literal, Optional, Set
 
-from ._events import _Event, _OnStatus, _OnWake
+from ._events import Listener, _OnStatus, _OnWake
 
 HUB: Literal["hub"]
 LOCAL: Literal["local"]
@@ -19,7 +18,7 @@ def jitter(d: float) -> float: ...
 
 log: logging.Logger
 
-class Failover:
+class Failover(Listener):
     socket_path: str
     ack_timeout: float
     one_way: bool
@@ -28,8 +27,6 @@ class Failover:
     probe_max_interval: float
     #: The hub's error that caused the last failover (None on the hub).
     reason: Optional[BaseException]
-    err: Optional[BaseException]
-    done: threading.Event
     def __init__(
         self,
         socket_path: str,
@@ -59,9 +56,4 @@ class Failover:
     def unsubscribe(self, q: str) -> None: ...
     def healthy(self) -> bool: ...
     def subscriptions(self) -> Set[str]: ...
-    def events(self) -> Iterator[_Event]: ...
-    def get(self, timeout: Optional[float] = ...) -> Optional[_Event]: ...
     def close(self) -> None: ...
-    def wait(self, timeout: Optional[float] = ...) -> Optional[BaseException]: ...
-    def __enter__(self) -> "Failover": ...
-    def __exit__(self, *exc: object) -> None: ...

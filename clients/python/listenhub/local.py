@@ -11,7 +11,7 @@ import threading
 import time
 
 from . import _fork, _frame
-from ._events import DEFAULT_MAX_PENDING, Sink, SlowConsumerError, Status, Wake, make_wake
+from ._events import DEFAULT_MAX_PENDING, Listener, Sink, SlowConsumerError, Status, Wake, make_wake
 from .errors import ClosedError, InvalidNameError, ListenhubError
 
 #: Tags the local listener's backend in pg_stat_activity, distinct from the
@@ -147,7 +147,7 @@ class _Op:
         self.q, self.listen, self.reply, self.err = q, listen, reply, None
 
 
-class Local:
+class Local(Listener):
     """A listener over this process's own Postgres connection (session
     mode: LISTEN does not work through a transaction-pooling PgBouncer).
 
@@ -275,12 +275,6 @@ class Local:
     def healthy(self):
         return not self.done.is_set() and self._healthy
 
-    def events(self):
-        return self._sink.events()
-
-    def get(self, timeout=None):
-        return self._sink.get(timeout)
-
     def close(self):
         """Closes the connection. Waiting subscribes raise ClosedError; no
         new callback starts. Idempotent; safe from a callback."""
@@ -292,16 +286,6 @@ class Local:
                 pass
             if threading.current_thread() is not self._thread:
                 self._thread.join(2.0)
-
-    def wait(self, timeout=None):
-        self.done.wait(timeout)
-        return self.err
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # --- internals -----------------------------------------------------------
 

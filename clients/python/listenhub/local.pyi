@@ -1,10 +1,9 @@
 # Type hints of listenhub.local (the code is local.py).
 
 import logging
-import threading
-from typing import Any, Iterator, Optional, Set
+from typing import Any, Optional, Set
 
-from ._events import _Event, _OnStatus, _OnWake
+from ._events import Listener, _OnStatus, _OnWake
 
 DEFAULT_LOCAL_APPLICATION_NAME: str
 DEFAULT_LOCAL_TIMEOUT: float
@@ -17,14 +16,12 @@ log: logging.Logger
 
 def check_delivery(conn: Any, url: str, application_name: str, timeout: float = ...) -> None: ...
 
-class Local:
+class Local(Listener):
     url: str
     prefix: str
     suffix: str
     application_name: str
     command_timeout: float
-    err: Optional[BaseException]
-    done: threading.Event
     def __init__(
         self,
         database_url_: Optional[str] = ...,
@@ -43,9 +40,4 @@ class Local:
     def sync(self, timeout: Optional[float] = ...) -> None: ...
     def unsubscribe(self, q: str) -> None: ...
     def healthy(self) -> bool: ...
-    def events(self) -> Iterator[_Event]: ...
-    def get(self, timeout: Optional[float] = ...) -> Optional[_Event]: ...
     def close(self) -> None: ...
-    def wait(self, timeout: Optional[float] = ...) -> Optional[BaseException]: ...
-    def __enter__(self) -> "Local": ...
-    def __exit__(self, *exc: object) -> None: ...

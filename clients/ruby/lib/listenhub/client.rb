@@ -2,6 +2,7 @@
 
 require "socket"
 require_relative "errors"
+require_relative "fork_guard"
 require_relative "frame"
 
 module Listenhub
@@ -189,6 +190,8 @@ module Listenhub
   # there raises ForkedError at once, and the child's copy of the socket is
   # closed without touching the parent's connection.
   class Client
+    include ForkGuard
+
     Sub = Struct.new(:active, :call, :want_unsub)
     Call = Struct.new(:deadline, :waiters, :done, :err)
 
@@ -370,11 +373,6 @@ module Listenhub
       @mu.synchronize { @subs.select { |_, s| s.active }.keys }
     end
 
-    # Why the client is dead (nil while alive).
-    def err
-      @pid == Process.pid ? @err : ForkedError.new(@pid)
-    end
-
     def alive?
       err.nil?
     end
@@ -401,21 +399,11 @@ module Listenhub
 
     private
 
-    def check_fork!
-      raise ForkedError.new(@pid) if @pid != Process.pid && forked_child_close
-    end
-
-    # In a forked child: the child's copy of the socket is closed (never
-    # shut down: that would cut the parent's connection too) and nothing of
-    # the parent's state is used again. True in the child.
-    def forked_child_close
-      return false if @pid == Process.pid
-
-      unless @forked
-        @forked = true
-        @sock.close rescue nil # rubocop:disable Style/RescueModifier
-      end
-      true
+    # The child's copy of the socket is closed (never shut down: that would
+    # cut the parent's connection too) and nothing of the parent's state is
+    # used again.
+    def release_in_forked_child
+      @sock.close rescue nil # rubocop:disable Style/RescueModifier
     end
 
     def die(err)

@@ -40,6 +40,8 @@ module Listenhub
   # child (every call), and the child's copies of its sockets are closed
   # without touching the parent's connections.
   class Failover
+    include ForkGuard
+
     DEFAULT_MIN_LOCAL = 5.0
     DEFAULT_PROBE_INTERVAL = 1.0
     DEFAULT_PROBE_MAX_INTERVAL = 30.0
@@ -193,10 +195,6 @@ module Listenhub
       @mu.synchronize { @subs.to_a }
     end
 
-    def err
-      @pid == Process.pid ? @err : ForkedError.new(@pid)
-    end
-
     # The pid of the local listener's backend (nil in hub mode).
     def local_backend_pid
       @mu.synchronize { @local }&.backend_pid
@@ -224,22 +222,12 @@ module Listenhub
 
     private
 
-    def check_fork!
-      raise ForkedError.new(@pid) if @pid != Process.pid && forked_child_close
-    end
-
-    def forked_child_close
-      return false if @pid == Process.pid
-
-      unless @forked
-        @forked = true
-        [@hub, @local, @cand].compact.each do |x|
-          x.close
-        rescue StandardError
-          nil
-        end
+    def release_in_forked_child
+      [@hub, @local, @cand].compact.each do |x|
+        x.close
+      rescue StandardError
+        nil
       end
-      true
     end
 
     # Waits (holding @mu) while the block is true, until deadline (nil: the

@@ -2,6 +2,7 @@
 
 require "securerandom"
 require_relative "errors"
+require_relative "fork_guard"
 require_relative "frame"
 
 module Listenhub
@@ -25,6 +26,8 @@ module Listenhub
   # adapter does); else database_url (or LISTENHUB_DATABASE_URL,
   # DATABASE_URL, the PG* variables).
   class Local
+    include ForkGuard
+
     HEALTH_CHECK_INTERVAL = 5.0
     BACKOFF_MIN = 0.1
     BACKOFF_MAX = 5.0
@@ -126,10 +129,6 @@ module Listenhub
       @err.nil? && @healthy
     end
 
-    def err
-      @pid == Process.pid ? @err : ForkedError.new(@pid)
-    end
-
     # Closes the connection; waiting subscribes raise ClosedError; no
     # callback starts once close returned. Waits for the listener's thread
     # to end (and close the connection) unless wait: false. Idempotent.
@@ -144,27 +143,17 @@ module Listenhub
 
     private
 
-    def check_fork!
-      raise ForkedError.new(@pid) if @pid != Process.pid && forked_child_close
-    end
-
-    # In a forked child the child's copy of the Postgres socket is pointed
-    # at /dev/null before anything can finish the connection: the pg gem
-    # would otherwise send Terminate on it (at close or at exit), ending the
-    # parent's session (Active Record does the same in discard!).
-    def forked_child_close
-      return false if @pid == Process.pid
-
-      unless @forked
-        @forked = true
-        begin
-          @conn.socket_io.reopen(IO::NULL)
-        rescue StandardError
-          nil
-        end
-        [@kick_r, @kick_w].each { |io| io.close rescue nil } # rubocop:disable Style/RescueModifier
+    # The child's copy of the Postgres socket is pointed at /dev/null before
+    # anything can finish the connection: the pg gem would otherwise send
+    # Terminate on it (at close or at exit), ending the parent's session
+    # (Active Record does the same in discard!).
+    def release_in_forked_child
+      begin
+        @conn.socket_io.reopen(IO::NULL)
+      rescue StandardError
+        nil
       end
-      true
+      [@kick_r, @kick_w].each { |io| io.close rescue nil } # rubocop:disable Style/RescueModifier
     end
 
     def wait_op(op, timeout, msg)

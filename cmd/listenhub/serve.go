@@ -99,7 +99,7 @@ func parseServe(args []string, stdout, stderr io.Writer) (*serveFlags, int) {
 func (f *serveFlags) define() {
 	fs := f.fs
 	f.databaseURL = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct (or session-pooled) connection (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-	f.socket = fs.String("socket", "", "Unix socket the workers connect to; created with --socket-mode and --socket-group, or the one systemd passes (LISTEN_FDS), whose path this must then be (required unless socket-activated)")
+	f.socket = fs.String("socket", "", socketHelp)
 	f.prefix = fs.String("channel-prefix", "", "Postgres channel = prefix + Q + suffix (pgbus: pgmq.q_)")
 	f.suffix = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
 	f.appName = fs.String("application-name", hub.DefaultApplicationName, "application_name of the hub's backend, counted by census")
@@ -123,7 +123,7 @@ func (f *serveFlags) define() {
 	f.pgConns = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
 	f.writeThreads = fs.Int("write-threads", 0, "threads writing a large fanout (32 or more workers in one loop iteration) while the loop has been idle more than busy lately; 1 keeps every write on the loop's thread; 0 means min(GOMAXPROCS, 4)")
 	f.relayOn = fs.Bool("relay", false, "also run the relay (listenhub relay) in this process, on connections of its own; the relay flags (see relay -h) apply")
-	f.configPath = fs.String("config", "", "file of settings, one key = value per line, the keys being these flags' names; flags and LISTENHUB_ variables override it; re-read by the new process of every upgrade (SIGUSR2), and on SIGHUP for the log level and format, the caps, the timeouts, the status interval and --allow-uid")
+	f.configPath = fs.String("config", "", configHelp)
 	f.rf.register(fs)
 	f.socketMode = modeValue(hub.DefaultSocketMode)
 	fs.Var(&f.socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still decides whom the hub serves)")

@@ -16,4 +16,9 @@ var errNoHotUpgrade = errors.New("hot upgrade is Linux only: on " + runtime.GOOS
 
 const upgradeTimeoutHelp = "SIGUSR2 upgrade: Linux only (no hot upgrade on " + runtime.GOOS + "; setting it is an error)"
 
+// No systemd off Linux: no socket activation to mention.
+const socketHelp = "Unix socket the workers connect to; created with --socket-mode and --socket-group (required)"
+
+const configHelp = "file of settings, one key = value per line, the keys being these flags' names; flags and LISTENHUB_ variables override it; re-read on SIGHUP for the log level and format, the caps, the timeouts, the status interval and --allow-uid"
+
 const allowUIDHelp = "uids allowed to connect (checked with LOCAL_PEERCRED), comma-separated or repeated (default: the hub's uid and root)"

@@ -111,3 +111,87 @@ func TestNamedTestsExist(t *testing.T) {
 		}
 	}
 }
+
+// TestDesignLayout: design.md's Layout table names every top-level folder
+// of the repository, every package under internal/, every example and
+// every client, and each name it gives exists; so the table cannot fall
+// behind a move.
+func TestDesignLayout(t *testing.T) {
+	b, err := os.ReadFile("design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, layout, ok := strings.Cut(string(b), "\n## Layout\n")
+	if !ok {
+		t.Fatal("design.md has no Layout section")
+	}
+	layout, _, _ = strings.Cut(layout, "\n## ")
+	rows := map[string]string{} // first column → the rest of the row
+	for _, line := range strings.Split(layout, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		rows[strings.Trim(strings.TrimSpace(cells[1]), "`")] = strings.Join(cells[2:], "|")
+	}
+	named := regexp.MustCompile("`([a-z0-9_./-]+)`")
+	mentions := func(row, name string) bool {
+		for _, m := range named.FindAllStringSubmatch(rows[row], -1) {
+			if strings.TrimSuffix(m[1], "/") == name {
+				return true
+			}
+		}
+		return false
+	}
+	dirs := func(parent string) []string {
+		entries, err := os.ReadDir(filepath.Join("..", parent))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range entries {
+			n := e.Name()
+			hidden := strings.HasPrefix(n, ".") && n != ".ci" // .git, an editor's
+			if e.IsDir() && !hidden && n != "dist" && n != "bin" && n != "node_modules" && n != "testdata" && n != "__pycache__" {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	top := map[string]bool{}
+	for _, d := range dirs(".") {
+		top[d] = true
+		row := d + "/"
+		if d == "cmd" {
+			row = "cmd/listenhub/"
+		}
+		if _, ok := rows[row]; !ok {
+			t.Errorf("design.md, Layout: no row for the folder %s/", d)
+		}
+	}
+	for row := range rows {
+		first, _, _ := strings.Cut(row, "/")
+		if !top[first] {
+			t.Errorf("design.md, Layout: a row for %s, which is not a folder of the repository", row)
+		}
+	}
+	for _, sub := range []struct{ parent, row string }{{"internal", "internal/"}, {"examples", "examples/"}, {"clients", "clients/"}} {
+		for _, d := range dirs(sub.parent) {
+			if !mentions(sub.row, d) {
+				t.Errorf("design.md, Layout: the %s row does not name %s", sub.row, d)
+			}
+		}
+	}
+	for _, m := range named.FindAllStringSubmatch(rows["internal/"], -1) {
+		if _, err := os.Stat(filepath.Join("..", "internal", m[1])); err != nil && !strings.Contains(m[1], ".") {
+			t.Errorf("design.md, Layout: internal/%s does not exist", m[1])
+		}
+	}
+	for _, m := range named.FindAllStringSubmatch(rows["hub/"], -1) {
+		if strings.HasSuffix(m[1], ".go") {
+			if _, err := os.Stat(filepath.Join("..", "hub", m[1])); err != nil {
+				t.Errorf("design.md, Layout: hub/%s does not exist", m[1])
+			}
+		}
+	}
+}

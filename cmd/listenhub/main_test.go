@@ -14,7 +14,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,42 +21,27 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 const timeout = 15 * time.Second
 
-// One throwaway cluster and one built binary for the package, made by the
-// first test that needs them.
-var (
-	dbOnce sync.Once
-	db     *pgtest.Cluster
-	dbErr  error
-)
+// One throwaway cluster for the package (pgtesting), with TLS for the TLS
+// upgrade test; the binary is built once by the first test that needs it.
+var db *pgtest.Cluster
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if db != nil {
-		if err := db.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, "pgtest: close:", err)
-		}
+	if os.Getenv(hammerEnv) != "" {
+		os.Exit(m.Run()) // TestAttackIntrospection's client process: no cluster
 	}
-	testutil.RemoveBinaries()
-	os.Exit(code)
+	pgtesting.Main(m, pgtest.Options{SSL: true}, &db)
 }
 
 func needDB(t testing.TB) *pgtest.Cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("integration test (-short)")
-	}
-	dbOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		db, dbErr = pgtest.Start(ctx, pgtest.Options{SSL: true}) // SSL: the TLS upgrade test
-	})
-	if dbErr != nil {
-		t.Fatal(dbErr)
 	}
 	return db
 }

@@ -1,7 +1,7 @@
-// Command embed is a server that embeds the hub: the hub runs in its own
-// process, the hub's monitoring is served on the server's mux beside its
-// pages, and a worker of the same process subscribes through the client,
-// as a worker in another process would.
+// Command embed is a server that embeds the hub: the hub runs inside the
+// server's process, its monitoring is served on the server's mux beside
+// the server's pages, and a worker of the same process subscribes through
+// the client, as a worker in another process would.
 //
 //	go run ./examples/embed --database-url postgres://app@db/app
 //

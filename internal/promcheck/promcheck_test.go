@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -22,16 +21,15 @@ import (
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/pgtest"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 const timeout = 30 * time.Second
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testutil.RemoveBinaries()
-	os.Exit(code)
-}
+var db *pgtest.Cluster
+
+func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{}, &db) }
 
 // serveWithMetrics starts the real binary with --metrics-addr on a free
 // port and returns the socket path and the metrics address.
@@ -145,11 +143,7 @@ func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
 func TestExpositionParses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgtest.Start(ctx, pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := db
 	sock, addr := serveWithMetrics(t, c.URL())
 	c1, d1 := subscriber(t, sock, "pc")
 	c2, d2 := subscriber(t, sock, "pc")

@@ -23,8 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -147,11 +146,7 @@ func waitWorkers(t *testing.T, w *lineWatcher, n int) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, db.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := pgtesting.Connect(t, db.URL())
 	var local int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'listenhub-local'").Scan(&local); err != nil {
 		t.Fatal(err)

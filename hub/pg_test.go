@@ -120,14 +120,7 @@ func (e *pgEnv) backends() int {
 // connect opens a plain connection for a notifier.
 func connect(t testing.TB, url string) *pgconn.PgConn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgconn.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(context.Background()) })
-	return c
+	return pgtesting.Connect(t, url).PgConn()
 }
 
 // 64 workers, overlapping subscriptions: exactly one backend, and every

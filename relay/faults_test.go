@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
@@ -162,11 +161,7 @@ func TestRelayResyncOwed(t *testing.T) {
 	f.insert("q_a") // committed before the slot: only the resync covers it
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	blocker, err := pgx.Connect(ctx, db.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close(context.Background())
+	blocker := pgtesting.Connect(t, db.URL())
 	var pid int
 	if _, err := blocker.Exec(ctx, "BEGIN"); err != nil {
 		t.Fatal(err)

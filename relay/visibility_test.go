@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -23,11 +23,7 @@ func TestRelayWaitsForVisibility(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	open, err := pgx.Connect(ctx, db.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer open.Close(context.Background())
+	open := pgtesting.Connect(t, db.URL())
 	tx, err := open.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

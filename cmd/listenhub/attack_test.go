@@ -200,18 +200,12 @@ func sampleRSS(t testing.TB, pid int) *rssSampler {
 	s.peak.Store(readRSS(pid))
 	go func() {
 		defer close(s.done)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
+		s.every(20*time.Millisecond, func() bool {
 			if n := readRSS(pid); n > s.peak.Load() {
 				s.peak.Store(n)
 			}
-		}
+			return true
+		})
 	}()
 	t.Cleanup(func() { s.end() })
 	return s
@@ -604,24 +598,17 @@ func startProber(t testing.TB, socket string, every time.Duration) *prober {
 	sub := frame.AppendSub(nil, q)
 	go func() {
 		defer close(p.done)
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-tick.C:
-			}
+		p.every(every, func() bool {
 			start := time.Now()
 			if _, err := p.w.c.Write(sub); err != nil {
 				p.fail(err)
-				return
+				return false
 			}
 			for {
 				m, err := p.w.read(timeout)
 				if err != nil {
 					p.fail(err)
-					return
+					return false
 				}
 				if m.T == "nack" && m.Q == q {
 					break
@@ -632,7 +619,8 @@ func startProber(t testing.TB, socket string, every time.Duration) *prober {
 			p.rtts = append(p.rtts, d)
 			p.at = append(p.at, start)
 			p.mu.Unlock()
-		}
+			return true
+		})
 	}()
 	t.Cleanup(p.halt)
 	return p

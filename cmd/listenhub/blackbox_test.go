@@ -29,6 +29,7 @@ import (
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -69,14 +70,7 @@ func sp(s string) *string { return &s }
 // notifier is a plain Postgres connection for NOTIFYs.
 func notifier(t testing.TB) *pgconn.PgConn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	c, err := pgconn.Connect(ctx, needDB(t).URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(context.Background()) })
-	return c
+	return pgtesting.Connect(t, needDB(t).URL()).PgConn()
 }
 
 func pgExec(t testing.TB, c *pgconn.PgConn, sql string) {
@@ -161,9 +155,7 @@ func TestBlackboxProtocol(t *testing.T) {
 	}
 	w1.sub("a")
 	w1.sub("a") // a second sub on a listening channel: acked (at once)
-	w2 := connectWorker(t, path)
-	w2.nextBody(true)
-	w2.sub("a")
+	w2 := subscribedWorker(t, path, "a")
 
 	pgExec(t, n, "NOTIFY "+pg("a"))
 	w1.expectBodies(bbWake("a", nil))
@@ -247,13 +239,9 @@ func sqlString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") 
 // connection and is counted; a sibling on the same channel carries on.
 func TestBlackboxMalformedSeversOne(t *testing.T) {
 	path := sockPath(t)
-	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--status-interval", "1h")
-	p.ready()
-	addr := p.metricsAddr()
+	p, addr := serveMetrics(t, path, "--status-interval", "1h")
 	n := notifier(t)
-	sib := connectWorker(t, path)
-	sib.nextBody(true)
-	sib.sub("m")
+	sib := subscribedWorker(t, path, "m")
 	cases := []struct {
 		name  string
 		input []byte
@@ -274,9 +262,7 @@ func TestBlackboxMalformedSeversOne(t *testing.T) {
 		{"unsub with array q", rawBody(`{"t":"unsub","q":["m"]}`)},
 	}
 	for i, c := range cases {
-		bad := connectWorker(t, path)
-		bad.nextBody(true)
-		bad.sub("m")
+		bad := subscribedWorker(t, path, "m")
 		bad.send(c.input)
 		bad.eofWithin(timeout)
 		payload := fmt.Sprint("after ", c.name)
@@ -335,19 +321,12 @@ func TestBlackboxStatusPeriod(t *testing.T) {
 func TestBlackboxResyncAfterTerminate(t *testing.T) {
 	c := needDB(t)
 	path := sockPath(t)
-	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--status-interval", "1h")
-	p.ready()
-	addr := p.metricsAddr()
+	p, addr := serveMetrics(t, path, "--status-interval", "1h")
 	n := notifier(t)
-	w1 := connectWorker(t, path)
-	w1.nextBody(true)
-	w1.sub("r1")
+	w1 := subscribedWorker(t, path, "r1")
 	w1.sub("r2")
-	w2 := connectWorker(t, path)
-	w2.nextBody(true)
-	w2.sub("r2")
-	idle := connectWorker(t, path) // subscribed to nothing: statuses only
-	idle.nextBody(true)
+	w2 := subscribedWorker(t, path, "r2")
+	idle := dialWorker(t, path) // subscribed to nothing: statuses only
 	m := scrape(t, addr)
 	if m["listenhub_channels"] != 2 || m["listenhub_postgres_reconnects_total"] != 0 || m["listenhub_postgres_healthy"] != 1 {
 		t.Fatalf("metrics before: %v", m)
@@ -400,9 +379,7 @@ func TestBlackboxHealthCheckFrozenBackend(t *testing.T) {
 	p := serve(t, path, nil, "--health-check-interval", "100ms", "--health-check-timeout", "400ms",
 		"--status-interval", "1h")
 	p.ready()
-	w := connectWorker(t, path)
-	w.nextBody(true)
-	w.sub("hc")
+	w := subscribedWorker(t, path, "hc")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	pids, err := c.BackendPIDs(ctx, p.app)
@@ -436,17 +413,11 @@ func TestBlackboxHealthCheckFrozenBackend(t *testing.T) {
 // the eviction is counted; the sibling gets every wake, in order.
 func TestBlackboxEviction(t *testing.T) {
 	path := sockPath(t)
-	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--hard-queue-limit", "32",
+	_, addr := serveMetrics(t, path, "--hard-queue-limit", "32",
 		"--status-interval", "1h")
-	p.ready()
-	addr := p.metricsAddr()
 	n := notifier(t)
-	wedged := connectWorker(t, path)
-	wedged.nextBody(true)
-	wedged.sub("ev")
-	sib := connectWorker(t, path)
-	sib.nextBody(true)
-	sib.sub("ev")
+	wedged := subscribedWorker(t, path, "ev")
+	sib := subscribedWorker(t, path, "ev")
 	// 1,000 bytes a payload, 10 per transaction, the sibling reading each
 	// batch before the next: about 200 frames fill the wedged worker's
 	// socket, 32 more evict it. 600 frames are far beyond that.
@@ -484,9 +455,7 @@ func TestBlackboxEviction(t *testing.T) {
 	// The sibling is still served, the hub still accepts.
 	pgExec(t, n, "NOTIFY ev, 'still'")
 	sib.expectBodies(bbWake("ev", sp("still")))
-	w := connectWorker(t, path)
-	w.nextBody(true)
-	w.sub("ev")
+	subscribedWorker(t, path, "ev") // a new worker is still accepted and acked
 }
 
 // Rules 4 and 5 through the binary: to a worker whose socket is full,
@@ -496,16 +465,12 @@ func TestBlackboxEviction(t *testing.T) {
 // everything in production order.
 func TestBlackboxDurableCoalescingAndLimit(t *testing.T) {
 	path := sockPath(t)
-	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--durable-queue-limit", "3",
+	_, addr := serveMetrics(t, path, "--durable-queue-limit", "3",
 		"--status-interval", "1h")
-	p.ready()
-	addr := p.metricsAddr()
 	n := notifier(t)
 	chans := []string{"fill", "d0", "d1", "d2", "d3", "d4", "d5"}
-	wedged := connectWorker(t, path)
-	wedged.nextBody(true)
-	sib := connectWorker(t, path)
-	sib.nextBody(true)
+	wedged := dialWorker(t, path)
+	sib := dialWorker(t, path)
 	for _, q := range chans {
 		wedged.sub(q)
 		sib.sub(q)
@@ -569,15 +534,11 @@ func TestBlackboxDurableCoalescingAndLimit(t *testing.T) {
 func TestBlackboxDurableNeverEvicts(t *testing.T) {
 	c := needDB(t)
 	path := sockPath(t)
-	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--hard-queue-limit", "8",
+	p, addr := serveMetrics(t, path, "--hard-queue-limit", "8",
 		"--status-interval", "1h")
-	p.ready()
-	addr := p.metricsAddr()
 	n := notifier(t)
-	wedged := connectWorker(t, path)
-	wedged.nextBody(true)
-	sib := connectWorker(t, path)
-	sib.nextBody(true)
+	wedged := dialWorker(t, path)
+	sib := dialWorker(t, path)
 	const channels = 30
 	for i := range channels {
 		wedged.sub(fmt.Sprint("c", i))
@@ -663,10 +624,8 @@ func TestBlackboxAckMeansListening(t *testing.T) {
 	p := serve(t, path, nil, "--status-interval", "1h")
 	p.ready()
 	n := notifier(t)
-	w1 := connectWorker(t, path)
-	w1.nextBody(true)
-	w2 := connectWorker(t, path)
-	w2.nextBody(true)
+	w1 := dialWorker(t, path)
+	w2 := dialWorker(t, path)
 	for i := range 40 {
 		q := fmt.Sprint("ack", i)
 		w1.send(frame.AppendSub(nil, q))
@@ -742,9 +701,7 @@ func TestBlackboxEnvironment(t *testing.T) {
 		if k := census(t, app); k != 1 {
 			t.Fatalf("census %d for %s", k, app) // --application-name, --database-url
 		}
-		w := connectWorker(t, path)
-		w.nextBody(true)
-		w.sub("q")
+		w := subscribedWorker(t, path, "q")
 		pgExec(t, notifier(t), `NOTIFY "env_q.evt", 'mapped'`) // prefix and suffix
 		w.expectBodies(bbWake("q", sp("mapped")))
 		// Status every 250 ms: two periodic ones well within a second.
@@ -793,9 +750,7 @@ func TestBlackboxEnvironment(t *testing.T) {
 		if k := census(t, app); k != 1 {
 			t.Fatalf("census %d", k)
 		}
-		w := connectWorker(t, path)
-		w.nextBody(true)
-		w.sub("pgvars")
+		subscribedWorker(t, path, "pgvars") // acked: the hub listens through the PG* variables
 	})
 
 	// A bad value in each variable is reported as one line naming it (or
@@ -844,12 +799,9 @@ func TestBlackboxMetricsValues(t *testing.T) {
 		t.Fatalf("metrics at start: %v", m)
 	}
 	probe := m["listenhub_frames_sent_total"] // the probe is gone: final
-	ws := make([]*worker, 3)
-	for i := range ws {
-		ws[i] = connectWorker(t, path)
-		ws[i].nextBody(true)
-		ws[i].sub("shared")
-		ws[i].sub(fmt.Sprint("own", i))
+	ws := subscribedWorkers(t, path, "shared", 3)
+	for i, w := range ws {
+		w.sub(fmt.Sprint("own", i))
 	}
 	m = scrape(t, addr)
 	if m["listenhub_workers"] != 3 || m["listenhub_accepts_total"] != 4 || m["listenhub_channels"] != 4 {
@@ -892,12 +844,8 @@ func TestBlackboxSIGTERMWithBacklog(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, nil, "--status-interval", "1h")
 	p.ready()
-	wedged := connectWorker(t, path)
-	wedged.nextBody(true)
-	wedged.sub("bl")
-	other := connectWorker(t, path)
-	other.nextBody(true)
-	other.sub("bl")
+	wedged := subscribedWorker(t, path, "bl")
+	other := subscribedWorker(t, path, "bl")
 	pgExec(t, notifier(t), "SELECT pg_notify('bl', lpad(i::text, 7999, '0')) FROM generate_series(1, 60) i")
 	for i := 1; i <= 60; i++ {
 		other.expectBodies(bbWake("bl", sp(fmt.Sprintf("%07999d", i))))
@@ -937,13 +885,7 @@ func TestBlackboxStaleSocketUmask(t *testing.T) {
 	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
 	p.start()
 	p.ready()
-	fi, err := os.Lstat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("socket mode %v under umask 000, want 0600", fi.Mode())
-	}
+	checkSocketMode(t, path, " under umask 000")
 	ents, _ := os.ReadDir(filepath.Dir(path))
 	if len(ents) != 1 {
 		t.Fatalf("socket directory holds %v", ents)

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/relayfix"
 )
@@ -221,13 +219,7 @@ func TestServerOnThisHost(t *testing.T) {
 	}
 	c := needDB(t)
 	pgtesting.RequireLocal(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgconn.Connect(ctx, c.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := pgtesting.Connect(t, c.URL()).PgConn()
 	if !serverOnThisHost(conn) {
 		t.Fatalf("a connection to the test cluster (%v, backend %d) not taken for local", conn.Conn().RemoteAddr(), conn.PID())
 	}

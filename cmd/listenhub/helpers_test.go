@@ -387,3 +387,43 @@ func waitMetric(t testing.TB, addr, name string, want float64) {
 		return got == want
 	})
 }
+
+// subscribedWorker is dialWorker subscribed to q.
+func subscribedWorker(t testing.TB, path, q string) *worker {
+	t.Helper()
+	w := dialWorker(t, path)
+	w.sub(q)
+	return w
+}
+
+// serveMetrics starts a hub on path with a metrics address and the
+// given flags, waits until it is ready, and returns it with that address.
+func serveMetrics(t testing.TB, path string, args ...string) (*proc, string) {
+	t.Helper()
+	p := serve(t, path, nil, append([]string{"--metrics-addr", "127.0.0.1:0"}, args...)...)
+	p.ready()
+	return p, p.metricsAddr()
+}
+
+// subscribedWorkers is n subscribedWorkers on q.
+func subscribedWorkers(t testing.TB, path, q string, n int) []*worker {
+	t.Helper()
+	ws := make([]*worker, n)
+	for i := range ws {
+		ws[i] = subscribedWorker(t, path, q)
+	}
+	return ws
+}
+
+// checkSocketMode fails unless path is a socket with mode 0600; the
+// message says under what conditions (when).
+func checkSocketMode(t testing.TB, path, when string) {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v%s, want a socket with 0600", fi.Mode(), when)
+	}
+}

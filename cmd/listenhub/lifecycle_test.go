@@ -178,8 +178,7 @@ func TestServeSocketActivation(t *testing.T) {
 	p := activated(t, ln, nil)
 	early.expect("status")
 	early.sub("act")
-	late := dialWorker(t, path)
-	late.sub("act")
+	late := subscribedWorker(t, path, "act")
 	notify(t, "NOTIFY act, 'one'")
 	for _, w := range []*worker{early, late} {
 		if m := w.expect("wake"); m.P != "one" {
@@ -258,8 +257,7 @@ func TestServeSIGHUP(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, nil)
 	p.ready()
-	w := dialWorker(t, path)
-	w.sub("hup")
+	w := subscribedWorker(t, path, "hup")
 	p.cmd.Process.Signal(syscall.SIGHUP)
 	testutil.WaitFor(t, timeout, "SIGHUP logged", func() bool {
 		return strings.Contains(p.stderr.String(), "SIGHUP ignored; send SIGUSR2 to upgrade")
@@ -335,8 +333,7 @@ func TestServeUpgradeUnderSystemd(t *testing.T) {
 	p := activated(t, ln, []string{"NOTIFY_SOCKET=" + sd.path, "WATCHDOG_USEC=400000"}, "--pid-file", pidFile)
 	old := p.pid()
 	sd.waitFor("READY=1", timeout)
-	w := dialWorker(t, path)
-	w.sub("upg")
+	w := subscribedWorker(t, path, "upg")
 	p.cmd.Process.Signal(syscall.SIGUSR2)
 	var newPID int
 	t.Cleanup(func() {

@@ -397,8 +397,7 @@ func TestServeSignals(t *testing.T) {
 			path := sockPath(t)
 			p := serve(t, path, nil)
 			p.ready()
-			w := dialWorker(t, path)
-			w.sub("term")
+			w := subscribedWorker(t, path, "term")
 			if n := census(t, p.app); n != 1 {
 				t.Fatalf("census %d, want 1", n)
 			}
@@ -423,11 +422,7 @@ func TestServeKilled(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, nil)
 	p.ready()
-	ws := make([]*worker, 8)
-	for i := range ws {
-		ws[i] = dialWorker(t, path)
-		ws[i].sub("kill")
-	}
+	ws := subscribedWorkers(t, path, "kill", 8)
 	p.cmd.Process.Kill()
 	var worst time.Duration
 	for _, w := range ws {
@@ -440,8 +435,7 @@ func TestServeKilled(t *testing.T) {
 	testutil.WaitFor(t, timeout, "backend gone", func() bool { return census(t, p.app) == 0 })
 	p2 := serve(t, path, nil) // stale: replaced
 	p2.ready()
-	w := dialWorker(t, path)
-	w.sub("kill")
+	subscribedWorker(t, path, "kill")
 }
 
 // The socket is mode 0600; a second hub on a live path exits non-zero with a
@@ -450,15 +444,8 @@ func TestServeSocketModeAndLivePath(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, nil)
 	p.ready()
-	fi, err := os.Lstat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("socket mode %v, want a socket with 0600", fi.Mode())
-	}
-	w := dialWorker(t, path)
-	w.sub("live")
+	checkSocketMode(t, path, "")
+	w := subscribedWorker(t, path, "live")
 	second := serve(t, path, nil)
 	if code := second.exit(); code == 0 {
 		t.Fatal("second hub on a live socket exited 0")
@@ -501,8 +488,7 @@ func TestServeEnvironment(t *testing.T) {
 	})
 	p.socket = path
 	p.ready()
-	w := dialWorker(t, path)
-	w.sub("q")
+	w := subscribedWorker(t, path, "q")
 	if n := census(t, app); n != 1 {
 		t.Fatalf("census for %s = %d", app, n)
 	}
@@ -517,13 +503,10 @@ func TestServeEnvironment(t *testing.T) {
 func TestServeMetricsAndHealthz(t *testing.T) {
 	c := needDB(t)
 	path := sockPath(t)
-	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--health-check-interval", "100ms",
+	_, addr := serveMetrics(t, path, "--health-check-interval", "100ms",
 		"--health-check-timeout", "500ms")
-	p.ready()
-	addr := p.metricsAddr()
 	get := func(path string) (int, string) { return httpGet(t, addr, path) }
-	w := dialWorker(t, path)
-	w.sub("m")
+	w := subscribedWorker(t, path, "m")
 	notify(t, "NOTIFY m")
 	w.expect("wake")
 	code, body := get("/metrics")
@@ -588,11 +571,9 @@ func TestServe64WorkersOneBackend(t *testing.T) {
 	path := sockPath(t)
 	p := serve(t, path, nil)
 	p.ready()
-	ws := make([]*worker, 64)
-	for i := range ws {
-		ws[i] = dialWorker(t, path)
-		ws[i].sub("shared")
-		ws[i].sub(fmt.Sprint("own", i))
+	ws := subscribedWorkers(t, path, "shared", 64)
+	for i, w := range ws {
+		w.sub(fmt.Sprint("own", i))
 	}
 	if n := census(t, p.app); n != 1 {
 		t.Fatalf("census %d with 64 workers, want 1", n)
@@ -609,9 +590,7 @@ func TestServe64WorkersOneBackend(t *testing.T) {
 // back to where it started.
 func TestServeChurnFDs(t *testing.T) {
 	path := sockPath(t)
-	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0")
-	p.ready()
-	addr := p.metricsAddr()
+	p, addr := serveMetrics(t, path)
 	workers := func() string {
 		series, _ := scrapeSeries(t, addr)
 		n, ok := series["listenhub_workers"]
@@ -663,10 +642,8 @@ func TestServeMemory(t *testing.T) {
 	for _, w := range ws {
 		w.c.Close()
 	}
-	wedged := dialWorker(t, path)
-	wedged.sub("d")
-	sib := dialWorker(t, path)
-	sib.sub("d")
+	wedged := subscribedWorker(t, path, "d")
+	sib := subscribedWorker(t, path, "d")
 	notify(t, `DO $$ BEGIN FOR i IN 1..20000 LOOP PERFORM pg_notify('d', ''); COMMIT; END LOOP; END $$`)
 	notify(t, `SELECT pg_notify('d', 'end')`)
 	for {
@@ -871,4 +848,21 @@ func (b *background) ask() {
 func (b *background) halt() {
 	b.ask()
 	<-b.done
+}
+
+// every calls step every d until step returns false or the goroutine is
+// asked to stop. The caller closes done.
+func (b *background) every(d time.Duration, step func() bool) {
+	tick := time.NewTicker(d)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-tick.C:
+		}
+		if !step() {
+			return
+		}
+	}
 }

@@ -48,8 +48,7 @@ func TestServeRelayMisconfigured(t *testing.T) {
 	if code != 200 || body != "ok\nrelay down: wal_level is minimal, the relay needs logical: run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL\n" {
 		t.Errorf("/healthz %d %q; want 200, the hub's ok and the relay's line", code, body)
 	}
-	w := dialWorker(t, path)
-	w.sub("plain")
+	w := subscribedWorker(t, path, "plain")
 	notify(t, "NOTIFY plain")
 	w.expect("wake")
 	out, err := exec.Command(hubBinary(t), "status", "--metrics-addr", addr).CombinedOutput()

@@ -35,9 +35,7 @@ func introspectedHub(t *testing.T) introspected {
 	t.Helper()
 	path := sockPath(t)
 	// No periodic status re-send: frames sent stay what the test did.
-	p := serve(t, path, nil, "--metrics-addr", "127.0.0.1:0", "--status-interval", "1h")
-	p.ready()
-	addr := p.metricsAddr()
+	p, addr := serveMetrics(t, path, "--status-interval", "1h")
 	ws := make([]*worker, 4)
 	for i := range ws {
 		ws[i] = dialWorker(t, path)

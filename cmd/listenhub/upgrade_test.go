@@ -21,9 +21,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -332,32 +331,20 @@ type seqNotifier struct {
 
 func startSeqNotifier(t *testing.T, url, q string, pace time.Duration) *seqNotifier {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	pc, err := pgconn.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc := pgtesting.Connect(t, url).PgConn()
 	n := &seqNotifier{background: newBackground()}
 	t.Cleanup(func() { n.halt() })
 	go func() {
 		defer close(n.done)
-		defer pc.Close(context.Background())
-		tick := time.NewTicker(pace)
-		defer tick.Stop()
-		for {
-			select {
-			case <-n.stop:
-				return
-			case <-tick.C:
-			}
+		n.every(pace, func() bool {
 			sql := fmt.Sprintf("SELECT pg_notify('%s', '%d')", q, n.sent+1)
 			if _, err := pc.Exec(context.Background(), sql).ReadAll(); err != nil {
 				n.err = err
-				return
+				return false
 			}
 			n.sent++
-		}
+			return true
+		})
 	}()
 	return n
 }
@@ -382,35 +369,23 @@ type backendSampler struct {
 
 func sampleBackends(t *testing.T, url, app string) *backendSampler {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	pc, err := pgconn.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc := pgtesting.Connect(t, url).PgConn()
 	s := &backendSampler{background: newBackground()}
 	t.Cleanup(func() { s.halt() })
 	sql := fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'", app)
 	go func() {
 		defer close(s.done)
-		defer pc.Close(context.Background())
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
+		s.every(50*time.Millisecond, func() bool {
 			res, err := pc.Exec(context.Background(), sql).ReadAll()
 			if err != nil || len(res) == 0 || len(res[0].Rows) == 0 {
 				s.err = fmt.Errorf("sample: %v", err)
-				return
+				return false
 			}
 			c, _ := strconv.Atoi(string(res[0].Rows[0][0]))
 			s.max = max(s.max, c)
 			s.n++
-		}
+			return true
+		})
 	}()
 	return s
 }

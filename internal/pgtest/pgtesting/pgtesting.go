@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
@@ -131,6 +133,20 @@ func RequireLocal(t testing.TB, c *pgtest.Cluster) {
 	if c.External() {
 		t.Skip("needs a throwaway cluster; " + pgtest.EnvURL + " is set")
 	}
+}
+
+// Connect opens a plain connection to url (within 30 seconds, or the test
+// fails), closed when the test ends.
+func Connect(t testing.TB, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
 
 // PgBouncer starts a PgBouncer with pool_mode mode in front of c

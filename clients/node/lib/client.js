@@ -7,7 +7,7 @@ const net = require('node:net');
 const pathlib = require('node:path');
 
 const frame = require('./frame');
-const { DEFAULT_MAX_PENDING, Sink, wake, status } = require('./events');
+const { DEFAULT_MAX_PENDING, Listener, Sink, wake, status } = require('./events');
 const {
   AckTimeoutError,
   ClosedError,
@@ -16,7 +16,6 @@ const {
   LimitError,
   NackError,
   RefusedError,
-  SlowConsumerError,
 } = require('./errors');
 
 // The hub acks once Postgres confirmed the LISTEN (a round trip); nothing
@@ -138,8 +137,9 @@ function checkSame(path, pin, trusted) {
 // called synchronously from the socket's data handler in wire order (a
 // returned promise is not awaited: hand slow work off), or to the async
 // iterator events().
-class Client {
+class Client extends Listener {
   constructor(path, socket, opts) {
+    super();
     this.path = path;
     this.ackTimeout = opts.ackTimeout || DEFAULT_ACK_TIMEOUT;
     this.writeTimeout = opts.writeTimeout || DEFAULT_WRITE_TIMEOUT;
@@ -252,28 +252,12 @@ class Client {
     return new Set([...this._subs].filter(([, s]) => s.active).map(([q]) => q));
   }
 
-  // Async iterator over the events without a callback, until the client is
-  // dead and the queue drained.
-  events() {
-    return this._sink.events();
-  }
-
-  // The next queued event; null after timeoutMs or at the end.
-  get(timeoutMs) {
-    return this._sink.get(timeoutMs);
-  }
-
   // Kills the client with ClosedError and closes the socket; the hub drops
   // its subscriptions. No callback runs after close(). Idempotent; safe
   // from a callback.
   close() {
     this._closing = true;
     this._die(new ClosedError());
-  }
-
-  // Resolves with err once the client is dead.
-  wait() {
-    return this.done;
   }
 
   // Writes buf; if bytes are still pending writeTimeout later (the kernel's
@@ -433,18 +417,7 @@ class Client {
 
   _deliver(ev) {
     if (this._closing) return;
-    const cb = this._sink.callback(ev);
-    if (!cb) {
-      if (!this._sink.put(ev)) {
-        this._die(new SlowConsumerError(`listenhub: more than ${this._sink.maxPending} events not taken from events()`));
-      }
-      return;
-    }
-    try {
-      cb(ev.type === 'wake' ? ev : ev.healthy);
-    } catch (e) {
-      process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
-    }
+    if (!this._handOver(ev)) this._die(this._slowConsumer());
   }
 }
 

@@ -3,6 +3,8 @@
 // What listeners deliver, and the sink that hands it to callbacks or to an
 // async iterator.
 
+const { SlowConsumerError } = require('./errors');
+
 const DEFAULT_MAX_PENDING = 65536;
 
 // A wake: q is the subscription name; payload is null and durable true for a
@@ -91,4 +93,43 @@ class Sink {
   }
 }
 
-module.exports = { DEFAULT_MAX_PENDING, Sink, wake, status };
+// What Client, Local and Failover share: the queued events and the end. A
+// subclass sets _sink (a Sink) and done (a promise of err, resolved at
+// death).
+class Listener {
+  // Async iterator over the events without a callback, until the listener
+  // is dead and the queue drained.
+  events() {
+    return this._sink.events();
+  }
+
+  // The next queued event; null after timeoutMs or at the end.
+  get(timeoutMs) {
+    return this._sink.get(timeoutMs);
+  }
+
+  // Resolves with err once the listener is dead.
+  wait() {
+    return this.done;
+  }
+
+  // Hands ev to its callback (a throw is a warning, not the listener's
+  // death) or queues it for events(); false when the queue is full.
+  _handOver(ev) {
+    const cb = this._sink.callback(ev);
+    if (!cb) return this._sink.put(ev);
+    try {
+      cb(ev.type === 'wake' ? ev : ev.healthy);
+    } catch (e) {
+      process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
+    }
+    return true;
+  }
+
+  // The error a listener dies with when events() was not drained.
+  _slowConsumer() {
+    return new SlowConsumerError(`listenhub: more than ${this._sink.maxPending} events not taken from events()`);
+  }
+}
+
+module.exports = { DEFAULT_MAX_PENDING, Listener, Sink, wake, status };

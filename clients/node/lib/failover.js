@@ -7,8 +7,8 @@
 const frame = require('./frame');
 const { connect, DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT } = require('./client');
 const { Local, DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT } = require('./local');
-const { DEFAULT_MAX_PENDING, Sink, wake, status } = require('./events');
-const { ClosedError, ConnError, FailoverError, InvalidNameError, SlowConsumerError } = require('./errors');
+const { DEFAULT_MAX_PENDING, Listener, Sink, wake, status } = require('./events');
+const { ClosedError, ConnError, FailoverError, InvalidNameError } = require('./errors');
 
 const HUB = 'hub';
 const LOCAL = 'local';
@@ -66,8 +66,9 @@ const jitter = (ms) => ms * (1 - PROBE_JITTER + 2 * PROBE_JITTER * Math.random()
 // A subscribe that meets the failure waits for the swap and is answered by
 // the local listener; if the local listener cannot be built the Failover is
 // dead with a FailoverError.
-class Failover {
+class Failover extends Listener {
   constructor(socketPath, opts) {
+    super();
     this.socketPath = socketPath;
     this._opts = opts;
     this._localOpts = {
@@ -209,14 +210,6 @@ class Failover {
     return new Set(this._subs);
   }
 
-  events() {
-    return this._sink.events();
-  }
-
-  get(timeoutMs) {
-    return this._sink.get(timeoutMs);
-  }
-
   // Closes whichever listeners exist. Idempotent; safe from a callback.
   close() {
     if (this.err) return;
@@ -225,10 +218,6 @@ class Failover {
     clearTimeout(this._failbackTimer);
     this._sink.end();
     this._resolveDone(this.err);
-  }
-
-  wait() {
-    return this.done;
   }
 
   _startFailover(hub, reason) {
@@ -424,18 +413,7 @@ class Failover {
 
   _deliver(ev) {
     if (this.err) return;
-    const cb = this._sink.callback(ev);
-    if (!cb) {
-      if (!this._sink.put(ev)) {
-        queueMicrotask(() => this._die(new SlowConsumerError(`listenhub: more than ${this._sink.maxPending} events not taken from events()`)));
-      }
-      return;
-    }
-    try {
-      cb(ev.type === 'wake' ? ev : ev.healthy);
-    } catch (e) {
-      process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
-    }
+    if (!this._handOver(ev)) queueMicrotask(() => this._die(this._slowConsumer()));
   }
 }
 

@@ -7,8 +7,8 @@
 const crypto = require('node:crypto');
 
 const frame = require('./frame');
-const { DEFAULT_MAX_PENDING, Sink, wake, status } = require('./events');
-const { ClosedError, InvalidNameError, ListenhubError, SlowConsumerError } = require('./errors');
+const { DEFAULT_MAX_PENDING, Listener, Sink, wake, status } = require('./events');
+const { ClosedError, InvalidNameError, ListenhubError } = require('./errors');
 
 // Tags the local listener's backend in pg_stat_activity, distinct from the
 // hub's "listenhub", so an operator sees how many processes fell back.
@@ -109,8 +109,9 @@ function withTimeout(promise, ms, what) {
 // again it reports status true and one durable wake per name (NOTIFYs in
 // the gap are gone). A Local dies only by close(). Make one with
 // Local.create(opts).
-class Local {
+class Local extends Listener {
   constructor(opts) {
+    super();
     this.url = databaseUrl(opts.databaseUrl);
     this.prefix = opts.channelPrefix || '';
     this.suffix = opts.channelSuffix || '';
@@ -254,22 +255,10 @@ class Local {
     return !this.err && this._healthy;
   }
 
-  events() {
-    return this._sink.events();
-  }
-
-  get(timeoutMs) {
-    return this._sink.get(timeoutMs);
-  }
-
   // Closes the connection. Idempotent; safe from a callback.
   close() {
     this._closing = true;
     this._die(new ClosedError());
-  }
-
-  wait() {
-    return this.done;
   }
 
   _die(err) {
@@ -301,18 +290,7 @@ class Local {
 
   _deliver(ev) {
     if (this._closing || this.err) return;
-    const cb = this._sink.callback(ev);
-    if (!cb) {
-      if (!this._sink.put(ev)) {
-        this._die(new SlowConsumerError(`listenhub: more than ${this._sink.maxPending} events not taken from events()`));
-      }
-      return;
-    }
-    try {
-      cb(ev.type === 'wake' ? ev : ev.healthy);
-    } catch (e) {
-      process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
-    }
+    if (!this._handOver(ev)) this._die(this._slowConsumer());
   }
 
   // The connection conn was lost: reconnect, re-LISTEN, resync.

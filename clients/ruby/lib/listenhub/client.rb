@@ -243,31 +243,19 @@ module Listenhub
       problem = Frame.name_problem(q)
       raise InvalidNameError.new(q, problem) if problem
 
-      mine = nil
-      c = @mu.synchronize do
+      c, mine = @mu.synchronize do
         raise @err if @err
 
-        s = (@subs[q] ||= Sub.new(false, nil, false))
-        return if s.active && s.call.nil?
-
-        unless s.call
-          s.call = Call.new(Listenhub.monotonic + @ack_timeout, 0, false, nil)
-          @out << Frame.sub(q)
-          mine = true
-        end
-        s.want_unsub = false
-        s.call.waiters += 1
-        s.call
+        join_call_locked(q)
       end
+      return unless c
+
       flush if mine
       mine_deadline = timeout && Listenhub.monotonic + timeout
       @mu.synchronize do
         until c.done
           now = Listenhub.monotonic
-          if c.deadline <= now
-            die_locked(AckTimeoutError.new(q, @ack_timeout))
-            break
-          end
+          break if ack_overdue_locked(q, c, now)
           if mine_deadline && mine_deadline <= now
             c.waiters -= 1
             @subs[q].want_unsub = true if c.waiters.zero? && @subs[q]
@@ -303,19 +291,13 @@ module Listenhub
             res[q] = @err
             next
           end
-          s = (@subs[q] ||= Sub.new(false, nil, false))
-          if s.active && s.call.nil?
+          c, queued = join_call_locked(q)
+          mine ||= queued
+          if c
+            calls[q] = c
+          else
             res[q] = nil
-            next
           end
-          unless s.call
-            s.call = Call.new(Listenhub.monotonic + @ack_timeout, 0, false, nil)
-            @out << Frame.sub(q)
-            mine = true
-          end
-          s.want_unsub = false
-          s.call.waiters += 1
-          calls[q] = s.call
         end
       end
       flush if mine
@@ -323,10 +305,7 @@ module Listenhub
         calls.each do |q, c|
           until c.done
             now = Listenhub.monotonic
-            if c.deadline <= now
-              die_locked(AckTimeoutError.new(q, @ack_timeout))
-              break
-            end
+            break if ack_overdue_locked(q, c, now)
             @cv.wait(@mu, c.deadline - now)
           end
           res[q] = c.err
@@ -398,6 +377,33 @@ module Listenhub
     end
 
     private
+
+    # Under @mu: the pending call a subscriber of q waits on, counted as one
+    # more waiter, and whether its sub frame was queued now (it was not when
+    # another caller's call is pending); [nil, false] when q is acked.
+    def join_call_locked(q)
+      s = (@subs[q] ||= Sub.new(false, nil, false))
+      return [nil, false] if s.active && s.call.nil?
+
+      queued = false
+      unless s.call
+        s.call = Call.new(Listenhub.monotonic + @ack_timeout, 0, false, nil)
+        @out << Frame.sub(q)
+        queued = true
+      end
+      s.want_unsub = false
+      s.call.waiters += 1
+      [s.call, queued]
+    end
+
+    # Under @mu: whether the ack deadline of q's call c has passed at now;
+    # then the client is dead with AckTimeoutError.
+    def ack_overdue_locked(q, c, now)
+      return false if c.deadline > now
+
+      die_locked(AckTimeoutError.new(q, @ack_timeout))
+      true
+    end
 
     # The child's copy of the socket is closed (never shut down: that would
     # cut the parent's connection too) and nothing of the parent's state is

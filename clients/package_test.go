@@ -30,13 +30,13 @@ import (
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
-// startHub runs `listenhub serve` on a fresh socket and returns the socket's
-// path once it accepts.
-func startHub(t *testing.T) string {
+// startHub runs `listenhub serve` on a fresh socket, with flags added, and
+// returns the socket's path once it accepts.
+func startHub(t *testing.T, flags ...string) string {
 	t.Helper()
 	bin := testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
 	sock := filepath.Join(t.TempDir(), "hub.sock")
-	cmd := exec.Command(bin, "serve", "--database-url", db.URL(), "--socket", sock)
+	cmd := exec.Command(bin, append([]string{"serve", "--database-url", db.URL(), "--socket", sock}, flags...)...)
 	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

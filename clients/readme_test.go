@@ -4,9 +4,10 @@ package clients_test
 // out of README.md, pointed at a real hub (its socket path replaced, the
 // database in DATABASE_URL), and run in the server it is written for — the
 // Go one built for every platform a release has and run on this one, the
-// Python one under gunicorn, the Node one as a cluster — until every worker
-// it starts has received a NOTIFY through the hub, none on a connection of
-// its own.
+// Python one under gunicorn, the Node one as a cluster, the Action Cable one
+// in Action Cable, the pgbus one as a pgbus worker finds the hub — until
+// every worker it starts has received a NOTIFY through the hub, none on a
+// connection of its own.
 
 import (
 	"bufio"
@@ -349,9 +350,59 @@ func TestREADMEQuickStartRails(t *testing.T) {
 	}
 }
 
-// TestREADMEQuickStartPgbus checks the pgbus quick start's Ruby (syntax,
-// and the variable pgbus reads); its listenhub command line is checked
-// with the others (cmd/listenhub, TestDocsCommandLines).
+// pgbusWorker is what a pgbus app does with the README's initializer, with
+// a stand-in for pgbus's configuration: the pgbus_streams plugin has set
+// PGBUS_STREAMS_HUB_SOCKET to its own hub's path (MasterHubBoot#start), the
+// initializer (ARGV[0]) runs after it, and a worker's streamer, with scope
+// :master, reads the variable, connects there and subscribes to a queue
+// with pgbus's frames (lib/pgbus/web/streamer/instance.rb and
+// hub_client.rb): a 4-byte big-endian length, then the JSON.
+const pgbusWorker = `
+require "json"
+require "socket"
+require "timeout"
+require "tmpdir"
+
+module Pgbus
+  class Configuration
+    attr_reader :streams_listen_scope
+    def initialize = (@streams_listen_scope = :master)
+    def streams_listen_scope=(scope)
+      raise ArgumentError, "streams_listen_scope #{scope.inspect}" unless %i[master process].include?(scope)
+      @streams_listen_scope = scope
+    end
+  end
+  def self.configuration = (@configuration ||= Configuration.new)
+  def self.configure = yield(configuration)
+end
+
+ENV["PGBUS_STREAMS_HUB_SOCKET"] = File.join(Dir.tmpdir, "pgbus-streams-hub-#{Process.pid}.sock")
+load ARGV[0]
+abort "scope #{Pgbus.configuration.streams_listen_scope.inspect}" unless Pgbus.configuration.streams_listen_scope == :master
+
+sock = UNIXSocket.new(ENV.fetch("PGBUS_STREAMS_HUB_SOCKET"))
+send_frame = ->(h) { b = JSON.generate(h); sock.write([b.bytesize].pack("N") + b) }
+read_frame = -> { JSON.parse(sock.read(sock.read(4).unpack1("N"))) }
+Timeout.timeout(30) do
+  send_frame.({ "t" => "sub", "q" => "orders" })
+  seen = []
+  loop do
+    f = read_frame.()
+    seen << f["t"]
+    abort "refused: #{f.inspect}" if f["t"] == "nack"
+    next unless f["t"] == "wake"
+    abort "a wake before the ack: #{seen}" unless seen.include?("ack")
+    puts "pgbus worker: wake #{f["q"]} #{f["p"].inspect}"
+    break
+  end
+end
+`
+
+// TestREADMEQuickStartPgbus runs the pgbus quick start: the README's
+// `listenhub serve` line (socket and database filled in), and its
+// initializer in a stand-in for a pgbus app whose Puma plugin pointed the
+// workers elsewhere first; the worker subscribes to the queue "orders" and
+// receives the NOTIFY of pgmq's channel pgmq.q_orders.INSERT.
 func TestREADMEQuickStartPgbus(t *testing.T) {
 	blocks := quickStart(t, "### pgbus on Puma")
 	code := blocks["ruby"]
@@ -360,16 +411,32 @@ func TestREADMEQuickStartPgbus(t *testing.T) {
 			t.Errorf("README.md: the pgbus quick start lacks %q:\n%s", want, code)
 		}
 	}
-	if !strings.Contains(blocks["sh"], "--channel-prefix pgmq.q_ --channel-suffix .INSERT") {
-		t.Errorf("README.md: the pgbus quick start's hub does not map names to pgmq's channels:\n%s", blocks["sh"])
+	line := strings.TrimSpace(blocks["sh"])
+	args, ok := strings.CutPrefix(line, "listenhub serve ")
+	if !ok || strings.Contains(line, "\n") || !strings.Contains(args, "--channel-prefix pgmq.q_ --channel-suffix .INSERT") {
+		t.Fatalf("README.md: the pgbus quick start's hub is not one `listenhub serve` line mapping names to pgmq's channels:\n%s", blocks["sh"])
 	}
 	rb, err := exec.LookPath("ruby")
 	if err != nil {
-		missing(t, "the README's pgbus quick start needs ruby to be checked; on Debian: apt-get install -y ruby")
+		missing(t, "the README's pgbus quick start needs ruby; on Debian: apt-get install -y ruby")
 	}
-	f := filepath.Join(t.TempDir(), "pgbus.rb")
-	if err := os.WriteFile(f, []byte(code), 0o644); err != nil {
+	var flags []string
+	for f := range strings.FieldsSeq(args) {
+		if f == readmeSocket {
+			flags = flags[:len(flags)-1] // startHub gives the socket
+			continue
+		}
+		flags = append(flags, f)
+	}
+	sock := startHub(t, flags...)
+	dir := t.TempDir()
+	init := filepath.Join(dir, "pgbus.rb")
+	if err := os.WriteFile(init, []byte(strings.ReplaceAll(code, readmeSocket, sock)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	runIn(t, "", nil, rb, "-c", f)
+	notifyUntilDone(t, "pgmq.q_orders.INSERT")
+	out := runIn(t, dir, []string{"TMPDIR=" + dir}, rb, "-e", pgbusWorker, init)
+	if !strings.Contains(out, "pgbus worker: wake orders") {
+		t.Fatalf("the pgbus worker said:\n%s", out)
+	}
 }

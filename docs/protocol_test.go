@@ -18,6 +18,7 @@ import (
 	"github.com/listenhub/listenhub/client"
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/listener"
 )
 
@@ -337,26 +338,13 @@ func checkAnchors(t *testing.T, name, doc string) {
 		if inFence || !strings.HasPrefix(line, "#") {
 			continue
 		}
-		anchors[slug(strings.TrimLeft(line, "# "))] = true
+		anchors[testutil.GitHubAnchor(strings.TrimLeft(line, "# "))] = true
 	}
 	for _, m := range regexp.MustCompile(`\]\(#([^)]+)\)`).FindAllStringSubmatch(doc, -1) {
 		if !anchors[m[1]] {
 			t.Errorf("%s: link to #%s, but no heading has that anchor", name, m[1])
 		}
 	}
-}
-
-func slug(heading string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(heading) {
-		switch {
-		case r == ' ':
-			b.WriteByte('-')
-		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r > 0x7f:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }
 
 // TestProtocolFacts checks the values the prose quotes from the code: the

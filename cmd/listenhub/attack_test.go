@@ -174,6 +174,21 @@ func healthz(addr string) (int, time.Duration, error) {
 	return resp.StatusCode, time.Since(start), nil
 }
 
+// healthzCodes asks /healthz n times and counts the answers by status
+// code (0: no answer); slowest is the longest answer.
+func healthzCodes(addr string, n int) (codes map[int]int, slowest time.Duration) {
+	codes = map[int]int{}
+	for range n {
+		code, d, err := healthz(addr)
+		if err != nil {
+			code = 0
+		}
+		codes[code]++
+		slowest = max(slowest, d)
+	}
+	return codes, slowest
+}
+
 // rssSampler samples the hub's VmRSS every 20 ms and keeps the peak.
 type rssSampler struct {
 	pid  int
@@ -198,15 +213,12 @@ func readRSS(pid int) int64 {
 func sampleRSS(t testing.TB, pid int) *rssSampler {
 	s := &rssSampler{pid: pid, background: newBackground()}
 	s.peak.Store(readRSS(pid))
-	go func() {
-		defer close(s.done)
-		s.every(20*time.Millisecond, func() bool {
-			if n := readRSS(pid); n > s.peak.Load() {
-				s.peak.Store(n)
-			}
-			return true
-		})
-	}()
+	go s.every(20*time.Millisecond, func() bool {
+		if n := readRSS(pid); n > s.peak.Load() {
+			s.peak.Store(n)
+		}
+		return true
+	})
 	t.Cleanup(func() { s.end() })
 	return s
 }
@@ -447,6 +459,28 @@ func tail(s string, n int) string {
 
 // waitMetricAny waits until the series reaches want (scrapeSeries: series other
 // than docs/design.md's are fine here).
+// terminateBackend ends the hub's one Postgres backend and returns when.
+func (h *attackHub) terminateBackend() time.Time {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if n, err := needDB(h.t).Terminate(ctx, h.app); err != nil || n != 1 {
+		h.t.Fatalf("terminate: %d, %v", n, err)
+	}
+	return time.Now()
+}
+
+// reconnectAfterTerminate is terminateBackend, then the wait (up to d) for
+// the metrics to count the reconnect and say healthy; it returns how long
+// that took.
+func (h *attackHub) reconnectAfterTerminate(d time.Duration) time.Duration {
+	h.t.Helper()
+	start := h.terminateBackend()
+	h.waitMetric("listenhub_postgres_reconnects_total", 1, d)
+	h.waitMetric("listenhub_postgres_healthy", 1, d)
+	return time.Since(start)
+}
+
 func (h *attackHub) waitMetric(name string, want float64, d time.Duration) {
 	h.t.Helper()
 	var got float64
@@ -596,32 +630,29 @@ func startProber(t testing.TB, socket string, every time.Duration) *prober {
 	p := &prober{w: dialWorker(t, socket), background: newBackground()}
 	q := strings.Repeat("p", 64)
 	sub := frame.AppendSub(nil, q)
-	go func() {
-		defer close(p.done)
-		p.every(every, func() bool {
-			start := time.Now()
-			if _, err := p.w.c.Write(sub); err != nil {
+	go p.every(every, func() bool {
+		start := time.Now()
+		if _, err := p.w.c.Write(sub); err != nil {
+			p.fail(err)
+			return false
+		}
+		for {
+			m, err := p.w.read(timeout)
+			if err != nil {
 				p.fail(err)
 				return false
 			}
-			for {
-				m, err := p.w.read(timeout)
-				if err != nil {
-					p.fail(err)
-					return false
-				}
-				if m.T == "nack" && m.Q == q {
-					break
-				}
+			if m.T == "nack" && m.Q == q {
+				break
 			}
-			d := time.Since(start)
-			p.mu.Lock()
-			p.rtts = append(p.rtts, d)
-			p.at = append(p.at, start)
-			p.mu.Unlock()
-			return true
-		})
-	}()
+		}
+		d := time.Since(start)
+		p.mu.Lock()
+		p.rtts = append(p.rtts, d)
+		p.at = append(p.at, start)
+		p.mu.Unlock()
+		return true
+	})
 	t.Cleanup(p.halt)
 	return p
 }
@@ -969,15 +1000,7 @@ func TestAttackEMFILE(t *testing.T) {
 	r := sib.check(2 * time.Second)
 
 	// Postgres backend gone: the reconnect needs a descriptor.
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if n, err := needDB(t).Terminate(ctx, h.app); err != nil || n != 1 {
-		t.Fatalf("terminate: %d, %v", n, err)
-	}
-	start := time.Now()
-	h.waitMetric("listenhub_postgres_reconnects_total", 1, 30*time.Second)
-	h.waitMetric("listenhub_postgres_healthy", 1, 30*time.Second)
-	reconnect := time.Since(start)
+	reconnect := h.reconnectAfterTerminate(30 * time.Second)
 	ws[0].status(true)
 	if m := ws[0].expect("wake"); m.Q != "emfile" || m.HasP {
 		t.Fatalf("resync wake %+v", m)

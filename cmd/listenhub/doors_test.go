@@ -100,27 +100,20 @@ type resubscriber struct {
 func startResubscriber(t *testing.T, socket string, every time.Duration) *resubscriber {
 	t.Helper()
 	s := &resubscriber{background: newBackground()}
-	go func() {
-		defer close(s.done)
-		for i := 0; ; i++ {
-			select {
-			case <-s.stop:
-				return
-			case <-time.After(every):
-			}
-			c, err := client.Dial(context.Background(), socket, client.Options{AckTimeout: 2 * time.Second})
-			if err == nil {
-				err = c.Subscribe(context.Background(), fmt.Sprintf("resubscriber%d", i))
-				c.Close()
-			}
-			if err != nil {
-				s.failed.Add(1)
-				s.lastErr.Store(err.Error())
-			} else {
-				s.ok.Add(1)
-			}
+	go s.loop(every, func(i int) bool {
+		c, err := client.Dial(context.Background(), socket, client.Options{AckTimeout: 2 * time.Second})
+		if err == nil {
+			err = c.Subscribe(context.Background(), fmt.Sprintf("resubscriber%d", i))
+			c.Close()
 		}
-	}()
+		if err != nil {
+			s.failed.Add(1)
+			s.lastErr.Store(err.Error())
+		} else {
+			s.ok.Add(1)
+		}
+		return true
+	})
 	t.Cleanup(s.halt)
 	return s
 }
@@ -436,12 +429,7 @@ func TestAttackMetricsConnections(t *testing.T) {
 	r := sib.check(5 * time.Second)
 
 	// The Postgres backend goes: the reconnect needs a descriptor.
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if n, err := needDB(t).Terminate(ctx, h.app); err != nil || n != 1 {
-		t.Fatalf("terminate: %d, %v", n, err)
-	}
-	start := time.Now()
+	start := h.terminateBackend()
 	healthyAgain := time.Duration(0)
 	for time.Since(start) < 20*time.Second {
 		if c, d, err := healthz(h.addr); err == nil && c == 200 && time.Since(start) > 200*time.Millisecond {
@@ -451,16 +439,7 @@ func TestAttackMetricsConnections(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	var worst time.Duration
-	codes := map[int]int{}
-	for range 10 {
-		code, d, err := healthz(h.addr)
-		if err != nil {
-			code = 0
-		}
-		codes[code]++
-		worst = max(worst, d)
-	}
+	codes, worst := healthzCodes(h.addr, 10)
 	t.Logf("ulimit -n %d; %d idle keep-alive connections to the metrics address: %d answered, %d held open by the client; hub fds %d → %d; then %d workers: %d admitted, %d refused (hub fds %d); backend terminated: /healthz 200 again after %v; 10 new /healthz: %v, slowest %v",
 		fdLimit, conns, answered, len(held), fds0, fdsFlood, workers, admitted, refused, fdsWorkers,
 		healthyAgain.Round(time.Millisecond), codes, worst.Round(time.Microsecond))
@@ -526,23 +505,8 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 		early, lim.Cur, open, lowered, admitted, late, refused, fds)
 	sib.await(25)
 	r := sib.check(5 * time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if n, err := needDB(t).Terminate(ctx, h.app); err != nil || n != 1 {
-		t.Fatalf("terminate: %d, %v", n, err)
-	}
-	start := time.Now()
-	h.waitMetric("listenhub_postgres_reconnects_total", 1, 20*time.Second)
-	h.waitMetric("listenhub_postgres_healthy", 1, 20*time.Second)
-	reconnect := time.Since(start)
-	codes := map[int]int{}
-	for range 10 {
-		code, _, err := healthz(h.addr)
-		if err != nil {
-			code = 0
-		}
-		codes[code]++
-	}
+	reconnect := h.reconnectAfterTerminate(20 * time.Second)
+	codes, _ := healthzCodes(h.addr, 10)
 	// The limit back up: workers are admitted again.
 	if err := prlimitNofile(h.pid(), &old, nil); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"os"
 	"strings"
@@ -45,26 +44,14 @@ func TestAttackLoweredFDLimitSheds(t *testing.T) {
 	mark := h.log.mark()
 
 	// At once, before any status tick re-read the limit.
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if k, err := needDB(t).Terminate(ctx, h.app); err != nil || k != 1 {
-		t.Fatalf("terminate: %d, %v", k, err)
-	}
-	start := time.Now()
+	start := h.terminateBackend()
 	sib.status(false)
 	sib.status(true)
 	reconnect := time.Since(start)
 	if m := sib.expect("wake"); m.Q != "fdshed.sib" || m.HasP {
 		t.Fatalf("resync wake %+v", m)
 	}
-	codes := map[int]int{}
-	for range 10 {
-		code, _, err := healthz(h.addr)
-		if err != nil {
-			code = 0
-		}
-		codes[code]++
-	}
+	codes, _ := healthzCodes(h.addr, 10)
 	if codes[200] != 10 {
 		t.Fatalf("/healthz after the reconnect: %v\n%s", codes, tail(h.log.since(t, mark), 3000))
 	}

@@ -88,23 +88,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage())
 		return 2
 	}
+	runs := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
+		"serve":       runServe,
+		"tail":        runTail,
+		"status":      runStatus,
+		"relay":       runRelay,
+		"census":      runCensus,
+		"doctor":      runDoctor,
+		"demo":        runDemo,
+		"demo-worker": runDemoWorker, // hidden: a worker process of the demo (demo.go)
+	}
+	if r, ok := runs[args[0]]; ok {
+		return r(ctx, args[1:], stdout, stderr)
+	}
 	switch args[0] {
-	case "serve":
-		return runServe(ctx, args[1:], stdout, stderr)
-	case "tail":
-		return runTail(ctx, args[1:], stdout, stderr)
-	case "status":
-		return runStatus(ctx, args[1:], stdout, stderr)
-	case "relay":
-		return runRelay(ctx, args[1:], stdout, stderr)
-	case "census":
-		return runCensus(ctx, args[1:], stdout, stderr)
-	case "doctor":
-		return runDoctor(ctx, args[1:], stdout, stderr)
-	case "demo":
-		return runDemo(ctx, args[1:], stdout, stderr)
-	case "demo-worker": // hidden: a worker process of the demo (demo.go)
-		return runDemoWorker(ctx, args[1:], stdout, stderr)
 	case "version", "-version", "--version":
 		return runVersion(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":

@@ -851,8 +851,9 @@ func (b *background) halt() {
 }
 
 // every calls step every d until step returns false or the goroutine is
-// asked to stop. The caller closes done.
+// asked to stop; then it closes done.
 func (b *background) every(d time.Duration, step func() bool) {
+	defer close(b.done)
 	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
@@ -862,6 +863,31 @@ func (b *background) every(d time.Duration, step func() bool) {
 		case <-tick.C:
 		}
 		if !step() {
+			return
+		}
+	}
+}
+
+// loop calls step(0), step(1), ... with pause before each (none: only a
+// look for a stop) until step returns false or the goroutine is asked to
+// stop; then it closes done.
+func (b *background) loop(pause time.Duration, step func(i int) bool) {
+	defer close(b.done)
+	for i := 0; ; i++ {
+		if pause == 0 {
+			select {
+			case <-b.stop:
+				return
+			default:
+			}
+		} else {
+			select {
+			case <-b.stop:
+				return
+			case <-time.After(pause):
+			}
+		}
+		if !step(i) {
 			return
 		}
 	}

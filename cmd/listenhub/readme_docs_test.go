@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // docFiles returns README.md, every docs/*.md and the READMEs of deploy/
@@ -34,7 +36,7 @@ func headingAnchors(doc string) map[string]bool {
 			fence = !fence
 		}
 		if !fence && strings.HasPrefix(line, "#") {
-			base := githubAnchor(strings.TrimLeft(line, "# "))
+			base := testutil.GitHubAnchor(strings.TrimLeft(line, "# "))
 			a := base
 			for n := 1; anchors[a]; n++ { // GitHub numbers repeated headings
 				a = base + "-" + strconv.Itoa(n)

@@ -283,6 +283,32 @@ func exposition(t *testing.T, handler http.Handler) string {
 	return rec.Body.String()
 }
 
+// idleHubAndRelay returns a hub and a relay (with the relay command's
+// defaults) that are never started, on a server nobody listens at.
+func idleHubAndRelay(t *testing.T) (*hub.Hub, *relay.Relay) {
+	t.Helper()
+	const url = "postgres://u@127.0.0.1:1/x"
+	h, err := hub.New(hub.Config{SocketPath: filepath.Join(t.TempDir(), "hub.sock"), DatabaseURL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := pgconn.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rf relayFlags
+	rf.register(newFlagSet("relay"))
+	opts, err := rf.options(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := relay.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, rl
+}
+
 // TestUsageMetrics fails when the metrics tables of docs/usage.md and
 // /metrics disagree: every family the hub's and the relay's expositions
 // write, in their order, with their type.
@@ -294,26 +320,8 @@ func TestUsageMetrics(t *testing.T) {
 
 	// A hub and a relay never started: their /metrics has every family,
 	// at zero.
-	h, err := hub.New(hub.Config{SocketPath: filepath.Join(t.TempDir(), "hub.sock"), DatabaseURL: "postgres://u@127.0.0.1:1/x"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, rl := idleHubAndRelay(t)
 	hubCode := metricFamilies(exposition(t, monitor.Handler(h, monitor.Options{})))
-	cc, err := pgconn.ParseConfig("postgres://u@127.0.0.1:1/x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fs := newFlagSet("relay")
-	var rf relayFlags
-	rf.register(fs)
-	opts, err := rf.options(cc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl, err := relay.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var relayCode []string
 	for _, f := range metricFamilies(exposition(t, monitor.Handler(nil, monitor.Options{Relay: rl}))) {
 		if strings.HasPrefix(f, "listenhub_relay_") {
@@ -418,21 +426,6 @@ func codeBlock(text string) (string, bool) {
 	return body, ok
 }
 
-// githubAnchor is GitHub's heading anchor: lower case, spaces to hyphens,
-// punctuation dropped.
-func githubAnchor(heading string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(heading) {
-		switch {
-		case r == ' ':
-			b.WriteByte('-')
-		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r > 0x7f:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
 // jsonKeys returns the keys a usage.md row lists for an endpoint: the
 // first {"a","b",…} of the cell.
 func jsonKeys(cell string) []string {
@@ -454,25 +447,7 @@ func TestUsageJSON(t *testing.T) {
 		path, _, _ := strings.Cut(strings.TrimPrefix(firstCode(r[0]), "GET "), "?")
 		doc[path] = jsonKeys(r[1])
 	}
-	h, err := hub.New(hub.Config{SocketPath: filepath.Join(t.TempDir(), "hub.sock"), DatabaseURL: "postgres://u@127.0.0.1:1/x"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := pgconn.ParseConfig("postgres://u@127.0.0.1:1/x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fs := newFlagSet("relay")
-	var rf relayFlags
-	rf.register(fs)
-	opts, err := rf.options(cc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl, err := relay.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, rl := idleHubAndRelay(t)
 	handler := monitor.Handler(h, monitor.Options{Relay: rl})
 	for _, path := range []string{"/status", "/relay"} {
 		rec := httptest.NewRecorder()

@@ -165,33 +165,28 @@ func TestTailFlagAfterNames(t *testing.T) {
 }
 
 func TestTailMalformedFrame(t *testing.T) {
-	path := tailSocket(t)
-	accept := scriptedHub(t, path)
-	var stdout, stderr lockedBuffer
-	code := make(chan int, 1)
-	go func() { code <- runTail(context.Background(), []string{"--socket", path, "a"}, &stdout, &stderr) }()
-	c, _ := accept()
-	c.Write(body(`{"t":"wake"}`)) // wake without q
-	if n := <-code; n != 1 {
-		t.Fatalf("exit %d", n)
-	}
-	if !strings.Contains(stderr.String(), "malformed") {
-		t.Fatalf("stderr %q", stderr.String())
-	}
+	tailBadFrame(t, body(`{"t":"wake"}`), "malformed") // wake without q
 }
 
 func TestTailTooLargeFrame(t *testing.T) {
+	tailBadFrame(t, []byte{0xff, 0xff, 0xff, 0xff}, "limit")
+}
+
+// tailBadFrame has the hub write b to tail, which must exit 1 with a
+// stderr that says want.
+func tailBadFrame(t *testing.T, b []byte, want string) {
+	t.Helper()
 	path := tailSocket(t)
 	accept := scriptedHub(t, path)
 	var stdout, stderr lockedBuffer
 	code := make(chan int, 1)
 	go func() { code <- runTail(context.Background(), []string{"--socket", path, "a"}, &stdout, &stderr) }()
 	c, _ := accept()
-	c.Write([]byte{0xff, 0xff, 0xff, 0xff})
+	c.Write(b)
 	if n := <-code; n != 1 {
 		t.Fatalf("exit %d", n)
 	}
-	if !strings.Contains(stderr.String(), "limit") {
+	if !strings.Contains(stderr.String(), want) {
 		t.Fatalf("stderr %q", stderr.String())
 	}
 }

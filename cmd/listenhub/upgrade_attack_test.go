@@ -38,34 +38,27 @@ func startAckProbe(t *testing.T, socket string) *ackProbe {
 	t.Helper()
 	p := &ackProbe{background: newBackground(), w: dialSeqWorker(t, socket)}
 	t.Cleanup(p.ask)
-	go func() {
-		defer close(p.done)
-		for i := 0; ; i++ {
-			select {
-			case <-p.stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			q := fmt.Sprintf("probe_%d", i)
-			start := time.Now()
-			if _, err := p.w.c.Write(frame.AppendSub(nil, q)); err != nil {
-				return
-			}
-			select {
-			case <-p.w.ackCh:
-			case <-p.stop:
-				return
-			}
-			d := time.Since(start)
-			p.mu.Lock()
-			p.acked++
-			p.slowest = max(p.slowest, d)
-			if d > 2*time.Second {
-				p.timeouts++
-			}
-			p.mu.Unlock()
+	go p.loop(20*time.Millisecond, func(i int) bool {
+		q := fmt.Sprintf("probe_%d", i)
+		start := time.Now()
+		if _, err := p.w.c.Write(frame.AppendSub(nil, q)); err != nil {
+			return false
 		}
-	}()
+		select {
+		case <-p.w.ackCh:
+		case <-p.stop:
+			return false
+		}
+		d := time.Since(start)
+		p.mu.Lock()
+		p.acked++
+		p.slowest = max(p.slowest, d)
+		if d > 2*time.Second {
+			p.timeouts++
+		}
+		p.mu.Unlock()
+		return true
+	})
 	return p
 }
 
@@ -304,13 +297,7 @@ func TestUpgradeHangingBuild(t *testing.T) {
 	} else {
 		conn.Close()
 	}
-	start := time.Now()
-	syscall.Kill(pid, syscall.SIGTERM)
-	u.waitFirstExit(5*time.Second, "SIGTERM after a failed upgrade")
-	t.Logf("SIGTERM after the failed upgrade: exited in %v (%v)", time.Since(start).Round(time.Millisecond), u.firstErr)
-	if u.firstErr != nil {
-		t.Errorf("exit: %v, want 0", u.firstErr)
-	}
+	u.sigtermExits(pid, "after the failed upgrade")
 }
 
 // TestUpgradeSIGTERMDuring: SIGTERM while a new build hangs aborts the
@@ -324,13 +311,7 @@ func TestUpgradeSIGTERMDuring(t *testing.T) {
 	pid := u.pid()
 	syscall.Kill(pid, syscall.SIGUSR2)
 	testutil.WaitFor(t, timeout, "the script's child", func() bool { return sleeping(arg) })
-	start := time.Now()
-	syscall.Kill(pid, syscall.SIGTERM)
-	u.waitFirstExit(5*time.Second, "SIGTERM during an upgrade")
-	t.Logf("SIGTERM during the upgrade: exited in %v (%v)", time.Since(start).Round(time.Millisecond), u.firstErr)
-	if u.firstErr != nil {
-		t.Errorf("exit: %v, want 0", u.firstErr)
-	}
+	u.sigtermExits(pid, "during the upgrade")
 	testutil.WaitFor(t, timeout, "the script's child gone", func() bool { return !sleeping(arg) })
 }
 

@@ -56,6 +56,19 @@ func (u *upHub) replaceBin(script string) {
 
 // waitFirstExit fails the test unless the process the test started exits
 // within d; what says what should have ended it.
+// sigtermExits sends SIGTERM to pid, the process the test started, and
+// checks that it exits 0 within 5 s (when says in what state).
+func (u *upHub) sigtermExits(pid int, when string) {
+	u.t.Helper()
+	start := time.Now()
+	syscall.Kill(pid, syscall.SIGTERM)
+	u.waitFirstExit(5*time.Second, "SIGTERM "+when)
+	u.t.Logf("SIGTERM %s: exited in %v (%v)", when, time.Since(start).Round(time.Millisecond), u.firstErr)
+	if u.firstErr != nil {
+		u.t.Errorf("exit: %v, want 0", u.firstErr)
+	}
+}
+
 func (u *upHub) waitFirstExit(d time.Duration, what string) {
 	u.t.Helper()
 	select {
@@ -334,18 +347,15 @@ func startSeqNotifier(t *testing.T, url, q string, pace time.Duration) *seqNotif
 	pc := pgtesting.Connect(t, url).PgConn()
 	n := &seqNotifier{background: newBackground()}
 	t.Cleanup(func() { n.halt() })
-	go func() {
-		defer close(n.done)
-		n.every(pace, func() bool {
-			sql := fmt.Sprintf("SELECT pg_notify('%s', '%d')", q, n.sent+1)
-			if _, err := pc.Exec(context.Background(), sql).ReadAll(); err != nil {
-				n.err = err
-				return false
-			}
-			n.sent++
-			return true
-		})
-	}()
+	go n.every(pace, func() bool {
+		sql := fmt.Sprintf("SELECT pg_notify('%s', '%d')", q, n.sent+1)
+		if _, err := pc.Exec(context.Background(), sql).ReadAll(); err != nil {
+			n.err = err
+			return false
+		}
+		n.sent++
+		return true
+	})
 	return n
 }
 
@@ -373,20 +383,17 @@ func sampleBackends(t *testing.T, url, app string) *backendSampler {
 	s := &backendSampler{background: newBackground()}
 	t.Cleanup(func() { s.halt() })
 	sql := fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'", app)
-	go func() {
-		defer close(s.done)
-		s.every(50*time.Millisecond, func() bool {
-			res, err := pc.Exec(context.Background(), sql).ReadAll()
-			if err != nil || len(res) == 0 || len(res[0].Rows) == 0 {
-				s.err = fmt.Errorf("sample: %v", err)
-				return false
-			}
-			c, _ := strconv.Atoi(string(res[0].Rows[0][0]))
-			s.max = max(s.max, c)
-			s.n++
-			return true
-		})
-	}()
+	go s.every(50*time.Millisecond, func() bool {
+		res, err := pc.Exec(context.Background(), sql).ReadAll()
+		if err != nil || len(res) == 0 || len(res[0].Rows) == 0 {
+			s.err = fmt.Errorf("sample: %v", err)
+			return false
+		}
+		c, _ := strconv.Atoi(string(res[0].Rows[0][0]))
+		s.max = max(s.max, c)
+		s.n++
+		return true
+	})
 	return s
 }
 
@@ -412,32 +419,25 @@ func startSubscriber(t *testing.T, socket string) *subscriber {
 	t.Helper()
 	s := &subscriber{w: dialSeqWorker(t, socket), background: newBackground()}
 	t.Cleanup(func() { s.halt() })
-	go func() {
-		defer close(s.done)
-		for i := 0; ; i++ {
-			select {
-			case <-s.stop:
-				return
-			default:
-			}
-			q := fmt.Sprintf("sub_%d", i)
-			if _, err := s.w.c.Write(frame.AppendSub(nil, q)); err != nil {
-				s.err = err
-				return
-			}
-			select {
-			case got := <-s.w.ackCh:
-				if got != q {
-					s.err = fmt.Errorf("ack for %q, want %q", got, q)
-					return
-				}
-				s.acked++
-			case <-time.After(timeout):
-				s.err = fmt.Errorf("no ack for %s within %v", q, timeout)
-				return
-			}
+	go s.loop(0, func(i int) bool {
+		q := fmt.Sprintf("sub_%d", i)
+		if _, err := s.w.c.Write(frame.AppendSub(nil, q)); err != nil {
+			s.err = err
+			return false
 		}
-	}()
+		select {
+		case got := <-s.w.ackCh:
+			if got != q {
+				s.err = fmt.Errorf("ack for %q, want %q", got, q)
+				return false
+			}
+			s.acked++
+		case <-time.After(timeout):
+			s.err = fmt.Errorf("no ack for %s within %v", q, timeout)
+			return false
+		}
+		return true
+	})
 	return s
 }
 

@@ -293,16 +293,9 @@ func merge(rs []report) merged {
 		m.Conns += r.Conns
 		m.Live += r.Live
 		m.EOF += r.EOF
-		m.Recv += r.Recv
 		m.LostLive += r.LostLive
 		m.LostEvicted += r.LostEvicted
-		m.Stale += r.Stale
-		m.Durable += r.Durable
-		m.MinRecv = min(m.MinRecv, r.MinRecv)
-		if r.First != 0 && (m.First == 0 || r.First < m.First) {
-			m.First = r.First
-		}
-		m.Last = max(m.Last, r.Last)
+		m.addReceipts(r.Recv, r.Stale, r.Durable, r.MinRecv, r.First, r.Last)
 		m.h.MergeSparse(r.Hist)
 	}
 	return m

@@ -99,8 +99,26 @@ func (nt *notifier) pace(ctx context.Context, channel string, run int64, rate fl
 	interval := time.Duration(float64(time.Second) / rate)
 	pad := strings.Repeat("x", padBytes)
 	start := time.Now().Add(2 * time.Millisecond)
-	var errs atomic.Int64
-	var sent atomic.Int64
+	r := nt.onEach(ctx, conns, run, start, func(g int, notify func(channel string, seq int, pad string)) {
+		for i := g; i < total; i += conns {
+			if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+				time.Sleep(d)
+			}
+			if ctx.Err() != nil || (stop != nil && stop.Load()) {
+				return
+			}
+			notify(channel, i, pad)
+		}
+	})
+	return r, ctx.Err()
+}
+
+// onEach runs send on each of the first conns connections at once, g being
+// the connection's index, and waits for them all. send calls notify for
+// each NOTIFY (payload seq of the run, padded with pad); the result counts
+// them from start.
+func (nt *notifier) onEach(ctx context.Context, conns int, run int64, start time.Time, send func(g int, notify func(channel string, seq int, pad string))) sendResult {
+	var sent, errs atomic.Int64
 	var wg sync.WaitGroup
 	for g := range conns {
 		wg.Add(1)
@@ -108,24 +126,18 @@ func (nt *notifier) pace(ctx context.Context, channel string, run int64, rate fl
 			defer wg.Done()
 			c := nt.conns[g]
 			var buf []byte
-			for i := g; i < total; i += conns {
-				if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-					time.Sleep(d)
-				}
-				if ctx.Err() != nil || (stop != nil && stop.Load()) {
-					return
-				}
-				buf = payload(buf, run, i, pad)
+			send(g, func(channel string, seq int, pad string) {
+				buf = payload(buf, run, seq, pad)
 				if _, err := c.Exec(ctx, notifySQL, channel, string(buf)); err != nil {
 					errs.Add(1)
-					continue
+					return
 				}
 				sent.Add(1)
-			}
+			})
 		}()
 	}
 	wg.Wait()
-	return sendResult{Sent: int(sent.Load()), Errors: int(errs.Load()), Elapsed: time.Since(start), Conns: conns, Start: start.UnixNano()}, ctx.Err()
+	return sendResult{Sent: int(sent.Load()), Errors: int(errs.Load()), Elapsed: time.Since(start), Conns: conns, Start: start.UnixNano()}
 }
 
 // flood sends back to back on one connection for dur.
@@ -164,25 +176,11 @@ func (nt *notifier) floodMany(ctx context.Context, prefix string, n, conns int, 
 	}
 	start := time.Now()
 	end := start.Add(dur)
-	var sent, errs atomic.Int64
 	var seq atomic.Int64
-	var wg sync.WaitGroup
-	for g := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := nt.conns[g]
-			var buf []byte
-			for i := g; time.Now().Before(end) && ctx.Err() == nil; i += conns {
-				buf = payload(buf, run, int(seq.Add(1)), "")
-				if _, err := c.Exec(ctx, notifySQL, names[i%n], string(buf)); err != nil {
-					errs.Add(1)
-					continue
-				}
-				sent.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	return sendResult{Sent: int(sent.Load()), Errors: int(errs.Load()), Elapsed: time.Since(start), Conns: conns, Start: start.UnixNano()}, ctx.Err()
+	r := nt.onEach(ctx, conns, run, start, func(g int, notify func(channel string, seq int, pad string)) {
+		for i := g; time.Now().Before(end) && ctx.Err() == nil; i += conns {
+			notify(names[i%n], int(seq.Add(1)), "")
+		}
+	})
+	return r, ctx.Err()
 }

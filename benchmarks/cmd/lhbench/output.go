@@ -482,30 +482,40 @@ func gohubWins(r *Results) (wins []string, cmp int) {
 			}
 		}
 	}
-	for _, h := range r.Churn {
-		for _, g := range r.Churn {
-			if h.System == "hub" && g.System == "gohub" && h.Err == "" && g.Err == "" {
-				cmp++
-				if g.During.P99 < h.During.P99 {
-					wins = append(wins, fmt.Sprintf("churn steady p99 %s < hub %s", us(g.During.P99), us(h.During.P99)))
-				}
-				if g.CyclesPerS > h.CyclesPerS {
-					wins = append(wins, fmt.Sprintf("churn %s cycles/s > hub %s", si(g.CyclesPerS), si(h.CyclesPerS)))
-				}
-			}
+	for _, p := range hubGohubPairs(r.Churn, func(c ChurnRow) (string, string) { return c.System, c.Err }) {
+		h, g := p[0], p[1]
+		cmp++
+		if g.During.P99 < h.During.P99 {
+			wins = append(wins, fmt.Sprintf("churn steady p99 %s < hub %s", us(g.During.P99), us(h.During.P99)))
+		}
+		if g.CyclesPerS > h.CyclesPerS {
+			wins = append(wins, fmt.Sprintf("churn %s cycles/s > hub %s", si(g.CyclesPerS), si(h.CyclesPerS)))
 		}
 	}
-	for _, h := range r.Wedged {
-		for _, g := range r.Wedged {
-			if h.System == "hub" && g.System == "gohub" && h.Err == "" && g.Err == "" {
-				cmp++
-				if g.With.P99 < h.With.P99 {
-					wins = append(wins, fmt.Sprintf("wedged siblings p99 %s < hub %s", us(g.With.P99), us(h.With.P99)))
-				}
-			}
+	for _, p := range hubGohubPairs(r.Wedged, func(w WedgedRow) (string, string) { return w.System, w.Err }) {
+		h, g := p[0], p[1]
+		cmp++
+		if g.With.P99 < h.With.P99 {
+			wins = append(wins, fmt.Sprintf("wedged siblings p99 %s < hub %s", us(g.With.P99), us(h.With.P99)))
 		}
 	}
 	return wins, cmp
+}
+
+// hubGohubPairs pairs every hub row of rows with every gohub row, both
+// without an error; sys gives a row's system and error.
+func hubGohubPairs[T any](rows []T, sys func(T) (system, err string)) [][2]T {
+	var pairs [][2]T
+	for _, h := range rows {
+		for _, g := range rows {
+			hs, he := sys(h)
+			gs, ge := sys(g)
+			if hs == "hub" && gs == "gohub" && he == "" && ge == "" {
+				pairs = append(pairs, [2]T{h, g})
+			}
+		}
+	}
+	return pairs
 }
 
 func winsFigure(wins []string) string {

@@ -20,14 +20,12 @@ package main
 //	quit      exit
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -140,12 +138,7 @@ func wakeWorkerMain(args []string) error {
 	go w.reread(ctx, conn)
 
 	out.Encode(map[string]int{"ready": len(names)})
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		f := strings.Fields(in.Text())
-		if len(f) == 0 {
-			continue
-		}
+	return serveCommands(func(f []string) (bool, error) {
 		switch f[0] {
 		case "run":
 			w.mu.Lock()
@@ -167,14 +160,14 @@ func wakeWorkerMain(args []string) error {
 			b, err := json.Marshal(map[string]wakeReport{"wakes": rep})
 			w.mu.Unlock()
 			if err != nil {
-				return err
+				return false, err
 			}
 			os.Stdout.Write(append(b, '\n'))
 		case "quit":
-			return nil
+			return true, nil
 		}
-	}
-	return nil
+		return false, nil
+	})
 }
 
 // wake records one wake of channel name received at now.

@@ -55,6 +55,20 @@ type report struct {
 	Error       string      `json:"error,omitempty"`
 }
 
+// addReceipts adds what one conn (or one report) received into r: recv
+// wakes of the run, stale and durable ones, the least recv of a conn, and
+// the first and last receipt.
+func (r *report) addReceipts(recv, stale, durable, minRecv uint64, first, last int64) {
+	r.Recv += recv
+	r.Stale += stale
+	r.Durable += durable
+	r.MinRecv = min(r.MinRecv, minRecv)
+	if first != 0 && (r.First == 0 || first < r.First) {
+		r.First = first
+	}
+	r.Last = max(r.Last, last)
+}
+
 type connStats struct {
 	mu      sync.Mutex
 	recv    uint64
@@ -207,12 +221,7 @@ func workerMain(args []string) error {
 	}
 	emit(map[string]int{"ready": *nconns})
 
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		f := strings.Fields(in.Text())
-		if len(f) == 0 {
-			continue
-		}
+	return serveCommands(func(f []string) (bool, error) {
 		switch f[0] {
 		case "run":
 			id, _ := strconv.ParseInt(f[1], 10, 64)
@@ -255,10 +264,27 @@ func workerMain(args []string) error {
 			for _, c := range closers {
 				c()
 			}
-			return nil
+			return true, nil
+		}
+		return false, nil
+	})
+}
+
+// serveCommands reads the harness's line commands from stdin and hands
+// each, split into fields (blank lines skipped), to handle until handle
+// says to stop or fails, or stdin closes (the harness is gone).
+func serveCommands(handle func(f []string) (stop bool, err error)) error {
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		if stop, err := handle(f); stop || err != nil {
+			return err
 		}
 	}
-	return nil // stdin closed: the harness is gone
+	return nil
 }
 
 // collect waits until every live conn has want wakes of the run (or the
@@ -297,14 +323,7 @@ func collect(stats []*connStats, want uint64, wait time.Duration) report {
 				r.LostLive += want - s.recv
 			}
 		}
-		r.Recv += s.recv
-		r.Stale += s.stale
-		r.Durable += s.durable
-		r.MinRecv = min(r.MinRecv, s.recv)
-		if s.first != 0 && (r.First == 0 || s.first < r.First) {
-			r.First = s.first
-		}
-		r.Last = max(r.Last, s.last)
+		r.addReceipts(s.recv, s.stale, s.durable, s.recv, s.first, s.last)
 		h.Merge(&s.h)
 		s.mu.Unlock()
 	}

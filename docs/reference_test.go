@@ -195,3 +195,69 @@ func TestDesignLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestMicrobenchmarksExist: performance.md's microbenchmark command names
+// packages that exist, and every benchmark of its table (pkg.Name, "vs"
+// naming a second one of the same package) is a Benchmark of one of them.
+func TestMicrobenchmarksExist(t *testing.T) {
+	b, err := os.ReadFile("performance.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Microbenchmarks\n")
+	if !ok {
+		t.Fatal("performance.md has no Microbenchmarks section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	cmd := regexp.MustCompile("`(go test [^`]*-bench[^`]*)`").FindStringSubmatch(strings.ReplaceAll(section, "\n", " "))
+	if cmd == nil {
+		t.Fatal("performance.md, Microbenchmarks: no go test -bench command")
+	}
+	dirs := map[string]string{} // package name → its folder
+	for _, w := range strings.Fields(cmd[1]) {
+		if !strings.HasPrefix(w, "./") {
+			continue
+		}
+		dir := filepath.Join("..", filepath.Clean(w))
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("performance.md, Microbenchmarks: %s does not exist", w)
+		}
+		dirs[filepath.Base(dir)] = dir
+	}
+	benchRe := regexp.MustCompile(`(?m)^func (Benchmark[A-Za-z0-9_]+)\(`)
+	row := regexp.MustCompile(`(?m)^\| ([a-z]+)\.([A-Z][A-Za-z0-9]*)(?: vs ([A-Z][A-Za-z0-9]*))?`)
+	lastWord := regexp.MustCompile(`[A-Z][a-z]*[0-9]*$`)
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		pkg, names := m[1], []string{m[2]}
+		if m[3] != "" {
+			names = append(names, m[3])
+		}
+		dir, ok := dirs[pkg]
+		if !ok {
+			t.Errorf("performance.md, Microbenchmarks: %s.%s is of a package the command does not run", pkg, m[2])
+			continue
+		}
+		files, _ := filepath.Glob(filepath.Join(dir, "*_test.go"))
+		defined := map[string]bool{}
+		for _, f := range files {
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range benchRe.FindAllStringSubmatch(string(src), -1) {
+				defined[d[1]] = true
+			}
+		}
+		for i, n := range names {
+			full := "Benchmark" + n
+			if i > 0 && !defined[full] {
+				// "FanoutWrite64Batch1 vs Batch16": the second shares the
+				// first's stem, all but its last word.
+				full = "Benchmark" + lastWord.ReplaceAllString(names[0], "") + n
+			}
+			if !defined[full] {
+				t.Errorf("performance.md, Microbenchmarks: %s.%s: no %s in %s", pkg, n, full, dir)
+			}
+		}
+	}
+}

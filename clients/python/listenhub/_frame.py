@@ -112,22 +112,24 @@ def name_problem(q):
         b = q.encode("utf-8")
     except UnicodeEncodeError:
         return "not valid UTF-8"
-    if len(b) > MAX_NAME_BYTES:
-        return "%d bytes, the limit is %d" % (len(b), MAX_NAME_BYTES)
-    if "\x00" in q:
-        return "contains NUL"
-    return None
+    return _length_or_nul(q, b)
 
 
 def channel_problem(channel):
     """Why the mapped channel is refused (None if fine): empty, too long, NUL."""
     if channel == "":
         return "invalid channel: empty"
-    b = channel.encode("utf-8", "surrogatepass")
+    problem = _length_or_nul(channel, channel.encode("utf-8", "surrogatepass"))
+    return problem and "invalid channel: " + problem
+
+
+def _length_or_nul(s, b):
+    """The problem of a name or channel s (b: its bytes) that is too long or
+    holds a NUL; None if neither."""
     if len(b) > MAX_NAME_BYTES:
-        return "invalid channel: %d bytes, the limit is %d" % (len(b), MAX_NAME_BYTES)
-    if "\x00" in channel:
-        return "invalid channel: contains NUL"
+        return "%d bytes, the limit is %d" % (len(b), MAX_NAME_BYTES)
+    if "\x00" in s:
+        return "contains NUL"
     return None
 
 

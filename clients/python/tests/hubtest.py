@@ -163,6 +163,15 @@ class DB:
         self.conn.close()
 
 
+def start_hub_and_db(test):
+    """Sets test.hub, a hub named after the test, and test.db; both are
+    closed at the test's cleanup."""
+    test.hub = Hub(test.id().rsplit(".", 1)[-1])
+    test.addCleanup(test.hub.close)
+    test.db = DB()
+    test.addCleanup(test.db.close)
+
+
 class Collector:
     """Records what a listener delivers, for the sync callbacks."""
 

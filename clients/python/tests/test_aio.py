@@ -8,7 +8,7 @@ import listenhub
 from listenhub import Status, Wake
 from listenhub import aio
 
-from hubtest import DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, require_env, scratch_dir
+from hubtest import DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, require_env, scratch_dir, start_hub_and_db
 
 PREFIX, SUFFIX = "lh.", ".ev"
 
@@ -35,10 +35,7 @@ async def next_matching(source, pred, what):
 
 class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
     def setUp(self):
-        self.hub = Hub(self.id().rsplit(".", 1)[-1])
-        self.addCleanup(self.hub.close)
-        self.db = DB()
-        self.addCleanup(self.db.close)
+        start_hub_and_db(self)
 
     async def test_subscribe_acks_then_wakes_with_payload_and_durable(self):
         c = await aio.connect(self.hub.socket)

@@ -10,15 +10,12 @@ import unittest
 import listenhub
 from listenhub import Status, Wake
 
-from hubtest import TIMEOUT, DB, Collector, FakeHub, Hub, scratch_dir, wait_for
+from hubtest import TIMEOUT, Collector, FakeHub, scratch_dir, start_hub_and_db, wait_for
 
 
 class ClientTest(unittest.TestCase):
     def setUp(self):
-        self.hub = Hub(self.id().rsplit(".", 1)[-1])
-        self.addCleanup(self.hub.close)
-        self.db = DB()
-        self.addCleanup(self.db.close)
+        start_hub_and_db(self)
 
     def connect(self, **kw):
         c = listenhub.connect(self.hub.socket, **kw)

@@ -34,6 +34,16 @@ def fake(test, mode, dir=None):
     return h
 
 
+def next_wake(test, listener, what):
+    """The next Wake from listener.get(), statuses skipped; fails the test
+    with what when none comes within TIMEOUT."""
+    while True:
+        ev = listener.get(TIMEOUT)
+        test.assertIsNotNone(ev, what)
+        if isinstance(ev, listenhub.Wake):
+            return ev
+
+
 class IdentityTest(unittest.TestCase):
     """lstat without following links, S_ISSOCK, the directory's owner and
     mode (StrictModes), then SO_PEERCRED."""
@@ -159,11 +169,7 @@ class FrameTest(unittest.TestCase):
         c = listenhub.connect(h.socket)
         self.addCleanup(c.close)
         c.subscribe("big")
-        while True:
-            ev = c.get(TIMEOUT)
-            self.assertIsNotNone(ev, "no 4 MiB wake")
-            if isinstance(ev, listenhub.Wake):
-                break
+        ev = next_wake(self, c, "no 4 MiB wake")
         self.assertEqual(len(ev.payload), (4 << 20) - 40)
 
     def test_reassembly_is_linear(self):
@@ -332,11 +338,7 @@ class DeliveryCheckTest(unittest.TestCase):
         import psycopg
         with psycopg.connect(DATABASE_URL, autocommit=True) as other:
             other.execute("NOTIFY pooled, 'x'")
-        while True:
-            ev = loc.get(TIMEOUT)
-            self.assertIsNotNone(ev, "no wake through the session pooler")
-            if isinstance(ev, listenhub.Wake):
-                break
+        ev = next_wake(self, loc, "no wake through the session pooler")
         self.assertEqual((ev.q, ev.payload), ("pooled", "x"))
 
     def test_pid_mismatch_without_a_notification_fails(self):

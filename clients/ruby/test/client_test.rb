@@ -112,10 +112,7 @@ class ClientTest < LHTestCase
   end
 
   def test_concurrent_subscribes_of_one_name_share_one_sub
-    f = FakeHub.new(:ack)
-    cleanup { f.close }
-    c = Listenhub.connect(f.socket)
-    cleanup { c.close }
+    f, c = fake_client(:ack)
     10.times.map { Thread.new { c.subscribe("same") } }.each(&:join)
     assert_equal "same", f.subs.pop
     c.subscribe("marker")
@@ -158,10 +155,7 @@ class ClientTest < LHTestCase
   end
 
   def test_ack_timeout_kills_the_client
-    f = FakeHub.new(:silent)
-    cleanup { f.close }
-    c = Listenhub.connect(f.socket, ack_timeout: 0.3)
-    cleanup { c.close }
+    _, c = fake_client(:silent, ack_timeout: 0.3)
     t0 = Listenhub.monotonic
     assert_raises(Listenhub::AckTimeoutError) { c.subscribe("x") }
     assert_operator Listenhub.monotonic - t0, :<, 5
@@ -169,19 +163,13 @@ class ClientTest < LHTestCase
   end
 
   def test_nack_not_about_the_name_kills_the_client
-    f = FakeHub.new(:nack)
-    cleanup { f.close }
-    c = Listenhub.connect(f.socket)
-    cleanup { c.close }
+    _, c = fake_client(:nack)
     assert_raises(Listenhub::NackError) { c.subscribe("x") }
     assert_kind_of Listenhub::NackError, c.err
   end
 
   def test_stalled_write_kills_the_client
-    f = FakeHub.new(:deaf)
-    cleanup { f.close }
-    c = Listenhub.connect(f.socket, write_timeout: 0.3, ack_timeout: 30)
-    cleanup { c.close }
+    _, c = fake_client(:deaf, write_timeout: 0.3, ack_timeout: 30)
     LHTest.wait_for("the greeting") { c.instance_variable_get(:@greeted) }
     # Names of 60 bytes: the socket buffers fill, the write stalls.
     threads = 20_000.times.each_slice(500).map do |slice|
@@ -202,19 +190,13 @@ class ClientTest < LHTestCase
   end
 
   def test_refusal_before_status
-    f = FakeHub.new(:refuse)
-    cleanup { f.close }
-    c = Listenhub.connect(f.socket)
-    cleanup { c.close }
+    _, c = fake_client(:refuse)
     err = assert_raises(Listenhub::RefusedError) { c.subscribe("x") }
     assert_match(/not allowed/, err.message)
   end
 
   def test_stalled_partial_frame_times_out
-    f = FakeHub.new(:partial)
-    cleanup { f.close }
-    c = Listenhub.connect(f.socket, frame_timeout: 0.3)
-    cleanup { c.close }
+    _, c = fake_client(:partial, frame_timeout: 0.3)
     c.wait(LHTest::TIMEOUT)
     assert_kind_of Listenhub::ConnError, c.err
     assert_match(/frame timeout/, c.err.message)

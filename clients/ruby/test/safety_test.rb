@@ -60,17 +60,8 @@ class SafetyTest < LHTestCase
   # directory passes, the socket's owner and the peer do not.
   def test_peer_of_another_user_is_refused
     skip "needs root to run a fake hub as another user" unless Process.uid.zero?
-    d = tmpdir
-    File.chmod(0o1777, d)
-    path = File.join(d, "other.sock")
-    code = 'require "socket"; s = UNIXServer.new(ARGV[0]); $stdout.puts "ready"; $stdout.flush; ' \
-           'c = s.accept; c.write([0].pack("N")) rescue nil; sleep 30'
-    io = IO.popen(["runuser", "-u", "nobody", "--", RbConfig.ruby, "-rrbconfig", "-e", code, path], "r", pgroup: true)
-    cleanup do
-      Process.kill(:KILL, -io.pid) # runuser and the ruby it runs
-      io.close
-    end
-    assert_equal "ready\n", io.gets
+    path = listener_of_nobody("other.sock", 'c = s.accept; c.write([0].pack("N")) rescue nil; sleep 30',
+                              ruby_args: ["-rrbconfig"])
     refused(path, "socket owned by uid 65534")
     # Past the file checks (the owner trusted by name), SO_PEERCRED still
     # sees nobody only if nobody is not trusted: trusting it lets it through.
@@ -79,19 +70,9 @@ class SafetyTest < LHTestCase
 
   def test_peer_credentials_are_checked
     skip "needs root to bind as another user" unless Process.uid.zero?
-    d = tmpdir
-    File.chmod(0o1777, d)
-    path = File.join(d, "peer.sock")
     # The socket file is ours (chowned back), the listener runs as nobody:
     # only SO_PEERCRED tells.
-    code = 'require "socket"; s = UNIXServer.new(ARGV[0]); $stdout.puts "ready"; $stdout.flush; ' \
-           'loop { s.accept }'
-    io = IO.popen(["runuser", "-u", "nobody", "--", RbConfig.ruby, "-e", code, path], "r", pgroup: true)
-    cleanup do
-      Process.kill(:KILL, -io.pid) # runuser and the ruby it runs
-      io.close
-    end
-    assert_equal "ready\n", io.gets
+    path = listener_of_nobody("peer.sock", "loop { s.accept }")
     File.lchown(0, 0, path)
     refused(path, "peer pid")
   end
@@ -101,26 +82,13 @@ class SafetyTest < LHTestCase
     c = Listenhub.connect(f.socket)
     cleanup { c.close }
     c.subscribe("parent")
-    r, w = IO.pipe
-    pid = fork do
-      r.close
+    out = LHTest.in_child do
       t0 = Listenhub.monotonic
-      out = begin
-        c.subscribe("child", timeout: 5)
-        "no error"
-      rescue Listenhub::ForkedError => e
-        format("ForkedError %.3f %s", Listenhub.monotonic - t0, e.message)
-      rescue Exception => e # rubocop:disable Lint/RescueException
-        "#{e.class} #{e.message}"
-      end
-      w.write(out)
-      w.close
-      exit!(0)
+      c.subscribe("child", timeout: 5)
+      "no error"
+    rescue Listenhub::ForkedError => e
+      format("ForkedError %.3f %s", Listenhub.monotonic - t0, e.message)
     end
-    w.close
-    out = r.read
-    r.close
-    Process.wait(pid)
     assert out.start_with?("ForkedError "), out
     assert_operator out.split[1].to_f, :<, 1.0, out
     assert_includes out, "before fork()"

@@ -44,6 +44,28 @@ module LHTest
     end
   end
 
+  # Runs the block in a forked child and returns the string it returned,
+  # or "Class: message" of what it raised.
+  def in_child
+    r, w = IO.pipe
+    pid = fork do
+      r.close
+      out = begin
+        yield
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        "#{e.class}: #{e.message}"
+      end
+      w.write(out)
+      w.close
+      exit!(0)
+    end
+    w.close
+    out = r.read
+    r.close
+    Process.wait(pid)
+    out
+  end
+
   def clean_env
     ENV.to_h.reject { |k, _| k.start_with?("LISTENHUB_", "PG") || k == "DATABASE_URL" }
   end
@@ -300,6 +322,33 @@ class LHTestCase < Minitest::Test
       h.close
     end
     h
+  end
+
+  # A fake hub in mode and a client of it (connect options: opts), both
+  # closed at cleanup.
+  def fake_client(mode, **opts)
+    f = FakeHub.new(mode)
+    cleanup { f.close }
+    c = Listenhub.connect(f.socket, **opts)
+    cleanup { c.close }
+    [f, c]
+  end
+
+  # A socket path in a new sticky, world-writable directory (like /tmp)
+  # with a Ruby listener on it that runs as nobody (accept: the Ruby code
+  # run after the bind, s the server), killed at cleanup.
+  def listener_of_nobody(name, accept, ruby_args: [])
+    d = tmpdir
+    File.chmod(0o1777, d)
+    path = File.join(d, name)
+    code = "require \"socket\"; s = UNIXServer.new(ARGV[0]); $stdout.puts \"ready\"; $stdout.flush; #{accept}"
+    io = IO.popen(["runuser", "-u", "nobody", "--", RbConfig.ruby, *ruby_args, "-e", code, path], "r", pgroup: true)
+    cleanup do
+      Process.kill(:KILL, -io.pid) # runuser and the ruby it runs
+      io.close
+    end
+    assert_equal "ready\n", io.gets
+    path
   end
 
   def db

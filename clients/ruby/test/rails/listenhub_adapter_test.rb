@@ -186,27 +186,15 @@ class ListenhubAdapterTest < ActionCable::TestCase
   # the child: the child gets its own, lazily; the parent's keeps working.
   def test_fork_reconnects_lazily_in_the_child
     subscribe_as_queue("before fork") do |queue|
-      r, w = IO.pipe
-      pid = fork do
-        r.close
-        out = begin
-          LHRails.establish
-          got = Queue.new
-          ok = Concurrent::Event.new
-          @rx_adapter.subscribe("in child", ->(m) { got << m }, -> { ok.set })
-          ok.wait(10) or raise "no success callback in the child"
-          @tx_adapter.broadcast("in child", "child hello")
-          Timeout.timeout(10) { got.pop }
-        rescue Exception => e # rubocop:disable Lint/RescueException
-          "#{e.class}: #{e.message}"
-        end
-        w.write(out)
-        w.close
-        exit!(0)
+      out = LHTest.in_child do
+        LHRails.establish
+        got = Queue.new
+        ok = Concurrent::Event.new
+        @rx_adapter.subscribe("in child", ->(m) { got << m }, -> { ok.set })
+        ok.wait(10) or raise "no success callback in the child"
+        @tx_adapter.broadcast("in child", "child hello")
+        Timeout.timeout(10) { got.pop }
       end
-      w.close
-      out = r.read
-      Process.wait(pid)
       assert_equal "child hello", out
       @tx_adapter.broadcast("before fork", "parent still works")
       assert_equal "parent still works", queue.pop

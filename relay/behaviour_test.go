@@ -115,7 +115,7 @@ func TestRelayTruncateNotWatched(t *testing.T) {
 }
 
 // TestRelayLargeTransaction: one transaction of many rows over two tables
-// is one NOTIFY per channel. 10,000 rows in CI; the 100,000 with
+// is one NOTIFY per channel. 10,000 rows in CI; the full 100,000 with
 // LISTENHUB_TEST_LARGE_SET.
 func TestRelayLargeTransaction(t *testing.T) {
 	rows := 10000

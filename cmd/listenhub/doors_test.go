@@ -33,7 +33,7 @@ import (
 )
 
 // doorWorkers is how many workers the introspection attack connects:
-// 2,000 in CI, LISTENHUB_TEST_DOORS_WORKERS (10000 is the size)
+// 2,000 in CI, LISTENHUB_TEST_DOORS_WORKERS (10000: the full size)
 // otherwise.
 func doorWorkers(t *testing.T) int {
 	if v := os.Getenv("LISTENHUB_TEST_DOORS_WORKERS"); v != "" {
@@ -243,7 +243,7 @@ func (h *hammer) result() (map[int]int, map[string]int) {
 }
 
 // Attack h: the introspection endpoints under a flood. With 2,000 workers
-// (LISTENHUB_TEST_DOORS_WORKERS=10000 for the size) connected:
+// (LISTENHUB_TEST_DOORS_WORKERS=10000 for the full size) connected:
 //
 //  1. 200 clients with a 50 ms timeout hammer /workers?limit=10000 for
 //     5 s. A sibling's wake p99 must stay near its idle p99 (the loop

@@ -115,7 +115,7 @@ func childrenOf(pid int) []int {
 // wake and sees no ack time out, and the two processes together stay near
 // the old one's memory: the new one maps the backlog and does not touch
 // it. CI runs 4 workers with 1 MB each; LISTENHUB_TEST_LARGE_UPGRADE=1
-// runs the 40 with 6.5 MB.
+// runs the full 40 with 6.5 MB.
 func TestUpgradeWedgedBacklog(t *testing.T) {
 	c := needDB(t)
 	wedged, notifies := 4, 125 // ~8 KB each

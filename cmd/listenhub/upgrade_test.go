@@ -457,7 +457,7 @@ func (s *subscriber) finish(t *testing.T) int {
 	return s.acked
 }
 
-// runUpgrades is the test of the issue: a paced stream of numbered NOTIFYs
+// runUpgrades is the hot upgrade's end-to-end test: a paced stream of numbered NOTIFYs
 // to 20 workers across 10 consecutive upgrades, with a subscriber
 // subscribing all along. Every worker gets every number exactly once and
 // never sees EOF, every sub is acked, the serving pid changes every time,

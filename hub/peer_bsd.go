@@ -3,8 +3,6 @@
 package hub
 
 import (
-	"syscall"
-
 	"golang.org/x/sys/unix"
 )
 
@@ -21,24 +19,8 @@ type ucred struct {
 	Uid uint32
 }
 
-// accept is accept(2), then non-blocking and close-on-exec with fcntl
-// under syscall.ForkLock (macOS has no accept4), as package net does there.
-func accept(fd int) (int, error) {
-	syscall.ForkLock.RLock()
-	nfd, _, err := unix.Accept(fd)
-	if err == nil {
-		unix.CloseOnExec(nfd)
-	}
-	syscall.ForkLock.RUnlock()
-	if err != nil {
-		return -1, err
-	}
-	if err := unix.SetNonblock(nfd, true); err != nil {
-		unix.Close(nfd)
-		return -1, err
-	}
-	return nfd, nil
-}
+// accept: no accept4 on macOS; see acceptFcntl.
+func accept(fd int) (int, error) { return acceptFcntl(fd) }
 
 // peerCred is LOCAL_PEERCRED (the peer's effective uid when it connected
 // or listened), and the pid from LOCAL_PEERPID where there is one.

@@ -6,29 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// streamSocket is a Unix stream socket, made close-on-exec under
-// syscall.ForkLock (macOS has no SOCK_CLOEXEC) and non-blocking.
-func streamSocket() (int, error) {
-	syscall.ForkLock.RLock()
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
-	if err == nil {
-		unix.CloseOnExec(fd)
-	}
-	syscall.ForkLock.RUnlock()
-	if err != nil {
-		return -1, err
-	}
-	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	return fd, nil
-}
+// streamSocket: no SOCK_CLOEXEC on macOS; see streamSocketFcntl.
+func streamSocket() (int, error) { return streamSocketFcntl() }
 
 // socketDomain is the address family of socket fd, from its address
 // (macOS has no SO_DOMAIN).

@@ -1,7 +1,9 @@
 // Package channame is the rule a Postgres channel name must follow to be
-// LISTENed, NOTIFYed and named in a wake, shared by packages hub, listener,
-// relay and client: one limit, one validator, one set of messages (the
-// hub's nack texts, which workers see).
+// LISTENed, NOTIFYed and named in a wake, shared by packages hub, listener
+// and relay: one limit, one validator, one set of messages (the hub's nack
+// texts, which workers see). Package client checks a subscription name
+// against the same limit before the round trip, in the words of the
+// other languages' clients.
 package channame
 
 import (

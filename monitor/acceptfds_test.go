@@ -4,31 +4,20 @@ package monitor
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/listenhub/listenhub/internal/fdreserve"
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuf) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+type lockedBuf = testutil.SyncBuffer
 
 // Out of descriptors with a connection waiting, the metrics server takes it
 // on the process's descriptor reserve and answers it; with the reserve

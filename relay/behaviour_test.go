@@ -449,9 +449,7 @@ func TestRelayConnectionsKilled(t *testing.T) {
 // returns, even with a window far shorter than it takes to gather them:
 // they are decoded already, so joining the batch waits for nothing.
 func TestRelayBacklogOneBatch(t *testing.T) {
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_a")
 	opts := f.options()
 	opts.ApplicationName = "relay-" + f.slot
 	opts.Window = time.Microsecond

@@ -26,6 +26,25 @@ type running struct {
 	stop context.CancelFunc
 }
 
+// newListened is newFixture with one table and a listener on the
+// channel of its inserts.
+func newListened(t *testing.T, table string) (f *fixture, ch string, l *listener) {
+	t.Helper()
+	f = newFixture(t, table)
+	ch = f.schema + "." + table + ".INSERT"
+	return f, ch, listen(t, ch)
+}
+
+// runToWakes is run, then the waits until the relay streams and ch has had
+// n wakes (what names that wait).
+func (f *fixture) runToWakes(opts Options, l *listener, ch string, n int, what string) *running {
+	f.t.Helper()
+	rn := f.run(opts)
+	waitActive(f.t, rn.r)
+	testutil.WaitFor(f.t, 10*time.Second, what, func() bool { return l.count(ch) == n })
+	return rn
+}
+
 // run runs a relay whose log the test reads; the test ends it (or it ends
 // on a permanent error).
 func (f *fixture) run(opts Options) *running {
@@ -85,12 +104,8 @@ func (f *fixture) insert(table string) {
 // loop) with its fix; applying that fix (--recreate-invalid-slot) streams
 // again with a resync wake covering what was never decoded.
 func TestRelayPublicationDroppedAndCreated(t *testing.T) {
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
-	rn := f.run(f.options())
-	waitActive(t, rn.r)
-	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	f, ch, l := newListened(t, "q_a")
+	rn := f.runToWakes(f.options(), l, ch, 1, "resync")
 	f.exec("DROP PUBLICATION " + f.pub)
 	f.insert("q_a")
 	rn.ended(t, 10*time.Second, "was dropped while the relay ran", `CREATE PUBLICATION "`+f.pub+`"`, "pg_drop_replication_slot", "--recreate-invalid-slot")
@@ -124,12 +139,8 @@ func TestRelayPublicationDroppedAndCreated(t *testing.T) {
 // meanwhile got no wake, so after the fix the relay NOTIFYs every channel
 // once.
 func TestRelayPublishChanged(t *testing.T) {
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
-	rn := f.run(f.options())
-	waitActive(t, rn.r)
-	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	f, ch, l := newListened(t, "q_a")
+	rn := f.runToWakes(f.options(), l, ch, 1, "resync")
 	f.exec("ALTER PUBLICATION " + f.pub + " SET (publish = 'update')")
 	t0 := time.Now()
 	f.insert("q_a")
@@ -141,9 +152,7 @@ func TestRelayPublishChanged(t *testing.T) {
 	}
 	// The named fix, applied.
 	f.exec("ALTER PUBLICATION " + f.pub + " SET (publish = 'insert,update')")
-	rn = f.run(f.options())
-	waitActive(t, rn.r)
-	testutil.WaitFor(t, 10*time.Second, "the resync covering the unpublished inserts", func() bool { return l.count(ch) == 2 })
+	rn = f.runToWakes(f.options(), l, ch, 2, "the resync covering the unpublished inserts")
 	f.insert("q_a")
 	testutil.WaitFor(t, 10*time.Second, "a wake after the fix", func() bool { return l.count(ch) == 3 })
 }
@@ -155,9 +164,7 @@ func TestRelayPublishChanged(t *testing.T) {
 func TestRelayResyncOwed(t *testing.T) {
 	defer func(d time.Duration) { slotWaitLog = d }(slotWaitLog)
 	slotWaitLog = 200 * time.Millisecond
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_a")
 	f.insert("q_a") // committed before the slot: only the resync covers it
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -204,12 +211,8 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // streams again on a new slot with a resync.
 func TestRelayInvalidatedSlot(t *testing.T) {
 	pgtesting.RequireLocal(t, db)
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
-	rn := f.run(f.options())
-	waitActive(t, rn.r)
-	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+	f, ch, l := newListened(t, "q_a")
+	rn := f.runToWakes(f.options(), l, ch, 1, "resync")
 	rn.stop()
 	<-rn.done
 	rn.done <- nil
@@ -234,9 +237,7 @@ func TestRelayInvalidatedSlot(t *testing.T) {
 	rn.ended(t, 10*time.Second, "invalidated", "max_slot_wal_keep_size", "pg_drop_replication_slot('"+f.slot+"')", "--recreate-invalid-slot")
 	// The fix named first, applied: drop the slot, start again.
 	f.exec("SELECT pg_drop_replication_slot($1)", f.slot)
-	rn = f.run(f.options())
-	waitActive(t, rn.r)
-	testutil.WaitFor(t, 10*time.Second, "the new slot's resync", func() bool { return l.count(ch) == 2 })
+	rn = f.runToWakes(f.options(), l, ch, 2, "the new slot's resync")
 	f.insert("q_a")
 	testutil.WaitFor(t, 10*time.Second, "a wake", func() bool { return l.count(ch) == 3 })
 }
@@ -287,9 +288,7 @@ func TestRelayPermanentErrorsAtStart(t *testing.T) {
 // TestRelayGuestStaysDown: with Guest a permanent error never ends Run:
 // the relay is down, says why with the fix, and streams once fixed.
 func TestRelayGuestStaysDown(t *testing.T) {
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_a")
 	f.exec("DROP PUBLICATION " + f.pub)
 	opts := f.options()
 	opts.Guest = true
@@ -318,9 +317,7 @@ func TestRelayGuestStaysDown(t *testing.T) {
 // slot: no reconnect, no phantom takeover, and wakes go on after it.
 func TestRelayLongSilence(t *testing.T) {
 	pgtesting.RequireLocal(t, db)
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_a")
 	opts := f.options()
 	opts.StatusInterval = 200 * time.Millisecond // a read deadline of 600 ms
 	rn := f.run(opts)
@@ -351,9 +348,7 @@ func TestRelayLongSilence(t *testing.T) {
 // shows the stall, and it takes over.
 func TestRelayStandbySeesStuckActive(t *testing.T) {
 	pgtesting.RequireLocal(t, db)
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_a")
 	sep := "?"
 	if strings.Contains(db.URL(), "?") {
 		sep = "&"
@@ -394,9 +389,7 @@ func TestRelayStandbySeesStuckActive(t *testing.T) {
 // stands by no longer reports the lag it measured while it streamed.
 func TestRelayDemotedClearsLag(t *testing.T) {
 	pgtesting.RequireLocal(t, db)
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_a")
 	opts := f.options()
 	opts.StatusInterval = time.Minute // no keepalive asked for: the lag stays
 	a := f.run(opts)
@@ -459,9 +452,7 @@ func TestRelayOwnWalsenderNotAnotherRelay(t *testing.T) {
 	pgtesting.RequireLocal(t, db)
 	defer func() { probeSilence = true }()
 	probeSilence = false
-	f := newFixture(t, "q_a")
-	ch := f.schema + ".q_a.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_a")
 	opts := f.options()
 	opts.StatusInterval = 200 * time.Millisecond
 	rn := f.run(opts)

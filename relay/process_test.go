@@ -179,19 +179,11 @@ func httpGet(t *testing.T, url string) string {
 // hub's metrics address, and listenhub status has a relay section. The
 // relay's backends never carry the hub's application_name.
 func TestServeRelay(t *testing.T) {
-	f := newFixture(t, "q_jobs")
-	ch := f.schema + ".q_jobs.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_jobs")
 	addr := freeAddr(t)
 	bin := relayBinary(t)
-	p := &relayProc{out: &testutil.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, "serve", "--relay", "--socket", filepath.Join(t.TempDir(), "hub.sock"),
+	p := execListenhub(t, "serve", "--relay", "--socket", filepath.Join(t.TempDir(), "hub.sock"),
 		"--database-url", db.URL(), "--publication", f.pub, "--slot", f.slot, "--metrics-addr", addr)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -362,19 +354,11 @@ func TestRelayProcessGOMAXPROCS(t *testing.T) {
 // plain NOTIFY channel), /metrics says listenhub_relay_up 0 and /healthz
 // answers 200 for the hub with the relay's line naming the fix.
 func TestServeRelayPublicationDropped(t *testing.T) {
-	f := newFixture(t, "q_jobs")
-	ch := f.schema + ".q_jobs.INSERT"
-	l := listen(t, ch)
+	f, ch, l := newListened(t, "q_jobs")
 	addr := freeAddr(t)
 	sock := filepath.Join(t.TempDir(), "hub.sock")
-	p := &relayProc{out: &testutil.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(relayBinary(t), "serve", "--relay", "--socket", sock,
+	p := execListenhub(t, "serve", "--relay", "--socket", sock,
 		"--database-url", db.URL(), "--publication", f.pub, "--slot", f.slot, "--metrics-addr", addr)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		p.cmd.Process.Kill()
 		<-p.done

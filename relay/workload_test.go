@@ -271,10 +271,12 @@ func relayBinary(t *testing.T) string {
 	return testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
 }
 
-func startRelayProc(t *testing.T, args ...string) *relayProc {
+// execListenhub starts the listenhub binary with args, its output
+// captured; it dies with the test binary, the caller stops it otherwise.
+func execListenhub(t *testing.T, args ...string) *relayProc {
 	t.Helper()
 	p := &relayProc{out: &testutil.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(relayBinary(t), append([]string{"relay"}, args...)...)
+	p.cmd = exec.Command(relayBinary(t), args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{}
 	testutil.DieWithParent(p.cmd.SysProcAttr, syscall.SIGKILL)
@@ -282,6 +284,12 @@ func startRelayProc(t *testing.T, args ...string) *relayProc {
 		t.Fatal(err)
 	}
 	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	return p
+}
+
+func startRelayProc(t *testing.T, args ...string) *relayProc {
+	t.Helper()
+	p := execListenhub(t, append([]string{"relay"}, args...)...)
 	t.Cleanup(func() {
 		p.cmd.Process.Kill()
 		<-p.done

@@ -737,22 +737,7 @@ func TestFakeBigBatch(t *testing.T) {
 }
 
 // lockedBuffer is a log destination the loop writes and a test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = testutil.SyncBuffer
 
 // TestFakeFailedCommandLoggedOnce: a failed command with a done callback is
 // its owner's to log (the hub logs it rate-limited), so the Conn writes no

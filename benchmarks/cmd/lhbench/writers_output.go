@@ -115,24 +115,18 @@ func evaluateWriters(r *Results) []Target {
 		fsync = fmt.Sprintf("; fdatasync %.0f µs", i.FsyncUS)
 	}
 	relay, none, trig := f.writers("relay", 64), f.writers("none", 64), f.writers("trigger", 64)
-	{
-		name := "relay: commits/s at W=64 ≥ 0.75× no wake source"
-		if relay != nil && none != nil {
-			ratio := relay.CommitsPerS / none.CommitsPerS
-			add(name, true, ratio >= 0.75, fmt.Sprintf("relay %s/s, none %s/s (%.2f×)%s", si(relay.CommitsPerS), si(none.CommitsPerS), ratio, fsync))
-		} else {
-			add(name, false, false, missing(need{relay != nil, "relay row at W=64"}, need{none != nil, "none row at W=64"}))
+	// A target: the relay's commits/s at W=64 are at least least times
+	// those of the wake source named source (its row: other).
+	relayRatio := func(name, source string, other *WritersRow, least float64) {
+		if relay == nil || other == nil {
+			add(name, false, false, missing(need{relay != nil, "relay row at W=64"}, need{other != nil, source + " row at W=64"}))
+			return
 		}
+		ratio := relay.CommitsPerS / other.CommitsPerS
+		add(name, true, ratio >= least, fmt.Sprintf("relay %s/s, %s %s/s (%.2f×)%s", si(relay.CommitsPerS), source, si(other.CommitsPerS), ratio, fsync))
 	}
-	{
-		name := "relay: commits/s at W=64 ≥ 4× the per-row trigger"
-		if relay != nil && trig != nil {
-			ratio := relay.CommitsPerS / trig.CommitsPerS
-			add(name, true, ratio >= 4, fmt.Sprintf("relay %s/s, trigger %s/s (%.2f×)%s", si(relay.CommitsPerS), si(trig.CommitsPerS), ratio, fsync))
-		} else {
-			add(name, false, false, missing(need{relay != nil, "relay row at W=64"}, need{trig != nil, "trigger row at W=64"}))
-		}
-	}
+	relayRatio("relay: commits/s at W=64 ≥ 0.75× no wake source", "none", none, 0.75)
+	relayRatio("relay: commits/s at W=64 ≥ 4× the per-row trigger", "trigger", trig, 4)
 	{
 		// Two figures: when the workers knew of each row (a wake of an
 		// earlier commit counts, which hides a relay that lags), and the

@@ -120,29 +120,30 @@ test('subscribe with an aborted signal leaves the client alive', { skip }, async
   assert.equal(c.err, null);
 });
 
-test('ack timeout kills the client', async (t) => {
-  const fake = await FakeHub.start('silent');
+// A client of a fake hub in mode (connect options: opts); both are closed
+// after the test.
+async function fakeClient(t, mode, opts) {
+  const fake = await FakeHub.start(mode);
   t.after(() => fake.close());
-  const c = await listenhub.connect(fake.socket, { ackTimeout: 300 });
+  const c = await listenhub.connect(fake.socket, opts);
   t.after(() => c.close());
+  return c;
+}
+
+test('ack timeout kills the client', async (t) => {
+  const c = await fakeClient(t, 'silent', { ackTimeout: 300 });
   await assert.rejects(c.subscribe('q'), listenhub.AckTimeoutError);
   assert.ok(c.err instanceof listenhub.AckTimeoutError);
 });
 
 test('a nack not about the name kills the client', async (t) => {
-  const fake = await FakeHub.start('nack');
-  t.after(() => fake.close());
-  const c = await listenhub.connect(fake.socket);
-  t.after(() => c.close());
+  const c = await fakeClient(t, 'nack');
   await assert.rejects(c.subscribe('q'), listenhub.NackError);
   assert.ok(c.err instanceof listenhub.NackError);
 });
 
 test('a stalled write kills the client', async (t) => {
-  const fake = await FakeHub.start('deaf');
-  t.after(() => fake.close());
-  const c = await listenhub.connect(fake.socket, { writeTimeout: 300, ackTimeout: 60000 });
-  t.after(() => c.close());
+  const c = await fakeClient(t, 'deaf', { writeTimeout: 300, ackTimeout: 60000 });
   // Each call queues a sub frame (about 80 bytes) that is never answered:
   // far more bytes than the socket buffers hold, for a hub that never reads.
   const pending = [];

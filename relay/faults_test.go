@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/relayfix"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -206,6 +207,50 @@ func TestRelayResyncOwed(t *testing.T) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
+// TestRelaySlotWaitLoggedWithoutNotifyConn: the NOTIFY connection ends
+// (idle_session_timeout, a terminated backend) before the first look at
+// what a slot creation waits on: the wait is still logged, with the
+// blocker's pid, every slotWaitLog, for as long as it lasts.
+func TestRelaySlotWaitLoggedWithoutNotifyConn(t *testing.T) {
+	defer func(d time.Duration) { slotWaitLog = d }(slotWaitLog)
+	slotWaitLog = time.Second
+	f := newFixture(t, "q_a")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	blocker := pgtesting.Connect(t, db.URL())
+	var pid int
+	if _, err := blocker.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	// An xid: the slot's snapshot waits for it.
+	if err := blocker.QueryRow(ctx, "SELECT pg_backend_pid(), pg_current_xact_id()::text").Scan(&pid, new(string)); err != nil {
+		t.Fatal(err)
+	}
+	rn := f.run(f.options())
+	testutil.WaitFor(t, 10*time.Second, "the slot creation waiting on a lock", func() bool {
+		n, err := db.QueryInt(ctx, `SELECT count(*)::int FROM pg_stat_activity
+			WHERE application_name = $1 AND backend_type = 'walsender' AND wait_event_type = 'Lock'`, DefaultApplicationName)
+		return err == nil && n == 1
+	})
+	if strings.Contains(rn.log.String(), "waits for the transactions running") {
+		t.Skip("the wait was logged before the NOTIFY connection could be ended")
+	}
+	if n, err := db.Terminate(ctx, DefaultApplicationName); err != nil || n != 1 {
+		t.Fatalf("terminated %d NOTIFY backends (%v), want 1", n, err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the wait logged with the blocker's pid", func() bool {
+		return strings.Count(rn.log.String(), "waits for the transactions running when it began") >= 2 &&
+			strings.Contains(rn.log.String(), "pid="+itoa(pid))
+	})
+	if st := rn.r.Stats(); !strings.Contains(st.LastError, "pid "+itoa(pid)) {
+		t.Errorf("LastError %q does not name the blocker", st.LastError)
+	}
+	if _, err := blocker.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 15*time.Second, "streaming", func() bool { return rn.r.Stats().State == StateActive })
+}
+
 // TestRelayInvalidatedSlot: a slot invalidated past max_slot_wal_keep_size
 // is named with the fix at once; --recreate-invalid-slot, the fix applied,
 // streams again on a new slot with a resync.
@@ -272,7 +317,7 @@ func TestRelayPermanentErrorsAtStart(t *testing.T) {
 	opts = f.options()
 	opts.ConnConfig = cc
 	rn := f.run(opts)
-	rn.ended(t, 10*time.Second, "point the relay at PostgreSQL itself")
+	rn.ended(t, 10*time.Second, relayfix.Pooler)
 	cc, err = pgconn.ParseConfig(b.URL() + "&sslmode=require")
 	if strings.Contains(b.URL(), "?") == false {
 		cc, err = pgconn.ParseConfig(b.URL() + "?sslmode=require")

@@ -79,7 +79,7 @@ func (r *Relay) connect(ctx context.Context, replication bool) (*pgconn.PgConn, 
 				return nil, configErrorf(err, "%s", oneLine(err))
 			case "08P01": // protocol violation: a pooler refusing replication=database
 				if replication && strings.Contains(pe.Message, "replication") {
-					return nil, configErrorf(err, "the replication connection was refused (%s): point the relay at PostgreSQL itself, not at a connection pooler", pe.Message)
+					return nil, configErrorf(err, "the replication connection was refused (%s): %s", pe.Message, relayfix.Pooler)
 				}
 			}
 		}
@@ -411,8 +411,13 @@ const xidRefSQL = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text,
 // transaction), with $1 and $2 replaced by the publication and slot names
 // as literals, and returns each statement's rows.
 func (s *session) multi(ctx context.Context, sql string) ([][][]string, error) {
+	return s.multiOn(ctx, s.nc, sql)
+}
+
+// multiOn is multi on another connection than the session's.
+func (s *session) multiOn(ctx context.Context, c *pgconn.PgConn, sql string) ([][][]string, error) {
 	sql = strings.NewReplacer("$1", quoteLiteral(s.r.opts.Publication), "$2", quoteLiteral(s.r.opts.Slot)).Replace(sql)
-	results, err := s.nc.Exec(ctx, sql).ReadAll()
+	results, err := c.Exec(ctx, sql).ReadAll()
 	if err != nil {
 		return nil, err
 	}
@@ -666,13 +671,23 @@ func (s *session) logSlotWait(ctx context.Context, done <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		res, err := s.multi(qctx, fmt.Sprintf(`SELECT pid::text, extract(epoch FROM now() - xact_start)::int::text, coalesce(state, ''), left(query, 80)
+		look := fmt.Sprintf(`SELECT pid::text, extract(epoch FROM now() - xact_start)::int::text, coalesce(state, ''), left(query, 80)
 	FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid NOT IN (pg_backend_pid(), %d) ORDER BY xact_start LIMIT 1;
-SELECT gid, extract(epoch FROM now() - prepared)::int::text FROM pg_prepared_xacts ORDER BY prepared LIMIT 1`, s.walsender))
+SELECT gid, extract(epoch FROM now() - prepared)::int::text FROM pg_prepared_xacts ORDER BY prepared LIMIT 1`, s.walsender)
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := s.multi(qctx, look)
+		if err != nil && s.nc.IsClosed() {
+			// The NOTIFY connection ended during the wait
+			// (idle_session_timeout, a terminated backend): the wait
+			// is still said, looked at on a connection of its own.
+			if c, cerr := r.connect(qctx, false); cerr == nil {
+				res, err = s.multiOn(qctx, c, look)
+				c.Close(qctx)
+			}
+		}
 		cancel()
 		if err != nil || len(res) != 2 {
-			continue
+			res = [][][]string{nil, nil}
 		}
 		args := []any{"slot", r.opts.Slot, "waiting", time.Since(start).Round(time.Second)}
 		var what string

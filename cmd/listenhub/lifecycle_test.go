@@ -317,6 +317,43 @@ func TestREADMEUnitsMatchDeploy(t *testing.T) {
 	}
 }
 
+// TestHubUnitsNoStartLimit: the shipped hub units restart a hub that
+// failed for as long as it takes and never stop at systemd's start limit
+// (5 starts in 10 s by default), which leaves the unit and its socket
+// failed after the cause is gone: serve exits 1 at once on a role,
+// database or password the server refuses, and RestartSec=1 would reach
+// the limit in about 5 s. StartLimitIntervalSec= counts only in [Unit].
+func TestHubUnitsNoStartLimit(t *testing.T) {
+	for _, name := range []string{"listenhub.service", "listenhub@.service"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		section := ""
+		keys := map[string]string{}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "[") {
+				section = line
+				continue
+			}
+			if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
+				keys[section+k] = v
+			}
+		}
+		for k, want := range map[string]string{
+			"[Unit]StartLimitIntervalSec": "0",
+			"[Service]Restart":            "always",
+		} {
+			if got, ok := keys[k]; !ok || got != want {
+				t.Errorf("%s: %s=%q, want %q", name, k, got, want)
+			}
+		}
+		if d, err := time.ParseDuration(keys["[Service]RestartSec"] + "s"); err != nil || d < time.Second {
+			t.Errorf("%s: RestartSec=%s: a hub that keeps failing restarts more than once a second", name, keys["[Service]RestartSec"])
+		}
+	}
+}
+
 // A hot upgrade under systemd: a socket-activated, Type=notify hub with the
 // watchdog on gets SIGUSR2 (ExecReload=); the new process tells systemd
 // MAINPID= and READY=1, pings the watchdog itself (WATCHDOG_PID named the

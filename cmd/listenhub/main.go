@@ -53,6 +53,8 @@ var commands = []command{
 		"check a set-up: notifications arrive on the URL (no transaction pooler), connection headroom, the hub's socket, the relay's prerequisites (and, for a local server, the kernel's autogroup); exit 1 on a failure"},
 	{"demo", "demo [--workers N] [--rate N] [--duration D] [--database-url URL] [--relay [--writers N]]",
 		"hub, N worker processes and a notifier; a throwaway cluster without a URL; --relay: writers with a NOTIFY trigger vs the relay"},
+	{"upgrade", "upgrade --pid-file PATH [--timeout D]",
+		"hot-upgrade a running hub (SIGUSR2 to the pid in its --pid-file), wait for the new process to take over; Linux only"},
 	{"version", "version",
 		"print the version, VCS revision and Go version of this binary"},
 }
@@ -95,6 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"relay":       runRelay,
 		"census":      runCensus,
 		"doctor":      runDoctor,
+		"upgrade":     runUpgrade,
 		"demo":        runDemo,
 		"demo-worker": runDemoWorker, // hidden: a worker process of the demo (demo.go)
 	}

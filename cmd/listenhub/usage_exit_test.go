@@ -34,14 +34,14 @@ func TestUsageExitStatus(t *testing.T) {
 		{[]string{"relay", "--database-url", "postgres://u@127.0.0.1:1/db", "--channel-template", "{schema}.wakes"}, 2, "has no {table}"},
 		{[]string{"serve", "--config", conf, "--socket", filepath.Join(t.TempDir(), "s")}, 2, conf + ":1:"},
 		{[]string{"status", "--limit", "ten"}, 2, "--limit"},
-		{[]string{"upgrade"}, 2, `unknown command "upgrade"`},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 	} {
 		var out, errw bytes.Buffer
 		code := run(context.Background(), c.args, &out, &errw)
 		if code != c.code || !strings.Contains(errw.String(), c.want) {
 			t.Errorf("listenhub %s: exit %d, stderr %q; want exit %d and %q", strings.Join(c.args, " "), code, errw.String(), c.code, c.want)
 		}
-		if c.code != 2 || c.args[0] == "upgrade" {
+		if c.code != 2 || c.args[0] == "frobnicate" {
 			continue
 		}
 		if n := strings.Count(errw.String(), "\n"); n != 1 {

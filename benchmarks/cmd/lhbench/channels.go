@@ -93,7 +93,7 @@ func (b *bench) channelsScenario() error {
 			if i := strings.Index(sys.name, "K="); i >= 0 {
 				row.K, _ = strconv.Atoi(sys.name[i+2:])
 			}
-			if err := b.manyChannels(sys, c, &row); err != nil {
+			if err := b.withServer(sys, func() error { return b.manyChannels(sys, c, &row) }); err != nil {
 				row.Err = err.Error()
 			}
 			b.logf("channels %s C=%d: LISTEN all in %.2fs, %d backends; %.0f NOTIFY/s sent, %.0f delivered/s, p99 %.0fµs, lost %d; CPU/delivery server %.0f ns, backends %.0f ns %s",
@@ -105,11 +105,8 @@ func (b *bench) channelsScenario() error {
 	return nil
 }
 
+// manyChannels measures c channels on sys, which withServer runs.
 func (b *bench) manyChannels(sys *system, c int, row *ChannelsRow) error {
-	if err := sys.start(b.dir); err != nil {
-		return err
-	}
-	defer sys.stop()
 	args := []string{"worker", "--channel", "mc", "--conns", "1", "--channels", strconv.Itoa(c)}
 	if sys.direct {
 		args = append(args, "--mode", "direct", "--database-url", sys.dbURL)

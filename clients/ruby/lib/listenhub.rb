@@ -15,7 +15,7 @@
 # Wire protocol: docs/protocol.md in the listenhub repository.
 require_relative "listenhub/version"
 require_relative "listenhub/errors"
-require_relative "listenhub/fork_guard"
+require_relative "listenhub/listener"
 require_relative "listenhub/frame"
 require_relative "listenhub/client"
 require_relative "listenhub/local"

@@ -2,7 +2,7 @@
 
 require "socket"
 require_relative "errors"
-require_relative "fork_guard"
+require_relative "listener"
 require_relative "frame"
 
 module Listenhub
@@ -190,7 +190,7 @@ module Listenhub
   # there raises ForkedError at once, and the child's copy of the socket is
   # closed without touching the parent's connection.
   class Client
-    include ForkGuard
+    include Listener
 
     Sub = Struct.new(:active, :call, :want_unsub)
     Call = Struct.new(:deadline, :waiters, :done, :err)
@@ -529,11 +529,7 @@ module Listenhub
       die(Error.new("listenhub: reader crashed: #{e.class}: #{e.message}"))
     ensure
       @wmu.synchronize { @sock.close rescue nil } # rubocop:disable Style/RescueModifier
-      begin
-        @on_death&.call(@err) unless @closing
-      rescue StandardError => e
-        Listenhub.logger.error("listenhub client: on_death raised: #{e.class}: #{e.message}")
-      end
+      guarded("listenhub client: on_death") { @on_death&.call(@err) unless @closing }
     end
 
     def handle(m)
@@ -616,11 +612,7 @@ module Listenhub
       @dispatch.synchronize do
         return if @closing
 
-        begin
-          cb.call(arg)
-        rescue StandardError => e # a callback's bug must not kill the reader
-          Listenhub.logger.error("listenhub client: callback raised: #{e.class}: #{e.message}")
-        end
+        guarded("listenhub client: callback") { cb.call(arg) }
       end
     end
   end

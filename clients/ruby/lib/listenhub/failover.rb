@@ -40,7 +40,7 @@ module Listenhub
   # child (every call), and the child's copies of its sockets are closed
   # without touching the parent's connections.
   class Failover
-    include ForkGuard
+    include Listener
 
     DEFAULT_MIN_LOCAL = 5.0
     DEFAULT_PROBE_INTERVAL = 1.0

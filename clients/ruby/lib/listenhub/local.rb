@@ -2,7 +2,7 @@
 
 require "securerandom"
 require_relative "errors"
-require_relative "fork_guard"
+require_relative "listener"
 require_relative "frame"
 
 module Listenhub
@@ -26,7 +26,7 @@ module Listenhub
   # adapter does); else database_url (or LISTENHUB_DATABASE_URL,
   # DATABASE_URL, the PG* variables).
   class Local
-    include ForkGuard
+    include Listener
 
     HEALTH_CHECK_INTERVAL = 5.0
     BACKOFF_MIN = 0.1
@@ -220,11 +220,7 @@ module Listenhub
         nil
       end
       [@kick_r, @kick_w].each { |io| io.close rescue nil } # rubocop:disable Style/RescueModifier
-      begin
-        @on_death&.call(@err) unless @closing
-      rescue StandardError => e
-        Listenhub.logger.error("listenhub local listener: on_death raised: #{e.class}: #{e.message}")
-      end
+      guarded("listenhub local listener: on_death") { @on_death&.call(@err) unless @closing }
     end
 
     def loop_forever
@@ -314,9 +310,7 @@ module Listenhub
     def deliver(cb, arg)
       return if cb.nil? || @closing
 
-      cb.call(arg)
-    rescue StandardError => e
-      Listenhub.logger.error("listenhub local listener: callback raised: #{e.class}: #{e.message}")
+      guarded("listenhub local listener: callback") { cb.call(arg) }
     end
 
     # Replaces a lost connection, re-LISTENs the set, reports health and one

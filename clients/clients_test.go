@@ -43,36 +43,10 @@ import (
 var db *pgtest.Cluster
 
 // TestMain runs everything (the cluster, the hub binary, both suites and
-// what they start) with TMPDIR set to a fresh directory of its own, and
-// fails the run if anything is left in it at the end: a test run must
-// leave nothing in /tmp (it once left the 17 MB hub binary every time).
-// The directory is 0755: the clusters and PgBouncers run as another user,
-// and the attack tests' foreign uid must reach their sticky directory.
-func TestMain(m *testing.M) {
-	tmp, err := os.MkdirTemp("", "lhclients-tmp-")
-	if err == nil {
-		err = os.Chmod(tmp, 0o755)
-	}
-	if err == nil {
-		err = os.Setenv("TMPDIR", tmp)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "clients: private TMPDIR:", err)
-		os.Exit(1)
-	}
-	code := pgtesting.Run(m, pgtest.Options{}, &db)
-	testutil.RemoveBinaries() // the hub binary (17 MB)
-	if left, err := os.ReadDir(tmp); err != nil || len(left) > 0 {
-		names := make([]string, len(left))
-		for i, e := range left {
-			names[i] = e.Name()
-		}
-		fmt.Fprintf(os.Stderr, "FAIL: the tests left %v in their TMPDIR %s (%v): a test run must leave nothing behind\n", names, tmp, err)
-		code = 1
-	}
-	os.RemoveAll(tmp)
-	os.Exit(code)
-}
+// what they start) in a TMPDIR of its own, and fails the run if anything is
+// left in it at the end: a test run must leave nothing in /tmp (it once
+// left the 17 MB hub binary every time).
+func TestMain(m *testing.M) { pgtesting.MainPrivateTemp(m, pgtest.Options{}, &db) }
 
 // suiteTimeout bounds one language's whole suite (generous: the machine is
 // shared).

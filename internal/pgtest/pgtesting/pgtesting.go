@@ -41,11 +41,35 @@ func Main(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) {
 	os.Exit(run(m, opts, dst))
 }
 
-// Run is Main without the exit: it returns the exit code, so that a
-// TestMain can clean up after the cluster is gone (a defer before Main's
-// os.Exit never runs).
-func Run(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) int {
-	return run(m, opts, dst)
+// MainPrivateTemp is Main with TMPDIR set, for the whole run, to a fresh
+// directory of its own, which must be empty once the tests, the cluster
+// and the programs they built are gone: anything left in it fails the run
+// (exit 1, the names on stderr), and it is removed. The directory is
+// 0755, so that a cluster or PgBouncer running as another user, and a
+// test's foreign uid, reach what the tests make in it.
+func MainPrivateTemp(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) {
+	tmp, err := os.MkdirTemp("", "listenhub-tmp-")
+	if err == nil {
+		err = os.Chmod(tmp, 0o755)
+	}
+	if err == nil {
+		err = os.Setenv("TMPDIR", tmp)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: private TMPDIR:", err)
+		os.Exit(1)
+	}
+	code := run(m, opts, dst)
+	if left, err := os.ReadDir(tmp); err != nil || len(left) > 0 {
+		names := make([]string, len(left))
+		for i, e := range left {
+			names[i] = e.Name()
+		}
+		fmt.Fprintf(os.Stderr, "FAIL: the tests left %v in their TMPDIR %s (%v): a test run must leave nothing behind\n", names, tmp, err)
+		code = 1
+	}
+	os.RemoveAll(tmp)
+	os.Exit(code)
 }
 
 func run(m *testing.M, opts pgtest.Options, dst **pgtest.Cluster) int {

@@ -16,7 +16,6 @@ from .errors import (
     AckTimeoutError,
     ClosedError,
     ConnError,
-    ForkedError,
     InvalidNameError,
     LimitError,
     ListenhubError,

@@ -83,7 +83,12 @@ func (h *Hub) admit(fd int) {
 	if h.workers.len() >= h.fds.maxWorkers {
 		// Closed at once: the worker sees EOF and falls back to its own
 		// LISTEN, which beats waiting for an answer that cannot come.
-		h.refuse(fd, "too many workers", fmt.Sprintf("too many workers: this hub serves at most %d (--max-workers)", h.fds.maxWorkers),
+		why := "--max-workers"
+		if h.fds.maxWorkers < h.cfg.MaxWorkers {
+			// The cap RLIMIT_NOFILE left: --max-workers would not help.
+			why = "what its RLIMIT_NOFILE leaves; raise LimitNOFILE= or ulimit -n"
+		}
+		h.refuse(fd, "too many workers", fmt.Sprintf("too many workers: this hub serves at most %d (%s)", h.fds.maxWorkers, why),
 			"workers", h.workers.len(), "max_workers", h.fds.maxWorkers)
 		return
 	}

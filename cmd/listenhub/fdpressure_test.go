@@ -128,3 +128,33 @@ func TestAttackLoweredFDLimitSheds(t *testing.T) {
 		return ok
 	})
 }
+
+// TestLoweredFDLimitRefusalNamesIt: a worker refused because RLIMIT_NOFILE
+// lowered the cap is told so, not pointed at --max-workers, which is far
+// above it and would not help.
+func TestLoweredFDLimitRefusalNamesIt(t *testing.T) {
+	h := startAttackHub(t, nil)
+	first := dialWorker(t, h.socket)
+	first.sub("fdcap.first")
+	var old unix.Rlimit
+	if err := prlimitNofile(h.pid(), nil, &old); err != nil {
+		t.Skipf("prlimit: %v", err)
+	}
+	// Room to accept, none left for a second worker after the reserve.
+	lim := unix.Rlimit{Cur: testutil.Rlim(h.fds()+10, old.Cur), Max: old.Max}
+	mark := h.log.mark()
+	if err := prlimitNofile(h.pid(), &lim, nil); err != nil {
+		t.Skipf("prlimit: %v", err)
+	}
+	t.Cleanup(func() { prlimitNofile(h.pid(), &old, nil) })
+	testutil.WaitFor(t, 5*time.Second, "the cap lowered to 1", func() bool {
+		return strings.Contains(h.log.since(t, mark), `"max_workers":1,`)
+	})
+	_, ok, nack := dialRaw(t, h.socket, 1)
+	if ok {
+		t.Fatal("a second worker was admitted past a cap of 1")
+	}
+	if !strings.Contains(nack, "RLIMIT_NOFILE") || strings.Contains(nack, "--max-workers") {
+		t.Fatalf("refused with %q: want the cause, RLIMIT_NOFILE, not --max-workers", nack)
+	}
+}

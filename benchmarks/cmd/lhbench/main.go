@@ -47,37 +47,34 @@ import (
 	"github.com/listenhub/listenhub/hub"
 )
 
+// commands are lhbench's subcommands, each given the arguments after its
+// name.
+var commands = map[string]func(args []string) error{
+	"run":        runMain,
+	"worker":     workerMain,
+	"churn":      churnMain,
+	"wakeworker": wakeWorkerMain,
+	"relay":      relayMain,
+	"report":     reportMain,
+	"hopsink":    func([]string) error { return hopSinkMain() },
+	"pg":         func([]string) error { return pgMain() },
+	"gohub":      func(args []string) error { return serverMain("gohub", args) },
+	"gnethub":    func(args []string) error { return serverMain("gnethub", args) },
+	"hublib":     func(args []string) error { return serverMain("hublib", args) },
+}
+
 func main() {
 	args := os.Args[1:]
 	sub := "run"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		sub, args = args[0], args[1:]
 	}
-	var err error
-	switch sub {
-	case "run":
-		err = runMain(args)
-	case "worker":
-		err = workerMain(args)
-	case "churn":
-		err = churnMain(args)
-	case "wakeworker":
-		err = wakeWorkerMain(args)
-	case "relay":
-		err = relayMain(args)
-	case "report":
-		err = reportMain(args)
-	case "hopsink":
-		err = hopSinkMain()
-	case "pg":
-		err = pgMain()
-	case "gohub", "gnethub", "hublib":
-		err = serverMain(sub, args)
-	default:
+	cmd := commands[sub]
+	if cmd == nil {
 		fmt.Fprintf(os.Stderr, "lhbench: unknown command %q (run, worker, churn, gohub, gnethub)\n", sub)
 		os.Exit(2)
 	}
-	if err != nil {
+	if err := cmd(args); err != nil {
 		fmt.Fprintln(os.Stderr, "lhbench "+sub+":", err)
 		os.Exit(1)
 	}

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -517,5 +518,41 @@ func TestRelayOwnWalsenderNotAnotherRelay(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "a wake", func() bool { return l.count(ch) == 2 })
 	if st := rn.r.Stats(); st.Takeovers != 0 || strings.Contains(rn.log.String(), "standing by") {
 		t.Errorf("takeovers %d, or stood by: its own walsender counted as another relay", st.Takeovers)
+	}
+}
+
+// TestRelayRoleIdleSessionTimeout: idle_session_timeout set on the relay's
+// role (a common guard against leaked sessions) would end its NOTIFY
+// connection whenever no wake was due for that long, and with it the
+// session: a reconnect, a walsender restarted and a replay every few
+// seconds. The relay's own connections opt out, and it streams on.
+func TestRelayRoleIdleSessionTimeout(t *testing.T) {
+	f := newFixture(t, "q_a")
+	ch := f.schema + ".q_a.INSERT"
+	l := listen(t, ch)
+	role := fmt.Sprintf("rt_idle%d", testSeq.Add(1))
+	f.exec("CREATE ROLE " + role + " LOGIN REPLICATION")
+	t.Cleanup(func() { db.Exec(context.Background(), "DROP ROLE "+role) })
+	f.exec("GRANT USAGE ON SCHEMA " + f.schema + " TO " + role)
+	f.exec("GRANT SELECT ON ALL TABLES IN SCHEMA " + f.schema + " TO " + role)
+	f.exec("ALTER ROLE " + role + " SET idle_session_timeout = '300ms'")
+	t.Cleanup(func() {
+		db.Exec(context.Background(), "DROP OWNED BY "+role)
+		db.Exec(context.Background(), "SELECT pg_drop_replication_slot($1) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", f.slot)
+	})
+	opts := f.options()
+	opts.ConnConfig.User = role
+	rn := f.run(opts)
+	testutil.WaitFor(t, 15*time.Second, "streaming", func() bool { return rn.r.Stats().State == StateActive })
+	// Idle for ten timeouts (and past the publication's 2 s watch): the
+	// session must outlive them.
+	time.Sleep(3 * time.Second)
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "a wake", func() bool { return l.count(ch) >= 1 })
+	if log := rn.log.String(); strings.Contains(log, "not streaming") {
+		t.Fatalf("the session ended while idle under idle_session_timeout 300ms:\n%s", log)
+	}
+	if st := rn.r.Stats(); st.Reconnects != 0 || st.State != StateActive {
+		t.Fatalf("%d reconnects, state %v (last error %q)", st.Reconnects, st.State, st.LastError)
 	}
 }

@@ -88,7 +88,30 @@ func (r *Relay) connect(ctx context.Context, replication bool) (*pgconn.PgConn, 
 		}
 		return nil, err
 	}
+	// idle_session_timeout (PostgreSQL 14 on) set for the relay's role
+	// would end the NOTIFY connection whenever no wake was due for that
+	// long, and with it the session: a reconnect and a replay each time.
+	// The relay's connections are never leaked sessions; they opt out.
+	// (Not a startup parameter: PostgreSQL 13 does not know it.)
+	if serverMajor(c) >= 14 {
+		if _, err := c.Exec(cctx, "SET idle_session_timeout = 0").ReadAll(); err != nil {
+			c.Close(context.Background())
+			return nil, fmt.Errorf("SET idle_session_timeout: %w", err)
+		}
+	}
 	return c, nil
+}
+
+// serverMajor is the server's major version from its server_version
+// (e.g. "15.4 (Debian …)" is 15), 0 if unknown.
+func serverMajor(c *pgconn.PgConn) int {
+	v := c.ParameterStatus("server_version")
+	i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
+	if i >= 0 {
+		v = v[:i]
+	}
+	n, _ := strconv.Atoi(v)
+	return n
 }
 
 // session runs one session until it fails or ctx is done.

@@ -23,9 +23,7 @@ import (
 )
 
 func TestClientSubscribeWaitsForAck(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 
 	done := result(func() error { return c.Subscribe(context.Background(), "jobs") })
 	fc.expect(t, "sub", "jobs")
@@ -40,13 +38,9 @@ func TestClientSubscribeWaitsForAck(t *testing.T) {
 }
 
 func TestClientWakesAndStatusInOrder(t *testing.T) {
-	h := newFakeHub(t, true)
 	rec := &recorder{}
-	c := dialFake(t, h, rec, Options{})
-	fc := h.accept()
-	if err := c.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	_, c, fc := fakeSession(t, true, rec, Options{})
+	mustSubscribe(t, c, "a")
 	testutil.WaitFor(t, waitLong, "first status", c.Healthy)
 
 	// One write carrying many frames, as the hub's end-of-iteration flush
@@ -81,13 +75,9 @@ func TestClientWakesAndStatusInOrder(t *testing.T) {
 }
 
 func TestClientWakeFramesSplitAcrossReads(t *testing.T) {
-	h := newFakeHub(t, true)
 	rec := &recorder{}
-	c := dialFake(t, h, rec, Options{})
-	fc := h.accept()
-	if err := c.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	_, c, fc := fakeSession(t, true, rec, Options{})
+	mustSubscribe(t, c, "a")
 	b := frame.AppendWake(nil, "a", []byte(strings.Repeat("x", 8000)), true)
 	for i := 0; i < len(b); i += 7 {
 		fc.send(b[i:min(i+7, len(b))])
@@ -103,13 +93,9 @@ func TestClientWakeFramesSplitAcrossReads(t *testing.T) {
 }
 
 func TestClientDurableFlag(t *testing.T) {
-	h := newFakeHub(t, true)
 	rec := &recorder{}
-	c := dialFake(t, h, rec, Options{})
-	fc := h.accept()
-	if err := c.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	_, c, fc := fakeSession(t, true, rec, Options{})
+	mustSubscribe(t, c, "a")
 	fc.send(rawFrame(`{"t":"wake","q":"a"}`))          // p absent
 	fc.send(rawFrame(`{"t":"wake","q":"a","p":null}`)) // p null
 	fc.send(rawFrame(`{"t":"wake","q":"a","p":""}`))   // empty payload: nothing to lose
@@ -129,9 +115,7 @@ func TestClientDurableFlag(t *testing.T) {
 }
 
 func TestClientSubscribeSameNameSequential(t *testing.T) {
-	h := newFakeHub(t, true)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, true, nil, Options{})
 	ctx := context.Background()
 	if err := c.Subscribe(ctx, "a"); err != nil {
 		t.Fatal(err)
@@ -148,9 +132,7 @@ func TestClientSubscribeSameNameSequential(t *testing.T) {
 }
 
 func TestClientSubscribeSameNameConcurrent(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	var calls []<-chan error
 	for range 10 {
 		calls = append(calls, result(func() error { return c.Subscribe(context.Background(), "a") }))
@@ -175,9 +157,7 @@ func TestClientSubscribeSameNameConcurrent(t *testing.T) {
 }
 
 func TestClientNackInvalidNameKeepsClient(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	done := result(func() error { return c.Subscribe(context.Background(), "bad") })
 	fc.expect(t, "sub", "bad")
 	fc.nack("bad", "invalid channel: 70 bytes, longer than 63")
@@ -200,9 +180,7 @@ func TestClientNackInvalidNameKeepsClient(t *testing.T) {
 // A nack at one of the hub's caps is final for that subscribe and leaves the
 // client alive: the hub keeps the connection.
 func TestClientNackLimitKeepsClient(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	for i, reason := range []string{"too many subscriptions", "too many channels"} {
 		q := fmt.Sprintf("q%d", i)
 		done := result(func() error { return c.Subscribe(context.Background(), q) })
@@ -234,9 +212,7 @@ func TestClientInvalidNameLocally(t *testing.T) {
 }
 
 func TestClientNackOtherKillsClient(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	done := result(func() error { return c.Subscribe(context.Background(), "a") })
 	fc.expect(t, "sub", "a")
 	fc.nack("a", "LISTEN failed: connection to Postgres is down")
@@ -252,9 +228,7 @@ func TestClientNackOtherKillsClient(t *testing.T) {
 }
 
 func TestClientAckTimeoutKillsClient(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{AckTimeout: 100 * time.Millisecond})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{AckTimeout: 100 * time.Millisecond})
 	start := time.Now()
 	err := c.Subscribe(context.Background(), "a")
 	var ate *AckTimeoutError
@@ -276,9 +250,7 @@ func TestClientAckTimeoutKillsClient(t *testing.T) {
 }
 
 func TestClientEOFDuringSubscribe(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	done := result(func() error { return c.Subscribe(context.Background(), "a") })
 	fc.expect(t, "sub", "a")
 	fc.c.Close()
@@ -293,10 +265,8 @@ func TestClientEOFDuringSubscribe(t *testing.T) {
 }
 
 func TestClientEOFIdle(t *testing.T) {
-	h := newFakeHub(t, true)
 	rec := &recorder{}
-	c := dialFake(t, h, rec, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, true, rec, Options{})
 	testutil.WaitFor(t, waitLong, "status", c.Healthy)
 	fc.c.Close()
 	select {
@@ -311,9 +281,7 @@ func TestClientEOFIdle(t *testing.T) {
 }
 
 func TestClientTruncatedFrameIsUnexpectedEOF(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	fc.send(frame.AppendStatus(nil, true)[:6])
 	fc.c.Close()
 	<-c.Done()
@@ -329,9 +297,7 @@ func TestClientMalformedFrameKillsClient(t *testing.T) {
 		"too large": {0x7f, 0, 0, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
-			h := newFakeHub(t, false)
-			c := dialFake(t, h, nil, Options{})
-			fc := h.accept()
+			_, c, fc := fakeSession(t, false, nil, Options{})
 			fc.send(b)
 			select {
 			case <-c.Done():
@@ -348,10 +314,8 @@ func TestClientMalformedFrameKillsClient(t *testing.T) {
 }
 
 func TestClientUnknownFrameSkipped(t *testing.T) {
-	h := newFakeHub(t, true)
 	rec := &recorder{}
-	c := dialFake(t, h, rec, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, true, rec, Options{})
 	body := `{"t":"hello","q":"a","extra":[1,{"x":2}]}`
 	fc.send(append([]byte{0, 0, 0, byte(len(body))}, body...))
 	body = `{"extra":true,"q":"a","p":"x","t":"wake"}` // unknown field, any order
@@ -380,9 +344,7 @@ func TestClientStalledWriteKillsClient(t *testing.T) {
 }
 
 func TestClientSubscribeAfterClose(t *testing.T) {
-	h := newFakeHub(t, true)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, true, nil, Options{})
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -398,9 +360,7 @@ func TestClientSubscribeAfterClose(t *testing.T) {
 }
 
 func TestClientCloseDuringSubscribe(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{AckTimeout: time.Minute})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{AckTimeout: time.Minute})
 	a := result(func() error { return c.Subscribe(context.Background(), "a") })
 	b := result(func() error { return c.Subscribe(context.Background(), "a") })
 	fc.expect(t, "sub", "a")
@@ -413,9 +373,7 @@ func TestClientCloseDuringSubscribe(t *testing.T) {
 }
 
 func TestClientSubscribeContextCancelAbandons(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{AckTimeout: time.Minute})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{AckTimeout: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := result(func() error { return c.Subscribe(ctx, "a") })
 	fc.expect(t, "sub", "a")
@@ -454,9 +412,7 @@ func TestClientSubscribeContextCancelAbandons(t *testing.T) {
 }
 
 func TestClientUnsubscribe(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	ctx := context.Background()
 
 	fc.subscribeVia(t, c, "a")
@@ -494,9 +450,7 @@ func TestClientUnsubscribe(t *testing.T) {
 }
 
 func TestClientStrayAckIgnored(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	fc.ack("nobody")
 	fc.nack("nobody", "LISTEN failed")
 	fc.subscribeVia(t, c, "a")
@@ -517,9 +471,7 @@ func TestClientCloseFromHandler(t *testing.T) {
 	}})
 	close(ready)
 	fc := h.accept()
-	if err := c.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, c, "a")
 	fc.wake("a", "1")
 	fc.wake("a", "2")
 	fc.wake("a", "3")
@@ -550,9 +502,7 @@ func TestClientNoHandlerAfterClose(t *testing.T) {
 		mu.Unlock()
 	}})
 	fc := h.accept()
-	if err := c.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, c, "a")
 	var burst []byte
 	for range 2000 {
 		burst = frame.AppendWake(burst, "a", []byte("x"), true)
@@ -615,9 +565,7 @@ func TestClientGoroutinesExit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Subscribe(context.Background(), "a"); err != nil {
-			t.Fatal(err)
-		}
+		mustSubscribe(t, c, "a")
 		c.Close()
 		c.wait()
 	}
@@ -700,11 +648,7 @@ func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 	c.Store(cl)
 	fc := h.accept()
 	fc.wake("a", "x")
-	select {
-	case <-closed:
-	case <-time.After(waitLong):
-		t.Fatal("Close deadlocked with the handler it let start")
-	}
+	testutil.WaitClosed(t, closed, waitLong, "Close deadlocked with the handler it let start")
 	cl.wait()
 	if ran.Load() {
 		t.Fatal("a handler ran after Close returned")
@@ -745,11 +689,7 @@ func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 	l = newLocalWith(opts)
 	l.start(nopPlain{})
 	go l.onNotification("a", "x") // as the connection's goroutine does
-	select {
-	case <-closed:
-	case <-time.After(waitLong):
-		t.Fatal("Close deadlocked with the handler it let start")
-	}
+	testutil.WaitClosed(t, closed, waitLong, "Close deadlocked with the handler it let start")
 	if ran.Load() {
 		t.Fatal("a handler ran after Close returned")
 	}
@@ -786,11 +726,7 @@ func TestAckAtTimeoutDoesNotKillAnsweredClient(t *testing.T) {
 		close(returned)
 	}()
 	fc.Load().expect(t, "sub", "a")
-	select {
-	case <-returned:
-	case <-time.After(waitLong):
-		t.Fatal("Subscribe did not return")
-	}
+	testutil.WaitClosed(t, returned, waitLong, "Subscribe did not return")
 	if subErr != nil {
 		t.Fatalf("Subscribe = %v, want the ack", subErr)
 	}

@@ -108,9 +108,7 @@ func TestPGFailbackHubKilledAndRestarted(t *testing.T) {
 		}
 	})
 	n = e.startNotifier("a")
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	// seq first and later started after the ack (see startNotifier).
 	first := n.sent() + 2
 	testutil.WaitFor(t, waitLong, "wakes through the hub", func() bool { return rec.maxSeq("a") >= first+20 })
@@ -193,9 +191,7 @@ func TestPGFailbackOneWay(t *testing.T) {
 		o.OneWay = true
 		o.MinLocal, o.ProbeInterval, o.ProbeMaxInterval = time.Millisecond, time.Millisecond, time.Millisecond
 	})
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	proc.Process.Kill()
 	proc.Wait()
 	testutil.WaitFor(t, waitLong, "local mode", func() bool { return f.Mode() == ModeLocal })

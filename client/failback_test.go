@@ -148,9 +148,7 @@ func TestFailbackToHub(t *testing.T) {
 	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
 	fc := h.accept()
 	for _, q := range []string{"a", "b"} {
-		if err := f.Subscribe(context.Background(), q); err != nil {
-			t.Fatal(err)
-		}
+		mustSubscribe(t, f, q)
 	}
 	fc.expectSubs(t, 2)
 	fc.c.Close()
@@ -184,9 +182,7 @@ func TestFailbackToHub(t *testing.T) {
 	// The new hub client is the one in use now.
 	back.wake("a", "via the new hub")
 	testutil.WaitFor(t, waitLong, "a wake from the new hub", func() bool { return rec.has("wake a via the new hub") })
-	if err := f.Subscribe(context.Background(), "c"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "c")
 	back.expect(t, "sub", "c")
 	f.Unsubscribe("a")
 	back.expect(t, "unsub", "a")
@@ -202,9 +198,7 @@ func TestFailbackCycles(t *testing.T) {
 	rec := &recorder{}
 	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
 	fc := h.accept()
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	fc.expect(t, "sub", "a")
 	for i := 1; i <= 3; i++ {
 		fc.c.Close()
@@ -235,9 +229,7 @@ func TestFailbackOneWay(t *testing.T) {
 	h := newFakeHub(t, true)
 	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{OneWay: true, MinLocal: time.Millisecond, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond})
 	fc := h.accept()
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	fc.c.Close()
 	sw.waitLocal(t)
 	// The hub accepts all along; without OneWay these timings fail back
@@ -259,9 +251,7 @@ func TestFailbackMinLocal(t *testing.T) {
 	h := newFakeHub(t, true)
 	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{MinLocal: minLocal, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond})
 	fc := h.accept()
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	lost := time.Now() // before the swap to local mode, so a lower bound
 	fc.c.Close()
 	h.accept()
@@ -411,9 +401,7 @@ func TestFailbackSubscribeDuring(t *testing.T) {
 	}
 	// The set is consistent on the hub: b is acked there (no round trip),
 	// c is not subscribed.
-	if err := f.Subscribe(context.Background(), "b"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "b")
 	back.quiet(t)
 }
 
@@ -422,9 +410,7 @@ func TestFailbackConcurrentSubscribes(t *testing.T) {
 	h := newFakeHub(t, true)
 	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{})
 	fc := h.accept()
-	if err := f.Subscribe(context.Background(), "x"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "x")
 	fc.c.Close()
 	sw.waitLocal(t)
 	var names []string
@@ -480,9 +466,7 @@ func TestFailbackHubStartedLater(t *testing.T) {
 	if f.Mode() != ModeLocal {
 		t.Fatal(f.Mode())
 	}
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	h.restart()
 	fc := h.accept()
 	fc.expect(t, "sub", "a")
@@ -545,9 +529,7 @@ func TestFailbackBackoffGrows(t *testing.T) {
 	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{MinLocal: 20 * time.Millisecond,
 		ProbeInterval: 50 * time.Millisecond, ProbeMaxInterval: 200 * time.Millisecond, Logger: slog.New(at)})
 	fc := h.accept()
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	h.stop() // every attempt fails at connect, at once
 	fc.c.Close()
 	sw.waitLocal(t)
@@ -573,9 +555,7 @@ func TestFailbackAfterHubAbsence(t *testing.T) {
 	logs := &logBuf{}
 	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{Logger: logs.logger()})
 	fc := h.accept()
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	h.stop()
 	fc.c.Close()
 	sw.waitLocal(t)

@@ -154,9 +154,7 @@ func TestFailoverHubAbsentAtStart(t *testing.T) {
 	if f.Mode() != ModeLocal || !errors.Is(f.Reason(), syscall.ENOENT) {
 		t.Fatalf("Mode %v, Reason %v", f.Mode(), f.Reason())
 	}
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	if got := fl.get(t).subscribed(); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("local subs %v", got)
 	}
@@ -190,9 +188,7 @@ func TestFailoverOnEOF(t *testing.T) {
 	}
 	fc := h.accept()
 	for _, q := range []string{"a", "b", "c"} {
-		if err := f.Subscribe(context.Background(), q); err != nil {
-			t.Fatal(err)
-		}
+		mustSubscribe(t, f, q)
 	}
 	f.Unsubscribe("c")
 	if f.Mode() != ModeHub || f.Reason() != nil {
@@ -231,9 +227,7 @@ func TestFailoverOnEOF(t *testing.T) {
 		t.Fatal("local wake not delivered")
 	}
 	// Subscribe and Unsubscribe go to the local listener now.
-	if err := f.Subscribe(context.Background(), "d"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "d")
 	f.Unsubscribe("a")
 	if got := local.subscribed(); !slices.Equal(got, []string{"a", "b", "d"}) {
 		t.Fatalf("local subs %v", got)
@@ -344,9 +338,7 @@ func TestFailoverLocalSubscribeFails(t *testing.T) {
 	h := newFakeHub(t, true)
 	fl := &fakeLocals{failSub: errTest}
 	f, fc := failoverOn(t, h, fl)
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	fc.c.Close()
 	select {
 	case <-f.Done():
@@ -382,9 +374,7 @@ func TestFailoverCloseIsNotAFailure(t *testing.T) {
 	h := newFakeHub(t, true)
 	fl := &fakeLocals{}
 	f, fc := failoverOn(t, h, fl)
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	f.Close()
 	fc.waitEOF(t)
 	if fl.count() != 0 {
@@ -473,9 +463,7 @@ func TestFailoverSubscribeContextDuringSwap(t *testing.T) {
 		return fl.newLocal(ctx, o)
 	}
 	fc := h.accept()
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	fc.c.Close()
 	testutil.WaitFor(t, waitLong, "swap in progress", func() bool {
 		f.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // waitLong bounds every wait of a test on something that should happen
@@ -104,13 +105,7 @@ func (h *fakeHub) acceptLoop(ln *net.UnixListener) {
 // accept returns the next connection the hub accepted.
 func (h *fakeHub) accept() *fakeConn {
 	h.t.Helper()
-	select {
-	case fc := <-h.conns:
-		return fc
-	case <-time.After(waitLong):
-		h.t.Fatal("fake hub: no connection")
-		return nil
-	}
+	return testutil.Recv(h.t, h.conns, waitLong, "fake hub: no connection")
 }
 
 func (h *fakeHub) close() {
@@ -176,13 +171,7 @@ func (fc *fakeConn) nack(q, reason string) {
 // next returns the next frame the client sent.
 func (fc *fakeConn) next(t testing.TB) frame.Message {
 	t.Helper()
-	select {
-	case m := <-fc.msgs:
-		return m
-	case <-time.After(waitLong):
-		t.Fatal("fake hub: no frame from the client")
-		return frame.Message{}
-	}
+	return testutil.Recv(t, fc.msgs, waitLong, "fake hub: no frame from the client")
 }
 
 // expect fails unless the next frame from the client is (typ, q).
@@ -197,11 +186,7 @@ func (fc *fakeConn) expect(t testing.TB, typ, q string) {
 // waitEOF waits for the client to close its side.
 func (fc *fakeConn) waitEOF(t testing.TB) {
 	t.Helper()
-	select {
-	case <-fc.eof:
-	case <-time.After(waitLong):
-		t.Fatal("fake hub: client did not close the connection")
-	}
+	testutil.WaitClosed(t, fc.eof, waitLong, "fake hub: client did not close the connection")
 }
 
 // recorder collects what handlers receive.
@@ -266,13 +251,7 @@ func result(f func() error) <-chan error {
 // than waitLong (a hang is the bug these tests are most about).
 func await(t testing.TB, ch <-chan error) error {
 	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(waitLong):
-		t.Fatal("call did not return")
-		return nil
-	}
+	return testutil.Recv(t, ch, waitLong, "call did not return")
 }
 
 // pending fails if ch already has a result: the call should still wait.
@@ -282,6 +261,25 @@ func pending(t testing.TB, ch <-chan error) {
 	case err := <-ch:
 		t.Fatalf("call returned early: %v", err)
 	default:
+	}
+}
+
+// fakeSession is a fake hub (auto: it acks subs itself), a Client dialed to
+// it with rec's handlers and opts, and the hub's end of the connection.
+func fakeSession(t testing.TB, auto bool, rec *recorder, opts Options) (*fakeHub, *Client, *fakeConn) {
+	t.Helper()
+	h := newFakeHub(t, auto)
+	c := dialFake(t, h, rec, opts)
+	return h, c, h.accept()
+}
+
+// mustSubscribe subscribes c to q, or the test fails.
+func mustSubscribe(t testing.TB, c interface {
+	Subscribe(context.Context, string) error
+}, q string) {
+	t.Helper()
+	if err := c.Subscribe(context.Background(), q); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -389,9 +389,7 @@ func TestPGFailoverHubKilled(t *testing.T) {
 	e.waitBackends(1, 0)
 	rec := &recorder{}
 	f := e.failover(rec, nil)
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	if f.Mode() != ModeHub {
 		t.Fatalf("Mode %v, Reason %v", f.Mode(), f.Reason())
 	}
@@ -433,9 +431,7 @@ func TestPGFailoverHubNeverStarted(t *testing.T) {
 		t.Fatalf("Reason %v", f.Reason())
 	}
 	e.waitBackends(0, 1)
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	e.notify("a", "hello")
 	testutil.WaitFor(t, waitLong, "local wake", func() bool { return rec.hasPayload("a", "hello") })
 	e.notify("a", "")
@@ -633,9 +629,7 @@ func TestPGLocalSurvivesRestart(t *testing.T) {
 	}
 	rec := &recorder{}
 	f := e.failover(rec, nil) // no hub: local
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := e.db.Restart(ctx); err != nil {

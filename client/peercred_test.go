@@ -95,9 +95,7 @@ func TestFailoverPeerRefusedGoesLocal(t *testing.T) {
 	if out := logs.String(); !strings.Contains(out, "listening locally") || !strings.Contains(out, "not our hub") {
 		t.Fatalf("log does not say why it went local:\n%s", out)
 	}
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 	if got := fl.get(t).subscribed(); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("local subs %v", got)
 	}

@@ -166,9 +166,7 @@ func TestDialWithoutProc(t *testing.T) {
 // frame, then EOF) is the client's error: a *RefusedError, also what the
 // next Subscribe returns.
 func TestRefusedByHub(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	h, c, fc := fakeSession(t, false, nil, Options{})
 	fc.nack("", "uid 1000 is not allowed (--allow-uid)")
 	fc.c.Close()
 	select {
@@ -210,9 +208,7 @@ func TestRefusalWinsOverWriteError(t *testing.T) {
 // A nack that answers a pending sub is not a refusal, even first (a
 // scripted hub; the real one always sends a status first).
 func TestFirstFrameNackForASub(t *testing.T) {
-	h := newFakeHub(t, false)
-	c := dialFake(t, h, nil, Options{})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, false, nil, Options{})
 	res := result(func() error { return c.Subscribe(context.Background(), "a\x01") })
 	fc.expect(t, "sub", "a\x01")
 	fc.nack("a\x01", "invalid channel: contains a control character")
@@ -232,9 +228,7 @@ func TestFrameTimeout(t *testing.T) {
 		t.Fatalf("DefaultFrameTimeout %v, want the hub's --frame-timeout default, 10s", DefaultFrameTimeout)
 	}
 	const ft = 300 * time.Millisecond
-	h := newFakeHub(t, true)
-	c := dialFake(t, h, nil, Options{FrameTimeout: ft})
-	fc := h.accept()
+	_, c, fc := fakeSession(t, true, nil, Options{FrameTimeout: ft})
 	// Idle for longer than the frame timeout, then a frame in two pieces
 	// each within it: alive.
 	time.Sleep(2 * ft)
@@ -452,9 +446,7 @@ func TestFailoverRefusedByHub(t *testing.T) {
 	if out := logs.String(); !strings.Contains(out, "refused this connection: too many workers") {
 		t.Fatalf("the log does not say why:\n%s", out)
 	}
-	if err := f.Subscribe(context.Background(), "a"); err != nil {
-		t.Fatal(err)
-	}
+	mustSubscribe(t, f, "a")
 }
 
 // A frame near the protocol's 4 MiB limit that arrives in 128-byte pieces

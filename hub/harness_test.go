@@ -166,11 +166,7 @@ func doOn(t testing.TB, h *Hub, f func()) {
 	if err := h.loop.Post(func() { f(); close(ran) }); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-ran:
-	case <-time.After(timeout):
-		t.Fatal("loop did not run a post")
-	}
+	testutil.WaitClosed(t, ran, timeout, "loop did not run a post")
 }
 
 // sync returns once the hub has handled whatever workers wrote before the

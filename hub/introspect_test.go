@@ -18,22 +18,22 @@ import (
 
 func (e *env) workers(o ListOptions) WorkerList {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	l, err := e.h.Workers(ctx, o)
-	if err != nil {
-		e.t.Fatalf("Workers(%+v): %v", o, err)
-	}
-	return l
+	return listPage(e, "Workers", o, e.h.Workers)
 }
 
 func (e *env) channelList(o ListOptions) ChannelList {
 	e.t.Helper()
+	return listPage(e, "Channels", o, e.h.Channels)
+}
+
+// listPage asks list (the hub's method name) for the page o.
+func listPage[L any](e *env, name string, o ListOptions, list func(context.Context, ListOptions) (L, error)) L {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	l, err := e.h.Channels(ctx, o)
+	l, err := list(ctx, o)
 	if err != nil {
-		e.t.Fatalf("Channels(%+v): %v", o, err)
+		e.t.Fatalf("%s(%+v): %v", name, o, err)
 	}
 	return l
 }

@@ -776,11 +776,7 @@ func TestStatusResendIsSliced(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	select {
-	case <-probed:
-	case <-time.After(timeout):
-		t.Fatal("loop did not run the probe")
-	}
+	testutil.WaitClosed(t, probed, timeout, "loop did not run the probe")
 	if first != n-statusSlice {
 		t.Fatalf("after the tick %d workers wait for the status, want %d", first, n-statusSlice)
 	}

@@ -21,10 +21,7 @@ func TestBackendIsTheOneTheBuildAskedFor(t *testing.T) {
 func TestRegisterRefusesAClosedFD(t *testing.T) {
 	l, stop := start(t)
 	defer stop()
-	fds, err := socketpair(true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fds := nbSocketpair(t)
 	unix.Close(fds[0])
 	defer unix.Close(fds[1])
 	onLoop(t, l, func() {
@@ -48,10 +45,7 @@ func TestUnregisterInTheMiddleKeepsTheOthers(t *testing.T) {
 	const n = 64
 	var pairs [n][2]int
 	for i := range pairs {
-		p, err := socketpair(true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := nbSocketpair(t)
 		pairs[i] = p
 		defer unix.Close(p[0])
 		defer unix.Close(p[1])

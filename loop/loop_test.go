@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/listenhub/listenhub/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,6 +47,16 @@ func socketpair(nonblock bool) ([2]int, error) {
 
 // start runs a new loop on its own goroutine and returns it with a function
 // that stops it and waits for Run to return.
+// nbSocketpair is socketpair(true), or the test fails.
+func nbSocketpair(t *testing.T) [2]int {
+	t.Helper()
+	fds, err := socketpair(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fds
+}
+
 func start(t *testing.T) (*Loop, func()) {
 	t.Helper()
 	l, err := New(Options{})
@@ -57,14 +68,7 @@ func start(t *testing.T) (*Loop, func()) {
 	stop := func() {
 		t.Helper()
 		l.Stop()
-		select {
-		case err := <-errc:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("Run did not return after Stop")
-		}
+		testutil.WaitErr(t, errc, 10*time.Second, "Run after Stop")
 	}
 	return l, stop
 }
@@ -76,11 +80,7 @@ func onLoop(t *testing.T, l *Loop, f func()) {
 	if err := l.Post(func() { f(); close(done) }); err != nil {
 		t.Fatalf("Post: %v", err)
 	}
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("posted function did not run within 10s")
-	}
+	testutil.WaitClosed(t, done, 10*time.Second, "posted function did not run within 10s")
 }
 
 func TestEcho1000Socketpairs(t *testing.T) {
@@ -220,11 +220,7 @@ func TestTimersFireInDeadlineOrderAndCancelledNeverFire(t *testing.T) {
 			remaining--
 		}
 	})
-	select {
-	case <-allDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("timers did not all fire within 10s")
-	}
+	testutil.WaitClosed(t, allDone, 10*time.Second, "timers did not all fire within 10s")
 	// Let any wrongly surviving cancelled timer show itself: run one more
 	// timer scheduled after the latest deadline and check from there.
 	late := make(chan struct{})
@@ -258,11 +254,7 @@ func TestEveryRepeatsUntilStopped(t *testing.T) {
 			}
 		})
 	})
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("repeating timer did not fire 5 times within 10s")
-	}
+	testutil.WaitClosed(t, done, 10*time.Second, "repeating timer did not fire 5 times within 10s")
 	onLoop(t, l, func() {
 		if count != 5 {
 			t.Errorf("repeating timer fired %d times, want exactly 5", count)
@@ -330,14 +322,7 @@ func TestStopFromOutside(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Stop()
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after Stop")
-	}
+	testutil.WaitErr(t, errc, 10*time.Second, "Run after Stop")
 	select {
 	case <-ran:
 	default:
@@ -377,14 +362,7 @@ func TestStopFromInside(t *testing.T) {
 	})
 	done := make(chan error, 1)
 	go func() { done <- l.Run() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after Stop from a timer")
-	}
+	testutil.WaitErr(t, done, 10*time.Second, "Run after Stop from a timer")
 	if got := fmt.Sprint(order); got != "[timer post close]" {
 		t.Errorf("order = %s, want [timer post close]", got)
 	}
@@ -399,10 +377,7 @@ func TestStopFromInside(t *testing.T) {
 func TestWritableInterestOnlyWhileAsked(t *testing.T) {
 	l, stop := start(t)
 	defer stop()
-	fds, err := socketpair(true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fds := nbSocketpair(t)
 	defer unix.Close(fds[1])
 	var (
 		tok      Token
@@ -411,6 +386,7 @@ func TestWritableInterestOnlyWhileAsked(t *testing.T) {
 		done     = make(chan struct{})
 	)
 	onLoop(t, l, func() {
+		var err error
 		tok, err = l.Register(fds[0], Writable, func(ev Events) {
 			if ev&Writable == 0 {
 				return
@@ -443,11 +419,7 @@ func TestWritableInterestOnlyWhileAsked(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("loop did not iterate")
-	}
+	testutil.WaitClosed(t, done, 10*time.Second, "loop did not iterate")
 	onLoop(t, l, func() {
 		if writable != 3 {
 			t.Errorf("writable handler ran %d times, want 3 (interest dropped after the third)", writable)
@@ -462,14 +434,8 @@ func TestWritableInterestOnlyWhileAsked(t *testing.T) {
 func TestStaleTokenAndStaleEvents(t *testing.T) {
 	l, stop := start(t)
 	defer stop()
-	a, err := socketpair(true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := socketpair(true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := nbSocketpair(t)
+	b := nbSocketpair(t)
 	defer unix.Close(a[1])
 	defer unix.Close(b[1])
 	// Both ends readable before the loop looks: their events arrive in the
@@ -510,10 +476,7 @@ func TestStaleTokenAndStaleEvents(t *testing.T) {
 		unix.Close(a[0])
 		unix.Close(b[0])
 		// The fd number is reused by the next descriptor.
-		fds, err := socketpair(true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		fds := nbSocketpair(t)
 		defer unix.Close(fds[1])
 		defer unix.Close(fds[0])
 		nt, err := l.Register(old.FD(), Readable, func(Events) {})

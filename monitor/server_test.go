@@ -178,17 +178,25 @@ func TestMetricsServerTimeouts(t *testing.T) {
 
 // Accept keeps to its pace: past the burst, connections come out no faster
 // than one per interval, however many wait in the backlog.
-func TestMetricsAcceptPace(t *testing.T) {
+// pacedLimiter is a connLimiter (100 connections) on a fresh loopback
+// listener that accepts a burst, then one connection per every.
+func pacedLimiter(t *testing.T, every time.Duration, burst int) *connLimiter {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cl := newConnLimiter(ln, 100)
-	cl.every, cl.burst = 20*time.Millisecond, 3
-	defer cl.Close()
+	cl.every, cl.burst = every, burst
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+func TestMetricsAcceptPace(t *testing.T) {
+	cl := pacedLimiter(t, 20*time.Millisecond, 3)
 	const n = 8
 	for range n {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", cl.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,16 +222,10 @@ func TestMetricsAcceptPace(t *testing.T) {
 // pace: the live connection behind it comes out next. Within the pace, a
 // client that shut its sending side is served.
 func TestMetricsAcceptDropsAbandoned(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := newConnLimiter(ln, 100)
-	cl.every, cl.burst = 200*time.Millisecond, 1
-	defer cl.Close()
+	cl := pacedLimiter(t, 200*time.Millisecond, 1)
 
 	// Within the pace: a half-closed request is served.
-	half, err := net.Dial("tcp", ln.Addr().String())
+	half, err := net.Dial("tcp", cl.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,14 +237,14 @@ func TestMetricsAcceptDropsAbandoned(t *testing.T) {
 	// Past it (the accept above took the only place for 200 ms): 50
 	// clients gone, then a live one.
 	for range 50 {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", cl.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		c.Write([]byte("GET /workers HTTP/1.1\r\nHost: x\r\n\r\n"))
 		c.Close()
 	}
-	live, err := net.Dial("tcp", ln.Addr().String())
+	live, err := net.Dial("tcp", cl.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -230,29 +230,22 @@ func effective(pod, c *securityContext) securityContext {
 		if s == nil {
 			continue
 		}
-		if s.RunAsNonRoot != nil {
-			e.RunAsNonRoot = s.RunAsNonRoot
-		}
-		if s.RunAsUser != nil {
-			e.RunAsUser = s.RunAsUser
-		}
-		if s.RunAsGroup != nil {
-			e.RunAsGroup = s.RunAsGroup
-		}
-		if s.AllowPrivilegeEscalation != nil {
-			e.AllowPrivilegeEscalation = s.AllowPrivilegeEscalation
-		}
-		if s.ReadOnlyRootFilesystem != nil {
-			e.ReadOnlyRootFilesystem = s.ReadOnlyRootFilesystem
-		}
-		if s.Capabilities != nil {
-			e.Capabilities = s.Capabilities
-		}
-		if s.SeccompProfile != nil {
-			e.SeccompProfile = s.SeccompProfile
-		}
+		override(&e.RunAsNonRoot, s.RunAsNonRoot)
+		override(&e.RunAsUser, s.RunAsUser)
+		override(&e.RunAsGroup, s.RunAsGroup)
+		override(&e.AllowPrivilegeEscalation, s.AllowPrivilegeEscalation)
+		override(&e.ReadOnlyRootFilesystem, s.ReadOnlyRootFilesystem)
+		override(&e.Capabilities, s.Capabilities)
+		override(&e.SeccompProfile, s.SeccompProfile)
 	}
 	return e
+}
+
+// override sets *dst to v when v is set.
+func override[T any](dst **T, v *T) {
+	if v != nil {
+		*dst = v
+	}
 }
 
 // checkHub checks what every hub container needs, wherever it runs, and

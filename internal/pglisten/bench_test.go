@@ -63,10 +63,7 @@ func (r *benchReceiver) wait(b *testing.B) {
 func openLoopReceiver(b *testing.B, url, ch string) *benchReceiver {
 	b.Helper()
 	r := newBenchReceiver()
-	cc, err := ParseConfig(url, "lh-bench")
-	if err != nil {
-		b.Fatal(err)
-	}
+	cc := mustParseConfig(b, url, "lh-bench")
 	l, err := loop.New(loop.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -97,10 +94,7 @@ func openLoopReceiver(b *testing.B, url, ch string) *benchReceiver {
 func openPgxReceiver(b *testing.B, url, ch string) *benchReceiver {
 	b.Helper()
 	r := newBenchReceiver()
-	cc, err := ParseConfig(url, "lh-bench-pgx")
-	if err != nil {
-		b.Fatal(err)
-	}
+	cc := mustParseConfig(b, url, "lh-bench-pgx")
 	cc.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { r.got() }
 	pc, err := pgconn.ConnectConfig(context.Background(), cc)
 	if err != nil {
@@ -127,10 +121,7 @@ func openPgxReceiver(b *testing.B, url, ch string) *benchReceiver {
 func openPlainReceiver(b *testing.B, url, ch string) *benchReceiver {
 	b.Helper()
 	r := newBenchReceiver()
-	cc, err := ParseConfig(url, "lh-bench-plain")
-	if err != nil {
-		b.Fatal(err)
-	}
+	cc := mustParseConfig(b, url, "lh-bench-plain")
 	p, err := NewPlain(context.Background(), PlainConfig{ConnConfig: cc, Logger: testLogger(),
 		OnNotification: func(_, _ string) { r.got() }})
 	if err != nil {

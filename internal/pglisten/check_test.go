@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/loop"
@@ -23,12 +24,19 @@ type checkSubject struct {
 	log *testutil.SyncBuffer
 }
 
+// mustParseConfig is ParseConfig, or the test fails.
+func mustParseConfig(tb testing.TB, url, app string) *pgconn.Config {
+	tb.Helper()
+	cc, err := ParseConfig(url, app)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cc
+}
+
 func startChecked(t *testing.T, url string, cfg Config) *checkSubject {
 	t.Helper()
-	cc, err := ParseConfig(url, testApp())
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := mustParseConfig(t, url, testApp())
 	l, err := loop.New(loop.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -71,13 +79,7 @@ func (s *checkSubject) listen(t testing.TB, ch string) chan error {
 
 func wantOutcome(t testing.TB, errc chan error) error {
 	t.Helper()
-	select {
-	case err := <-errc:
-		return err
-	case <-time.After(pgTimeout):
-		t.Fatal("no answer to Listen")
-		return nil
-	}
+	return testutil.Recv(t, errc, pgTimeout, "no answer to Listen")
 }
 
 // checkTimeout is the health-check timeout of the tests of a connection
@@ -228,10 +230,7 @@ func TestCheckPlain(t *testing.T) {
 		ok        bool
 	}{{"direct", db.URL(), true}, {"session", sess.URL(), true}, {"transaction", tx.URL(), false}} {
 		t.Run(c.name, func(t *testing.T) {
-			cc, err := ParseConfig(c.url, testApp())
-			if err != nil {
-				t.Fatal(err)
-			}
+			cc := mustParseConfig(t, c.url, testApp())
 			r := newRecorder()
 			p, err := NewPlain(ctxT(t), PlainConfig{ConnConfig: cc, HealthCheckInterval: 10 * time.Millisecond,
 				HealthCheckTimeout: 500 * time.Millisecond, OnNotification: r.note, OnHealth: r.onHealth, Logger: testLogger()})

@@ -205,13 +205,7 @@ func (h *harness) dial(context.Context) (transport, error) {
 
 func (h *harness) server() *fakeServer {
 	h.t.Helper()
-	select {
-	case s := <-h.servers:
-		return s
-	case <-time.After(fakeTimeout):
-		h.t.Fatal("no connection from the listener")
-		return nil
-	}
+	return testutil.Recv(h.t, h.servers, fakeTimeout, "no connection from the listener")
 }
 
 // setLen is the number of channels in the connection's set.
@@ -618,11 +612,7 @@ func TestFakeClose(t *testing.T) {
 		t.Fatalf("message %q, want Terminate", typ)
 	}
 	s.send(ccMsg("UNLISTEN"), rfqMsg())
-	select {
-	case <-closed:
-	case <-time.After(fakeTimeout):
-		t.Fatal("Close did not finish")
-	}
+	testutil.WaitClosed(t, closed, fakeTimeout, "Close did not finish")
 	for _, n := range []string{"late", "after"} {
 		if err, _ := r.has(n); !errors.Is(err, ErrClosed) {
 			t.Errorf("%s: %v", n, err)
@@ -686,11 +676,7 @@ func TestFakeCloseWithBatchInFlight(t *testing.T) {
 		t.Fatalf("state %v after the batch's ReadyForQuery, want closing", state)
 	}
 	s.send(ccMsg("UNLISTEN"), rfqMsg())
-	select {
-	case <-closed:
-	case <-time.After(fakeTimeout):
-		t.Fatal("Close did not finish")
-	}
+	testutil.WaitClosed(t, closed, fakeTimeout, "Close did not finish")
 }
 
 // TestFakeBigBatch: a batch bigger than the socket buffer is written in part,

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/internal/handoff"
+	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -35,11 +36,7 @@ func TestDetachAdopt(t *testing.T) {
 	s.on(t, func() {
 		s.c.whenIdle(func() { h, derr = s.c.detach(); close(done) })
 	})
-	select {
-	case <-done:
-	case <-time.After(pgTimeout):
-		t.Fatal("no quiet point")
-	}
+	testutil.WaitClosed(t, done, pgTimeout, "no quiet point")
 	if derr != nil {
 		t.Fatal(derr)
 	}
@@ -58,10 +55,7 @@ func TestDetachAdopt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := ParseConfig(db.URL(), app)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := mustParseConfig(t, db.URL(), app)
 	c2, err := adopt(l2, Config{ConnConfig: cc, OnNotification: func(ch, p []byte) { r2.note(string(ch), string(p)) },
 		OnHealth: r2.onHealth, Logger: testLogger()}, h)
 	if err != nil {
@@ -123,10 +117,7 @@ func TestMarkerSplit(t *testing.T) {
 	}
 	go l2.Run()
 	t.Cleanup(func() { l2.Stop(); <-l2.Done() })
-	cc, err := ParseConfig(url(), testApp())
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := mustParseConfig(t, url(), testApp())
 	newMarked := make(chan struct{})
 	c2, err := openForTakeover(ctxT(t), l2, Config{ConnConfig: cc,
 		OnNotification: func(ch, p []byte) { r2.note(string(ch), string(p)) }, OnHealth: r2.onHealth,
@@ -172,11 +163,7 @@ func TestMarkerSplit(t *testing.T) {
 	}()
 	wg.Wait()
 	for _, c := range []chan struct{}{oldPaused, newMarked} {
-		select {
-		case <-c:
-		case <-time.After(pgTimeout):
-			t.Fatal("the marker did not arrive")
-		}
+		testutil.WaitClosed(t, c, pgTimeout, "the marker did not arrive")
 	}
 	s2.on(t, func() {
 		if err := c2.resume(); err != nil {

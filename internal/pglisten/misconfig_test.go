@@ -77,10 +77,7 @@ func refusingServer(t *testing.T) string {
 // server's reason first, not "tls error: server refused TLS connection",
 // and is still a configuration error.
 func TestConnectErrorCauseFirst(t *testing.T) {
-	cc, err := ParseConfig(refusingServer(t), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := mustParseConfig(t, refusingServer(t), "")
 	l, err := loop.New(loop.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -180,10 +180,7 @@ func (v variant) open(t *testing.T, r *recorder, o opts) subject {
 	if o.defaultApplication {
 		app = ""
 	}
-	cc, err := ParseConfig(v.url(), app)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := mustParseConfig(t, v.url(), app)
 	if o.reconnectMax == 0 {
 		o.reconnectMax = 200 * time.Millisecond
 	}
@@ -246,11 +243,7 @@ func runOn(t testing.TB, l *loop.Loop, f func()) {
 	if err := l.Post(func() { f(); close(done) }); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-done:
-	case <-time.After(pgTimeout):
-		t.Fatal("loop did not run the post")
-	}
+	testutil.WaitClosed(t, done, pgTimeout, "loop did not run the post")
 }
 
 func (s *loopSubject) cmd(t testing.TB, listen bool, ch string) error {
@@ -617,14 +610,7 @@ func TestServerDown(t *testing.T) {
 			pgtesting.Must(t, db.Start(ctxT(t)))
 			restarted = true
 			r.waitHealth(t, base, pgTimeout, true)
-			select {
-			case err := <-errc:
-				if err != nil {
-					t.Fatalf("LISTEN issued while down: %v", err)
-				}
-			case <-time.After(pgTimeout):
-				t.Fatal("LISTEN issued while down never completed")
-			}
+			testutil.WaitErr(t, errc, pgTimeout, "LISTEN issued while down")
 			for _, ch := range []string{"down_a", "down_b"} {
 				notify(t, ch, "back")
 				r.waitNote(t, ch, "back")
@@ -680,10 +666,7 @@ func TestFrozenBackend(t *testing.T) {
 // TestUnreachable: Open and NewPlain fail fast and clearly when nobody
 // listens.
 func TestUnreachable(t *testing.T) {
-	cc, err := ParseConfig("postgres://postgres:sekrit@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=5", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := mustParseConfig(t, "postgres://postgres:sekrit@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=5", "")
 	l, err := loop.New(loop.Options{})
 	if err != nil {
 		t.Fatal(err)

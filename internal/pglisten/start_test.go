@@ -149,11 +149,7 @@ func TestFakeStartConfigErrorFatal(t *testing.T) {
 			}
 			closed := make(chan struct{})
 			h.on(func() { h.c.Close(func() { close(closed) }) })
-			select {
-			case <-closed:
-			case <-time.After(fakeTimeout):
-				t.Fatal("Close after OnFatal did not finish")
-			}
+			testutil.WaitClosed(t, closed, fakeTimeout, "Close after OnFatal did not finish")
 		})
 	}
 }
@@ -212,13 +208,7 @@ type startSubject struct {
 // within pgTimeout.
 func (s *startSubject) waitFatal(t *testing.T) error {
 	t.Helper()
-	select {
-	case err := <-s.fatal:
-		return err
-	case <-time.After(pgTimeout):
-		t.Fatal("no OnFatal")
-		return nil
-	}
+	return testutil.Recv(t, s.fatal, pgTimeout, "no OnFatal")
 }
 
 func startConn(t *testing.T, r *recorder, url string, o opts) *startSubject {
@@ -229,10 +219,7 @@ func startConn(t *testing.T, r *recorder, url string, o opts) *startSubject {
 	if o.logger == nil {
 		o.logger = testLogger()
 	}
-	cc, err := ParseConfig(url, o.app)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := mustParseConfig(t, url, o.app)
 	s := &startSubject{fatal: make(chan error, 10)}
 	d := &net.Dialer{KeepAlive: 5 * time.Minute}
 	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -301,14 +288,7 @@ func TestStartServerDown(t *testing.T) {
 	pgtesting.Must(t, db.Start(ctxT(t)))
 	restarted = true
 	up := time.Now()
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Fatalf("Listen: %v", err)
-		}
-	case <-time.After(pgTimeout):
-		t.Fatal("Listen never completed after the server started")
-	}
+	testutil.WaitErr(t, errc, pgTimeout, "Listen")
 	took := time.Since(up)
 	t.Logf("Listen done %v after the server accepted connections (%d dial attempts)", took, s.dials.Load())
 	// 500 ms retry bound + connect + LISTEN, with slack for a loaded machine.

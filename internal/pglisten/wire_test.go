@@ -161,25 +161,16 @@ func TestParseConfig(t *testing.T) {
 	for _, k := range []string{"PGAPPNAME", "PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGSSLMODE"} {
 		t.Setenv(k, "")
 	}
-	cfg, err := ParseConfig("postgres://u:secret@db.example:6543/app?sslmode=disable", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := mustParseConfig(t, "postgres://u:secret@db.example:6543/app?sslmode=disable", "")
 	if cfg.Host != "db.example" || cfg.Port != 6543 || cfg.User != "u" || cfg.Database != "app" ||
 		cfg.RuntimeParams["application_name"] != DefaultApplicationName {
 		t.Errorf("URL: %+v %v", cfg, cfg.RuntimeParams)
 	}
-	cfg, err = ParseConfig("host=h1 port=5999 user=v dbname=d sslmode=disable application_name=mine", "other")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg = mustParseConfig(t, "host=h1 port=5999 user=v dbname=d sslmode=disable application_name=mine", "other")
 	if cfg.Host != "h1" || cfg.Port != 5999 || cfg.RuntimeParams["application_name"] != "mine" {
 		t.Errorf("DSN: %+v %v", cfg, cfg.RuntimeParams)
 	}
-	cfg, err = ParseConfig("host=h1 sslmode=disable", "flagname")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg = mustParseConfig(t, "host=h1 sslmode=disable", "flagname")
 	if cfg.RuntimeParams["application_name"] != "flagname" {
 		t.Errorf("argument: %v", cfg.RuntimeParams)
 	}
@@ -187,14 +178,11 @@ func TestParseConfig(t *testing.T) {
 	t.Setenv("PGPORT", "7777")
 	t.Setenv("PGAPPNAME", "fromenv")
 	t.Setenv("PGSSLMODE", "disable")
-	cfg, err = ParseConfig("", "listenhub")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg = mustParseConfig(t, "", "listenhub")
 	if cfg.Host != "envhost" || cfg.Port != 7777 || cfg.RuntimeParams["application_name"] != "fromenv" {
 		t.Errorf("env: %+v %v", cfg, cfg.RuntimeParams)
 	}
-	_, err = ParseConfig("postgres://u:hunter2@h:notaport/db", "")
+	_, err := ParseConfig("postgres://u:hunter2@h:notaport/db", "")
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("bad URL: %v (must fail without the password)", err)
 	}

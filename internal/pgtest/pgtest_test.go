@@ -206,15 +206,22 @@ func TestTerminate(t *testing.T) {
 	}
 }
 
-func TestFreezeThaw(t *testing.T) {
+// ownBackend opens a connection named app to the (throwaway) cluster and
+// returns it with the pid of its one backend.
+func ownBackend(t *testing.T, app string) (*pgx.Conn, int) {
+	t.Helper()
 	pgtesting.RequireLocal(t, db)
-	ctx := ctxT(t)
-	conn := connect(t, db.URL(), "pgtest-freeze")
-	pids, err := db.BackendPIDs(ctx, "pgtest-freeze")
+	conn := connect(t, db.URL(), app)
+	pids, err := db.BackendPIDs(ctxT(t), app)
 	if err != nil || len(pids) != 1 {
 		t.Fatalf("BackendPIDs = %v, %v", pids, err)
 	}
-	pid := pids[0]
+	return conn, pids[0]
+}
+
+func TestFreezeThaw(t *testing.T) {
+	conn, pid := ownBackend(t, "pgtest-freeze")
+	ctx := ctxT(t)
 	if err := db.Freeze(os.Getpid()); err == nil {
 		t.Fatal("Freeze accepted a pid that is not a backend")
 	}
@@ -232,14 +239,7 @@ func TestFreezeThaw(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	pgtesting.Must(t, db.Thaw(pid))
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("query after thaw: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no answer 10s after thaw")
-	}
+	testutil.WaitErr(t, done, 10*time.Second, "query after thaw")
 }
 
 // TestFreezeIdle: FreezeIdle stops a backend only in its wait for the
@@ -247,29 +247,24 @@ func TestFreezeThaw(t *testing.T) {
 // ends with ctx and the backend runs on); once it is idle it is frozen, and
 // a query sent then goes unanswered until Thaw.
 func TestFreezeIdle(t *testing.T) {
-	pgtesting.RequireLocal(t, db)
+	conn, pid := ownBackend(t, "pgtest-freezeidle")
 	ctx := ctxT(t)
-	conn := connect(t, db.URL(), "pgtest-freezeidle")
-	pids, err := db.BackendPIDs(ctx, "pgtest-freezeidle")
-	if err != nil || len(pids) != 1 {
-		t.Fatalf("BackendPIDs = %v, %v", pids, err)
-	}
 	busy := make(chan error, 1)
 	go func() {
 		_, err := conn.Exec(context.Background(), "SELECT pg_sleep(1.5)")
 		busy <- err
 	}()
 	testutil.WaitFor(t, 5*time.Second, "the backend running pg_sleep", func() bool {
-		n, err := db.QueryInt(ctx, "SELECT count(*)::int FROM pg_stat_activity WHERE pid = $1 AND state = 'active'", pids[0])
+		n, err := db.QueryInt(ctx, "SELECT count(*)::int FROM pg_stat_activity WHERE pid = $1 AND state = 'active'", pid)
 		return err == nil && n == 1
 	})
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	err = db.FreezeIdle(short, pids[0])
+	err := db.FreezeIdle(short, pid)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("FreezeIdle on a backend running a statement: %v, want it to wait for idle until the deadline", err)
 	}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pids[0])); err != nil {
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil {
 		t.Fatal(err)
 	} else if _, rest, _ := strings.Cut(string(b), ") "); strings.HasPrefix(rest, "T") || strings.HasPrefix(rest, "t") {
 		t.Fatalf("backend left stopped (%.1s) after a failed FreezeIdle", rest)
@@ -277,7 +272,7 @@ func TestFreezeIdle(t *testing.T) {
 	if err := <-busy; err != nil {
 		t.Fatalf("the statement under a failed FreezeIdle: %v", err)
 	}
-	pgtesting.Must(t, db.FreezeIdle(ctx, pids[0]))
+	pgtesting.Must(t, db.FreezeIdle(ctx, pid))
 	answered := make(chan error, 1)
 	go func() {
 		_, err := conn.Exec(context.Background(), "SELECT 1")
@@ -288,7 +283,7 @@ func TestFreezeIdle(t *testing.T) {
 		t.Fatalf("a frozen backend answered: %v", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	pgtesting.Must(t, db.Thaw(pids[0]))
+	pgtesting.Must(t, db.Thaw(pid))
 	select {
 	case err := <-answered:
 		if err != nil {
@@ -301,14 +296,9 @@ func TestFreezeIdle(t *testing.T) {
 
 func TestFreezeThenStop(t *testing.T) {
 	// A frozen backend must not hang Stop (it is thawed first).
-	pgtesting.RequireLocal(t, db)
+	_, pid := ownBackend(t, "pgtest-freeze2")
 	ctx := ctxT(t)
-	connect(t, db.URL(), "pgtest-freeze2")
-	pids, err := db.BackendPIDs(ctx, "pgtest-freeze2")
-	if err != nil || len(pids) != 1 {
-		t.Fatalf("BackendPIDs = %v, %v", pids, err)
-	}
-	pgtesting.Must(t, db.Freeze(pids[0]))
+	pgtesting.Must(t, db.Freeze(pid))
 	start := time.Now()
 	pgtesting.Must(t, db.Restart(ctx))
 	if d := time.Since(start); d > 20*time.Second {

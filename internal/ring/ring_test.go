@@ -12,6 +12,20 @@ import (
 )
 
 // pending returns Peek's two slices joined.
+// append16 appends frame to buf 16 times.
+func append16(b *testing.B, buf *Buffer, frame []byte) {
+	for i := 0; i < 16; i++ {
+		if err := buf.Append(frame); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// randSize is a random size below one of the limits, each limit as likely.
+func randSize(rng *rand.Rand, limits ...int) int {
+	return rng.IntN(limits[rng.IntN(len(limits))])
+}
+
 func pending(b *Buffer) []byte {
 	first, second := b.Peek()
 	return append(append([]byte{}, first...), second...)
@@ -266,17 +280,7 @@ func TestModel(t *testing.T) {
 		for op := 0; op < 5000; op++ {
 			switch r := rng.IntN(10); {
 			case r < 5:
-				var n int
-				switch rng.IntN(4) {
-				case 0:
-					n = rng.IntN(8)
-				case 1:
-					n = rng.IntN(300)
-				case 2:
-					n = rng.IntN(5000)
-				default:
-					n = rng.IntN(40000)
-				}
+				n := randSize(rng, 8, 300, 5000, 40000)
 				p := fill(n, byte(op))
 				err := b.Append(p)
 				if max > 0 && len(model)+n > max {
@@ -365,11 +369,7 @@ func BenchmarkCycle(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(16 * 128)
 	for b.Loop() {
-		for i := 0; i < 16; i++ {
-			if err := buf.Append(frame); err != nil {
-				b.Fatal(err)
-			}
-		}
+		append16(b, buf, frame)
 		first, second := buf.Peek()
 		buf.Discard(len(first) + len(second))
 	}
@@ -386,11 +386,7 @@ func BenchmarkBacklog(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(16 * 128)
 	for b.Loop() {
-		for i := 0; i < 16; i++ {
-			if err := buf.Append(frame); err != nil {
-				b.Fatal(err)
-			}
-		}
+		append16(b, buf, frame)
 		first, _ := buf.Peek()
 		buf.Discard(min(len(first), 16*128))
 	}
@@ -934,15 +930,7 @@ func TestForeignModel(t *testing.T) {
 			capBefore := b.Cap()
 			switch r := rng.IntN(20); {
 			case r < 10:
-				var n int
-				switch rng.IntN(3) {
-				case 0:
-					n = rng.IntN(300)
-				case 1:
-					n = rng.IntN(5000)
-				default:
-					n = rng.IntN(20000)
-				}
+				n := randSize(rng, 300, 5000, 20000)
 				p := fill(n, byte(op))
 				err := b.Append(p)
 				if n > 0 && b.Max > 0 && len(m.bytes)+n > b.Max {

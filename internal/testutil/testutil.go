@@ -34,6 +34,45 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// WaitErr waits up to timeout for the error a goroutine sends on ch when it
+// ends, and fails the test if none comes or it is not nil; what names the
+// goroutine's work in the message.
+func WaitErr(t testing.TB, ch <-chan error, timeout time.Duration, what string) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(timeout):
+		t.Fatalf("%s: no end within %v", what, timeout)
+	}
+}
+
+// WaitClosed waits up to timeout for ch to be closed (or to yield), and
+// fails the test with what if it is not.
+func WaitClosed[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(timeout):
+		t.Fatalf("%s (waited %v)", what, timeout)
+	}
+}
+
+// Recv returns the next value from ch, or fails the test with what if none
+// comes within timeout.
+func Recv[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		t.Fatal(what)
+		panic("unreachable")
+	}
+}
+
 // FDCount returns the number of file descriptors open in this process
 // (entries of /proc/self/fd, or /dev/fd off Linux, not counting the one used to read it). It panics
 // if that cannot be read: leak checks are meaningless without it.

@@ -475,8 +475,8 @@ func (r *Relay) checkPublished(published string) error {
 	}
 	pubName := quoteIdent(r.opts.Publication)
 	if missing := r.opts.Ops &^ pub; missing != 0 {
-		return configErrorf(nil, "publication %s does not publish %s, which --ops NOTIFYs: run ALTER PUBLICATION %s SET (publish = %s);",
-			quoteLiteral(r.opts.Publication), missing, pubName, quoteLiteral((pub | r.opts.Ops).String()))
+		return configErrorf(nil, "publication %s does not publish %s, which --ops NOTIFYs: %s",
+			quoteLiteral(r.opts.Publication), missing, relayfix.SetPublish(r.opts.Publication, (pub|r.opts.Ops).String()))
 	}
 	if extra := pub &^ r.opts.Ops; extra != 0 {
 		r.log.Info("relay: the publication also publishes changes the relay does not NOTIFY; the walsender sends them for nothing",

@@ -20,6 +20,7 @@ import (
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/relayfix"
 	"github.com/listenhub/listenhub/listener"
+	"github.com/listenhub/listenhub/relay"
 )
 
 // doctorApp is the doctor's own application_name, so that its census does
@@ -56,7 +57,8 @@ seen and, unless it passed, the fix. Exits 1 when any check failed.
                the LISTEN backends of hubs and fallen-back workers
   socket       (--socket) exists, is a socket, its mode and owner, and a
                live hub answers on it with its status
-  relay        (--publication, --slot) wal_level, the publication, the
+  relay        (--publication, --slot) wal_level, the REPLICATION
+               attribute, the publication and what it publishes, the
                slot and its lag
   scheduler    (relay checks, a server on this host) the kernel's
                autogroup scheduling, which delays a busy server's walsender
@@ -316,6 +318,7 @@ func doctorRelay(ctx context.Context, conn *pgconn.PgConn, publication, slot str
 			add(finding{"relay", statusFail, fmt.Sprintf("publication %q does not exist", publication), relayfix.MissingPublication(publication)})
 		default:
 			add(finding{"relay", statusPass, fmt.Sprintf("publication %q exists", publication), ""})
+			doctorPublished(ctx, conn, publication, add)
 		}
 	}
 	if slot != "" {
@@ -435,4 +438,25 @@ func hubStatus(path string) (bool, error) {
 			return false, err
 		}
 	}
+}
+
+// doctorPublished warns when the publication does not publish insert, the
+// relay's default --ops, which the relay refuses at start (doctor does not
+// know the relay's --ops: a warning, with the relay's own fix).
+func doctorPublished(ctx context.Context, conn *pgconn.PgConn, publication string, add func(finding)) {
+	row, err := query(ctx, conn, `SELECT concat_ws(',', CASE WHEN pubinsert THEN 'insert' END, CASE WHEN pubupdate THEN 'update' END,
+		CASE WHEN pubdelete THEN 'delete' END, CASE WHEN pubtruncate THEN 'truncate' END) FROM pg_publication WHERE pubname = $1`, publication)
+	if err != nil || len(row) != 1 {
+		return
+	}
+	published, err := relay.ParseOps(row[0])
+	if row[0] == "" {
+		published, err = 0, nil
+	}
+	if err != nil || published&relay.OpInsert != 0 {
+		return
+	}
+	add(finding{"relay", statusWarn,
+		fmt.Sprintf("publication %q does not publish insert, which the relay NOTIFYs by default (--ops insert); it refuses to start on it", publication),
+		relayfix.SetPublish(publication, (published | relay.OpInsert).String())})
 }

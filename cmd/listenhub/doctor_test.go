@@ -271,3 +271,28 @@ func TestDoctorReplicationRole(t *testing.T) {
 		}
 	}
 }
+
+// TestDoctorPublicationWithoutInsert: a publication that does not publish
+// insert, the relay's default --ops, is refused by the relay; doctor warns
+// with the relay's own fix (relayfix.SetPublish, which the relay's error
+// names too) instead of passing it.
+func TestDoctorPublicationWithoutInsert(t *testing.T) {
+	c := needDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pub := "doctor_noinsert"
+	c.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pub)
+	if err := c.Exec(ctx, "CREATE PUBLICATION "+pub+" WITH (publish = 'update')"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pub) })
+	_, by, out := doctor(t, "--database-url", c.URL(), "--publication", pub)
+	want := relayfix.SetPublish(pub, "insert,update")
+	found := false
+	for _, f := range by["relay"] {
+		found = found || f.Status == statusWarn && strings.Contains(f.Message, "does not publish insert") && f.Fix == want
+	}
+	if !found {
+		t.Fatalf("relay findings %+v, want a warning with the fix %q\n%s", by["relay"], want, out)
+	}
+}

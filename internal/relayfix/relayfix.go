@@ -25,6 +25,12 @@ func MissingPublication(pub string) string {
 	return "run CREATE PUBLICATION " + Ident(pub) + " FOR TABLES IN SCHEMA pgmq; (or FOR TABLE ..., FOR ALL TABLES), or start the relay with --create-publication 'TABLES IN SCHEMA pgmq'"
 }
 
+// SetPublish is the fix for a publication that does not publish an op the
+// relay NOTIFYs: ops is what it should publish, e.g. "insert,update".
+func SetPublish(pub, ops string) string {
+	return "run ALTER PUBLICATION " + Ident(pub) + " SET (publish = " + Literal(ops) + ");"
+}
+
 // RecreateSlot is the fix for a slot that can no longer decode (invalidated,
 // or its position predates its publication): a new slot, whose resync
 // NOTIFYs every channel once.

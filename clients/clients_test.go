@@ -64,17 +64,23 @@ func missing(t *testing.T, msg string) {
 // findPython returns an interpreter that can import psycopg (3):
 // LISTENHUB_PYTHON, else python3 on PATH, else /usr/bin/python3 (Debian's
 // python3-psycopg installs there, which a pyenv python3 first on PATH does
+// candidates lists the programs to try for name: $env, else name on PATH,
+// else /usr/bin/name.
+func candidates(env, name string) []string {
+	var cands []string
+	if p := os.Getenv(env); p != "" {
+		cands = append(cands, p)
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		cands = append(cands, p)
+	}
+	return append(cands, "/usr/bin/"+name)
+}
+
 // not see).
 func findPython(t *testing.T) string {
 	t.Helper()
-	var cands []string
-	if p := os.Getenv("LISTENHUB_PYTHON"); p != "" {
-		cands = append(cands, p)
-	}
-	if p, err := exec.LookPath("python3"); err == nil {
-		cands = append(cands, p)
-	}
-	cands = append(cands, "/usr/bin/python3")
+	cands := candidates("LISTENHUB_PYTHON", "python3")
 	for _, p := range cands {
 		cmd := exec.Command(p, "-c", "import psycopg, sys; assert psycopg.__version__ >= '3' and sys.version_info >= (3, 8)")
 		if cmd.Run() == nil {
@@ -148,10 +154,7 @@ func pgbouncers(t *testing.T) []string {
 
 func TestPython(t *testing.T) {
 	py := findPython(t)
-	dir, err := filepath.Abs("python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := absPath(t, "python")
 	// -s tests: the helpers import as top-level modules; `-m` puts the
 	// working directory first on sys.path, so the package under test is
 	// the source tree's.
@@ -167,10 +170,7 @@ func TestNode(t *testing.T) {
 	if err != nil {
 		missing(t, "node client tests need node (>= 18); on Debian: apt-get install -y nodejs npm")
 	}
-	dir, err := filepath.Abs("node")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := absPath(t, "node")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "pg")); err != nil {
 		missing(t, "node client tests need their dependencies: run `npm ci` in clients/node")
 	}
@@ -194,14 +194,7 @@ const rubyDeps = `require "pg"; require "minitest"; require "action_cable"; requ
 // else ruby on PATH, else /usr/bin/ruby (Debian's packages install for it).
 func findRuby(t *testing.T) string {
 	t.Helper()
-	var cands []string
-	if p := os.Getenv("LISTENHUB_RUBY"); p != "" {
-		cands = append(cands, p)
-	}
-	if p, err := exec.LookPath("ruby"); err == nil {
-		cands = append(cands, p)
-	}
-	cands = append(cands, "/usr/bin/ruby")
+	cands := candidates("LISTENHUB_RUBY", "ruby")
 	for _, p := range cands {
 		if exec.Command(p, "-e", `exit(RUBY_VERSION >= "3.0" ? 0 : 1); `+rubyDeps).Run() == nil {
 			return p
@@ -213,10 +206,7 @@ func findRuby(t *testing.T) string {
 
 func TestRuby(t *testing.T) {
 	rb := findRuby(t)
-	dir, err := filepath.Abs("ruby")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := absPath(t, "ruby")
 	// test/rails first: Rails' copied adapter tests require "test_helper"
 	// and mean that harness.
 	args := []string{"-Ilib", "-Itest/rails", "test/run.rb", "-v"}

@@ -107,6 +107,42 @@ func runIn(t *testing.T, dir string, env []string, name string, args ...string) 
 
 // untracked lists the files under dir that git does not track and does not
 // ignore, plus ignored build leftovers: what a build left behind.
+// checkLeftovers fails the test when the files git does not track in src
+// are not what they were before (what: the build that ran).
+func checkLeftovers(t *testing.T, src string, before []string, what string) {
+	t.Helper()
+	if after := leftovers(t, src); !slices.Equal(before, after) {
+		t.Errorf("%s left files in the source tree: %v (before: %v)", what, after, before)
+	}
+}
+
+// absPath is filepath.Abs, or the test fails.
+func absPath(t *testing.T, path string) string {
+	t.Helper()
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
+// appDir makes work/app holding a copy of testdata/dir/file.
+func appDir(t *testing.T, work, dir, file string) string {
+	t.Helper()
+	app := filepath.Join(work, "app")
+	if err := os.MkdirAll(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join("testdata", dir, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(app, file), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return app
+}
+
 func leftovers(t *testing.T, dir string) []string {
 	t.Helper()
 	out, err := exec.Command("git", "-C", dir, "status", "--porcelain", "--ignored", "--untracked-files=all", ".").Output()
@@ -132,10 +168,7 @@ func TestNodePackage(t *testing.T) {
 	if err != nil {
 		missing(t, "the node package test needs npm; on Debian: apt-get install -y nodejs npm")
 	}
-	src, err := filepath.Abs("node")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := absPath(t, "node")
 	tsc := filepath.Join(src, "node_modules", "typescript", "bin", "tsc")
 	if _, err := os.Stat(tsc); err != nil {
 		missing(t, "the node package test needs the dev dependencies: run `npm ci` in clients/node")
@@ -201,19 +234,29 @@ func TestNodePackage(t *testing.T) {
 	t.Log(runIn(t, app, nil, "node", "cjs.js", sock, q))
 	t.Log(runIn(t, app, nil, "node", "esm.mjs", sock, q, filepath.Join(app, "no-hub.sock"), db.URL()))
 
-	if after := leftovers(t, src); !slices.Equal(before, after) {
-		t.Errorf("npm pack left files in the source tree: %v (before: %v)", after, before)
-	}
+	checkLeftovers(t, src, before, "npm pack")
 }
 
 func tarFiles(t *testing.T, path string) []string {
+	t.Helper()
+	return tgzNames(t, openFile(t, path))
+}
+
+// openFile opens path for reading until the test ends.
+func openFile(t *testing.T, path string) *os.File {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// tgzNames lists the files of the gzip-compressed tar r.
+func tgzNames(t *testing.T, r io.Reader) []string {
+	t.Helper()
+	zr, err := gzip.NewReader(r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,10 +284,7 @@ func TestPythonPackage(t *testing.T) {
 	if exec.Command(py, "-c", "import setuptools, wheel, venv, ensurepip").Run() != nil {
 		missing(t, "the python package test needs setuptools, wheel and venv; on Debian: apt-get install -y python3-setuptools python3-wheel python3-venv")
 	}
-	src, err := filepath.Abs("python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := absPath(t, "python")
 	before := leftovers(t, src)
 
 	// pip builds through _build/backend.py, which runs setuptools on a
@@ -277,17 +317,7 @@ func TestPythonPackage(t *testing.T) {
 	runIn(t, work, nil, py, "-m", "venv", "--system-site-packages", venv)
 	vpy := filepath.Join(venv, "bin", "python")
 	runIn(t, work, nil, vpy, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet", wheels[0])
-	app := filepath.Join(work, "app")
-	if err := os.MkdirAll(app, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join("testdata", "pyapp", "consumer.py"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(app, "consumer.py"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	app := appDir(t, work, "pyapp", "consumer.py")
 
 	// The hints, as installed (stubs beside the modules): consistent under
 	// mypy --strict, true to the code (stubtest imports the package and
@@ -306,9 +336,7 @@ func TestPythonPackage(t *testing.T) {
 	notifyUntilDone(t, q)
 	t.Log(runIn(t, app, []string{"PYTHONDONTWRITEBYTECODE=1"}, vpy, "consumer.py", sock, q, filepath.Join(work, "no-hub.sock"), db.URL()))
 
-	if after := leftovers(t, src); !slices.Equal(before, after) {
-		t.Errorf("the wheel build left files in the source tree: %v (before: %v)", after, before)
-	}
+	checkLeftovers(t, src, before, "the wheel build")
 }
 
 func zipNames(t *testing.T, path string) []string {
@@ -392,10 +420,7 @@ func TestRubyPackage(t *testing.T) {
 			missing(t, "the ruby package test needs gem (RubyGems); on Debian it comes with ruby")
 		}
 	}
-	src, err := filepath.Abs("ruby")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := absPath(t, "ruby")
 	before := leftovers(t, src)
 
 	// gem build, offline, into a directory of ours.
@@ -420,37 +445,20 @@ func TestRubyPackage(t *testing.T) {
 	gems := filepath.Join(work, "gems")
 	runIn(t, work, nil, gemBin, "install", "--local", "--ignore-dependencies", "--no-document", "--install-dir", gems, pkg)
 	sys := strings.TrimSpace(runIn(t, work, nil, rb, "-e", `print Gem.path.join(":")`))
-	app := filepath.Join(work, "app")
-	if err := os.MkdirAll(app, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join("testdata", "rubyapp", "consumer.rb"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(app, "consumer.rb"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	app := appDir(t, work, "rubyapp", "consumer.rb")
 	sock := startHub(t)
 	q := "pkg_ruby"
 	notifyUntilDone(t, q)
 	env := []string{"GEM_PATH=" + gems + ":" + sys, "GEM_HOME=" + gems, "RUBYLIB=", "RUBYOPT="}
 	t.Log(runIn(t, app, env, rb, "consumer.rb", sock, q, filepath.Join(work, "no-hub.sock"), db.URL()))
 
-	if after := leftovers(t, src); !slices.Equal(before, after) {
-		t.Errorf("gem build left files in the source tree: %v (before: %v)", after, before)
-	}
+	checkLeftovers(t, src, before, "gem build")
 }
 
 // gemFiles lists the files of a .gem (a tar holding data.tar.gz).
 func gemFiles(t *testing.T, path string) []string {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
+	tr := tar.NewReader(openFile(t, path))
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -462,21 +470,6 @@ func gemFiles(t *testing.T, path string) []string {
 		if h.Name != "data.tar.gz" {
 			continue
 		}
-		zr, err := gzip.NewReader(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		dr := tar.NewReader(zr)
-		for {
-			h, err := dr.Next()
-			if err == io.EOF {
-				return names
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			names = append(names, h.Name)
-		}
+		return tgzNames(t, tr)
 	}
 }

@@ -201,10 +201,7 @@ func run(ctx context.Context) error {
 // the module is published), for each platform of the release, and runs it.
 func TestREADMEQuickStartGo(t *testing.T) {
 	sock := startHub(t)
-	repo, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	repo := absPath(t, "..")
 	dir := t.TempDir()
 	gomod := "module quickstart\n\ngo 1.26\n\nrequire github.com/listenhub/listenhub v0.0.0\n\nreplace github.com/listenhub/listenhub => " + repo + "\n"
 	sum, err := os.ReadFile(filepath.Join(repo, "go.sum"))
@@ -252,10 +249,7 @@ func TestREADMEQuickStartPython(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	src, err := filepath.Abs("python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := absPath(t, "python")
 	notifyUntilDone(t, "orders")
 	w := startApp(t, dir, []string{"DATABASE_URL=" + db.URL(), "PYTHONPATH=" + src, "PYTHONDONTWRITEBYTECODE=1"},
 		py, "-m", "gunicorn", "-c", "gunicorn.conf.py", "-w", "2", "-b", "unix:"+filepath.Join(dir, "http.sock"), "app:app")
@@ -269,10 +263,7 @@ func TestREADMEQuickStartNode(t *testing.T) {
 	if err != nil {
 		missing(t, "the README's Node quick start needs node (>= 18); on Debian: apt-get install -y nodejs npm")
 	}
-	src, err := filepath.Abs("node")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := absPath(t, "node")
 	if _, err := os.Stat(filepath.Join(src, "node_modules", "pg")); err != nil {
 		missing(t, "the README's Node quick start needs the client's dependencies: run `npm ci` in clients/node")
 	}

@@ -155,10 +155,7 @@ func TestInheritedListener(t *testing.T) {
 // bound where SocketPath says if it says.
 func TestInheritedListenerRefused(t *testing.T) {
 	dir := t.TempDir()
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tcp := testutil.ListenTCP(t)
 	defer tcp.Close()
 	gram, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "g"), Net: "unixgram"})
 	if err != nil {

@@ -24,10 +24,7 @@ type lockedBuf = testutil.SyncBuffer
 // spent it pauses accepting (one log line, little CPU) instead of spinning
 // on EMFILE, and serves again once descriptors are free.
 func TestAcceptOutOfDescriptors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	var logBuf lockedBuf
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })}
 	cl := newConnLimiter(ln, MaxConns)

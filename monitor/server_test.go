@@ -22,10 +22,7 @@ const timeout = 15 * time.Second
 // for the newcomer, a newcomer waits while none is idle, and the server
 // never holds more than the cap.
 func TestMetricsConnectionCap(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	release := make(chan struct{})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
@@ -144,10 +141,7 @@ func TestMetricsServerTimeouts(t *testing.T) {
 	}
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	srv.ReadHeaderTimeout, srv.IdleTimeout = 200*time.Millisecond, 300*time.Millisecond
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	cl := newConnLimiter(ln, MaxConns)
 	srv.ConnState = cl.track
 	go srv.Serve(cl)
@@ -182,10 +176,7 @@ func TestMetricsServerTimeouts(t *testing.T) {
 // listener that accepts a burst, then one connection per every.
 func pacedLimiter(t *testing.T, every time.Duration, burst int) *connLimiter {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	cl := newConnLimiter(ln, 100)
 	cl.every, cl.burst = every, burst
 	t.Cleanup(func() { cl.Close() })

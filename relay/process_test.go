@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -155,10 +154,7 @@ func TestRelayProcessMisconfigured(t *testing.T) {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	defer ln.Close()
 	return ln.Addr().String()
 }
@@ -314,11 +310,7 @@ func TestServeRelayUpgrade(t *testing.T) {
 	active := f.slotActivePID()
 	p.cmd.Process.Signal(syscall.SIGUSR2)
 	testutil.WaitFor(t, 20*time.Second, "the new process serving", func() bool { pid := readPID(); return pid != 0 && pid != first })
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the old process did not exit after the upgrade")
-	}
+	testutil.WaitClosed(t, p.done, 15*time.Second, "the old process did not exit after the upgrade")
 	testutil.WaitFor(t, 10*time.Second, "the new process's relay streaming", func() bool {
 		pid := f.slotActivePID()
 		return pid != 0 && pid != active
@@ -396,11 +388,7 @@ func TestServeRelayPublicationDropped(t *testing.T) {
 		t.Errorf("/healthz %d %q", resp.StatusCode, body)
 	}
 	f.exec("NOTIFY " + plain)
-	select {
-	case <-wakes:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no wake on a plain channel while the relay is down")
-	}
+	testutil.WaitClosed(t, wakes, 10*time.Second, "no wake on a plain channel while the relay is down")
 	select {
 	case <-c.Done():
 		t.Fatalf("the worker lost its hub: %v", c.Err())

@@ -218,10 +218,7 @@ func TestServeSocketActivationRefused(t *testing.T) {
 	if _, err := os.Stat("/bin/sh"); err != nil {
 		t.Skip("no /bin/sh")
 	}
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tcp := testutil.ListenTCP(t)
 	defer tcp.Close()
 	f, err := tcp.(*net.TCPListener).File()
 	if err != nil {

@@ -780,10 +780,7 @@ func TestServeEMFILE(t *testing.T) {
 // removed. The "server" here
 // accepts the TCP connection and never answers the startup message.
 func TestServeSignalWhileConnecting(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	defer ln.Close()
 	accepted := make(chan net.Conn, 1)
 	go func() {

@@ -1,19 +1,17 @@
 package main
 
 import (
-	"net"
 	"strings"
 	"testing"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // `listenhub status` with no hub behind the address says so and names what
 // to try: whether the hub runs, that it serves status only with
 // --metrics-addr, and the address to give (the one tried, or the default).
 func TestStatusNoHubSaysWhatToTry(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
 	code, out, errOut := runCmd([]string{"status", "--metrics-addr", addr})

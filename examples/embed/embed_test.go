@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -25,10 +24,7 @@ const timeout = 20 * time.Second
 // sees its worker and the channel it subscribed; the program stops when
 // its context ends.
 func TestEmbedMetricsSeeTheWorker(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, db.URL(), filepath.Join(t.TempDir(), "hub.sock"), ln) }()

@@ -6,16 +6,15 @@ import (
 	"net"
 	"syscall"
 	"testing"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // With every descriptor below RLIMIT_NOFILE taken, a dial fails with
 // EMFILE; through Retry it succeeds on the reserve, and the reserve is
 // taken again once the dialled connection is closed.
 func TestRetryOnTheReserve(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	defer ln.Close()
 	Keep()
 	defer func() {

@@ -4,10 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"net"
 	"strings"
 	"testing"
 
+	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -31,10 +31,7 @@ func TestParseConfigSchemeTypo(t *testing.T) {
 // refusingServer answers like a server without TLS whose pg_hba refuses
 // the password: 'N' to an SSLRequest, a FATAL 28P01 to a startup message.
 func refusingServer(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {

@@ -358,10 +358,7 @@ func TestStartConfigErrorReal(t *testing.T) {
 // 28P01; the test cluster trusts everyone, so a scripted server on TCP says
 // it) is fatal: one OnFatal, one connection, no password in the message.
 func TestStartWrongPassword(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testutil.ListenTCP(t)
 	defer ln.Close()
 	var accepts atomic.Int64
 	go func() {

@@ -6,8 +6,20 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"testing"
 	"time"
 )
+
+// ListenTCP listens on a free loopback port, or fails the test. The caller
+// closes the listener.
+func ListenTCP(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
 
 // IdleHTTP opens a TCP connection to addr, sends GET path with keep-alive,
 // reads the answer and keeps the connection open (never sending more): an

@@ -88,6 +88,15 @@ class Decoder:
             raise FrameError("frame is not an object with a string \"t\"")
         return msg
 
+    def messages(self):
+        """Yields the whole messages fed so far (next() until it returns
+        None). Raises FrameError on a malformed frame."""
+        while True:
+            m = self.next()
+            if m is None:
+                return
+            yield m
+
 
 def wire_bytes(q):
     """q's bytes as a hub reports a name that is not valid UTF-8 ("q64" in

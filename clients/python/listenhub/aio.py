@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from . import _fork, _frame
+from . import _fork, _frame, _subs
 from ._events import DEFAULT_MAX_PENDING, SlowConsumerError, Status, Wake, make_wake
 from .client import (
     DEFAULT_ACK_TIMEOUT,
@@ -109,13 +109,6 @@ class _Call:
         self.timer = None
 
 
-class _Sub:
-    __slots__ = ("active", "call", "want_unsub")
-
-    def __init__(self):
-        self.active, self.call, self.want_unsub = False, None, False
-
-
 class _AsyncListener:
     """What AsyncClient and AsyncFailover share: the queued events, waiting
     for the end, and use as an async context manager. A subclass sets _sink
@@ -198,45 +191,30 @@ class AsyncClient(_AsyncListener):
             raise InvalidNameError(q, problem)
         if self.err is not None:
             raise self.err
-        s = self._subs.get(q)
+        s, fresh = _subs.join(self._subs, q, lambda: _Call(self._loop.create_future()))
         if s is None:
-            s = self._subs[q] = _Sub()
-        if s.active and s.call is None:
             return
         c = s.call
-        if c is None:
-            c = s.call = _Call(self._loop.create_future())
+        if fresh:
             c.timer = self._loop.call_later(self.ack_timeout, self._ack_timeout, c, q)
             self._write(_frame.sub(q))
-        s.want_unsub = False
-        c.waiters += 1
         try:
             await asyncio.shield(c.fut)
         except asyncio.CancelledError:
             if not c.fut.done():
-                c.waiters -= 1
-                if c.waiters == 0:
-                    s.want_unsub = True
+                _subs.abandon(s, c)
             raise
 
     def unsubscribe(self, q):
         """Drops q and tells the hub; never blocks."""
-        if self.err is not None:
-            return
-        s = self._subs.get(q)
-        if s is None:
-            return
-        if s.call is not None:
-            s.want_unsub = True
-            return
-        del self._subs[q]
-        self._write(_frame.unsub(q))
+        if self.err is None and _subs.drop(self._subs, q):
+            self._write(_frame.unsub(q))
 
     def healthy(self):
         return self.err is None and self._healthy
 
     def subscriptions(self):
-        return {q for q, s in self._subs.items() if s.active}
+        return _subs.acked(self._subs)
 
     def close(self):
         """Kills the client with ClosedError and closes the socket. No new
@@ -316,17 +294,14 @@ class AsyncClient(_AsyncListener):
                 self._die(ConnError("read", self.path, why))
                 return
             dec.feed(data)
-            while True:
-                try:
-                    m = dec.next()
-                except _frame.FrameError as e:
-                    self._die(ConnError("read", self.path, e))
-                    return
-                if m is None:
-                    break
-                await self._handle(m)
-                if self.err is not None:
-                    return
+            try:
+                for m in dec.messages():
+                    await self._handle(m)
+                    if self.err is not None:
+                        return
+            except _frame.FrameError as e:
+                self._die(ConnError("read", self.path, e))
+                return
 
     async def _handle(self, m):
         t, q = m["t"], m.get("q")
@@ -340,38 +315,28 @@ class AsyncClient(_AsyncListener):
                 held, self._held = bytes(self._held), bytearray()
                 self._write(held)
         if t == "ack":
-            s = self._subs.get(q)
-            if s is None or s.call is None:
+            c, unsub = _subs.ack(self._subs, q)
+            if c is None:
                 log.debug("listenhub client: ack without a pending sub: %r", q)
                 return
-            c, s.call = s.call, None
             c.timer.cancel()
             c.fut.set_result(None)
-            if s.want_unsub:
-                del self._subs[q]
+            if unsub:
                 self._write(_frame.unsub(q))
-            else:
-                s.active = True
         elif t == "nack":
             reason = m.get("error") or ""
-            q64 = m.get("q64")
-            if isinstance(q64, str):
-                sent = _frame.q64_bytes(q64)
-                q = next((n for n, s in self._subs.items() if s.call is not None and _frame.wire_bytes(n) == sent), q)
-            s = self._subs.get(q)
-            if s is None or s.call is None:
+            q = _subs.nacked_name(self._subs, q, m.get("q64"))
+            if not _subs.pending(self._subs, q):
                 log.debug("listenhub client: nack without a pending sub: %r %s", q, reason)
                 return
             limit = _frame.limit_reason(reason)
             if not limit and not _frame.invalid_name_reason(reason):
                 self._die(NackError(q, reason))
                 return
-            c, s.call = s.call, None
+            c = _subs.refuse(self._subs, q)
             c.timer.cancel()
             c.fut.set_exception((LimitError if limit else InvalidNameError)(q, reason))
             c.fut.exception()
-            if not s.active:
-                del self._subs[q]
         elif t == "wake":
             if isinstance(q, str) and q in self._subs:
                 p = m.get("p")

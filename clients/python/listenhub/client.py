@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 
-from . import _fork, _frame
+from . import _fork, _frame, _subs
 from ._events import DEFAULT_MAX_PENDING, Listener, Sink, SlowConsumerError, Status, Wake, make_wake
 from .errors import (
     AckTimeoutError,
@@ -151,17 +151,6 @@ class _Call:
         self.deadline = deadline
 
 
-class _Sub:
-    """The client's view of one name: acked, and/or one pending sub."""
-
-    __slots__ = ("active", "call", "want_unsub")
-
-    def __init__(self):
-        self.active = False
-        self.call = None
-        self.want_unsub = False
-
-
 class Client(Listener):
     """A connection to a listenhub hub. All methods are thread-safe.
 
@@ -244,17 +233,12 @@ class Client(Listener):
         with self._mu:
             if self.err is not None:
                 raise self.err
-            s = self._subs.get(q)
+            s, fresh = _subs.join(self._subs, q, lambda: _Call(time.monotonic() + self.ack_timeout))
             if s is None:
-                s = self._subs[q] = _Sub()
-            if s.active and s.call is None:
                 return
             c = s.call
-            if c is None:
-                c = s.call = _Call(time.monotonic() + self.ack_timeout)
+            if fresh:
                 self._queue(_frame.sub(q))
-            s.want_unsub = False
-            c.waiters += 1
         if c.done.wait(timeout):
             if c.err is not None:
                 raise c.err
@@ -264,9 +248,7 @@ class Client(Listener):
                 if c.err is not None:
                     raise c.err
                 return
-            c.waiters -= 1
-            if c.waiters == 0:
-                s.want_unsub = True
+            _subs.abandon(s, c)
         raise TimeoutError("listenhub: no answer for %r within %gs" % (q, timeout))
 
     def unsubscribe(self, q):
@@ -274,16 +256,8 @@ class Client(Listener):
         from a callback. A pending subscribe of q completes, then the client
         unsubscribes. Unknown names and dead clients: nothing."""
         with self._mu:
-            if self.err is not None:
-                return
-            s = self._subs.get(q)
-            if s is None:
-                return
-            if s.call is not None:
-                s.want_unsub = True
-                return
-            del self._subs[q]
-            self._queue(_frame.unsub(q))
+            if self.err is None and _subs.drop(self._subs, q):
+                self._queue(_frame.unsub(q))
 
     def healthy(self):
         """Alive, and the hub's last status said its Postgres connection is
@@ -294,7 +268,7 @@ class Client(Listener):
     def subscriptions(self):
         """The acked names."""
         with self._mu:
-            return {q for q, s in self._subs.items() if s.active}
+            return _subs.acked(self._subs)
 
     def close(self):
         """Kills the client with ClosedError and closes the socket; the hub
@@ -453,16 +427,13 @@ class Client(Listener):
                         self._die(ConnError("read", self.path, why))
                     return
                 dec.feed(data)
-                while True:
-                    try:
-                        m = dec.next()
-                    except _frame.FrameError as e:
-                        self._die(ConnError("read", self.path, e))
-                        return
-                    if m is None:
-                        break
-                    if not self._handle(m):
-                        return
+                try:
+                    for m in dec.messages():
+                        if not self._handle(m):
+                            return
+                except _frame.FrameError as e:
+                    self._die(ConnError("read", self.path, e))
+                    return
         finally:
             self._writer.join()
             self._sock.close()
@@ -482,32 +453,26 @@ class Client(Listener):
                 self._cond.notify_all()  # the writer may start
         if t == "ack":
             with self._mu:
-                s = self._subs.get(q)
-                if s is None or s.call is None:
+                c, unsub = _subs.ack(self._subs, q)
+                if c is None:
                     log.debug("listenhub client: ack without a pending sub: %r", q)
                 else:
-                    self._resolve(s.call, None)
-                    s.call = None
-                    if s.want_unsub:
-                        del self._subs[q]
+                    self._resolve(c, None)
+                    if unsub:
                         self._queue(_frame.unsub(q))
-                    else:
-                        s.active = True
         elif t == "nack":
             reason = m.get("error") or ""
-            q = self._nacked_name(q, m.get("q64"))
+            with self._mu:
+                q = _subs.nacked_name(self._subs, q, m.get("q64"))
             if _frame.invalid_name_reason(reason) or _frame.limit_reason(reason):
                 err_type = LimitError if _frame.limit_reason(reason) else InvalidNameError
                 with self._mu:
-                    s = self._subs.get(q)
-                    if s is not None and s.call is not None:
-                        self._resolve(s.call, err_type(q, reason))
-                        s.call = None
-                        if not s.active:
-                            del self._subs[q]
+                    c = _subs.refuse(self._subs, q)
+                    if c is not None:
+                        self._resolve(c, err_type(q, reason))
             else:
                 with self._mu:
-                    pending = q in self._subs and self._subs[q].call is not None
+                    pending = _subs.pending(self._subs, q)
                 if pending:
                     self._die(NackError(q, reason))
                     return False
@@ -524,19 +489,6 @@ class Client(Listener):
         else:
             log.debug("listenhub client: skipping unknown frame type %r", t)
         return not self.done.is_set()
-
-    def _nacked_name(self, q, q64):
-        """The name a nack answers. A nack for a name that was not valid
-        UTF-8 carries the name's bytes as sent in "q64" ("q" then holds
-        U+FFFD in their place): find the pending sub they match."""
-        if not isinstance(q64, str):
-            return q
-        sent = _frame.q64_bytes(q64)
-        with self._mu:
-            for name, s in self._subs.items():
-                if s.call is not None and _frame.wire_bytes(name) == sent:
-                    return name
-        return q
 
     def _deliver(self, ev):
         cb = self._sink.callback(ev)

@@ -90,7 +90,14 @@ func TestRelayProcessStandbyTakeover(t *testing.T) {
 	w := newWorkload(t, f, "q_a", "q_b")
 	// The default --standby-retry (1s): the 2 s target is for it.
 	p1 := startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
-	testutil.WaitFor(t, 20*time.Second, "the first relay's slot active", func() bool { return f.slotActivePID() != 0 })
+	// Streaming, not merely the slot active: the session that creates a
+	// new slot holds it for a moment and lets it go before the stream
+	// takes it again, and a second relay started in that moment takes it
+	// instead (then the first stands by, and this test would wait for the
+	// wrong one).
+	testutil.WaitFor(t, 20*time.Second, "the first relay streaming", func() bool {
+		return strings.Contains(p1.out.String(), "relay streaming") && f.slotActivePID() != 0
+	})
 	p2 := startRelayProc(t, f.procArgs("--standby-retry", "1s")...)
 	p2started := time.Now()
 	testutil.WaitFor(t, 20*time.Second, "the second relay standing by", func() bool {

@@ -136,6 +136,34 @@ func TestRelayPublicationDroppedAndCreated(t *testing.T) {
 	}
 }
 
+// TestRelayPublicationDroppedSelfHeals: a relay started with both
+// --create-publication and --recreate-invalid-slot already has the fix for
+// a publication dropped while it runs. It applies it instead of exiting
+// with advice to start it with the flags it has: the publication created
+// again, a new slot, and its resync covering what was committed meanwhile.
+func TestRelayPublicationDroppedSelfHeals(t *testing.T) {
+	f, ch, l := newListened(t, "q_a")
+	opts := f.options()
+	opts.CreatePublication = "TABLES IN SCHEMA " + f.schema
+	opts.RecreateInvalidSlot = true
+	rn := f.runToWakes(opts, l, ch, 1, "resync")
+	f.exec("DROP PUBLICATION " + f.pub)
+	f.insert("q_a") // committed while there is no publication
+	testutil.WaitFor(t, 15*time.Second, "the resync of a new slot", func() bool {
+		select {
+		case err := <-rn.done:
+			rn.done <- err
+			t.Fatalf("the relay ended: %v", err)
+		default:
+		}
+		return l.count(ch) >= 2
+	})
+	waitActive(t, rn.r)
+	n := l.count(ch)
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "a wake after", func() bool { return l.count(ch) > n })
+}
+
 // TestRelayPublishChanged: ALTER PUBLICATION ... SET (publish = 'update')
 // while the relay runs ends it with the fix; the inserts committed
 // meanwhile got no wake, so after the fix the relay NOTIFYs every channel

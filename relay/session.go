@@ -301,10 +301,28 @@ func (s *session) publicationGone(ctx context.Context, pe *pgconn.PgError) error
 		return fmt.Errorf("%w (and checking the publication: %v)", pe, err)
 	}
 	if rows[0][0] == "0" {
-		return configErrorf(pe, "publication %s was dropped while the relay ran; the slot cannot decode past that point: %s; then %s",
-			quoteLiteral(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication), relayfix.RecreateSlot(r.opts.Slot))
+		return r.publicationDropped(pe)
 	}
 	return s.undecodable(ctx, fmt.Sprintf("the walsender says %s although the publication exists: the slot's position predates it (it was dropped and created again)", pgLine(pe)))
+}
+
+// publicationDropped is the error of a publication dropped while the relay
+// ran. With --create-publication and --recreate-invalid-slot the relay has
+// the fix: a transient error, after which the next session creates the
+// publication and, if the slot cannot decode past the gap, a new slot
+// with its resync. Otherwise the fix is named and the relay stops.
+func (r *Relay) publicationDropped(cause error) error {
+	if r.opts.CreatePublication != "" && r.opts.RecreateInvalidSlot {
+		r.log.Warn("relay: the publication was dropped while the relay ran; creating it again (--create-publication), and the slot if it cannot decode past the gap (--recreate-invalid-slot)",
+			"publication", r.opts.Publication, "slot", r.opts.Slot)
+		msg := fmt.Sprintf("publication %s was dropped while the relay ran; creating it again", quoteLiteral(r.opts.Publication))
+		if cause != nil {
+			return fmt.Errorf("%s: %w", msg, cause)
+		}
+		return errors.New(msg)
+	}
+	return configErrorf(cause, "publication %s was dropped while the relay ran; the slot cannot decode past that point: %s; then %s",
+		quoteLiteral(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication), relayfix.RecreateSlot(r.opts.Slot))
 }
 
 // undecodable is the error, or with RecreateInvalidSlot the recreation, of

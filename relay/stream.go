@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/internal/channame"
-	"github.com/listenhub/listenhub/internal/relayfix"
 )
 
 // The stream runs on two goroutines. The reader decodes the replication
@@ -707,8 +706,7 @@ func (s *session) probe(ctx context.Context) error {
 func (s *session) watchPublication(ctx context.Context) error {
 	r := s.r
 	if s.published == "" {
-		return configErrorf(nil, "publication %s was dropped while the relay ran; the slot cannot decode past that point: %s; then %s",
-			quoteLiteral(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication), relayfix.RecreateSlot(r.opts.Slot))
+		return r.publicationDropped(nil)
 	}
 	pub, err := ParseOps(strings.TrimPrefix(s.published, "+"))
 	if strings.TrimPrefix(s.published, "+") == "" {

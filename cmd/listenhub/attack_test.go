@@ -1030,10 +1030,7 @@ func TestAttackEMFILE(t *testing.T) {
 // the hub nacks without Postgres, every 10 ms) stays short throughout.
 // When Postgres is back, the sibling is resynced.
 func TestAttackPostgresDownPendingSubs(t *testing.T) {
-	c := needDB(t)
-	if c.External() {
-		t.Skip("cannot stop an external server")
-	}
+	c := ownDB(t, "cannot stop an external server")
 	const workers, perWorker = 4, 10000
 	h := startAttackHub(t, nil)
 	sib := startSibling(t, h.socket, "sib", 0)

@@ -371,10 +371,7 @@ func TestBlackboxResyncAfterTerminate(t *testing.T) {
 // Rule 8 through the binary: a frozen backend (SIGSTOP: the connection is
 // open and silent) is detected within interval + timeout and replaced.
 func TestBlackboxHealthCheckFrozenBackend(t *testing.T) {
-	c := needDB(t)
-	if c.External() {
-		t.Skip("external server: cannot freeze its backends")
-	}
+	c := ownDB(t, "external server: cannot freeze its backends")
 	path := sockPath(t)
 	p := serve(t, path, nil, "--health-check-interval", "100ms", "--health-check-timeout", "400ms",
 		"--status-interval", "1h")

@@ -158,6 +158,35 @@ func checkGone(t *testing.T, d demoOutput) {
 	checkNoWorkers(t, d.channel)
 }
 
+// demoReport checks that the demo exited 0 with nothing on stderr and
+// returns its parsed output (logged).
+func demoReport(t *testing.T, code int, out, errw *syncBuffer) demoOutput {
+	t.Helper()
+	t.Logf("demo output:\n%s", out.String())
+	if code != 0 {
+		t.Fatalf("demo exited %d; stderr:\n%s", code, errw.String())
+	}
+	if errw.String() != "" {
+		t.Errorf("demo wrote to stderr:\n%s", errw.String())
+	}
+	return parseDemo(t, out.String())
+}
+
+// startDemoCmd starts cmd with its stderr captured and returns its stdout.
+func startDemoCmd(t *testing.T, cmd *exec.Cmd) (io.ReadCloser, *syncBuffer) {
+	t.Helper()
+	errw := &syncBuffer{}
+	cmd.Stderr = errw
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return stdout, errw
+}
+
 // TestDemo runs the demo as a user would (no database URL): it starts its
 // own cluster, reports once a second, and removes everything at the end.
 func TestDemo(t *testing.T) {
@@ -170,14 +199,7 @@ func TestDemo(t *testing.T) {
 	defer cancel()
 	const workers = 3
 	code := runDemo(ctx, []string{"--workers", strconv.Itoa(workers), "--rate", "100", "--duration", "3s"}, &out, &errw)
-	t.Logf("demo output:\n%s", out.String())
-	if code != 0 {
-		t.Fatalf("demo exited %d; stderr:\n%s", code, errw.String())
-	}
-	if errw.String() != "" {
-		t.Errorf("demo wrote to stderr:\n%s", errw.String())
-	}
-	d := parseDemo(t, out.String())
+	d := demoReport(t, code, &out, &errw)
 	if len(d.lines) != 3 {
 		t.Errorf("--duration 3s printed %d report lines, want 3", len(d.lines))
 	}
@@ -225,14 +247,7 @@ func TestDemoDatabaseURL(t *testing.T) {
 			t.Errorf("demo-worker %d: no %s=<the URL> in its environment", p.pid, demoWorkerURLEnv)
 		}
 	}
-	t.Logf("demo output:\n%s", out.String())
-	if code != 0 {
-		t.Fatalf("demo exited %d; stderr:\n%s", code, errw.String())
-	}
-	if errw.String() != "" {
-		t.Errorf("demo wrote to stderr:\n%s", errw.String())
-	}
-	d := parseDemo(t, out.String())
+	d := demoReport(t, code, &out, &errw)
 	if d.using == "" || d.clusterDir != "" || d.removedNote {
 		t.Errorf("want the given server used and not removed; got %+v", d)
 	}
@@ -332,15 +347,7 @@ func TestDemoBinaryCtrlC(t *testing.T) {
 		t.Skip("the throwaway-cluster path needs " + pgtest.EnvURL + " unset")
 	}
 	cmd := exec.Command(hubBinary(t), "demo", "--workers", "2")
-	var errw syncBuffer
-	cmd.Stderr = &errw
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdout, errw := startDemoCmd(t, cmd)
 	var out syncBuffer
 	reports := make(chan struct{}, 100)
 	copied := make(chan struct{})
@@ -492,10 +499,7 @@ func TestDemoRelay(t *testing.T) {
 // wal_level=logical: one line that names the fix, exit 1, and the schema and
 // publication it created dropped again.
 func TestDemoRelayNotLogical(t *testing.T) {
-	c := needDB(t)
-	if c.External() {
-		t.Skip("the external server's wal_level is not ours to know")
-	}
+	c := ownDB(t, "the external server's wal_level is not ours to know")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out, errw syncBuffer
@@ -540,15 +544,7 @@ func TestDemoLeavesNothingInTmp(t *testing.T) {
 			}
 			cmd := exec.Command(hubBinary(t), "demo", "--workers", "1")
 			cmd.Env = append(cleanEnv(), "TMPDIR="+tmp)
-			var errw syncBuffer
-			cmd.Stderr = &errw
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
+			stdout, errw := startDemoCmd(t, cmd)
 			t.Cleanup(func() { cmd.Process.Kill() })
 			r := bufio.NewReader(stdout)
 			want := 3 // head -3
@@ -568,15 +564,10 @@ func TestDemoLeavesNothingInTmp(t *testing.T) {
 				cmd.Process.Signal(syscall.SIGINT)
 				go io.Copy(io.Discard, r)
 			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			select {
-			case err := <-exited:
-				if err != nil {
-					t.Fatalf("demo: %v; stderr:\n%s", err, errw.String())
-				}
-			case <-time.After(time.Minute):
+			if exited, err := waitCmd(cmd, time.Minute); !exited {
 				t.Fatalf("demo still running a minute after %s; stderr:\n%s", how, errw.String())
+			} else if err != nil {
+				t.Fatalf("demo: %v; stderr:\n%s", err, errw.String())
 			}
 			left, err := os.ReadDir(tmp)
 			if err != nil {

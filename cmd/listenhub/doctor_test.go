@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/relayfix"
 )
@@ -237,18 +238,26 @@ func staleSocket(t *testing.T, path string) {
 	ln.Close()
 }
 
+// scratchObject runs create, the SQL that creates the database object
+// kind (ROLE, PUBLICATION…) name, dropping it before and when the test ends.
+func scratchObject(t *testing.T, c *pgtest.Cluster, kind, name, create string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	drop := "DROP " + kind + " IF EXISTS " + name
+	c.Exec(ctx, drop)
+	if err := c.Exec(ctx, create); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Exec(context.Background(), drop) })
+}
+
 // TestDoctorReplicationRole: a role without REPLICATION fails the relay
 // checks with the fix the relay itself names (one text for both).
 func TestDoctorReplicationRole(t *testing.T) {
 	c := needDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	role := "doctor_norepl"
-	c.Exec(ctx, "DROP ROLE IF EXISTS "+role)
-	if err := c.Exec(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	scratchObject(t, c, "ROLE", role, "CREATE ROLE "+role+" LOGIN")
 	u := strings.Replace(c.URL(), "postgres://postgres@", "postgres://"+role+"@", 1)
 	if u == c.URL() {
 		t.Skip("an external server's URL")
@@ -278,14 +287,8 @@ func TestDoctorReplicationRole(t *testing.T) {
 // names too) instead of passing it.
 func TestDoctorPublicationWithoutInsert(t *testing.T) {
 	c := needDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	pub := "doctor_noinsert"
-	c.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pub)
-	if err := c.Exec(ctx, "CREATE PUBLICATION "+pub+" WITH (publish = 'update')"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pub) })
+	scratchObject(t, c, "PUBLICATION", pub, "CREATE PUBLICATION "+pub+" WITH (publish = 'update')")
 	_, by, out := doctor(t, "--database-url", c.URL(), "--publication", pub)
 	want := relayfix.SetPublish(pub, "insert,update")
 	found := false

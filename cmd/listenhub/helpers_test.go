@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -426,4 +427,15 @@ func checkSocketMode(t testing.TB, path, when string) {
 	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket mode %v%s, want a socket with 0600", fi.Mode(), when)
 	}
+}
+
+// ownDB is needDB for a test that needs a server of its own (to stop,
+// freeze or reconfigure): it is skipped on an external one, saying why.
+func ownDB(t testing.TB, why string) *pgtest.Cluster {
+	t.Helper()
+	c := needDB(t)
+	if c.External() {
+		t.Skip(why)
+	}
+	return c
 }

@@ -428,10 +428,7 @@ func TestServeUpgradeUnderSystemd(t *testing.T) {
 // once the server is up they get healthy:true, then their acks, and a
 // NOTIFY arrives. One backend in the end.
 func TestServePostgresDownAtStart(t *testing.T) {
-	c := needDB(t)
-	if c.External() {
-		t.Skip("external database: cannot stop it")
-	}
+	c := ownDB(t, "external database: cannot stop it")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := c.Stop(ctx); err != nil {
@@ -505,10 +502,7 @@ func TestServePostgresDownAtStart(t *testing.T) {
 // serve exit 1 within seconds with one line naming the reason and never
 // the password, and removes the socket.
 func TestServeConfigErrors(t *testing.T) {
-	c := needDB(t)
-	if c.External() {
-		t.Skip("external database: cannot edit pg_hba.conf")
-	}
+	c := ownDB(t, "external database: cannot edit pg_hba.conf")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	hba := filepath.Join(c.Dir(), "data", "pg_hba.conf")

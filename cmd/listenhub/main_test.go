@@ -805,19 +805,27 @@ func TestServeSignalWhileConnecting(t *testing.T) {
 		t.Fatalf("hub never connected to the fake server:\n%s", stderr.String())
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
+	if exited, err := waitCmd(cmd, timeout); !exited {
+		t.Fatalf("no exit within %v of SIGTERM while connecting", timeout)
+	} else if err != nil {
+		t.Fatalf("exit after SIGTERM while connecting: %v, want 0:\n%s", err, stderr.String())
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket file exists after a stop during connect: %v", err)
+	}
+}
+
+// waitCmd waits up to d for the started cmd to exit and returns what Wait
+// said; exited is false (and cmd killed) if it did not exit in time.
+func waitCmd(cmd *exec.Cmd, d time.Duration) (exited bool, err error) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM while connecting: %v, want 0:\n%s", err, stderr.String())
-		}
-	case <-time.After(timeout):
+		return true, err
+	case <-time.After(d):
 		cmd.Process.Kill()
-		t.Fatalf("no exit within %v of SIGTERM while connecting", timeout)
-	}
-	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("socket file exists after a stop during connect: %v", err)
+		return false, nil
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"net"
@@ -253,14 +252,7 @@ func TestTailRealHub(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	lines := make(chan string, 100)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
+	lines := testutil.Lines(stdout, 100)
 	// nextLine skips the periodic status re-sends after the first.
 	seenStatus := false
 	nextLine := func() string {

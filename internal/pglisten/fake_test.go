@@ -50,6 +50,14 @@ func (s *fakeServer) readMsg() (byte, []byte) {
 }
 
 // readQuery reads a Query message and returns its SQL.
+// expectQuery reads the next query and fails the test unless it is want.
+func (s *fakeServer) expectQuery(want string) {
+	s.t.Helper()
+	if sql := s.readQuery(); sql != want {
+		s.t.Fatalf("query %q, want %q", sql, want)
+	}
+}
+
 func (s *fakeServer) readQuery() string {
 	s.t.Helper()
 	typ, body := s.readMsg()
@@ -338,9 +346,7 @@ func TestFakeBatchError(t *testing.T) {
 	s := h.server()
 	r := newResults()
 	h.listen(r, "a", "b", "c")
-	if sql := s.readQuery(); sql != `LISTEN "a";LISTEN "b";LISTEN "c"` {
-		t.Fatalf("query %q", sql)
-	}
+	s.expectQuery(`LISTEN "a";LISTEN "b";LISTEN "c"`)
 	// Commands issued while the batch is in flight wait for it.
 	h.on(func() { h.c.Listen("d", r.done("d")) })
 	s.send(ccMsg("LISTEN"), errorMsg("ERROR", "55000", "cannot listen to b"), rfqMsg())
@@ -374,22 +380,16 @@ func TestFakeBatchErrorBeforeAnyComplete(t *testing.T) {
 	h.listen(r, "a", "b", "c")
 	s.readQuery()
 	s.send(errorMsg("ERROR", "42601", "syntax error"), rfqMsg())
-	if sql := s.readQuery(); sql != `LISTEN "a"` {
-		t.Fatalf("isolated query %q", sql)
-	}
+	s.expectQuery(`LISTEN "a"`)
 	s.answer(`LISTEN "a"`)
 	sql := s.readQuery()
 	if sql != `LISTEN "b";LISTEN "c"` {
 		t.Fatalf("rest %q", sql)
 	}
 	s.send(errorMsg("ERROR", "42601", "syntax error"), rfqMsg())
-	if sql := s.readQuery(); sql != `LISTEN "b"` {
-		t.Fatalf("isolated query %q", sql)
-	}
+	s.expectQuery(`LISTEN "b"`)
 	s.send(errorMsg("ERROR", "42601", "b is bad"), rfqMsg())
-	if sql := s.readQuery(); sql != `LISTEN "c"` {
-		t.Fatalf("last %q", sql)
-	}
+	s.expectQuery(`LISTEN "c"`)
 	s.answer(`LISTEN "c"`)
 	testutil.WaitFor(t, fakeTimeout, "all done", func() bool { return r.count() == 3 })
 	if err, _ := r.has("a"); err != nil {
@@ -430,9 +430,7 @@ func TestFakeInvalidChannel(t *testing.T) {
 		h.c.Listen("", r.done("empty"))
 		h.c.Listen("ok", r.done("ok"))
 	})
-	if sql := s.readQuery(); sql != `LISTEN "ok"` {
-		t.Fatalf("query %q", sql)
-	}
+	s.expectQuery(`LISTEN "ok"`)
 	testutil.WaitFor(t, fakeTimeout, "refusals", func() bool { return r.count() == 3 })
 	for _, n := range []string{"long", "nul", "empty"} {
 		if err, _ := r.has(n); !errors.Is(err, ErrInvalidChannel) {
@@ -500,15 +498,11 @@ func TestFakeHealthProbe(t *testing.T) {
 	s.answer(s.readQuery())
 	testutil.WaitFor(t, fakeTimeout, "listens", func() bool { return r.count() == 2 })
 	for i := 0; i < 3; i++ {
-		if sql := s.readQuery(); sql != "" {
-			t.Fatalf("probe %q", sql)
-		}
+		s.expectQuery("")
 		s.send(emptyQueryMsg(), rfqMsg())
 	}
 	start := time.Now()
-	if sql := s.readQuery(); sql != "" { // not answered
-		t.Fatalf("probe %q", sql)
-	}
+	s.expectQuery("") // not answered
 	// Meanwhile a command waits for the new connection.
 	h.on(func() { h.c.Listen("c", r.done("c")) })
 	s2 := h.server()
@@ -561,9 +555,7 @@ func TestFakeEOF(t *testing.T) {
 	s.send(errorMsg("FATAL", "57P01", "terminating connection due to administrator command"))
 	s.conn.Close()
 	s2 := h.server()
-	if sql := s2.readQuery(); sql != `LISTEN "a"` {
-		t.Fatalf("resent %q", sql)
-	}
+	s2.expectQuery(`LISTEN "a"`)
 	s2.answer(`LISTEN "a"`)
 	testutil.WaitFor(t, fakeTimeout, "a done", func() bool { return r.count() == 1 })
 	if err, _ := r.has("a"); err != nil {
@@ -585,9 +577,7 @@ func TestFakeEOF(t *testing.T) {
 	refuse = false
 	mu.Unlock()
 	s3 := h.server()
-	if sql := s3.readQuery(); sql != `LISTEN "a"` {
-		t.Fatalf("resync %q (b must not be sent)", sql)
-	}
+	s3.expectQuery(`LISTEN "a"`)
 	s3.answer(`LISTEN "a"`)
 	testutil.WaitFor(t, fakeTimeout, "healthy", func() bool { return h.healthSeq() == "[true false true false true]" })
 }
@@ -605,9 +595,7 @@ func TestFakeClose(t *testing.T) {
 		h.c.Close(func() { close(closed) })
 		h.c.Listen("after", r.done("after"))
 	})
-	if sql := s.readQuery(); sql != "UNLISTEN *" {
-		t.Fatalf("close query %q", sql)
-	}
+	s.expectQuery("UNLISTEN *")
 	if typ, _ := s.readMsg(); typ != 'X' {
 		t.Fatalf("message %q, want Terminate", typ)
 	}
@@ -641,9 +629,7 @@ func TestFakeListenFromLateHook(t *testing.T) {
 		})
 	})
 	h.on(func() { trigger = true })
-	if sql := s.readQuery(); sql != `LISTEN "late"` {
-		t.Fatalf("query %q", sql)
-	}
+	s.expectQuery(`LISTEN "late"`)
 	s.answer(`LISTEN "late"`)
 	testutil.WaitFor(t, fakeTimeout, "late done", func() bool { return r.count() == 1 })
 }
@@ -662,9 +648,7 @@ func TestFakeCloseWithBatchInFlight(t *testing.T) {
 	if err, _ := r.has("a"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("a: %v", err)
 	}
-	if sql := s.readQuery(); sql != "UNLISTEN *" {
-		t.Fatalf("%q", sql)
-	}
+	s.expectQuery("UNLISTEN *")
 	s.send(ccMsg("LISTEN"), rfqMsg())
 	var state connState
 	testutil.WaitFor(t, fakeTimeout, "the batch's ReadyForQuery processed", func() bool {

@@ -102,9 +102,7 @@ func TestFakeStartRetryWhileWaiting(t *testing.T) {
 
 	a.set(nil)
 	s := h.server()
-	if sql := s.readQuery(); sql != `LISTEN "waits"` {
-		t.Fatalf("query %q", sql)
-	}
+	s.expectQuery(`LISTEN "waits"`)
 	s.answer(`LISTEN "waits"`)
 	testutil.WaitFor(t, fakeTimeout, "done", func() bool { return r.count() == 1 })
 	if err, _ := r.has("waits"); err != nil {

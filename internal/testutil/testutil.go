@@ -4,7 +4,9 @@
 package testutil
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -71,6 +73,20 @@ func Recv[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) 
 		t.Fatal(what)
 		panic("unreachable")
 	}
+}
+
+// Lines sends each line read from r on the channel it returns (buffered
+// for n), which is closed at the end of r.
+func Lines(r io.Reader, n int) <-chan string {
+	lines := make(chan string, n)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	return lines
 }
 
 // FDCount returns the number of file descriptors open in this process

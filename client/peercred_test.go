@@ -163,14 +163,8 @@ func TestDialRefusesForeignHub(t *testing.T) {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), peerHelperEnv+"="+path)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	out := testutil.StartPiped(t, cmd)
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	lines := testutil.Lines(out, 16)
 	next := func() string {

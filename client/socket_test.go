@@ -323,13 +323,7 @@ func startAttacker(t *testing.T, mode, shared, target, legit string) *attacker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdout := testutil.StartPiped(t, cmd)
 	a := &attacker{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
 	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
 	if !a.out.Scan() || a.out.Text() != "ready" {

@@ -177,14 +177,7 @@ func startDemoCmd(t *testing.T, cmd *exec.Cmd) (io.ReadCloser, *syncBuffer) {
 	t.Helper()
 	errw := &syncBuffer{}
 	cmd.Stderr = errw
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	return stdout, errw
+	return testutil.StartPiped(t, cmd), errw
 }
 
 // TestDemo runs the demo as a user would (no database URL): it starts its

@@ -242,15 +242,9 @@ func TestTailRealHub(t *testing.T) {
 
 	cmd := exec.Command(hubBinary(t), "tail", "--socket", socket, "jobs")
 	cmd.Env = cleanEnv()
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdout := testutil.StartPiped(t, cmd)
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	lines := testutil.Lines(stdout, 100)
 	// nextLine skips the periodic status re-sends after the first.
@@ -296,7 +290,7 @@ func TestTailRealHub(t *testing.T) {
 		}
 	}
 	hubProc.cmd.Process.Signal(syscall.SIGTERM) // the hub stops: tail sees EOF
-	err = cmd.Wait()
+	err := cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 		t.Fatalf("tail exit: %v, want status 1", err)

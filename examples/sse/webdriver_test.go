@@ -101,13 +101,7 @@ func startBrowser(t *testing.T) *browser {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logs := &lockedBuffer{}
 	cmd.Stderr = logs
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", driverPath, err)
-	}
+	stdout := testutil.StartPiped(t, cmd)
 	portc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // TestParentDeath kills a process that started a cluster without giving it a
@@ -21,13 +23,7 @@ func TestParentDeath(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "PGTEST_CHILD=1")
 	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	out := testutil.StartPiped(t, cmd)
 	defer cmd.Process.Kill()
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -73,6 +74,20 @@ func Recv[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) 
 		t.Fatal(what)
 		panic("unreachable")
 	}
+}
+
+// StartPiped starts cmd and returns a pipe of its standard output, or
+// fails the test. The caller waits for cmd.
+func StartPiped(t testing.TB, cmd *exec.Cmd) io.ReadCloser {
+	t.Helper()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", cmd.Path, err)
+	}
+	return stdout
 }
 
 // Lines sends each line read from r on the channel it returns (buffered

@@ -143,32 +143,28 @@ func (o ListOptions) check(sorts []string) (ListOptions, error) {
 // they share the snapshots, and the loop spends at most introspectSlice
 // per iteration on them. Safe from any goroutine.
 func (h *Hub) Workers(ctx context.Context, opts ListOptions) (WorkerList, error) {
-	opts, err := opts.check(workerSorts)
-	if err != nil {
-		return WorkerList{}, err
-	}
-	if !h.started.Load() || h.loop == nil {
-		return WorkerList{}, ErrNotRunning
-	}
-	j, err := h.snaps.workers.wait(ctx, h)
-	if err != nil {
-		return WorkerList{}, err
-	}
-	return j.workers.page(opts), nil
+	return listPage(ctx, h, opts, workerSorts, &h.snaps.workers, func(j *snapJob, o ListOptions) WorkerList { return j.workers.page(o) })
 }
 
 // Channels returns a page of the channels of the union. As Workers.
 func (h *Hub) Channels(ctx context.Context, opts ListOptions) (ChannelList, error) {
-	opts, err := opts.check(channelSorts)
+	return listPage(ctx, h, opts, channelSorts, &h.snaps.channels, func(j *snapJob, o ListOptions) ChannelList { return j.channels.page(o) })
+}
+
+// listPage checks opts against sorts, waits for s's snapshot and returns
+// the page of it.
+func listPage[L any](ctx context.Context, h *Hub, opts ListOptions, sorts []string, s *snapper, page func(*snapJob, ListOptions) L) (L, error) {
+	var none L
+	opts, err := opts.check(sorts)
 	if err != nil {
-		return ChannelList{}, err
+		return none, err
 	}
 	if !h.started.Load() || h.loop == nil {
-		return ChannelList{}, ErrNotRunning
+		return none, ErrNotRunning
 	}
-	j, err := h.snaps.channels.wait(ctx, h)
+	j, err := s.wait(ctx, h)
 	if err != nil {
-		return ChannelList{}, err
+		return none, err
 	}
-	return j.channels.page(opts), nil
+	return page(j, opts), nil
 }

@@ -18,16 +18,16 @@ import (
 
 func (e *env) workers(o ListOptions) WorkerList {
 	e.t.Helper()
-	return listPage(e, "Workers", o, e.h.Workers)
+	return envPage(e, "Workers", o, e.h.Workers)
 }
 
 func (e *env) channelList(o ListOptions) ChannelList {
 	e.t.Helper()
-	return listPage(e, "Channels", o, e.h.Channels)
+	return envPage(e, "Channels", o, e.h.Channels)
 }
 
-// listPage asks list (the hub's method name) for the page o.
-func listPage[L any](e *env, name string, o ListOptions, list func(context.Context, ListOptions) (L, error)) L {
+// envPage asks list (the hub's method name) for the page o.
+func envPage[L any](e *env, name string, o ListOptions, list func(context.Context, ListOptions) (L, error)) L {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

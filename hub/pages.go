@@ -264,14 +264,34 @@ func (ws *workerSnap) add(w *worker) {
 
 // ids returns the records by id, duplicates dropped. Any goroutine.
 func (ws *workerSnap) ids() []workerRec {
-	if p := ws.byID.Load(); p != nil {
-		return *p
+	return uniqueOnce(&ws.byID, ws.recs, func(r *workerRec) uint64 { return r.id })
+}
+
+// uniqueOnce returns recs sorted by id, duplicates dropped, made by the
+// first call and kept in *p. Any goroutine.
+func uniqueOnce[R any, K cmp.Ordered](p *atomic.Pointer[[]R], recs []R, id func(*R) K) []R {
+	if u := p.Load(); u != nil {
+		return *u
 	}
-	recs := slices.Clone(ws.recs)
-	slices.SortFunc(recs, func(a, b workerRec) int { return cmp.Compare(a.id, b.id) })
-	recs = slices.CompactFunc(recs, func(a, b workerRec) bool { return a.id == b.id })
-	ws.byID.CompareAndSwap(nil, &recs)
-	return *ws.byID.Load()
+	u := slices.Clone(recs)
+	slices.SortFunc(u, func(a, b R) int { return cmp.Compare(id(&a), id(&b)) })
+	u = slices.CompactFunc(u, func(a, b R) bool { return id(&a) == id(&b) })
+	p.CompareAndSwap(nil, &u)
+	return *p.Load()
+}
+
+// pageAt returns the accessor of the page's records from from on: in id
+// order, or, with a key, by key descending then id (the order made once
+// into orders[k]).
+func pageAt[R any, K cmp.Ordered](recs []R, from int, orders []atomic.Pointer[[]int32], k int, key func(*R) int64, id func(*R) K) func(int) *R {
+	if key == nil {
+		return func(i int) *R { return &recs[from+i] }
+	}
+	order := sortedOnce(&orders[k], len(recs), func(a, b int32) int {
+		ra, rb := &recs[a], &recs[b]
+		return cmp.Or(cmp.Compare(key(rb), key(ra)), cmp.Compare(id(ra), id(rb)))
+	})
+	return func(i int) *R { return &recs[order[from+i]] }
 }
 
 // workerKey is the sort key of WorkerSorts()[1:].
@@ -298,14 +318,8 @@ func (ws *workerSnap) page(o ListOptions) WorkerList {
 	from := min(o.Offset, len(recs))
 	n := min(o.Limit, len(recs)-from)
 	out.Workers = make([]WorkerInfo, 0, n)
-	at := func(i int) *workerRec { return &recs[from+i] }
-	if k, key := workerKey(o.Sort); key != nil {
-		order := sortedOnce(&ws.sorted[k], len(recs), func(a, b int32) int {
-			ra, rb := &recs[a], &recs[b]
-			return cmp.Or(cmp.Compare(key(rb), key(ra)), cmp.Compare(ra.id, rb.id))
-		})
-		at = func(i int) *workerRec { return &recs[order[from+i]] }
-	}
+	k, key := workerKey(o.Sort)
+	at := pageAt(recs, from, ws.sorted[:], k, key, func(r *workerRec) uint64 { return r.id })
 	for i := range n {
 		r := at(i)
 		names := slices.Clone(ws.names[r.names : int(r.names)+min(int(r.subs), WorkerNames)])
@@ -389,14 +403,7 @@ func (h *Hub) beginChannels(j *snapJob) func(time.Time) bool {
 
 // names returns the records by name, duplicates dropped. Any goroutine.
 func (cs *channelSnap) names() []chanRec {
-	if p := cs.byName.Load(); p != nil {
-		return *p
-	}
-	recs := slices.Clone(cs.recs)
-	slices.SortFunc(recs, func(a, b chanRec) int { return cmp.Compare(a.q, b.q) })
-	recs = slices.CompactFunc(recs, func(a, b chanRec) bool { return a.q == b.q })
-	cs.byName.CompareAndSwap(nil, &recs)
-	return *cs.byName.Load()
+	return uniqueOnce(&cs.byName, cs.recs, func(r *chanRec) string { return r.q })
 }
 
 func channelKey(sort string) (int, func(*chanRec) int64) {
@@ -418,14 +425,8 @@ func (cs *channelSnap) page(o ListOptions) ChannelList {
 	from := min(o.Offset, len(recs))
 	n := min(o.Limit, len(recs)-from)
 	out.Channels = make([]ChannelInfo, 0, n)
-	at := func(i int) *chanRec { return &recs[from+i] }
-	if k, key := channelKey(o.Sort); key != nil {
-		order := sortedOnce(&cs.sorted[k], len(recs), func(a, b int32) int {
-			ra, rb := &recs[a], &recs[b]
-			return cmp.Or(cmp.Compare(key(rb), key(ra)), cmp.Compare(ra.q, rb.q))
-		})
-		at = func(i int) *chanRec { return &recs[order[from+i]] }
-	}
+	k, key := channelKey(o.Sort)
+	at := pageAt(recs, from, cs.sorted[:], k, key, func(r *chanRec) string { return r.q })
 	for i := range n {
 		r := at(i)
 		out.Channels = append(out.Channels, ChannelInfo{

@@ -164,6 +164,57 @@ func TestRelayPublicationDroppedSelfHeals(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "a wake after", func() bool { return l.count(ch) > n })
 }
 
+// TestRelayPublicationDroppedTemporarySlot: with --temporary-slot there is
+// no slot left to drop once the relay stops, so the fix named for a
+// dropped publication is the publication alone; with --create-publication
+// the relay makes it again itself, on a new temporary slot and its resync.
+func TestRelayPublicationDroppedTemporarySlot(t *testing.T) {
+	f, ch, l := newListened(t, "q_a")
+	opts := f.options()
+	opts.TemporarySlot = true
+	rn := f.runToWakes(opts, l, ch, 1, "resync")
+	f.exec("DROP PUBLICATION " + f.pub)
+	f.insert("q_a")
+	ce := rn.ended(t, 10*time.Second, "was dropped while the relay ran", `CREATE PUBLICATION "`+f.pub+`"`)
+	if strings.Contains(ce.Error(), "pg_drop_replication_slot") || strings.Contains(ce.Error(), "--recreate-invalid-slot") {
+		t.Errorf("a temporary slot's fix names dropping the slot: %v", ce)
+	}
+
+	f.exec("CREATE PUBLICATION " + f.pub + " FOR TABLES IN SCHEMA " + f.schema)
+	opts.CreatePublication = "TABLES IN SCHEMA " + f.schema
+	rn = f.runToWakes(opts, l, ch, 2, "resync")
+	n := l.count(ch)
+	f.exec("DROP PUBLICATION " + f.pub)
+	f.insert("q_a")
+	testutil.WaitFor(t, 15*time.Second, "the resync of a new temporary slot", func() bool {
+		select {
+		case err := <-rn.done:
+			rn.done <- err
+			t.Fatalf("the relay ended: %v", err)
+		default:
+		}
+		return l.count(ch) > n
+	})
+
+	// Dropped and created again within one session: the changes between
+	// cannot be decoded, and the next session's slot is new anyway.
+	waitActive(t, rn.r)
+	n = l.count(ch)
+	f.exec("DROP PUBLICATION " + f.pub)
+	f.insert("q_a")
+	f.exec("CREATE PUBLICATION " + f.pub + " FOR TABLES IN SCHEMA " + f.schema)
+	f.insert("q_a")
+	testutil.WaitFor(t, 15*time.Second, "a wake after the publication came back", func() bool {
+		select {
+		case err := <-rn.done:
+			rn.done <- err
+			t.Fatalf("the relay ended: %v", err)
+		default:
+		}
+		return l.count(ch) > n
+	})
+}
+
 // TestRelayPublishChanged: ALTER PUBLICATION ... SET (publish = 'update')
 // while the relay runs ends it with the fix; the inserts committed
 // meanwhile got no wake, so after the fix the relay NOTIFYs every channel

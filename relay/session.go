@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -312,6 +313,17 @@ func (s *session) publicationGone(ctx context.Context, pe *pgconn.PgError) error
 // publication and, if the slot cannot decode past the gap, a new slot
 // with its resync. Otherwise the fix is named and the relay stops.
 func (r *Relay) publicationDropped(cause error) error {
+	if r.opts.TemporarySlot {
+		// No slot outlives the session: the next one is new, its
+		// resync NOTIFYs every channel once.
+		if r.opts.CreatePublication != "" {
+			r.log.Warn("relay: the publication was dropped while the relay ran; creating it again (--create-publication) on a new temporary slot",
+				"publication", r.opts.Publication)
+			return fmt.Errorf("publication %s was dropped while the relay ran; creating it again: %w", quoteLiteral(r.opts.Publication), cmp.Or(cause, errors.New("gone")))
+		}
+		return configErrorf(cause, "publication %s was dropped while the relay ran: %s; then start the relay again, whose new temporary slot NOTIFYs every channel once",
+			quoteLiteral(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication))
+	}
 	if r.opts.CreatePublication != "" && r.opts.RecreateInvalidSlot {
 		r.log.Warn("relay: the publication was dropped while the relay ran; creating it again (--create-publication), and the slot if it cannot decode past the gap (--recreate-invalid-slot)",
 			"publication", r.opts.Publication, "slot", r.opts.Slot)
@@ -329,6 +341,10 @@ func (r *Relay) publicationDropped(cause error) error {
 // a slot that can no longer decode.
 func (s *session) undecodable(ctx context.Context, reason string) error {
 	r := s.r
+	if r.opts.TemporarySlot {
+		// The next session's slot is new anyway, with its resync.
+		return fmt.Errorf("%s: a new temporary slot", reason)
+	}
 	if !r.opts.RecreateInvalidSlot {
 		return configErrorf(nil, "%s: %s", reason, relayfix.RecreateSlot(r.opts.Slot))
 	}

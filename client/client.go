@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/frame"
+	"github.com/listenhub/listenhub/internal/defaults"
 )
 
 // Defaults for the zero fields of Options.
@@ -107,15 +108,9 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.AckTimeout <= 0 {
-		o.AckTimeout = DefaultAckTimeout
-	}
-	if o.WriteTimeout <= 0 {
-		o.WriteTimeout = DefaultWriteTimeout
-	}
-	if o.FrameTimeout <= 0 {
-		o.FrameTimeout = DefaultFrameTimeout
-	}
+	defaults.Set(&o.AckTimeout, DefaultAckTimeout)
+	defaults.Set(&o.WriteTimeout, DefaultWriteTimeout)
+	defaults.Set(&o.FrameTimeout, DefaultFrameTimeout)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/listenhub/listenhub/internal/defaults"
 )
 
 // DefaultLocalTimeout bounds building the local listener on failover (the
@@ -203,21 +204,11 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	if opts.SocketPath == "" {
 		return nil, errEmptyPath
 	}
-	if opts.LocalTimeout <= 0 {
-		opts.LocalTimeout = DefaultLocalTimeout
-	}
-	if opts.AckTimeout <= 0 {
-		opts.AckTimeout = DefaultAckTimeout
-	}
-	if opts.MinLocal <= 0 {
-		opts.MinLocal = DefaultMinLocal
-	}
-	if opts.ProbeInterval <= 0 {
-		opts.ProbeInterval = DefaultProbeInterval
-	}
-	if opts.ProbeMaxInterval <= 0 {
-		opts.ProbeMaxInterval = DefaultProbeMaxInterval
-	}
+	defaults.Set(&opts.LocalTimeout, DefaultLocalTimeout)
+	defaults.Set(&opts.AckTimeout, DefaultAckTimeout)
+	defaults.Set(&opts.MinLocal, DefaultMinLocal)
+	defaults.Set(&opts.ProbeInterval, DefaultProbeInterval)
+	defaults.Set(&opts.ProbeMaxInterval, DefaultProbeMaxInterval)
 	opts.ProbeMaxInterval = max(opts.ProbeMaxInterval, opts.ProbeInterval)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/listenhub/listenhub/internal/defaults"
 	"github.com/listenhub/listenhub/listener"
 )
 
@@ -117,9 +118,7 @@ type localOp struct {
 // NewLocal connects to Postgres (ctx bounds the connect) and returns a
 // Local with nothing subscribed.
 func NewLocal(ctx context.Context, opts LocalOptions) (*Local, error) {
-	if opts.CommandTimeout <= 0 {
-		opts.CommandTimeout = DefaultLocalTimeout
-	}
+	defaults.Set(&opts.CommandTimeout, DefaultLocalTimeout)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -137,9 +136,7 @@ func NewLocal(ctx context.Context, opts LocalOptions) (*Local, error) {
 }
 
 func newLocalWith(opts LocalOptions) *Local {
-	if opts.CommandTimeout <= 0 {
-		opts.CommandTimeout = DefaultLocalTimeout
-	}
+	defaults.Set(&opts.CommandTimeout, DefaultLocalTimeout)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+
+	"github.com/listenhub/listenhub/internal/defaults"
 )
 
 // DefaultMuxBuffer is the default number of ephemeral wakes one Mux
@@ -70,9 +72,7 @@ type muxChan struct {
 
 // NewMux returns a Mux; Bind it to a Listener before Subscribe.
 func NewMux(opts MuxOptions) *Mux {
-	if opts.Buffer <= 0 {
-		opts.Buffer = DefaultMuxBuffer
-	}
+	defaults.Set(&opts.Buffer, DefaultMuxBuffer)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

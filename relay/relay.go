@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/internal/channame"
+	"github.com/listenhub/listenhub/internal/defaults"
 	"github.com/listenhub/listenhub/internal/histogram"
 )
 
@@ -141,24 +142,14 @@ func (o Options) withDefaults() Options {
 	if o.Ops == 0 {
 		o.Ops = DefaultOps
 	}
-	if o.StandbyRetry <= 0 {
-		o.StandbyRetry = DefaultStandbyRetry
-	}
-	if o.MaxLag <= 0 {
-		o.MaxLag = DefaultMaxLag
-	}
-	if o.MaxLagBytes <= 0 {
-		o.MaxLagBytes = DefaultMaxLagBytes
-	}
-	if o.StatusInterval <= 0 {
-		o.StatusInterval = DefaultStatusInterval
-	}
+	defaults.Set(&o.StandbyRetry, DefaultStandbyRetry)
+	defaults.Set(&o.MaxLag, DefaultMaxLag)
+	defaults.Set(&o.MaxLagBytes, DefaultMaxLagBytes)
+	defaults.Set(&o.StatusInterval, DefaultStatusInterval)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.ConfigRetry <= 0 {
-		o.ConfigRetry = DefaultConfigRetry
-	}
+	defaults.Set(&o.ConfigRetry, DefaultConfigRetry)
 	return o
 }
 

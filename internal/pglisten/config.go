@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/internal/channame"
+	"github.com/listenhub/listenhub/internal/defaults"
 )
 
 // DefaultApplicationName is the application_name the listener's backends
@@ -150,18 +151,10 @@ type Config struct {
 
 func (cfg *Config) withDefaults() Config {
 	c := *cfg
-	if c.HealthCheckInterval <= 0 {
-		c.HealthCheckInterval = DefaultHealthCheckInterval
-	}
-	if c.HealthCheckTimeout <= 0 {
-		c.HealthCheckTimeout = DefaultHealthCheckTimeout
-	}
-	if c.ReconnectMin <= 0 {
-		c.ReconnectMin = DefaultReconnectMin
-	}
-	if c.ReconnectMax <= 0 {
-		c.ReconnectMax = DefaultReconnectMax
-	}
+	defaults.Set(&c.HealthCheckInterval, DefaultHealthCheckInterval)
+	defaults.Set(&c.HealthCheckTimeout, DefaultHealthCheckTimeout)
+	defaults.Set(&c.ReconnectMin, DefaultReconnectMin)
+	defaults.Set(&c.ReconnectMax, DefaultReconnectMax)
 	if c.ReconnectMax < c.ReconnectMin {
 		c.ReconnectMax = c.ReconnectMin
 	}

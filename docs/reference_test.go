@@ -10,7 +10,7 @@ import (
 )
 
 // The reference pages stay reference: each within the size a newcomer
-// reads (DESIGN.md, "Reference, not notebook"), the history in git and the
+// reads (docs/design.md, "Reference, not notebook"), the history in git and the
 // CHANGELOG.
 var maxSize = map[string]int{
 	"design.md":      30 << 10,

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
@@ -45,6 +46,29 @@ func (f *fixture) runToWakes(opts Options, l *listener, ch string, n int, what s
 	waitActive(f.t, rn.r)
 	testutil.WaitFor(f.t, 10*time.Second, what, func() bool { return l.count(ch) == n })
 	return rn
+}
+
+// checkRunning fails the test if the relay has ended (and leaves the
+// end for others to see).
+func (rn *running) checkRunning(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-rn.done:
+		rn.done <- err
+		t.Fatalf("the relay ended: %v", err)
+	default:
+	}
+}
+
+// beginBlocker opens a connection of its own and begins a transaction on
+// it, for a test to hold open.
+func beginBlocker(t *testing.T, ctx context.Context) *pgx.Conn {
+	t.Helper()
+	blocker := pgtesting.Connect(t, db.URL())
+	if _, err := blocker.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	return blocker
 }
 
 // run runs a relay whose log the test reads; the test ends it (or it ends
@@ -150,12 +174,7 @@ func TestRelayPublicationDroppedSelfHeals(t *testing.T) {
 	f.exec("DROP PUBLICATION " + f.pub)
 	f.insert("q_a") // committed while there is no publication
 	testutil.WaitFor(t, 15*time.Second, "the resync of a new slot", func() bool {
-		select {
-		case err := <-rn.done:
-			rn.done <- err
-			t.Fatalf("the relay ended: %v", err)
-		default:
-		}
+		rn.checkRunning(t)
 		return l.count(ch) >= 2
 	})
 	waitActive(t, rn.r)
@@ -187,12 +206,7 @@ func TestRelayPublicationDroppedTemporarySlot(t *testing.T) {
 	f.exec("DROP PUBLICATION " + f.pub)
 	f.insert("q_a")
 	testutil.WaitFor(t, 15*time.Second, "the resync of a new temporary slot", func() bool {
-		select {
-		case err := <-rn.done:
-			rn.done <- err
-			t.Fatalf("the relay ended: %v", err)
-		default:
-		}
+		rn.checkRunning(t)
 		return l.count(ch) > n
 	})
 
@@ -205,12 +219,7 @@ func TestRelayPublicationDroppedTemporarySlot(t *testing.T) {
 	f.exec("CREATE PUBLICATION " + f.pub + " FOR TABLES IN SCHEMA " + f.schema)
 	f.insert("q_a")
 	testutil.WaitFor(t, 15*time.Second, "a wake after the publication came back", func() bool {
-		select {
-		case err := <-rn.done:
-			rn.done <- err
-			t.Fatalf("the relay ended: %v", err)
-		default:
-		}
+		rn.checkRunning(t)
 		return l.count(ch) > n
 	})
 }
@@ -249,11 +258,8 @@ func TestRelayResyncOwed(t *testing.T) {
 	f.insert("q_a") // committed before the slot: only the resync covers it
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	blocker := pgtesting.Connect(t, db.URL())
+	blocker := beginBlocker(t, ctx)
 	var pid int
-	if _, err := blocker.Exec(ctx, "BEGIN"); err != nil {
-		t.Fatal(err)
-	}
 	// An xid: the slot's snapshot waits for it.
 	if _, err := blocker.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
 		t.Fatal(err)
@@ -297,11 +303,8 @@ func TestRelaySlotWaitLoggedWithoutNotifyConn(t *testing.T) {
 	f := newFixture(t, "q_a")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	blocker := pgtesting.Connect(t, db.URL())
+	blocker := beginBlocker(t, ctx)
 	var pid int
-	if _, err := blocker.Exec(ctx, "BEGIN"); err != nil {
-		t.Fatal(err)
-	}
 	// An xid: the slot's snapshot waits for it.
 	if err := blocker.QueryRow(ctx, "SELECT pg_backend_pid(), pg_current_xact_id()::text").Scan(&pid, new(string)); err != nil {
 		t.Fatal(err)

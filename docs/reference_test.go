@@ -112,20 +112,27 @@ func TestNamedTestsExist(t *testing.T) {
 	}
 }
 
+// docSection returns the body of the "## heading" section of the file.
+func docSection(t *testing.T, file, heading string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## "+heading+"\n")
+	if !ok {
+		t.Fatalf("%s has no %s section", file, heading)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	return section
+}
+
 // TestDesignLayout: design.md's Layout table names every top-level folder
 // of the repository, every package under internal/, every example and
 // every client, and each name it gives exists; so the table cannot fall
 // behind a move.
 func TestDesignLayout(t *testing.T) {
-	b, err := os.ReadFile("design.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, layout, ok := strings.Cut(string(b), "\n## Layout\n")
-	if !ok {
-		t.Fatal("design.md has no Layout section")
-	}
-	layout, _, _ = strings.Cut(layout, "\n## ")
+	layout := docSection(t, "design.md", "Layout")
 	rows := map[string]string{} // first column → the rest of the row
 	for _, line := range strings.Split(layout, "\n") {
 		cells := strings.Split(line, "|")
@@ -200,15 +207,7 @@ func TestDesignLayout(t *testing.T) {
 // packages that exist, and every benchmark of its table (pkg.Name, "vs"
 // naming a second one of the same package) is a Benchmark of one of them.
 func TestMicrobenchmarksExist(t *testing.T) {
-	b, err := os.ReadFile("performance.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "\n## Microbenchmarks\n")
-	if !ok {
-		t.Fatal("performance.md has no Microbenchmarks section")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
+	section := docSection(t, "performance.md", "Microbenchmarks")
 	cmd := regexp.MustCompile("`(go test [^`]*-bench[^`]*)`").FindStringSubmatch(strings.ReplaceAll(section, "\n", " "))
 	if cmd == nil {
 		t.Fatal("performance.md, Microbenchmarks: no go test -bench command")

@@ -127,7 +127,7 @@ func TestSyscallsInSystemServiceFilter(t *testing.T) {
 
 	w := dialSeqWorker(t, socket, "sandbox")
 	notify(t, "NOTIFY sandbox, '1'")
-	testutil.WaitFor(t, timeout, "the wake", func() bool { n, _, _, _ := w.state(); return n == 1 })
+	w.awaitWakes(t, 1, "the wake")
 	addr := regexp.MustCompile(`"msg":"metrics listening","addr":"([^"]+)"`).FindStringSubmatch(hubLog())
 	if addr == nil {
 		t.Fatalf("no metrics address in the log")
@@ -144,7 +144,7 @@ func TestSyscallsInSystemServiceFilter(t *testing.T) {
 	syscall.Kill(first, syscall.SIGUSR2)
 	testutil.WaitFor(t, 30*time.Second, "the upgraded process", func() bool { p := pid(); return p > 0 && p != first })
 	notify(t, "NOTIFY sandbox, '2'")
-	testutil.WaitFor(t, timeout, "the wake after the upgrade", func() bool { n, _, _, _ := w.state(); return n == 2 })
+	w.awaitWakes(t, 2, "the wake after the upgrade")
 	if _, _, _, err := w.state(); err != nil {
 		t.Fatalf("the worker's connection ended across the upgrade: %v", err)
 	}

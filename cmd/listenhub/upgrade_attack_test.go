@@ -289,7 +289,7 @@ func TestUpgradeHangingBuild(t *testing.T) {
 		t.Fatalf("pid file says %d, want the old hub %d", got, pid)
 	}
 	notify(t, "NOTIFY hang_q, '1'")
-	testutil.WaitFor(t, timeout, "a wake through the old hub", func() bool { n, _, _, _ := w.state(); return n == 1 })
+	w.awaitWakes(t, 1, "a wake through the old hub")
 	// The metrics listener still accepts, and SIGTERM ends the hub at
 	// once: its descriptor was left non-blocking.
 	if conn, err := net.DialTimeout("tcp", addr, timeout); err != nil {

@@ -328,6 +328,12 @@ func (w *seqWorker) got(m frame.Message) {
 	}
 }
 
+// awaitWakes waits until the worker has had n wakes (what names them).
+func (w *seqWorker) awaitWakes(t *testing.T, n int, what string) {
+	t.Helper()
+	testutil.WaitFor(t, timeout, what, func() bool { got, _, _, _ := w.state(); return got == n })
+}
+
 func (w *seqWorker) state() (n int, seqs []int, gap time.Duration, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -631,10 +637,7 @@ func TestUpgradeFailingBinary(t *testing.T) {
 		t.Fatalf("pid file says %d, want the old hub %d", got, pid)
 	}
 	notify(t, "NOTIFY upgrade_fail, '1'")
-	testutil.WaitFor(t, timeout, "a wake through the old hub", func() bool {
-		n, _, _, _ := w.state()
-		return n == 1
-	})
+	w.awaitWakes(t, 1, "a wake through the old hub")
 	if _, _, _, err := w.state(); err != nil {
 		t.Fatalf("worker connection ended: %v", err)
 	}
@@ -645,10 +648,7 @@ func TestUpgradeFailingBinary(t *testing.T) {
 	}
 	u.upgrade()
 	notify(t, "NOTIFY upgrade_fail, '2'")
-	testutil.WaitFor(t, timeout, "a wake through the new hub", func() bool {
-		n, _, _, _ := w.state()
-		return n == 2
-	})
+	w.awaitWakes(t, 2, "a wake through the new hub")
 }
 
 // TestUpgradeTLS is TestUpgradeUnderLoad with the hub on TLS to Postgres:

@@ -39,10 +39,7 @@ func TestUpgradeCommand(t *testing.T) {
 		t.Fatalf("upgrade printed %q; old pid %d, pid file %d", out, old, u.pid())
 	}
 	notify(t, "NOTIFY upgrade_cmd, '1'")
-	testutil.WaitFor(t, timeout, "a wake through the new hub", func() bool {
-		n, _, _, _ := w.state()
-		return n == 1
-	})
+	w.awaitWakes(t, 1, "a wake through the new hub")
 	if _, _, _, err := w.state(); err != nil {
 		t.Fatalf("the worker's connection ended in the upgrade: %v", err)
 	}
@@ -63,10 +60,7 @@ func TestUpgradeCommand(t *testing.T) {
 		t.Fatalf("pid file %d after a failed upgrade, want %d", got, newPid)
 	}
 	notify(t, "NOTIFY upgrade_cmd, '2'")
-	testutil.WaitFor(t, timeout, "a wake through the hub that served on", func() bool {
-		n, _, _, _ := w.state()
-		return n == 2
-	})
+	w.awaitWakes(t, 2, "a wake through the hub that served on")
 }
 
 // TestUpgradeCommandRefusals: no --pid-file is a bad flag (exit 2); a pid

@@ -132,17 +132,22 @@ func refDecode(body []byte) (m Message, ok bool) {
 	return m, true
 }
 
-// refSent is the oracle for Message.QRaw: the last "q" of the object body
-// as its sender meant the bytes, collected from the JSON text on its own:
-// escapes decoded, raw bytes kept, a \u surrogate pair as its rune, and a
-// surrogate outside a pair as its 3-byte (WTF-8) form.
-func refSent(body []byte) string {
+// rawQ returns the JSON text of body's "q" string between its quotes.
+func rawQ(body []byte) []byte {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {
 		panic(err)
 	}
 	raw := obj["q"]
-	raw = raw[1 : len(raw)-1]
+	return raw[1 : len(raw)-1]
+}
+
+// refSent is the oracle for Message.QRaw: the last "q" of the object body
+// as its sender meant the bytes, collected from the JSON text on its own:
+// escapes decoded, raw bytes kept, a \u surrogate pair as its rune, and a
+// surrogate outside a pair as its 3-byte (WTF-8) form.
+func refSent(body []byte) string {
+	raw := rawQ(body)
 	wtf8 := func(u rune) []byte { return []byte{0xe0 | byte(u>>12), 0x80 | byte(u>>6)&0x3f, 0x80 | byte(u)&0x3f} }
 	escapes := map[byte]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 	var out []byte
@@ -197,12 +202,7 @@ func refSent(body []byte) string {
 // string as UTF-16 code units and bytes, the way a reader of the JSON text
 // sees it, independently of the decoder's unescaper.
 func refNotUTF8(body []byte) bool {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		panic(err)
-	}
-	raw := obj["q"]
-	raw = raw[1 : len(raw)-1]
+	raw := rawQ(body)
 	var units []rune // code units; -1 stands for a non-surrogate
 	for i := 0; i < len(raw); {
 		switch {

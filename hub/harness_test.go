@@ -281,6 +281,24 @@ func (w *tw) subscribe(q string) { w.t.Helper(); w.sub(q); w.expect(ack(q)) }
 func (w *tw) unsub(q string)     { w.t.Helper(); w.send(frame.AppendUnsub(nil, q)) }
 
 // read returns the next frame, or err (io.EOF when the hub closed us).
+// readUntilLast reads frames until the one whose payload is "last",
+// calling each (if set) with every frame before it.
+func (w *tw) readUntilLast(each func(frame.Message)) {
+	w.t.Helper()
+	for {
+		m, err := w.read(timeout)
+		if err != nil {
+			w.t.Fatalf("worker: %v", err)
+		}
+		if m.P == "last" {
+			return
+		}
+		if each != nil {
+			each(m)
+		}
+	}
+}
+
 func (w *tw) read(d time.Duration) (frame.Message, error) {
 	for {
 		m, ok, err := w.dec.Next()

@@ -177,18 +177,11 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 	// small is served: everything it was sent arrives.
 	go e.notify("small", "last")
 	got := 0
-	for {
-		m, err := small.read(timeout)
-		if err != nil {
-			t.Fatalf("small: %v", err)
-		}
-		if m.P == "last" {
-			break
-		}
+	small.readUntilLast(func(m frame.Message) {
 		if m.T == "wake" && m.P == payload {
 			got++
 		}
-	}
+	})
 	if got != sentSmall {
 		t.Fatalf("small got %d of the %d wakes it was sent", got, sentSmall)
 	}

@@ -264,15 +264,7 @@ func TestPGWedgedWorkerDurable(t *testing.T) {
 	}
 	e.exec(`DO $$ BEGIN FOR i IN 1..20000 LOOP PERFORM pg_notify('d', ''); COMMIT; END LOOP; END $$`)
 	e.exec(`SELECT pg_notify('d', 'last')`)
-	for {
-		m, err := sib.read(timeout)
-		if err != nil {
-			t.Fatalf("sibling: %v", err)
-		}
-		if m.P == "last" {
-			break
-		}
-	}
+	sib.readUntilLast(nil)
 	testutil.WaitFor(t, timeout, "all 20,001 NOTIFYs received", func() bool {
 		return e.h.Stats().WakesReceived == 20001
 	})

@@ -156,12 +156,19 @@ func TestClientSubscribeSameNameConcurrent(t *testing.T) {
 	fc.subscribeVia(t, c, "z")
 }
 
-func TestClientNackInvalidNameKeepsClient(t *testing.T) {
+// nackedSub subscribes a client of a fake hub to q, which the hub nacks
+// with reason; it returns the client, the hub's end and Subscribe's error.
+func nackedSub(t *testing.T, q, reason string) (*Client, *fakeConn, error) {
+	t.Helper()
 	_, c, fc := fakeSession(t, false, nil, Options{})
-	done := result(func() error { return c.Subscribe(context.Background(), "bad") })
-	fc.expect(t, "sub", "bad")
-	fc.nack("bad", "invalid channel: 70 bytes, longer than 63")
-	err := await(t, done)
+	done := result(func() error { return c.Subscribe(context.Background(), q) })
+	fc.expect(t, "sub", q)
+	fc.nack(q, reason)
+	return c, fc, await(t, done)
+}
+
+func TestClientNackInvalidNameKeepsClient(t *testing.T) {
+	c, fc, err := nackedSub(t, "bad", "invalid channel: 70 bytes, longer than 63")
 	var nack *NackError
 	if !errors.As(err, &nack) || !nack.InvalidName || !errors.Is(err, ErrInvalidName) {
 		t.Fatalf("err = %#v, want an invalid-name *NackError", err)
@@ -212,11 +219,7 @@ func TestClientInvalidNameLocally(t *testing.T) {
 }
 
 func TestClientNackOtherKillsClient(t *testing.T) {
-	_, c, fc := fakeSession(t, false, nil, Options{})
-	done := result(func() error { return c.Subscribe(context.Background(), "a") })
-	fc.expect(t, "sub", "a")
-	fc.nack("a", "LISTEN failed: connection to Postgres is down")
-	err := await(t, done)
+	c, fc, err := nackedSub(t, "a", "LISTEN failed: connection to Postgres is down")
 	var nack *NackError
 	if !errors.As(err, &nack) || nack.InvalidName || errors.Is(err, ErrInvalidName) {
 		t.Fatalf("err = %v, want a non-name *NackError", err)
@@ -399,14 +402,7 @@ func TestClientSubscribeContextCancelAbandons(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.subs["b"].call.waiters == 2
 	})
-	cancel()
-	if err := await(t, first); !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
-	}
-	fc.ack("b")
-	if err := await(t, second); err != nil {
-		t.Fatal(err)
-	}
+	cancelThenAck(t, cancel, first, second, fc, "b")
 	// The next frame is "sub c": no "unsub b" before it.
 	fc.subscribeVia(t, c, "c")
 }

@@ -283,6 +283,20 @@ func mustSubscribe(t testing.TB, c interface {
 	}
 }
 
+// cancelThenAck: cancel ends the first of two waiting Subscribes with
+// context.Canceled; the hub's ack of q then answers the second.
+func cancelThenAck(t testing.TB, cancel func(), first, second <-chan error, fc *fakeConn, q string) {
+	t.Helper()
+	cancel()
+	if err := await(t, first); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	fc.ack(q)
+	if err := await(t, second); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // dialFake dials h with the recorder's handlers; closed at test end.
 func dialFake(t testing.TB, h *fakeHub, rec *recorder, opts Options) *Client {
 	t.Helper()

@@ -226,14 +226,7 @@ func TestMuxSubscribeContextCancel(t *testing.T) {
 	var second *Subscription
 	secondDone := result(func() (err error) { second, err = m.Subscribe(context.Background(), "a"); return err })
 	testutil.WaitFor(t, waitLong, "2 waiting", func() bool { return m.Subscribers("a") == 2 })
-	cancel()
-	if err := await(t, first); !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
-	}
-	fc.ack("a")
-	if err := await(t, secondDone); err != nil {
-		t.Fatal(err)
-	}
+	cancelThenAck(t, cancel, first, secondDone, fc, "a")
 	fc.wake("a", "x")
 	if w := next(t, second); w.Payload != "x" {
 		t.Fatal(w)

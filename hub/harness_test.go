@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -174,6 +175,14 @@ func doOn(t testing.TB, h *Hub, f func()) {
 // readable when the loop wakes for the post, reads come before posts in an
 // iteration, and the flush ends it; the second post runs in a later
 // iteration, after that flush.
+// expectPending fails the test unless the commands in flight are want.
+func (e *env) expectPending(want ...string) {
+	e.t.Helper()
+	if got := e.pending(); !slices.Equal(got, want) {
+		e.t.Fatalf("pending = %v, want %v", got, want)
+	}
+}
+
 func (e *env) sync() {
 	e.t.Helper()
 	e.do(func() {})

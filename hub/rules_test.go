@@ -23,9 +23,7 @@ func TestAckOnlyAfterListenConfirmed(t *testing.T) {
 	w := e.dial()
 	w.sub("a")
 	e.sync()
-	if got := e.pending(); !slices.Equal(got, []string{"LISTEN a"}) {
-		t.Fatalf("pending = %v, want [LISTEN a]", got)
-	}
+	e.expectPending("LISTEN a")
 	w.none() // no ack before the LISTEN completes
 	e.complete("LISTEN", "a", nil)
 	w.expect(ack("a"))
@@ -119,15 +117,11 @@ func TestSubDuringUnlisten(t *testing.T) {
 	w2.sub("a")
 	e.sync()
 	w2.none()
-	if got := e.pending(); !slices.Equal(got, []string{"UNLISTEN a"}) {
-		t.Fatalf("pending = %v, want the UNLISTEN only", got)
-	}
+	e.expectPending("UNLISTEN a")
 	e.complete("UNLISTEN", "a", nil)
 	e.sync()
 	w2.none()
-	if got := e.pending(); !slices.Equal(got, []string{"LISTEN a"}) {
-		t.Fatalf("pending = %v, want a fresh LISTEN", got)
-	}
+	e.expectPending("LISTEN a")
 	e.complete("LISTEN", "a", nil)
 	w2.expect(ack("a"))
 }
@@ -143,9 +137,7 @@ func TestAllLeaveDuringListen(t *testing.T) {
 	e.complete("LISTEN", "a", nil)
 	e.sync()
 	w.none()
-	if got := e.pending(); !slices.Equal(got, []string{"UNLISTEN a"}) {
-		t.Fatalf("pending = %v", got)
-	}
+	e.expectPending("UNLISTEN a")
 	e.complete("UNLISTEN", "a", nil)
 	e.do(func() {
 		if len(e.h.channels) != 0 {
@@ -168,9 +160,7 @@ func TestListenFailureNacks(t *testing.T) {
 	e.notify("a", "x")
 	e.sync()
 	w1.none()
-	if got := e.pending(); !slices.Equal(got, []string{"UNLISTEN a"}) {
-		t.Fatalf("pending = %v", got)
-	}
+	e.expectPending("UNLISTEN a")
 	// A sub meanwhile gets a fresh LISTEN after the UNLISTEN.
 	w1.sub("a")
 	e.complete("UNLISTEN", "a", nil)
@@ -202,9 +192,7 @@ func TestUnlistenFailureRetried(t *testing.T) {
 	w.expect(statusFalse)
 	e.health(true)
 	w.expect(statusTrue, wake("b", nil))
-	if got := e.pending(); !slices.Equal(got, []string{"UNLISTEN a"}) {
-		t.Fatalf("pending = %v, want the UNLISTEN of a retried", got)
-	}
+	e.expectPending("UNLISTEN a")
 	e.complete("UNLISTEN", "a", nil)
 	e.do(func() {
 		if _, ok := e.h.channels["a"]; ok || len(e.h.channels) != 1 {

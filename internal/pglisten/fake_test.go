@@ -50,6 +50,14 @@ func (s *fakeServer) readMsg() (byte, []byte) {
 }
 
 // readQuery reads a Query message and returns its SQL.
+// serveQuery is expectQuery, then the answer that every statement of
+// want succeeded.
+func (s *fakeServer) serveQuery(want string) {
+	s.t.Helper()
+	s.expectQuery(want)
+	s.answer(want)
+}
+
 // expectQuery reads the next query and fails the test unless it is want.
 func (s *fakeServer) expectQuery(want string) {
 	s.t.Helper()
@@ -217,6 +225,14 @@ func (h *harness) server() *fakeServer {
 }
 
 // setLen is the number of channels in the connection's set.
+// expectSetLen reports an error unless the connection's set has n channels.
+func (h *harness) expectSetLen(n int) {
+	h.t.Helper()
+	if got := h.setLen(); got != n {
+		h.t.Errorf("set has %d channels, want %d", got, n)
+	}
+}
+
 func (h *harness) setLen() (n int) {
 	h.on(func() { n = len(h.c.set) })
 	return n
@@ -333,9 +349,7 @@ func TestFakeBatchOneQuery(t *testing.T) {
 	if fmt.Sprint(r.seq) != "[a weird b]" {
 		t.Errorf("order %v", r.seq)
 	}
-	if n := h.setLen(); n != 2 {
-		t.Errorf("set has %d channels, want 2", n)
-	}
+	h.expectSetLen(2)
 }
 
 // TestFakeBatchError: statement 2 of 3 fails. Postgres rolled back the first
@@ -365,9 +379,7 @@ func TestFakeBatchError(t *testing.T) {
 	s.answer(sql)
 	testutil.WaitFor(t, fakeTimeout, "all done", func() bool { return r.count() == 4 })
 	r.noErrors(t, "a", "c", "d")
-	if n := h.setLen(); n != 3 {
-		t.Errorf("set has %d channels, want 3", n)
-	}
+	h.expectSetLen(3)
 }
 
 // TestFakeBatchErrorBeforeAnyComplete: an error before the first
@@ -380,8 +392,7 @@ func TestFakeBatchErrorBeforeAnyComplete(t *testing.T) {
 	h.listen(r, "a", "b", "c")
 	s.readQuery()
 	s.send(errorMsg("ERROR", "42601", "syntax error"), rfqMsg())
-	s.expectQuery(`LISTEN "a"`)
-	s.answer(`LISTEN "a"`)
+	s.serveQuery(`LISTEN "a"`)
 	sql := s.readQuery()
 	if sql != `LISTEN "b";LISTEN "c"` {
 		t.Fatalf("rest %q", sql)
@@ -389,8 +400,7 @@ func TestFakeBatchErrorBeforeAnyComplete(t *testing.T) {
 	s.send(errorMsg("ERROR", "42601", "syntax error"), rfqMsg())
 	s.expectQuery(`LISTEN "b"`)
 	s.send(errorMsg("ERROR", "42601", "b is bad"), rfqMsg())
-	s.expectQuery(`LISTEN "c"`)
-	s.answer(`LISTEN "c"`)
+	s.serveQuery(`LISTEN "c"`)
 	testutil.WaitFor(t, fakeTimeout, "all done", func() bool { return r.count() == 3 })
 	if err, _ := r.has("a"); err != nil {
 		t.Errorf("a: %v", err)
@@ -555,8 +565,7 @@ func TestFakeEOF(t *testing.T) {
 	s.send(errorMsg("FATAL", "57P01", "terminating connection due to administrator command"))
 	s.conn.Close()
 	s2 := h.server()
-	s2.expectQuery(`LISTEN "a"`)
-	s2.answer(`LISTEN "a"`)
+	s2.serveQuery(`LISTEN "a"`)
 	testutil.WaitFor(t, fakeTimeout, "a done", func() bool { return r.count() == 1 })
 	if err, _ := r.has("a"); err != nil {
 		t.Fatal(err)
@@ -577,8 +586,7 @@ func TestFakeEOF(t *testing.T) {
 	refuse = false
 	mu.Unlock()
 	s3 := h.server()
-	s3.expectQuery(`LISTEN "a"`)
-	s3.answer(`LISTEN "a"`)
+	s3.serveQuery(`LISTEN "a"`)
 	testutil.WaitFor(t, fakeTimeout, "healthy", func() bool { return h.healthSeq() == "[true false true false true]" })
 }
 
@@ -629,8 +637,7 @@ func TestFakeListenFromLateHook(t *testing.T) {
 		})
 	})
 	h.on(func() { trigger = true })
-	s.expectQuery(`LISTEN "late"`)
-	s.answer(`LISTEN "late"`)
+	s.serveQuery(`LISTEN "late"`)
 	testutil.WaitFor(t, fakeTimeout, "late done", func() bool { return r.count() == 1 })
 }
 

@@ -102,8 +102,7 @@ func TestFakeStartRetryWhileWaiting(t *testing.T) {
 
 	a.set(nil)
 	s := h.server()
-	s.expectQuery(`LISTEN "waits"`)
-	s.answer(`LISTEN "waits"`)
+	s.serveQuery(`LISTEN "waits"`)
 	testutil.WaitFor(t, fakeTimeout, "done", func() bool { return r.count() == 1 })
 	if err, _ := r.has("waits"); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // This file holds the oracles the tests compare the hand-written codec with:
@@ -15,15 +17,7 @@ import (
 
 // refJSONString is s as an encoding/json Encoder with HTML escaping off
 // writes it.
-func refJSONString(s string) string {
-	var b bytes.Buffer
-	e := json.NewEncoder(&b)
-	e.SetEscapeHTML(false)
-	if err := e.Encode(s); err != nil {
-		panic(err)
-	}
-	return strings.TrimSuffix(b.String(), "\n")
-}
+func refJSONString(s string) string { return testutil.JSONString(s) }
 
 // refBody is m's body as encoding/json writes it (HTML escaping off), with
 // struct fields in the protocol's key order.

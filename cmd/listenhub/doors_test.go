@@ -36,14 +36,7 @@ import (
 // 2,000 in CI, LISTENHUB_TEST_DOORS_WORKERS (10000: the full size)
 // otherwise.
 func doorWorkers(t *testing.T) int {
-	if v := os.Getenv("LISTENHUB_TEST_DOORS_WORKERS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("LISTENHUB_TEST_DOORS_WORKERS=%q: want a positive count", v)
-		}
-		return n
-	}
-	return 2000
+	return testutil.EnvCount(t, "LISTENHUB_TEST_DOORS_WORKERS", 2000)
 }
 
 // connectWorkers connects n raw workers, each subscribed to q (the sub is

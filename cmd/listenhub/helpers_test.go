@@ -7,7 +7,6 @@ package main
 import (
 	"bufio"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -292,15 +291,7 @@ func bbWake(q string, p *string) string {
 
 // jsonString is s as encoding/json writes it without HTML escaping: the
 // hub's compact output.
-func jsonString(s string) string {
-	var b strings.Builder
-	e := json.NewEncoder(&b)
-	e.SetEscapeHTML(false)
-	if err := e.Encode(s); err != nil {
-		panic(err)
-	}
-	return strings.TrimSuffix(b.String(), "\n")
-}
+func jsonString(s string) string { return testutil.JSONString(s) }
 
 // scrapeSeries reads /metrics into series (name and labels, as written) →
 // value, and returns the families that have a TYPE. It checks the

@@ -8,9 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -147,17 +145,11 @@ func checkBatches(t *testing.T, what string, recs []batchRec) {
 // the test is about, and unbounded batches break it at any of these sizes.
 // LISTENHUB_TEST_LARGE_SET=50000 runs the full size.
 func largeSetSize(t *testing.T) int {
-	if v := os.Getenv("LISTENHUB_TEST_LARGE_SET"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("LISTENHUB_TEST_LARGE_SET=%q: want a positive count", v)
-		}
-		return n
-	}
+	def := 30000
 	if testing.Short() {
-		return 10000
+		def = 10000
 	}
-	return 30000
+	return testutil.EnvCount(t, "LISTENHUB_TEST_LARGE_SET", def)
 }
 
 // TestLargeSetBoundedBatches: 30,000 channels (largeSetSize) LISTENed at

@@ -5,11 +5,13 @@ package testutil
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +104,33 @@ func Lines(r io.Reader, n int) <-chan string {
 		close(lines)
 	}()
 	return lines
+}
+
+// EnvCount returns the positive count in the environment variable name, or
+// def when it is unset; any other value fails the test.
+func EnvCount(t testing.TB, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive count", name, v)
+	}
+	return n
+}
+
+// JSONString is s as an encoding/json Encoder with HTML escaping off
+// writes it: the hub's compact output.
+func JSONString(s string) string {
+	var b strings.Builder
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false)
+	if err := e.Encode(s); err != nil {
+		panic(err)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // FDCount returns the number of file descriptors open in this process

@@ -36,16 +36,7 @@ func TestAcceptOutOfDescriptors(t *testing.T) {
 
 	fdreserve.Keep()
 	t.Cleanup(fdreserve.Drop)
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	low := old
-	low.Cur = 256
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
-		t.Skipf("setrlimit: %v", err)
-	}
-	t.Cleanup(func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
+	testutil.LowerNofile(t, 256)
 	var filler []int
 	fill := func() {
 		for {

@@ -460,17 +460,11 @@ func TestRelayBacklogOneBatch(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pids, err := db.BackendPIDs(ctx, opts.ApplicationName)
-	if err != nil || len(pids) != 1 {
-		t.Fatalf("the relay's NOTIFY backend: %v (%v)", pids, err)
-	}
-	if err := db.FreezeIdle(ctx, pids[0]); err != nil {
-		t.Fatal(err)
-	}
+	pid := pgtesting.FreezeIdleOnly(ctx, t, db, opts.ApplicationName)
 	thawed := false
 	defer func() {
 		if !thawed {
-			db.Thaw(pids[0])
+			db.Thaw(pid)
 		}
 	}()
 	// One insert whose NOTIFY gets stuck, then the backlog behind it.
@@ -484,7 +478,7 @@ func TestRelayBacklogOneBatch(t *testing.T) {
 	testutil.WaitFor(t, 20*time.Second, "the backlog decoded", func() bool { return r.CommitToDecode().Count >= decoded+1+backlog })
 	before := r.Stats()
 	thawed = true
-	if err := db.Thaw(pids[0]); err != nil {
+	if err := db.Thaw(pid); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 20*time.Second, "the backlog NOTIFYed", func() bool { return r.Stats().Transactions >= before.Transactions+1+backlog })

@@ -379,15 +379,9 @@ func TestBlackboxHealthCheckFrozenBackend(t *testing.T) {
 	w := subscribedWorker(t, path, "hc")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	pids, err := c.BackendPIDs(ctx, p.app)
-	if err != nil || len(pids) != 1 {
-		t.Fatalf("backends %v: %v", pids, err)
-	}
-	if err := c.FreezeIdle(ctx, pids[0]); err != nil {
-		t.Fatal(err)
-	}
+	pid := pgtesting.FreezeIdleOnly(ctx, t, c, p.app)
 	frozen := time.Now()
-	t.Cleanup(func() { c.Thaw(pids[0]) })
+	t.Cleanup(func() { c.Thaw(pid) })
 	if got := w.nextBody(true); got != `{"t":"status","healthy":false}` {
 		t.Fatalf("after the freeze: %s", got)
 	}
@@ -400,7 +394,7 @@ func TestBlackboxHealthCheckFrozenBackend(t *testing.T) {
 	if detected > 5*time.Second {
 		t.Fatalf("frozen backend detected after %v; interval + timeout is 500ms", detected)
 	}
-	c.Thaw(pids[0])
+	c.Thaw(pid)
 	pgExec(t, notifier(t), "NOTIFY hc, 'new backend'")
 	w.expectBodies(bbWake("hc", sp("new backend")))
 }

@@ -26,17 +26,8 @@ func TestRetryOnTheReserve(t *testing.T) {
 	if Held() != Size {
 		t.Fatalf("reserve holds %d, want %d", Held(), Size)
 	}
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
 	// Take every descriptor left under a limit lowered to 256.
-	low := old
-	low.Cur = 256
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
-		t.Skipf("setrlimit: %v", err)
-	}
-	defer syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
+	testutil.LowerNofile(t, 256)
 	var filler []int
 	defer func() {
 		for _, fd := range filler {

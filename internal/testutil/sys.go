@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"syscall"
+	"testing"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,3 +46,19 @@ func Socket(domain, typ int) (int, error) {
 // Rlim converts n to the type of an Rlimit field, like: uint64 on Linux
 // and macOS, int64 on FreeBSD.
 func Rlim[T ~int64 | ~uint64](n int, like T) T { return T(n) }
+
+// LowerNofile lowers the soft RLIMIT_NOFILE to n until the test ends; a
+// system that refuses skips the test.
+func LowerNofile(t testing.TB, n int) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := old
+	low.Cur = Rlim(n, old.Cur)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("setrlimit: %v", err)
+	}
+	t.Cleanup(func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
+}

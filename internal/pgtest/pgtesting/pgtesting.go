@@ -173,6 +173,20 @@ func Connect(t testing.TB, url string) *pgx.Conn {
 	return conn
 }
 
+// FreezeIdleOnly freezes (Cluster.FreezeIdle) the one backend named app
+// on c and returns its pid; more or fewer than one fails the test.
+func FreezeIdleOnly(ctx context.Context, t testing.TB, c *pgtest.Cluster, app string) int {
+	t.Helper()
+	pids, err := c.BackendPIDs(ctx, app)
+	if err != nil || len(pids) != 1 {
+		t.Fatalf("the backends of %s: %v (%v), want one", app, pids, err)
+	}
+	if err := c.FreezeIdle(ctx, pids[0]); err != nil {
+		t.Fatal(err)
+	}
+	return pids[0]
+}
+
 // PgBouncer starts a PgBouncer with pool_mode mode in front of c
 // (pgtest.Cluster.StartPgBouncer), stopped at cleanup. Without the
 // pgbouncer binary the test is skipped, unless CI is set (.ci/run installs

@@ -150,10 +150,7 @@ func TestDialRefusesForeignHub(t *testing.T) {
 	}
 	// The test binary lives in go's private work directory; nobody needs
 	// a copy it can execute.
-	self, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
+	self := testutil.ReadFile(t, os.Args[0])
 	bin := filepath.Join(dir, "helper")
 	if err := os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
@@ -189,7 +186,7 @@ func TestDialRefusesForeignHub(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err = Dial(context.Background(), path, Options{})
+	_, err := Dial(context.Background(), path, Options{})
 	checkRefused(t, err, nobody)
 	if l := next(); l != "closed after 0 bytes" {
 		t.Fatalf("helper: %s, want the refused connection closed without a byte", l)

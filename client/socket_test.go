@@ -309,10 +309,7 @@ func startAttacker(t *testing.T, mode, shared, target, legit string) *attacker {
 	if _, err := os.Stat(py); err != nil {
 		t.Skip("the attack needs /usr/bin/python3")
 	}
-	src, err := os.ReadFile(filepath.Join("..", "clients", "testdata", "attacker.py"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := testutil.ReadFile(t, filepath.Join("..", "clients", "testdata", "attacker.py"))
 	args := []string{"-u", "nobody", "--", py, "-c", string(src), mode, shared, target}
 	if legit != "" {
 		args = append(args, legit)

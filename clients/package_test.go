@@ -133,10 +133,7 @@ func appDir(t *testing.T, work, dir, file string) string {
 	if err := os.MkdirAll(app, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join("testdata", dir, file))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, filepath.Join("testdata", dir, file))
 	if err := os.WriteFile(filepath.Join(app, file), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -210,10 +207,7 @@ func TestNodePackage(t *testing.T) {
 		t.Fatalf("pg was not installed with the package: %v", err)
 	}
 	for _, f := range []string{"cjs.js", "esm.mjs", "consumer.ts"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "nodeapp", f))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testutil.ReadFile(t, filepath.Join("testdata", "nodeapp", f))
 		if err := os.WriteFile(filepath.Join(app, f), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -357,10 +351,7 @@ func zipNames(t *testing.T, path string) []string {
 // and setuptools take it from the package's folder); the copies must be the
 // repository's LICENSE, byte for byte.
 func TestClientLicenses(t *testing.T) {
-	want, err := os.ReadFile(filepath.Join("..", "LICENSE"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := testutil.ReadFile(t, filepath.Join("..", "LICENSE"))
 	for _, f := range []string{"node/LICENSE", "python/LICENSE", "ruby/LICENSE"} {
 		got, err := os.ReadFile(f)
 		if err != nil {
@@ -376,37 +367,25 @@ func TestClientLicenses(t *testing.T) {
 // The client packages are released with the hub: their versions are the one
 // in cmd/listenhub/version.go (scripts/release and CHANGELOG.md follow it).
 func TestClientVersions(t *testing.T) {
-	src, err := os.ReadFile(filepath.Join("..", "cmd", "listenhub", "version.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := testutil.ReadFile(t, filepath.Join("..", "cmd", "listenhub", "version.go"))
 	m := regexp.MustCompile(`(?m)^const version = "([^"]+)"`).FindSubmatch(src)
 	if m == nil {
 		t.Fatal("cmd/listenhub/version.go: no `const version = \"…\"` line")
 	}
 	want := string(m[1])
 	var pkg struct{ Version string }
-	b, err := os.ReadFile(filepath.Join("node", "package.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, filepath.Join("node", "package.json"))
 	if err := json.Unmarshal(b, &pkg); err != nil {
 		t.Fatal(err)
 	}
 	if pkg.Version != want {
 		t.Errorf("clients/node/package.json version %q, the release is %q (bump it with npm version --no-git-tag-version)", pkg.Version, want)
 	}
-	b, err = os.ReadFile(filepath.Join("python", "listenhub", "__init__.py"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b = testutil.ReadFile(t, filepath.Join("python", "listenhub", "__init__.py"))
 	if pm := regexp.MustCompile(`(?m)^__version__ = "([^"]+)"`).FindSubmatch(b); pm == nil || string(pm[1]) != want {
 		t.Errorf("clients/python/listenhub/__init__.py __version__ %q, the release is %q", pm, want)
 	}
-	b, err = os.ReadFile(filepath.Join("ruby", "lib", "listenhub", "version.rb"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b = testutil.ReadFile(t, filepath.Join("ruby", "lib", "listenhub", "version.rb"))
 	if rm := regexp.MustCompile(`(?m)^\s*VERSION = "([^"]+)"`).FindSubmatch(b); rm == nil || string(rm[1]) != want {
 		t.Errorf("clients/ruby/lib/listenhub/version.rb VERSION %q, the release is %q", rm, want)
 	}

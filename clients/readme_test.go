@@ -35,10 +35,7 @@ const readmeSocket = "/run/listenhub/listenhub.sock"
 // their language tag.
 func quickStart(t *testing.T, heading string) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, "../README.md")
 	blocks := map[string]string{}
 	in, fence := false, ""
 	var body strings.Builder
@@ -204,10 +201,7 @@ func TestREADMEQuickStartGo(t *testing.T) {
 	repo := absPath(t, "..")
 	dir := t.TempDir()
 	gomod := "module quickstart\n\ngo 1.26\n\nrequire github.com/listenhub/listenhub v0.0.0\n\nreplace github.com/listenhub/listenhub => " + repo + "\n"
-	sum, err := os.ReadFile(filepath.Join(repo, "go.sum"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sum := testutil.ReadFile(t, filepath.Join(repo, "go.sum"))
 	for name, content := range map[string]string{"go.mod": gomod, "go.sum": string(sum), "main.go": goQuickStart(t, sock)} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)

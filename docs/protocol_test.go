@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -118,10 +117,7 @@ func parseDumpLine(t *testing.T, n int, line string, offset int) []byte {
 
 func readDoc(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("protocol.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, "protocol.md")
 	return string(b)
 }
 
@@ -318,10 +314,7 @@ func mustDecode(t *testing.T, body string) frame.Message {
 // spaces to hyphens).
 func TestDocLinks(t *testing.T) {
 	for _, name := range []string{"protocol.md"} {
-		b, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testutil.ReadFile(t, name)
 		checkAnchors(t, name, string(b))
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // The reference pages stay reference: each within the size a newcomer
@@ -50,10 +52,7 @@ func TestNoNotebook(t *testing.T) {
 		t.Fatalf("no pages: %v", err)
 	}
 	for _, page := range pages {
-		b, err := os.ReadFile(page)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testutil.ReadFile(t, page)
 		for i, line := range strings.Split(string(b), "\n") {
 			if m := issueRef.FindString(line); m != "" {
 				t.Errorf("%s:%d: %q: issue numbers belong in the tracker and CHANGELOG.md", page, i+1, m)
@@ -100,10 +99,7 @@ func TestNamedTestsExist(t *testing.T) {
 	}
 	named := regexp.MustCompile("`((?:Test|Fuzz)[A-Z][A-Za-z0-9_]*)`")
 	for name := range maxSize {
-		b, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testutil.ReadFile(t, name)
 		for _, m := range named.FindAllStringSubmatch(string(b), -1) {
 			if !defined[m[1]] {
 				t.Errorf("%s names %s, which no _test.go file defines", name, m[1])
@@ -115,10 +111,7 @@ func TestNamedTestsExist(t *testing.T) {
 // docSection returns the body of the "## heading" section of the file.
 func docSection(t *testing.T, file, heading string) string {
 	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, file)
 	_, section, ok := strings.Cut(string(b), "\n## "+heading+"\n")
 	if !ok {
 		t.Fatalf("%s has no %s section", file, heading)
@@ -239,10 +232,7 @@ func TestMicrobenchmarksExist(t *testing.T) {
 		files, _ := filepath.Glob(filepath.Join(dir, "*_test.go"))
 		defined := map[string]bool{}
 		for _, f := range files {
-			src, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
+			src := testutil.ReadFile(t, f)
 			for _, d := range benchRe.FindAllStringSubmatch(string(src), -1) {
 				defined[d[1]] = true
 			}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -553,10 +552,7 @@ func TestRelayDemotedClearsLag(t *testing.T) {
 // no crash loop, and never stops at systemd's start limit (5 starts in
 // 10 s by default), which would leave it down after the fix.
 func TestRelayUnitNoStartLimit(t *testing.T) {
-	b, err := os.ReadFile("../deploy/systemd/listenhub-relay.service")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, "../deploy/systemd/listenhub-relay.service")
 	unit := string(b)
 	for _, want := range []string{"\nStartLimitIntervalSec=0\n", "\nRestart=always\n"} {
 		if !strings.Contains(unit, want) {

@@ -286,10 +286,7 @@ func TestREADMEUnitsMatchDeploy(t *testing.T) {
 		}
 		block := doc[i+len(marker):]
 		block = block[:strings.Index(block, "```")]
-		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", name))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testutil.ReadFile(t, filepath.Join("..", "..", "deploy", "systemd", name))
 		var kept []string
 		for _, line := range strings.Split(string(b), "\n") {
 			switch {
@@ -322,10 +319,7 @@ func TestREADMEUnitsMatchDeploy(t *testing.T) {
 // the limit in about 5 s. StartLimitIntervalSec= counts only in [Unit].
 func TestHubUnitsNoStartLimit(t *testing.T) {
 	for _, name := range []string{"listenhub.service", "listenhub@.service"} {
-		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", name))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testutil.ReadFile(t, filepath.Join("..", "..", "deploy", "systemd", name))
 		section := ""
 		keys := map[string]string{}
 		for _, line := range strings.Split(string(b), "\n") {
@@ -506,10 +500,7 @@ func TestServeConfigErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	hba := filepath.Join(c.Dir(), "data", "pg_hba.conf")
-	orig, err := os.ReadFile(hba)
-	if err != nil {
-		t.Fatal(err)
-	}
+	orig := testutil.ReadFile(t, hba)
 	const role = "lh_pw_role"
 	line := fmt.Sprintf("host all %s 127.0.0.1/32 scram-sha-256\nhost all %s ::1/128 scram-sha-256\n", role, role)
 	if err := os.WriteFile(hba, append([]byte(line), orig...), 0); err != nil {

@@ -8,7 +8,6 @@ import (
 	"flag"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -21,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/monitor"
 	"github.com/listenhub/listenhub/relay"
 )
@@ -38,10 +38,7 @@ func readREADME(t *testing.T) string {
 
 func readDoc(t *testing.T, path string) string {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, path)
 	return string(b)
 }
 
@@ -407,10 +404,7 @@ func TestREADMEFirstCommands(t *testing.T) {
 			t.Errorf("README %s: want the command %q in a code block of its own", heading, want)
 		}
 	}
-	ci, err := os.ReadFile("../../.ci/run")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ci := testutil.ReadFile(t, "../../.ci/run")
 	if !regexp.MustCompile(`(?m)^[^#\n]*go test -race .*\./\.\.\.`).Match(ci) {
 		t.Errorf(".ci/run does not run go test -race ./... (the README's test command)")
 	}

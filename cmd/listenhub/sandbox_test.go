@@ -156,10 +156,7 @@ func TestSyscallsInSystemServiceFilter(t *testing.T) {
 		t.Fatalf("strace did not end after SIGTERM")
 	}
 
-	b, err := os.ReadFile(trace)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, trace)
 	call := regexp.MustCompile(`^\d+\s+([a-z0-9_]+)\(`)
 	used := map[string]bool{}
 	for _, line := range strings.Split(string(b), "\n") {

@@ -323,10 +323,7 @@ func TestUpgradeFailedThenGood(t *testing.T) {
 	c := needDB(t)
 	u := startUpHub(t, c.URL(), "--metrics-addr", "127.0.0.1:0")
 	u.metricsAddr()
-	good, err := os.ReadFile(u.bin)
-	if err != nil {
-		t.Fatal(err)
-	}
+	good := testutil.ReadFile(t, u.bin)
 	u.replaceBin("#!/bin/sh\nexit 1\n")
 	pid := u.pid()
 	syscall.Kill(pid, syscall.SIGUSR2)

@@ -180,10 +180,7 @@ func (u *upHub) metricsAddr() string {
 
 func copyFile(t *testing.T, from, to string) {
 	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, from)
 	if err := os.WriteFile(to, b, 0o755); err != nil {
 		t.Fatal(err)
 	}

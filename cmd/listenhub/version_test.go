@@ -1,10 +1,11 @@
 package main
 
 import (
-	"os"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // TestVersionOnePlace holds the version to one place: CHANGELOG.md's newest
@@ -15,10 +16,7 @@ func TestVersionOnePlace(t *testing.T) {
 	if !regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`).MatchString(version) {
 		t.Fatalf("version %q is not a semantic version", version)
 	}
-	b, err := os.ReadFile("../../CHANGELOG.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testutil.ReadFile(t, "../../CHANGELOG.md")
 	heading := regexp.MustCompile(`(?m)^## \[([^\]]+)\](.*)$`)
 	newest := ""
 	for _, m := range heading.FindAllStringSubmatch(string(b), -1) {
@@ -38,10 +36,7 @@ func TestVersionOnePlace(t *testing.T) {
 		t.Errorf("CHANGELOG.md has no link for [%s]", version)
 	}
 
-	script, err := os.ReadFile("../../scripts/release")
-	if err != nil {
-		t.Fatal(err)
-	}
+	script := testutil.ReadFile(t, "../../scripts/release")
 	if !strings.Contains(string(script), "cmd/listenhub/version.go") || regexp.MustCompile(`(?m)^\s*version=["']?[0-9]`).Match(script) {
 		t.Errorf("scripts/release must read the version from cmd/listenhub/version.go, not keep its own")
 	}

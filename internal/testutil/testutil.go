@@ -133,6 +133,16 @@ func JSONString(s string) string {
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
+// ReadFile is os.ReadFile, or the test fails.
+func ReadFile(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // FDCount returns the number of file descriptors open in this process
 // (entries of /proc/self/fd, or /dev/fd off Linux, not counting the one used to read it). It panics
 // if that cannot be read: leak checks are meaningless without it.

@@ -165,15 +165,23 @@ func TestPython(t *testing.T) {
 	run(t, dir, py, args...)
 }
 
-func TestNode(t *testing.T) {
+// findNode returns node and clients/node with its dependencies installed;
+// without them the test is missing them ("<whoNeeds> node", say).
+func findNode(t *testing.T, whoNeeds string) (node, dir string) {
+	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
-		missing(t, "node client tests need node (>= 18); on Debian: apt-get install -y nodejs npm")
+		missing(t, whoNeeds+" node (>= 18); on Debian: apt-get install -y nodejs npm")
 	}
-	dir := absPath(t, "node")
+	dir = absPath(t, "node")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "pg")); err != nil {
-		missing(t, "node client tests need their dependencies: run `npm ci` in clients/node")
+		missing(t, whoNeeds+" the client's dependencies: run `npm ci` in clients/node")
 	}
+	return node, dir
+}
+
+func TestNode(t *testing.T) {
+	node, dir := findNode(t, "node client tests need")
 	files, err := filepath.Glob(filepath.Join(dir, "test", "*.test.js"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no test files in %s/test (%v)", dir, err)

@@ -253,14 +253,7 @@ func TestREADMEQuickStartPython(t *testing.T) {
 // TestREADMEQuickStartNode runs the Node quick start, a cluster of four
 // workers, with the client package resolved as an app's node_modules would.
 func TestREADMEQuickStartNode(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing(t, "the README's Node quick start needs node (>= 18); on Debian: apt-get install -y nodejs npm")
-	}
-	src := absPath(t, "node")
-	if _, err := os.Stat(filepath.Join(src, "node_modules", "pg")); err != nil {
-		missing(t, "the README's Node quick start needs the client's dependencies: run `npm ci` in clients/node")
-	}
+	node, src := findNode(t, "the README's Node quick start needs")
 	sock := startHub(t)
 	server := quickStart(t, "### Node cluster")["js"]
 	dir := t.TempDir()

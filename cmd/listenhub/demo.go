@@ -426,13 +426,7 @@ func (d *demo) cleanup() error {
 		d.census.Close(ctx)
 		cancel()
 	}
-	if d.cluster != nil {
-		errs = append(errs, d.cluster.Close())
-	}
-	if d.dir != "" {
-		errs = append(errs, os.RemoveAll(d.dir))
-	}
-	err := errors.Join(errs...)
+	err := errors.Join(append(errs, removeDemoFiles(d.cluster, d.dir))...)
 	if d.hub != nil || d.cluster != nil {
 		what := "workers and hub stopped"
 		if d.cluster != nil && !d.cluster.External() {
@@ -772,4 +766,17 @@ func demoDatabase(ctx context.Context, out io.Writer, url string, opts pgtest.Op
 		fmt.Fprintf(out, "listenhub demo: started a throwaway PostgreSQL on 127.0.0.1:%d in %s (%sremoved on exit)\n", c.Port(), c.Dir(), what)
 	}
 	return c.URL(), c, nil
+}
+
+// removeDemoFiles closes the demo's cluster (removing a throwaway one) and
+// removes its temporary directory; either may be absent.
+func removeDemoFiles(cluster *pgtest.Cluster, dir string) error {
+	var errs []error
+	if cluster != nil {
+		errs = append(errs, cluster.Close())
+	}
+	if dir != "" {
+		errs = append(errs, os.RemoveAll(dir))
+	}
+	return errors.Join(errs...)
 }

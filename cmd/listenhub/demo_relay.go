@@ -390,13 +390,7 @@ func (d *relayDemo) cleanup() error {
 		d.admin.Close(ctx)
 		cancel()
 	}
-	if d.cluster != nil {
-		errs = append(errs, d.cluster.Close())
-	}
-	if d.dir != "" {
-		errs = append(errs, os.RemoveAll(d.dir))
-	}
-	err := errors.Join(errs...)
+	err := errors.Join(append(errs, removeDemoFiles(d.cluster, d.dir))...)
 	if err == nil && (d.hub != nil || d.cluster != nil) {
 		what := "writers, workers, hub and relay stopped"
 		if d.cluster != nil && !d.cluster.External() {

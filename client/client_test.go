@@ -176,7 +176,7 @@ func TestClientNackInvalidNameKeepsClient(t *testing.T) {
 	if nack.Q != "bad" || !strings.Contains(nack.Reason, "63") {
 		t.Fatalf("nack %+v", nack)
 	}
-	if c.Err() != nil || isDone(c.Done()) {
+	if c.Err() != nil || isClosed(c.Done()) {
 		t.Fatalf("client died on an invalid-name nack: %v", c.Err())
 	}
 	// Still usable, and the refused name can be retried (to be refused
@@ -198,7 +198,7 @@ func TestClientNackLimitKeepsClient(t *testing.T) {
 		if !errors.As(err, &nack) || !nack.Limit || nack.InvalidName || !errors.Is(err, ErrLimit) {
 			t.Fatalf("err = %#v, want a limit *NackError", err)
 		}
-		if c.Err() != nil || isDone(c.Done()) {
+		if c.Err() != nil || isClosed(c.Done()) {
 			t.Fatalf("client died on a %q nack: %v", reason, c.Err())
 		}
 	}
@@ -224,7 +224,7 @@ func TestClientNackOtherKillsClient(t *testing.T) {
 	if !errors.As(err, &nack) || nack.InvalidName || errors.Is(err, ErrInvalidName) {
 		t.Fatalf("err = %v, want a non-name *NackError", err)
 	}
-	if !isDone(c.Done()) || !errors.As(c.Err(), &nack) {
+	if !isClosed(c.Done()) || !errors.As(c.Err(), &nack) {
 		t.Fatalf("client alive after a LISTEN-failed nack: Err=%v", c.Err())
 	}
 	fc.waitEOF(t)
@@ -355,7 +355,7 @@ func TestClientSubscribeAfterClose(t *testing.T) {
 		t.Fatalf("Subscribe after Close = %v", err)
 	}
 	c.Unsubscribe("a") // no-op, no panic
-	if !errors.Is(c.Err(), ErrClosed) || c.Healthy() || !isDone(c.Done()) {
+	if !errors.Is(c.Err(), ErrClosed) || c.Healthy() || !isClosed(c.Done()) {
 		t.Fatalf("Err=%v Healthy=%v", c.Err(), c.Healthy())
 	}
 	c.Close() // idempotent
@@ -633,7 +633,7 @@ func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 				close(closed)
 			}()
 			testutil.WaitFor(t, waitLong, "Close to return or to wait for the handler", func() bool {
-				return isDone(closed) || closeBlockedOnDispatch("Client")
+				return isClosed(closed) || closeBlockedOnDispatch("Client")
 			})
 		})
 	}
@@ -679,7 +679,7 @@ func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 			close(closed)
 		}()
 		testutil.WaitFor(t, waitLong, "Close to return or to wait for the handler", func() bool {
-			return isDone(closed) || closeBlockedOnDispatch("Local")
+			return isClosed(closed) || closeBlockedOnDispatch("Local")
 		})
 	}
 	l = newLocalWith(opts)

@@ -163,7 +163,7 @@ func TestFailbackToHub(t *testing.T) {
 	if f.Mode() != ModeHub || f.Reason() != nil || !f.Healthy() {
 		t.Fatalf("Mode %v Reason %v Healthy %v", f.Mode(), f.Reason(), f.Healthy())
 	}
-	if !isDone(local.Done()) {
+	if !isClosed(local.Done()) {
 		t.Fatal("local listener still open after the fail-back")
 	}
 	testutil.WaitFor(t, waitLong, "the durable wakes of the fail-back", func() bool {
@@ -218,7 +218,7 @@ func TestFailbackCycles(t *testing.T) {
 		t.Fatalf("%d local listeners built, want 3", len(fl.built))
 	}
 	for i, l := range fl.built {
-		if !isDone(l.Done()) {
+		if !isClosed(l.Done()) {
 			t.Fatalf("local listener %d still open", i)
 		}
 	}
@@ -239,7 +239,7 @@ func TestFailbackOneWay(t *testing.T) {
 		t.Fatal("a OneWay Failover dialed the hub again")
 	case <-time.After(500 * time.Millisecond):
 	}
-	if f.Mode() != ModeLocal || sw.failbacks.Load() != 0 || isDone(fl.get(t).Done()) {
+	if f.Mode() != ModeLocal || sw.failbacks.Load() != 0 || isClosed(fl.get(t).Done()) {
 		t.Fatalf("Mode %v, %d fail-backs", f.Mode(), sw.failbacks.Load())
 	}
 }
@@ -280,7 +280,7 @@ func TestFailbackWaitsForHealthy(t *testing.T) {
 		sick.status(false)
 		sick.waitEOF(t) // given up after the wait for a healthy status
 		sick.quiet(t)
-		if f.Mode() != ModeLocal || isDone(fl.get(t).Done()) {
+		if f.Mode() != ModeLocal || isClosed(fl.get(t).Done()) {
 			t.Fatalf("Mode %v with an unhealthy hub", f.Mode())
 		}
 	}
@@ -332,7 +332,7 @@ func TestFailbackHubFailsDuringAttempt(t *testing.T) {
 	refuses.expect(t, "sub", "a")
 	refuses.nack("a", "LISTEN failed: listener: no connection within the command timeout")
 	refuses.waitEOF(t)
-	if f.Mode() != ModeLocal || isDone(local.Done()) || sw.failovers.Load() != 1 {
+	if f.Mode() != ModeLocal || isClosed(local.Done()) || sw.failovers.Load() != 1 {
 		t.Fatalf("Mode %v after failed attempts", f.Mode())
 	}
 	local.notify("a", "still local")
@@ -345,8 +345,8 @@ func TestFailbackHubFailsDuringAttempt(t *testing.T) {
 	ok.expect(t, "sub", "a")
 	ok.ack("a")
 	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
-	if !isDone(local.Done()) || fl.count() != 1 || f.Err() != nil {
-		t.Fatalf("local closed %v, %d built, Err %v", isDone(local.Done()), fl.count(), f.Err())
+	if !isClosed(local.Done()) || fl.count() != 1 || f.Err() != nil {
+		t.Fatalf("local closed %v, %d built, Err %v", isClosed(local.Done()), fl.count(), f.Err())
 	}
 	if !rec.has("wake a overlap") {
 		t.Fatal("a wake from an abandoned attempt's hub was not delivered")
@@ -384,13 +384,13 @@ func TestFailbackSubscribeDuring(t *testing.T) {
 	back.ack("a")
 	back.ack("c")
 	back.expect(t, "sub", "b") // recorded meanwhile: subscribed before the swap
-	if f.Mode() != ModeLocal || isDone(local.Done()) {
+	if f.Mode() != ModeLocal || isClosed(local.Done()) {
 		t.Fatal("swapped before every recorded name was acked by the hub")
 	}
 	back.ack("b")
 	back.expect(t, "unsub", "c") // dropped meanwhile: not lost
 	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
-	if !isDone(local.Done()) || f.Mode() != ModeHub {
+	if !isClosed(local.Done()) || f.Mode() != ModeHub {
 		t.Fatal("not swapped")
 	}
 	testutil.WaitFor(t, waitLong, "durable wakes", func() bool {
@@ -452,7 +452,7 @@ func TestFailbackClose(t *testing.T) {
 	back.expect(t, "sub", "a")
 	f.Close()
 	back.waitEOF(t)
-	if !isDone(fl.get(t).Done()) || !errors.Is(f.Err(), ErrClosed) || sw.failbacks.Load() != 0 {
+	if !isClosed(fl.get(t).Done()) || !errors.Is(f.Err(), ErrClosed) || sw.failbacks.Load() != 0 {
 		t.Fatalf("Err %v, %d fail-backs", f.Err(), sw.failbacks.Load())
 	}
 }
@@ -471,7 +471,7 @@ func TestFailbackHubStartedLater(t *testing.T) {
 	fc := h.accept()
 	fc.expect(t, "sub", "a")
 	testutil.WaitFor(t, waitLong, "on the hub", func() bool { return sw.failbacks.Load() == 1 })
-	if f.Mode() != ModeHub || !isDone(fl.get(t).Done()) || sw.failovers.Load() != 0 {
+	if f.Mode() != ModeHub || !isClosed(fl.get(t).Done()) || sw.failovers.Load() != 0 {
 		t.Fatal(f.Mode())
 	}
 }

@@ -326,8 +326,8 @@ func TestFailoverLocalFailsToo(t *testing.T) {
 	if !errors.As(err, &fe) || !errors.Is(err, errTest) || !errors.Is(err, ErrAckTimeout) {
 		t.Fatalf("Subscribe = %v, want a *FailoverError (ack timeout, then local failure)", err)
 	}
-	if !isDone(f.Done()) || f.Err() != err || f.Healthy() {
-		t.Fatalf("Done %v Err %v", isDone(f.Done()), f.Err())
+	if !isClosed(f.Done()) || f.Err() != err || f.Healthy() {
+		t.Fatalf("Done %v Err %v", isClosed(f.Done()), f.Err())
 	}
 	if err := f.Subscribe(context.Background(), "b"); err != f.Err() {
 		t.Fatalf("Subscribe after death = %v", err)
@@ -348,7 +348,7 @@ func TestFailoverLocalSubscribeFails(t *testing.T) {
 	if !errors.Is(f.Err(), errTest) || !errors.Is(f.Err(), io.EOF) {
 		t.Fatalf("Err = %v", f.Err())
 	}
-	if !isDone(fl.get(t).Done()) {
+	if !isClosed(fl.get(t).Done()) {
 		t.Fatal("the failed local listener was not closed")
 	}
 }
@@ -393,7 +393,7 @@ func TestFailoverCloseInLocalMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if !isDone(fl.get(t).Done()) || !errors.Is(f.Err(), ErrClosed) {
+	if !isClosed(fl.get(t).Done()) || !errors.Is(f.Err(), ErrClosed) {
 		t.Fatal("local listener not closed")
 	}
 }

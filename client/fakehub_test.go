@@ -312,13 +312,4 @@ func dialFake(t testing.TB, h *fakeHub, rec *recorder, opts Options) *Client {
 	return c
 }
 
-func isDone(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 var errTest = errors.New("test error")

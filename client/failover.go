@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/listenhub/listenhub/internal/defaults"
+	"github.com/listenhub/listenhub/internal/enum"
 )
 
 // DefaultLocalTimeout bounds building the local listener on failover (the
@@ -26,15 +27,12 @@ const (
 	ModeLocal
 )
 
-func (m Mode) String() string {
-	switch m {
-	case ModeHub:
-		return "hub"
-	case ModeLocal:
-		return "local"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
+// modeNames are the String forms, indexed by value.
+var modeNames = [...]string{
+	ModeHub: "hub", ModeLocal: "local",
 }
+
+func (m Mode) String() string { return enum.Name(modeNames[:], int(m), "Mode") }
 
 // FailoverOptions configure a Failover.
 type FailoverOptions struct {

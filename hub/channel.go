@@ -2,12 +2,12 @@ package hub
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/channame"
+	"github.com/listenhub/listenhub/internal/enum"
 )
 
 // chanState is where a channel of the union stands with Postgres.
@@ -26,17 +26,13 @@ const (
 	stateUnlistenInFlight
 )
 
-func (s chanState) String() string {
-	switch s {
-	case stateListenInFlight:
-		return "listen-in-flight"
-	case stateListening:
-		return "listening"
-	case stateUnlistenInFlight:
-		return "unlisten-in-flight"
-	}
-	return fmt.Sprintf("chanState(%d)", uint8(s))
+// chanStateNames are the String forms, indexed by value.
+var chanStateNames = [...]string{
+	stateListenInFlight: "listen-in-flight", stateListening: "listening",
+	stateUnlistenInFlight: "unlisten-in-flight",
 }
+
+func (s chanState) String() string { return enum.Name(chanStateNames[:], int(s), "chanState") }
 
 // channel is one member of the union: one Postgres channel, the workers
 // subscribed to it and where its LISTEN stands. At most one LISTEN or

@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -9,6 +8,7 @@ import (
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/channame"
+	"github.com/listenhub/listenhub/internal/enum"
 	"github.com/listenhub/listenhub/internal/ring"
 	"github.com/listenhub/listenhub/loop"
 )
@@ -30,33 +30,17 @@ const (
 	reasonShed                                 // shed: RLIMIT_NOFILE lowered below what workers hold
 )
 
-func (r closeReason) String() string {
-	switch r {
-	case reasonPeerClosed:
-		return "peer closed"
-	case reasonReadError:
-		return "read error"
-	case reasonWriteError:
-		return "write error"
-	case reasonProtocol:
-		return "protocol error"
-	case reasonEvicted:
-		return "evicted"
-	case reasonNotAllowed:
-		return "uid not allowed"
-	case reasonHubStopping:
-		return "hub stopping"
-	case reasonRegister:
-		return "register failed"
-	case reasonFrameTimeout:
-		return "frame timeout"
-	case reasonInboundBudget:
-		return "inbound budget"
-	case reasonShed:
-		return "shed: out of file descriptors"
-	}
-	return fmt.Sprintf("closeReason(%d)", uint8(r))
+// closeReasonNames are the String forms, indexed by value.
+var closeReasonNames = [...]string{
+	reasonPeerClosed: "peer closed", reasonReadError: "read error",
+	reasonWriteError: "write error", reasonProtocol: "protocol error",
+	reasonEvicted: "evicted", reasonNotAllowed: "uid not allowed",
+	reasonHubStopping: "hub stopping", reasonRegister: "register failed",
+	reasonFrameTimeout: "frame timeout", reasonInboundBudget: "inbound budget",
+	reasonShed: "shed: out of file descriptors",
 }
+
+func (r closeReason) String() string { return enum.Name(closeReasonNames[:], int(r), "closeReason") }
 
 // LogValue makes slog print the reason by name in every handler (the JSON
 // handler does not use String).

@@ -32,6 +32,7 @@ import (
 
 	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/defaults"
+	"github.com/listenhub/listenhub/internal/enum"
 	"github.com/listenhub/listenhub/internal/histogram"
 )
 
@@ -179,23 +180,13 @@ const (
 	StateDown                  // a guest stopped by a permanent error, trying again every ConfigRetry
 )
 
-func (s State) String() string {
-	switch s {
-	case StateStarting:
-		return "starting"
-	case StateActive:
-		return "active"
-	case StateStandby:
-		return "standby"
-	case StateRetrying:
-		return "retrying"
-	case StateStopped:
-		return "stopped"
-	case StateDown:
-		return "down"
-	}
-	return fmt.Sprintf("State(%d)", int32(s))
+// stateNames are the String forms, indexed by value.
+var stateNames = [...]string{
+	StateStarting: "starting", StateActive: "active", StateStandby: "standby",
+	StateRetrying: "retrying", StateStopped: "stopped", StateDown: "down",
 }
+
+func (s State) String() string { return enum.Name(stateNames[:], int(s), "State") }
 
 // Stats are the relay's counters and gauges (Relay.Stats).
 type Stats struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/listenhub/listenhub/internal/enum"
 	"github.com/listenhub/listenhub/internal/fdreserve"
 	"github.com/listenhub/listenhub/loop"
 )
@@ -39,21 +40,13 @@ const (
 	stateClosed
 )
 
-func (s connState) String() string {
-	switch s {
-	case stateConnecting:
-		return "connecting"
-	case stateUp:
-		return "up"
-	case stateDown:
-		return "down"
-	case stateClosing:
-		return "closing"
-	case stateClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("connState(%d)", uint8(s))
+// connStateNames are the String forms, indexed by value.
+var connStateNames = [...]string{
+	stateConnecting: "connecting", stateUp: "up", stateDown: "down", stateClosing: "closing",
+	stateClosed: "closed",
 }
+
+func (s connState) String() string { return enum.Name(connStateNames[:], int(s), "connState") }
 
 // queryKind tells the queries in flight apart.
 type queryKind uint8

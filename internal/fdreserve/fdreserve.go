@@ -47,9 +47,14 @@ func Drop() {
 
 // Refill takes again, as far as descriptors allow, what the reserve gave
 // up. The hub calls it on its status tick: a reserve given up while the
-// process was short fills up once descriptors are free again.
+// process was short fills up once descriptors are free again. It never
+// waits, since its caller is an event loop: while a Retry is using the
+// reserve (a Postgres dial may take seconds), it does nothing, and Retry
+// takes the reserve again itself.
 func Refill() {
-	mu.Lock()
+	if !mu.TryLock() {
+		return
+	}
 	defer mu.Unlock()
 	refillLocked()
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/listenhub/listenhub/internal/testutil"
 )
@@ -61,5 +62,50 @@ func TestRetryOnTheReserve(t *testing.T) {
 	Refill()
 	if Held() != Size {
 		t.Fatalf("reserve holds %d after the connection closed, want %d", Held(), Size)
+	}
+}
+
+// Refill runs on the hub's event loop: it must not wait for a Retry whose
+// call (a Postgres dial, up to its connect timeout) runs on the reserve.
+func TestRefillDoesNotWaitForARetry(t *testing.T) {
+	Keep()
+	defer Drop()
+	onReserve := make(chan struct{})
+	release := make(chan struct{})
+	retried := make(chan error, 1)
+	go func() {
+		calls := 0
+		retried <- Retry(func() error {
+			if calls++; calls == 1 {
+				return syscall.EMFILE
+			}
+			close(onReserve)
+			<-release
+			return nil
+		})
+	}()
+	select {
+	case <-onReserve:
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("Retry never ran its call again on the reserve")
+	}
+	refilled := make(chan struct{})
+	go func() {
+		Refill()
+		close(refilled)
+	}()
+	select {
+	case <-refilled:
+	case <-time.After(5 * time.Second):
+		t.Error("Refill waited for a Retry in progress")
+	}
+	close(release)
+	if err := <-retried; err != nil {
+		t.Fatalf("Retry: %v", err)
+	}
+	<-refilled
+	if Held() != Size {
+		t.Fatalf("reserve holds %d after the Retry, want %d", Held(), Size)
 	}
 }

@@ -157,6 +157,7 @@ func runMain(args []string) error {
 	churnProcs := fs.Int("churn-procs", 0, "override the number of churn processes")
 	churnRate := fs.Float64("churn-rate", -1, "override the offered churn cycles/s (0: as fast as possible)")
 	fs.Float64Var(&ratePerNotifier, "rate-per-notifier", ratePerNotifier, "paced NOTIFY/s per notifier connection")
+	guard := fs.Float64("guard", 0, "fail unless the hub's paced CPU/delivery at N >= 64 is within this multiple of gohub's in the same run, with nothing lost (CI's check that the epoll path did not get slower; 0: off)")
 	fs.Parse(args)
 
 	p := fullParams()
@@ -428,6 +429,12 @@ func runMain(args []string) error {
 			return err
 		}
 		logf("wrote %s", *mdOut)
+	}
+	if *guard > 0 && ctx.Err() == nil {
+		if err := guardPaced(b.res, *guard); err != nil {
+			return err
+		}
+		logf("guard: the hub's paced CPU/delivery within %.2f× gohub's, nothing lost", *guard)
 	}
 	return ctx.Err()
 }

@@ -45,8 +45,6 @@ func socketpair(nonblock bool) ([2]int, error) {
 	return fds, nil
 }
 
-// start runs a new loop on its own goroutine and returns it with a function
-// that stops it and waits for Run to return.
 // nbSocketpair is socketpair(true), or the test fails.
 func nbSocketpair(t *testing.T) [2]int {
 	t.Helper()
@@ -57,6 +55,8 @@ func nbSocketpair(t *testing.T) [2]int {
 	return fds
 }
 
+// start runs a new loop on its own goroutine and returns it with a function
+// that stops it and waits for Run to return.
 func start(t *testing.T) (*Loop, func()) {
 	t.Helper()
 	l, err := New(Options{})

@@ -3,3 +3,6 @@
 package loop
 
 const wantBackend = "poll"
+
+// wakeFD is the descriptor wake writes to.
+func wakeFD(b *backend) int { return b.wakeW }

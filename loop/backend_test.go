@@ -115,3 +115,37 @@ func TestUnregisterInTheMiddleKeepsTheOthers(t *testing.T) {
 		}
 	})
 }
+
+// TestStopAfterRunReturnedWritesNothing: once Run has returned, its wake-up
+// fd is closed and its number free for any file the process opens next.
+// Stop (a hub stopped twice, or after its loop failed) and Post must not
+// write to it then.
+func TestStopAfterRunReturnedWritesNothing(t *testing.T) {
+	l, stop := start(t)
+	w := wakeFD(l.be)
+	stop()
+	// Another file takes the number, as the next open in the process may.
+	// The pair may take it itself, being opened first.
+	fds := nbSocketpair(t)
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	peer := fds[1]
+	switch w {
+	case fds[0]:
+	case fds[1]:
+		peer = fds[0]
+	default:
+		if err := unix.Dup2(fds[0], w); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(w)
+	}
+	l.Stop()
+	if err := l.Post(func() {}); !errors.Is(err, ErrStopped) {
+		t.Errorf("Post after Run returned = %v, want ErrStopped", err)
+	}
+	var buf [16]byte
+	if n, err := unix.Read(peer, buf[:]); err != unix.EAGAIN {
+		t.Fatalf("the file that took the wake-up fd's number got %d bytes (%v): %q", n, err, buf[:max(n, 0)])
+	}
+}

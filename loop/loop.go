@@ -268,7 +268,9 @@ func (l *Loop) timeout() int {
 
 // wake ends the current or next wait. The CAS makes it one write to the
 // wake-up fd per batch of posts: until the loop drains the queue, later
-// posters find the flag set and skip the syscall.
+// posters find the flag set and skip the syscall. Called with mu held and
+// closed false: shutdown closes the wake-up fd only after it set closed,
+// and a write after that could land in whatever file reused the number.
 func (l *Loop) wake() {
 	if !l.notified.CompareAndSwap(false, true) {
 		return
@@ -283,12 +285,11 @@ func (l *Loop) wake() {
 // ErrStopped and f never runs.
 func (l *Loop) Post(f func()) error {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.closed {
-		l.mu.Unlock()
 		return ErrStopped
 	}
 	l.posts = append(l.posts, f)
-	l.mu.Unlock()
 	l.wake()
 	return nil
 }
@@ -317,7 +318,12 @@ func (l *Loop) runPosts() {
 // moment the queue is closed; after that, Post returns ErrStopped.
 func (l *Loop) Stop() {
 	l.stopping.Store(true)
-	l.notified.Store(false) // force the eventfd write: Run may be parked
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return // stopped already: the wake-up fd is closed
+	}
+	l.notified.Store(false) // force the write: Run may be parked
 	l.wake()
 }
 

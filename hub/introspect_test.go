@@ -450,7 +450,12 @@ func TestSnapshotSlicesSharedAndDropped(t *testing.T) {
 		_, err := e.h.Workers(ctx, ListOptions{})
 		done <- err
 	}()
-	testutil.WaitFor(t, timeout, "the snapshot started", func() bool {
+	// The next snapshot starts no sooner than snapDuty times the loop time
+	// the last ones took (under -race on a loaded machine, seconds): wait
+	// that out as well.
+	var notBefore time.Time
+	e.do(func() { notBefore = e.h.snaps.workers.notBefore })
+	testutil.WaitFor(t, timeout+max(0, time.Until(notBefore)), "the snapshot started", func() bool {
 		running := false
 		e.do(func() { running = e.h.snaps.workers.running != nil })
 		return running || len(done) > 0

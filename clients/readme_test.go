@@ -31,33 +31,18 @@ import (
 // readmeSocket is the socket path the quick starts name.
 const readmeSocket = "/run/listenhub/listenhub.sock"
 
-// quickStart returns the code blocks of the README's section heading, by
-// their language tag.
-func quickStart(t *testing.T, heading string) map[string]string {
+// quickStart returns the code blocks of the section heading of the
+// Markdown file path by their language tag (blocks of one language
+// joined).
+func quickStart(t *testing.T, path, heading string) map[string]string {
 	t.Helper()
-	b := testutil.ReadFile(t, "../README.md")
 	blocks := map[string]string{}
-	in, fence := false, ""
-	var body strings.Builder
-	for _, line := range strings.Split(string(b), "\n") {
-		switch {
-		case fence != "" && line == "```":
-			blocks[fence] += body.String()
-			body.Reset()
-			fence = ""
-		case fence != "":
-			body.WriteString(line + "\n")
-		case strings.HasPrefix(line, "#"):
-			in = line == heading
-		case in && strings.HasPrefix(line, "```"):
-			fence = strings.TrimPrefix(line, "```")
-			if fence == "" {
-				fence = "text"
-			}
+	for _, b := range sectionBlocks(t, path, heading) {
+		lang := b.lang
+		if lang == "" {
+			lang = "text"
 		}
-	}
-	if len(blocks) == 0 {
-		t.Fatalf("README.md has no code under %q", heading)
+		blocks[lang] += b.body
 	}
 	return blocks
 }
@@ -154,123 +139,6 @@ func waitWorkers(t *testing.T, w *lineWatcher, n int) {
 	}
 }
 
-// goQuickStart wraps the README's Go quick start (an import line, then a
-// function body) into a program.
-func goQuickStart(t *testing.T, sock string) string {
-	code := quickStart(t, "### Go")["go"]
-	imp, body, _ := strings.Cut(code, "\n")
-	if imp != `import "github.com/listenhub/listenhub/client"` {
-		t.Fatalf("README.md ### Go: the quick start starts with %q, want the client's import path", imp)
-	}
-	return `package main
-
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-
-	"github.com/listenhub/listenhub/client"
-)
-
-func onWake(w client.Wake) { fmt.Println(os.Getpid(), w.Q, w.Payload, w.Durable) }
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	if err := run(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-}
-
-func run(ctx context.Context) error {
-` + strings.ReplaceAll(body, readmeSocket, sock) + `	fmt.Println(os.Getpid(), "subscribed in mode", f.Mode())
-	<-ctx.Done()
-	return nil
-}
-`
-}
-
-// TestREADMEQuickStartGo builds the Go quick start in a module of its own
-// that requires listenhub through a replace (as the README says to until
-// the module is published), for each platform of the release, and runs it.
-func TestREADMEQuickStartGo(t *testing.T) {
-	sock := startHub(t)
-	repo := absPath(t, "..")
-	dir := t.TempDir()
-	gomod := "module quickstart\n\ngo 1.26\n\nrequire github.com/listenhub/listenhub v0.0.0\n\nreplace github.com/listenhub/listenhub => " + repo + "\n"
-	sum := testutil.ReadFile(t, filepath.Join(repo, "go.sum"))
-	for name, content := range map[string]string{"go.mod": gomod, "go.sum": string(sum), "main.go": goQuickStart(t, sock)} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	goEnv := []string{"GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off", "CGO_ENABLED=0"}
-	bin := filepath.Join(dir, "quickstart")
-	// The other platforms the client builds for (windows: local
-	// listening only); this one below.
-	for _, p := range []string{"darwin/arm64", "darwin/amd64", "freebsd/amd64", "linux/arm64", "windows/amd64"} {
-		goos, goarch, _ := strings.Cut(p, "/")
-		runIn(t, dir, append(goEnv, "GOOS="+goos, "GOARCH="+goarch), "go", "build", "-o", bin+"-"+goos+"-"+goarch, ".")
-	}
-	runIn(t, dir, goEnv, "go", "build", "-o", bin, ".")
-	notifyUntilDone(t, "orders")
-	w := startApp(t, dir, []string{"DATABASE_URL=" + db.URL()}, bin)
-	testutil.WaitFor(t, 30*time.Second, "the quick start to subscribe", func() bool {
-		return strings.Contains(w.String(), "subscribed in mode hub")
-	})
-	waitWorkers(t, w, 1)
-}
-
-// TestREADMEQuickStartPython runs the Python quick start, a gunicorn
-// config file, under gunicorn with two workers.
-func TestREADMEQuickStartPython(t *testing.T) {
-	py := findPython(t)
-	if exec.Command(py, "-c", "import gunicorn").Run() != nil {
-		missing(t, "the README's Python quick start needs gunicorn; on Debian: apt-get install -y gunicorn")
-	}
-	sock := startHub(t)
-	conf := quickStart(t, "### Python under gunicorn")["python"]
-	if !strings.Contains(conf, "gunicorn -c gunicorn.conf.py") {
-		t.Fatalf("README.md: the Python quick start does not say how to run it:\n%s", conf)
-	}
-	dir := t.TempDir()
-	app := "def app(environ, start_response):\n    start_response(\"200 OK\", [])\n    return [b\"ok\"]\n"
-	for name, content := range map[string]string{"gunicorn.conf.py": strings.ReplaceAll(conf, readmeSocket, sock), "app.py": app} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	src := absPath(t, "python")
-	notifyUntilDone(t, "orders")
-	w := startApp(t, dir, []string{"DATABASE_URL=" + db.URL(), "PYTHONPATH=" + src, "PYTHONDONTWRITEBYTECODE=1"},
-		py, "-m", "gunicorn", "-c", "gunicorn.conf.py", "-w", "2", "-b", "unix:"+filepath.Join(dir, "http.sock"), "app:app")
-	waitWorkers(t, w, 2)
-}
-
-// TestREADMEQuickStartNode runs the Node quick start, a cluster of four
-// workers, with the client package resolved as an app's node_modules would.
-func TestREADMEQuickStartNode(t *testing.T) {
-	node, src := findNode(t, "the README's Node quick start needs")
-	sock := startHub(t)
-	server := quickStart(t, "### Node cluster")["js"]
-	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "node_modules"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(src, filepath.Join(dir, "node_modules", "listenhub")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "server.js"), []byte(strings.ReplaceAll(server, readmeSocket, sock)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	notifyUntilDone(t, "orders")
-	w := startApp(t, dir, []string{"DATABASE_URL=" + db.URL()}, node, "server.js")
-	waitWorkers(t, w, 4)
-}
-
 // cableCheck is a Rails process's view of config/cable.yml: Action Cable
 // finds the adapter by the file's name for it, subscribes through it and
 // receives a broadcast; and no connection of Active Record's LISTENs (the
@@ -307,11 +175,23 @@ adapter.shutdown
 // TestREADMEQuickStartRails loads the README's config/cable.yml into
 // Action Cable, with the gem of clients/ruby on the load path.
 func TestREADMEQuickStartRails(t *testing.T) {
+	for _, doc := range []struct{ path, heading string }{
+		{"../README.md", "### Rails Action Cable"},
+		{"../docs/rails.md", "## Set-up"},
+		{"ruby/README.md", "## Rails: Action Cable"},
+	} {
+		t.Run(filepath.Base(filepath.Dir(doc.path))+"/"+filepath.Base(doc.path), func(t *testing.T) {
+			checkCable(t, quickStart(t, doc.path, doc.heading)["yaml"])
+		})
+	}
+}
+
+// checkCable runs cableCheck on a config/cable.yml.
+func checkCable(t *testing.T, cable string) {
 	rb := findRuby(t)
 	sock := startHub(t)
-	cable := quickStart(t, "### Rails Action Cable")["yaml"]
 	if !strings.Contains(cable, readmeSocket) {
-		t.Fatalf("README.md: the cable.yml names no socket:\n%s", cable)
+		t.Fatalf("the cable.yml names no socket:\n%s", cable)
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "cable.yml")
@@ -382,7 +262,7 @@ end
 // workers elsewhere first; the worker subscribes to the queue "orders" and
 // receives the NOTIFY of pgmq's channel pgmq.q_orders.INSERT.
 func TestREADMEQuickStartPgbus(t *testing.T) {
-	blocks := quickStart(t, "### pgbus on Puma")
+	blocks := quickStart(t, "../README.md", "### pgbus on Puma")
 	code := blocks["ruby"]
 	for _, want := range []string{`ENV["PGBUS_STREAMS_HUB_SOCKET"] = "` + readmeSocket + `"`, "streams_listen_scope = :master"} {
 		if !strings.Contains(code, want) {
@@ -394,10 +274,6 @@ func TestREADMEQuickStartPgbus(t *testing.T) {
 	if !ok || strings.Contains(line, "\n") || !strings.Contains(args, "--channel-prefix pgmq.q_ --channel-suffix .INSERT") {
 		t.Fatalf("README.md: the pgbus quick start's hub is not one `listenhub serve` line mapping names to pgmq's channels:\n%s", blocks["sh"])
 	}
-	rb, err := exec.LookPath("ruby")
-	if err != nil {
-		missing(t, "the README's pgbus quick start needs ruby; on Debian: apt-get install -y ruby")
-	}
 	var flags []string
 	for f := range strings.FieldsSeq(args) {
 		if f == readmeSocket {
@@ -405,6 +281,27 @@ func TestREADMEQuickStartPgbus(t *testing.T) {
 			continue
 		}
 		flags = append(flags, f)
+	}
+	runPgbusInitializer(t, code, flags)
+}
+
+// TestPgbusDocInitializer runs docs/pgbus.md's initializer (step 3 of
+// "Switching") as TestREADMEQuickStartPgbus runs the README's.
+func TestPgbusDocInitializer(t *testing.T) {
+	code := quickStart(t, "../docs/pgbus.md", "## Switching")["ruby"]
+	if !strings.Contains(code, "PGBUS_STREAMS_HUB_SOCKET") {
+		t.Fatalf("docs/pgbus.md: the initializer does not set PGBUS_STREAMS_HUB_SOCKET:\n%s", code)
+	}
+	runPgbusInitializer(t, code, []string{"--channel-prefix", "pgmq.q_", "--channel-suffix", ".INSERT"})
+}
+
+// runPgbusInitializer runs pgbusWorker with the initializer code against a
+// hub started with flags.
+func runPgbusInitializer(t *testing.T, code string, flags []string) {
+	t.Helper()
+	rb, err := exec.LookPath("ruby")
+	if err != nil {
+		missing(t, "the pgbus quick start needs ruby; on Debian: apt-get install -y ruby")
 	}
 	sock := startHub(t, flags...)
 	dir := t.TempDir()

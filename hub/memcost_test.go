@@ -3,7 +3,10 @@
 package hub
 
 import (
+	"io"
+	"log/slog"
 	"runtime"
+	"runtime/debug"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -58,6 +61,24 @@ func rawWorker(t testing.TB, sa *unix.SockaddrUnix, sub, buf []byte) int {
 	return fd
 }
 
+// pauseGC turns the collector off until the test ends, so that what a
+// measurement counts cannot depend on when collections happen: a GC in the
+// middle empties the sync.Pools, and the buffers allocated again would
+// count as the connections' garbage (on a loaded machine, where the
+// collector's timing moves, that once doubled the figure).
+func pauseGC(t *testing.T) {
+	old := debug.SetGCPercent(-1)
+	t.Cleanup(func() { debug.SetGCPercent(old) })
+}
+
+// quietLogs logs warnings only. The hub's info lines ("worker connected")
+// are rate-limited by the wall clock, so how many of them a connection
+// pays for depends on how fast the machine runs the test: on a loaded one
+// more got through and counted as the connections' garbage.
+func quietLogs(c *Config) {
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
 func heapStats() (live, allocated, objects uint64) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -70,7 +91,7 @@ func heapStats() (live, allocated, objects uint64) {
 // counts in the hub's RSS as much as live memory does (docs/performance.md,
 // idle memory).
 func TestIdleWorkerMemory(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, quietLogs)
 	e.do(func() { e.pg.auto = true })
 	sa := &unix.SockaddrUnix{Name: e.path}
 	sub := frame.AppendSub(nil, "idle")
@@ -88,6 +109,7 @@ func TestIdleWorkerMemory(t *testing.T) {
 		}
 	}()
 	runtime.GC()
+	pauseGC(t)
 	live0, alloc0, obj0 := heapStats()
 	for range n {
 		fds = append(fds, rawWorker(t, sa, sub, buf))
@@ -117,7 +139,7 @@ func TestIdleWorkerMemory(t *testing.T) {
 // one subscribes, reads the ack, unsubscribes and closes. 20,000 cycles;
 // what they allocate is what the churn scenario's RSS step is made of.
 func TestChurnAllocations(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, quietLogs)
 	e.do(func() { e.pg.auto = true })
 	sa := &unix.SockaddrUnix{Name: e.path}
 	sub := frame.AppendSub(nil, "churn")
@@ -152,6 +174,7 @@ func TestChurnAllocations(t *testing.T) {
 	cycle(1000)
 
 	const n = 20000
+	pauseGC(t)
 	_, alloc0, obj0 := heapStats()
 	cycle(n)
 	_, alloc1, obj1 := heapStats()

@@ -104,6 +104,9 @@ type FailoverOptions struct {
 	// durable wakes of the fail-back.
 	OnFailback func()
 
+	// Logger receives the failover's lines: one warning with the reason
+	// at every fall back to the local listener (Reason returns it too),
+	// and the fail-back's progress. Nil means slog.Default().
 	Logger *slog.Logger
 
 	// newLocal replaces NewLocal in tests.
@@ -209,7 +212,9 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	defaults.Set(&opts.ProbeMaxInterval, DefaultProbeMaxInterval)
 	opts.ProbeMaxInterval = max(opts.ProbeMaxInterval, opts.ProbeInterval)
 	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+		// A fallback must never be silent: without a logger of the
+		// application's, the process's default one says why.
+		opts.Logger = slog.Default()
 	}
 	f := &Failover{
 		opts:    opts,

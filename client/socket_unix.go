@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/listenhub/listenhub/internal/sockdir"
 )
 
 // hubSupported: Dial can reach a hub here.
@@ -68,7 +70,11 @@ func dialSocket(ctx context.Context, path string, allow []int) (net.Conn, error)
 	}
 	dfd, err := unix.Open(dir, dirOpenFlags|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &ConnError{Op: "dial", Path: path, Err: &os.PathError{Op: "open", Path: dir, Err: err}}
+		var perr error = &os.PathError{Op: "open", Path: dir, Err: err}
+		if err == unix.ENOENT {
+			perr = fmt.Errorf("%w: the socket's directory is missing: start the hub, or create it (install -d -m 0755 %s, owned by the hub's user)", perr, dir)
+		}
+		return nil, &ConnError{Op: "dial", Path: path, Err: perr}
 	}
 	defer unix.Close(dfd)
 	uids := trustedUIDs(allow)
@@ -81,6 +87,11 @@ func dialSocket(ctx context.Context, path string, allow []int) (net.Conn, error)
 	}
 	if p := dirProblem(&st, uids); p != "" {
 		return nil, refuse(p)
+	}
+	// The directories above it too: whoever can rename one can put a
+	// directory of theirs in its place.
+	if u, err := sockdir.Chain(dir, func(uid uint32) bool { return trusted(uids, uid) }); err == nil && u != nil {
+		return nil, refuse(u.Error())
 	}
 	var before unix.Stat_t
 	if err := unix.Fstatat(dfd, name, &before, unix.AT_SYMLINK_NOFOLLOW); err != nil {

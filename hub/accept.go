@@ -49,6 +49,7 @@ func (h *Hub) onAcceptable(ev loop.Events) {
 			if h.logOK(logAccept, slog.LevelError) {
 				h.logLine(logAccept, slog.LevelError, "accept failed", "reason", os.NewSyscallError(acceptCall, err))
 			}
+			h.onSocketCheck() // the socket's directory may have changed
 			h.pauseAccept(err)
 			return
 		}

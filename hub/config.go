@@ -160,6 +160,14 @@ type Config struct {
 	// hub's own uid and root.
 	AllowUIDs []int
 
+	// ServeRefusableSocket serves a socket whose directories the clients
+	// refuse (owned by a uid other than root, the hub's and AllowUIDs, or
+	// writable by group or other without the sticky bit), with a warning
+	// every minute and Stats.SocketRefusable, instead of failing Start
+	// with ErrRefusableSocket. For a set-up whose clients name the
+	// directory's owner in their own allowed uids.
+	ServeRefusableSocket bool
+
 	// Logger receives the hub's logs. Nil means slog.Default().
 	Logger *slog.Logger
 

@@ -206,6 +206,9 @@ type Hub struct {
 
 	ticks       uint64
 	statusTimer stopper
+	// socketChecked is when the socket's directories were last checked
+	// (sockcheck.go).
+	socketChecked time.Time
 	// resendAt is the index below which workers still wait for this
 	// round's status re-send (resendStatus); 0 when no round is going.
 	resendAt  int
@@ -286,8 +289,16 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	if h.cfg.Listener != nil {
 		sock, err = adoptSocket(h.cfg.Listener, h.cfg.SocketPath)
 		h.cfg.SocketPath = sock.path
+	} else if u := h.checkSocketDirs(); u != nil && !h.cfg.ServeRefusableSocket {
+		err = h.refusableSocketError(u)
 	} else {
 		sock, err = bindSocketAs(h.cfg.SocketPath, h.sockPerm)
+	}
+	if err == nil && h.cfg.Listener != nil {
+		if u := h.checkSocketDirs(); u != nil && !h.cfg.ServeRefusableSocket {
+			sock.close()
+			err = h.refusableSocketError(u)
+		}
 	}
 	if err != nil {
 		discardLoop(l)
@@ -318,6 +329,8 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	l.OnClose(h.onLoopClose)
 	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
 	h.startReports()
+	h.socketChecked = time.Now()
+	h.onSocketCheck()
 	h.log.Info("hub started", "socket", h.cfg.SocketPath, "inherited", sock.adopted,
 		"application_name", h.cfg.ApplicationName, "healthy", h.healthy, "max_workers", h.fds.maxWorkers,
 		"max_outbound_bytes", h.cfg.MaxOutboundBytes)
@@ -526,6 +539,10 @@ func (h *Hub) onStatusTick() {
 		}
 	}
 	h.flushSuppressed()
+	if now := h.now(); now.Sub(h.socketChecked) >= socketCheckEvery {
+		h.socketChecked = now
+		h.onSocketCheck()
+	}
 	if h.ticks%statusEvery != 0 || h.resendAt > 0 {
 		return // not this tick, or the last round is still going out
 	}

@@ -8,6 +8,10 @@ type Stats struct {
 	Workers         int64 // listenhub_workers: connected workers now
 	Channels        int64 // listenhub_channels: channels LISTENed now
 	PostgresHealthy bool  // listenhub_postgres_healthy
+	// SocketRefusable is listenhub_socket_refusable: the socket's
+	// directories are ones the clients refuse (served on request, with
+	// Config.ServeRefusableSocket, or changed since the start).
+	SocketRefusable bool
 
 	WakesReceived      uint64 // listenhub_wakes_received_total: NOTIFYs read from Postgres
 	FramesSent         uint64 // listenhub_frames_sent_total: frames fully written to workers
@@ -47,6 +51,7 @@ type Stats struct {
 type counters struct {
 	workers, channels  atomic.Int64
 	healthy            atomic.Bool
+	socketRefusable    atomic.Bool
 	wakesReceived      atomic.Uint64
 	framesSent         atomic.Uint64
 	durableCoalesced   atomic.Uint64
@@ -68,6 +73,7 @@ func (c *counters) snapshot() Stats {
 		Workers:            c.workers.Load(),
 		Channels:           c.channels.Load(),
 		PostgresHealthy:    c.healthy.Load(),
+		SocketRefusable:    c.socketRefusable.Load(),
 		WakesReceived:      c.wakesReceived.Load(),
 		FramesSent:         c.framesSent.Load(),
 		DurableCoalesced:   c.durableCoalesced.Load(),

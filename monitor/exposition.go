@@ -29,6 +29,8 @@ var metrics = []metric{
 		func(s *hub.Stats) float64 { return float64(s.Channels) }},
 	{"listenhub_postgres_healthy", "gauge", "1 when the Postgres connection is up and the union LISTENed, else 0.",
 		func(s *hub.Stats) float64 { return b2f(s.PostgresHealthy) }},
+	{"listenhub_socket_refusable", "gauge", "1 when the socket's directories are ones the clients refuse (served with --allow-refusable-socket, or changed since the start), else 0.",
+		func(s *hub.Stats) float64 { return b2f(s.SocketRefusable) }},
 	{"listenhub_wakes_received_total", "counter", "NOTIFYs received from Postgres.",
 		func(s *hub.Stats) float64 { return float64(s.WakesReceived) }},
 	{"listenhub_frames_sent_total", "counter", "Frames fully written to workers.",

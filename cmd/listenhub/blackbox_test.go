@@ -39,6 +39,7 @@ var designMetrics = []string{
 	"listenhub_workers",
 	"listenhub_channels",
 	"listenhub_postgres_healthy",
+	"listenhub_socket_refusable",
 	"listenhub_wakes_received_total",
 	"listenhub_frames_sent_total",
 	"listenhub_durable_coalesced_total",

@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +21,7 @@ import (
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/relayfix"
+	"github.com/listenhub/listenhub/internal/sockdir"
 	"github.com/listenhub/listenhub/listener"
 	"github.com/listenhub/listenhub/relay"
 )
@@ -363,8 +366,19 @@ func byteSize(n int64) string {
 func doctorSocket(path string, add func(finding)) {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(path, &st); err != nil {
-		add(finding{"socket", statusFail, fmt.Sprintf("%s: %v", path, err), "start listenhub serve --socket " + path + ", or give the --socket it was started with"})
+		fix := "start listenhub serve --socket " + path + ", or give the --socket it was started with"
+		if dir := filepath.Dir(path); errors.Is(err, fs.ErrNotExist) && !exists(dir) {
+			fix = "install -d -m 0755 " + dir + " (owned by the hub's user), then start listenhub serve --socket " + path
+		}
+		add(finding{"socket", statusFail, fmt.Sprintf("%s: %v", path, err), fix})
 		return
+	}
+	// What every client checks before it connects (internal/sockdir): a
+	// directory on the way that it refuses makes it fall back to a
+	// connection of its own, however well the hub runs.
+	trusted := func(uid uint32) bool { return uid == 0 || int(uid) == os.Geteuid() }
+	if u, err := sockdir.Chain(filepath.Dir(path), trusted); err == nil && u != nil {
+		add(finding{"socket", statusFail, fmt.Sprintf("%s: clients refuse it: %v", path, u), u.Fix})
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
 		add(finding{"socket", statusFail, fmt.Sprintf("%s is not a socket (%s)", path, fileType(uint32(st.Mode))), "give the path the hub listens on (serve --socket)"})
@@ -388,6 +402,11 @@ func doctorSocket(path string, add func(finding)) {
 	default:
 		add(finding{"socket", statusPass, desc + "; the hub answers, healthy:true", ""})
 	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func fileType(m uint32) string {

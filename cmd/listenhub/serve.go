@@ -69,7 +69,7 @@ type serveFlags struct {
 	maxWorkers, maxSubs, maxChannels, pgConns, writeThreads *int
 	metricsAddr, metricsToken, logFormat, logLevel, pidFile *string
 	upTimeout                                               *time.Duration
-	relayOn                                                 *bool
+	relayOn, allowRefusable                                 *bool
 	configPath, socketGroup                                 *string
 	socketMode                                              modeValue
 	allowUIDs                                               uidList
@@ -129,6 +129,7 @@ func (f *serveFlags) define() {
 	fs.Var(&f.socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still decides whom the hub serves)")
 	f.socketGroup = fs.String("socket-group", "", "group (name or gid) given to the socket file before it accepts (default: the hub's)")
 	fs.Var(&f.allowUIDs, "allow-uid", allowUIDHelp)
+	f.allowRefusable = fs.Bool("allow-refusable-socket", false, "serve a socket whose directories the clients refuse (owned by another uid than root, the hub's and --allow-uid's, or writable by others without the sticky bit), warning every minute and with listenhub_socket_refusable 1, instead of exiting 1; for clients that name the directory's owner in their own allowed uids")
 }
 
 // server is one run of `listenhub serve`: what configure builds from the
@@ -291,32 +292,33 @@ func (s *server) hubConfig() hub.Config {
 		sockMode = os.FileMode(s.socketMode)
 	}
 	return hub.Config{
-		SocketPath:          *s.socket,
-		SocketMode:          sockMode,
-		SocketGroup:         *s.socketGroup,
-		ConnConfig:          s.cc,
-		ChannelPrefix:       *s.prefix,
-		ChannelSuffix:       *s.suffix,
-		ApplicationName:     s.app,
-		DurableQueueLimit:   *s.durableLimit,
-		HardQueueLimit:      *s.hardLimit,
-		HardQueueBytes:      *s.hardBytes,
-		MaxOutboundBytes:    *s.maxOutbound,
-		StatusInterval:      *s.statusIvl,
-		HealthCheckInterval: *s.hcInterval,
-		HealthCheckTimeout:  *s.hcTimeout,
-		MaxWorkers:          *s.maxWorkers,
-		MaxSubscriptions:    *s.maxSubs,
-		MaxChannels:         *s.maxChannels,
-		FrameTimeout:        *s.frameTimeout,
-		ReleaseMemory:       true,
-		AllowUIDs:           s.allowUIDs,
-		Logger:              s.log,
-		Listener:            s.listenFile,
-		Report:              s.sd.hook(),
-		ReportInterval:      s.sd.interval,
-		PostgresConnections: *s.pgConns,
-		WriteThreads:        *s.writeThreads,
+		SocketPath:           *s.socket,
+		SocketMode:           sockMode,
+		SocketGroup:          *s.socketGroup,
+		ServeRefusableSocket: *s.allowRefusable,
+		ConnConfig:           s.cc,
+		ChannelPrefix:        *s.prefix,
+		ChannelSuffix:        *s.suffix,
+		ApplicationName:      s.app,
+		DurableQueueLimit:    *s.durableLimit,
+		HardQueueLimit:       *s.hardLimit,
+		HardQueueBytes:       *s.hardBytes,
+		MaxOutboundBytes:     *s.maxOutbound,
+		StatusInterval:       *s.statusIvl,
+		HealthCheckInterval:  *s.hcInterval,
+		HealthCheckTimeout:   *s.hcTimeout,
+		MaxWorkers:           *s.maxWorkers,
+		MaxSubscriptions:     *s.maxSubs,
+		MaxChannels:          *s.maxChannels,
+		FrameTimeout:         *s.frameTimeout,
+		ReleaseMemory:        true,
+		AllowUIDs:            s.allowUIDs,
+		Logger:               s.log,
+		Listener:             s.listenFile,
+		Report:               s.sd.hook(),
+		ReportInterval:       s.sd.interval,
+		PostgresConnections:  *s.pgConns,
+		WriteThreads:         *s.writeThreads,
 		// The metrics server's descriptors (an upgrade may hand over the
 		// listener even without --metrics-addr).
 		ReservedFDs: monitor.ReservedFDs,
@@ -388,6 +390,9 @@ func (s *server) start(ctx context.Context) (int, bool) {
 			if ctx.Err() != nil {
 				s.log.Info("signal received while starting; stopped")
 				return 0, false
+			}
+			if errors.Is(err, hub.ErrRefusableSocket) {
+				return s.fail("%s (or --allow-refusable-socket, for clients that allow the directory's owner)", oneLine(err))
 			}
 			return s.fail("%s", oneLine(err))
 		}

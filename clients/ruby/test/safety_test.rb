@@ -121,4 +121,49 @@ class SafetyTest < LHTestCase
     col.wait("the parent's wake after the child closed") { |s| s.payloads("forked") == ["still here"] }
     assert_equal :hub, fo.mode
   end
+
+  # A Puma-like master with a fallback (local) connection forks a worker
+  # that exits without ever subscribing: the child let go of the master's
+  # Postgres socket at the fork, so its exit (finalizers and all) sends no
+  # Terminate on it, and the master's session lives on and delivers.
+  def test_child_exit_leaves_the_parents_fallback_session_alive
+    app = "lhrb-fork-#{Process.pid}"
+    col = Collector.new
+    absent = File.join(Dir.tmpdir, "lhrb-absent-#{Process.pid}.sock")
+    fo = Listenhub::Failover.new(absent, database_url: DATABASE_URL, application_name: app, on_wake: col.on_wake)
+    cleanup { fo.close }
+    fo.subscribe("forkwake")
+    assert_equal :local, fo.mode
+    assert_equal 1, db.backends(app)
+    pid = fork do
+      # The test's own connection is the test's business (as Active
+      # Record's discard! is Rails'): out of the way, so that only the
+      # listener's copy could end a session here.
+      db.instance_variable_get(:@conn).socket_io.reopen(IO::NULL)
+      GC.start # the parent's PG::Connection copy would be finished here...
+      exit(0)  # ...or at exit, as Puma's workers do
+    end
+    Process.wait(pid)
+    db.notify("forkwake", "after the child")
+    col.wait("the parent's wake after the child exited") { |s| s.payloads("forkwake") == ["after the child"] }
+    assert_equal 1, db.backends(app), "the child's exit ended the parent's session"
+  end
+
+  # At the fork, before any call in the child, the hub client's socket
+  # inherited from the parent is closed in the child (and only there).
+  def test_inherited_hub_socket_is_closed_at_fork
+    h = hub
+    fo = Listenhub::Failover.new(h.socket, database_url: DATABASE_URL)
+    cleanup { fo.close }
+    fo.subscribe("forkhub")
+    assert_equal :hub, fo.mode
+    out = LHTest.in_child do
+      sock = fo.instance_variable_get(:@hub).instance_variable_get(:@sock)
+      sock.closed? ? "closed" : "open"
+    end
+    assert_equal "closed", out
+    db.notify("forkhub", "x")
+    assert_equal :hub, fo.mode
+    assert_nil fo.err
+  end
 end

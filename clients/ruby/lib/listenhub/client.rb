@@ -211,6 +211,7 @@ module Listenhub
       @sock = Listenhub.dial(path, timeout: connect_timeout || DEFAULT_CONNECT_TIMEOUT,
                                    peer_check: peer_check, allowed_uids: allowed_uids)
       @pid = Process.pid
+      track_for_fork
       @mu = Mutex.new
       @cv = ConditionVariable.new
       @wmu = Mutex.new # one writer at a time; frames leave in @out's order

@@ -75,6 +75,7 @@ module Listenhub
       @on_failover = on_failover
       @on_failback = on_failback
       @pid = Process.pid
+      track_for_fork
       @dispatch = Monitor.new # one callback at a time across hub and local
       @mu = Mutex.new
       @cv = ConditionVariable.new # a swap ended, a candidate reported healthy, death

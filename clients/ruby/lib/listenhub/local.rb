@@ -49,6 +49,7 @@ module Listenhub
       @on_status = on_status
       @on_death = on_death
       @pid = Process.pid
+      track_for_fork
       @conn = open_checked
       @mu = Mutex.new
       @cv = ConditionVariable.new

@@ -31,10 +31,10 @@ class ListenhubAdapterTest < ActionCable::TestCase
     { adapter: "listenhub", socket: LHRails.hub.socket }
   end
 
-  def adapter_for(config)
+  def adapter_for(config, log = nil)
     server = ActionCable::Server::Base.new(config: ActionCable::Server::Configuration.new)
     server.config.cable = config.with_indifferent_access
-    server.config.logger = Logger.new(StringIO.new).tap { |l| l.level = Logger::UNKNOWN }
+    server.config.logger = Logger.new(log || StringIO.new).tap { |l| l.level = log ? Logger::WARN : Logger::UNKNOWN }
     adapter = server.config.pubsub_adapter.new(server)
     @extra << -> { adapter.shutdown }
     adapter
@@ -132,6 +132,34 @@ class ListenhubAdapterTest < ActionCable::TestCase
     assert_equal "#{hp}foo:chat#{hs}", rx.pg_channel("foo:chat")
     assert_equal "#{hp}#{Digest::SHA1.hexdigest("foo:#{fits}")}#{hs}", rx.pg_channel("foo:#{fits}")
     assert_raises(ArgumentError) { adapter_for(cfg.merge(hub_channel_prefix: "p" * 20)) }
+  end
+
+  # A hub on another database than the app's acks every subscribe and
+  # delivers nothing the app broadcasts. The adapter's probe notices it
+  # (before the success callback), an error line names the socket and the
+  # app's database, and the process listens on a connection of its own:
+  # the broadcast arrives.
+  def test_hub_on_another_database_is_not_trusted
+    other = "lhrb_other_#{Process.pid}"
+    ActiveRecord::Base.connection.execute("CREATE DATABASE #{other}")
+    @extra << -> { ActiveRecord::Base.connection.execute("DROP DATABASE IF EXISTS #{other} WITH (FORCE)") }
+    kv = PG::Connection.conninfo_parse(LHTest::DATABASE_URL).each_with_object({}) { |o, h| h[o[:keyword]] = o[:val] if o[:val] }
+    url = kv.merge("dbname" => other).map { |k, v| "#{k}=#{PG::Connection.quote_connstr(v)}" }.join(" ")
+    h = LHTest::Hub.new("rails-otherdb", args: ["--database-url", url])
+    @extra << -> { h.close }
+    log = StringIO.new
+    app = "lhrb-cable-otherdb"
+    adapter = adapter_for({ adapter: "listenhub", socket: h.socket, id: app }, log)
+    queue = Queue.new
+    subscribed = Concurrent::Event.new
+    adapter.subscribe("otherdb", ->(m) { queue << m }, -> { subscribed.set })
+    assert subscribed.wait(20), "no success callback"
+    assert_equal 1, census(app), "not listening on a connection of its own"
+    @tx_adapter.broadcast("otherdb", "arrives")
+    Timeout.timeout(10) { assert_equal "arrives", queue.pop }
+    db = ActiveRecord::Base.connection_db_config.configuration_hash[:database]
+    assert_includes log.string, "the hub at #{h.socket} does not deliver what this app broadcasts on #{db}"
+    adapter.shutdown
   end
 
   # Without a hub the adapter LISTENs on a connection of its own (taken out

@@ -23,6 +23,7 @@
 # postgresql adapter takes one), and returns to the hub once it is back.
 
 require "digest/sha1"
+require "securerandom"
 require "action_cable"
 require "active_support/core_ext/hash/indifferent_access"
 require_relative "../../listenhub"
@@ -105,6 +106,26 @@ module ActionCable
                                            on_wake: on_wake, on_status: on_status, **@options)
       end
 
+      # A listener on a connection of Active Record's own, never the hub:
+      # for a hub that does not hear this app's database.
+      def new_local(on_wake:, on_status:) # :nodoc:
+        ::Listenhub::Local.new(channel_prefix: @hub_prefix, channel_suffix: @hub_suffix,
+                               connect: -> { subscriptions_connection },
+                               application_name: @options[:application_name],
+                               on_wake: on_wake, on_status: on_status)
+      end
+
+      # What names the app's database in a log line: name, host and port of
+      # Active Record's connection.
+      def database_description # :nodoc:
+        c = ActiveRecord::Base.connection_db_config.configuration_hash
+        "#{c[:database]} on #{c[:host] || "the local socket"}#{":#{c[:port]}" if c[:port]}"
+      rescue StandardError
+        "the app's database"
+      end
+
+      attr_reader :socket # :nodoc:
+
       def subscriptions_connection # :nodoc:
         ar_conn = ActiveRecord::Base.connection_pool.checkout.tap do |conn|
           # The local listener takes ownership of this database connection.
@@ -167,6 +188,9 @@ module ActionCable
           @mu = Mutex.new
           @cv = ConditionVariable.new
           @failover = nil
+          @verified = nil # the Failover (or Local) whose hub heard the probe
+          @probe = nil    # [name, token, came] while a probe goes round
+          @probe_mu = Mutex.new
           @stopping = false
           @thread = Thread.new { run }
           @thread.report_on_exception = false
@@ -231,6 +255,7 @@ module ActionCable
             when :listen
               begin
                 failover.subscribe(op[1])
+                failover = verify_database(failover, op[1])
                 @event_loop.post(&op[2]) if op[2]
               rescue ::Listenhub::InvalidNameError => e
                 @logger.error("listenhub adapter: #{e.message}")
@@ -282,6 +307,59 @@ module ActionCable
           nil
         end
 
+        PROBE_TIMEOUT = 5.0
+
+        # A hub that LISTENs on another database than the app's acks every
+        # subscribe and delivers nothing the app broadcasts. So the first
+        # time a Failover is on the hub, a probe goes round: subscribe a
+        # private name through the hub (acked: its LISTEN is active), NOTIFY
+        # it through Active Record's connection, and wait for it to come
+        # back through the hub. When it does not within PROBE_TIMEOUT, the
+        # hub is not trusted: an error line naming the socket and the
+        # app's database, and the process listens on a connection of its
+        # own (made here; subscriptions are made again on it). Returns the
+        # listener to go on with.
+        def verify_database(failover, just_subscribed)
+          return failover if @verified.equal?(failover) || !failover.respond_to?(:mode) || failover.mode != :hub
+
+          name = "listenhub.probe.#{Process.pid}.#{SecureRandom.hex(4)}"
+          token = SecureRandom.hex(8)
+          @probe_mu.synchronize { @probe = [name, token, false] }
+          begin
+            failover.subscribe(name)
+            return (@verified = failover) if failover.mode != :hub # failed over meanwhile: local is right
+
+            deadline = ::Listenhub.monotonic + PROBE_TIMEOUT
+            came = false
+            until came || ::Listenhub.monotonic > deadline
+              @adapter.with_broadcast_connection do |pg_conn|
+                pg_conn.exec("NOTIFY #{pg_conn.escape_identifier(@adapter.pg_channel(name))}, '#{token}'")
+              end
+              resend_at = [::Listenhub.monotonic + 0.5, deadline].min
+              until came || ::Listenhub.monotonic > resend_at
+                sleep 0.02
+                came = @probe_mu.synchronize { @probe[2] }
+              end
+            end
+            failover.unsubscribe(name)
+            return (@verified = failover) if came || failover.mode != :hub
+          ensure
+            @probe_mu.synchronize { @probe = nil }
+          end
+          @logger.error("listenhub adapter: the hub at #{@adapter.socket} does not deliver what this app " \
+                        "broadcasts on #{@adapter.database_description} (a probe NOTIFY did not come back " \
+                        "within #{PROBE_TIMEOUT.to_i}s): it serves another database; not using it, listening " \
+                        "on a connection of this process (run the hub with this app's database URL)")
+          failover.close
+          local = @adapter.new_local(on_wake: ->(w) { on_wake(w) }, on_status: ->(h) { on_status(h) })
+          @verified = local
+          @failover = local
+          channels = @sync.synchronize { @subscribers.keys }
+          channels.each { |ch| local.subscribe(ch) }
+          local.subscribe(just_subscribed) unless channels.include?(just_subscribed)
+          local
+        end
+
         # The hub repeats its status every few seconds: log changes only.
         def on_status(healthy)
           return if healthy == @healthy
@@ -299,6 +377,11 @@ module ActionCable
         # Cable has no use for. An empty broadcast is therefore not
         # delivered (the postgresql adapter delivers "").
         def on_wake(w)
+          probe = @probe_mu.synchronize { @probe }
+          if probe && w.q == probe[0]
+            @probe_mu.synchronize { @probe[2] = true if @probe && w.payload == probe[1] }
+            return
+          end
           return if w.durable?
 
           broadcast(w.q, w.payload)

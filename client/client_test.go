@@ -654,9 +654,10 @@ func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 // nopPlain is a Postgres connection that accepts everything.
 type nopPlain struct{}
 
-func (nopPlain) Listen(context.Context, string) error   { return nil }
-func (nopPlain) Unlisten(context.Context, string) error { return nil }
-func (nopPlain) Close() error                           { return nil }
+func (nopPlain) Listen(context.Context, string) error         { return nil }
+func (nopPlain) Unlisten(context.Context, string) error       { return nil }
+func (nopPlain) Close() error                                 { return nil }
+func (nopPlain) Notify(context.Context, string, string) error { return nil }
 
 // The same race as TestCloseWhileHandlerStartsNeverDeadlocks, for Local.
 func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {

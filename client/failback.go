@@ -122,6 +122,31 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 	}
 	f.log.Info("listenhub: hub is back, subscribing it before leaving the local listener", "socket", f.opts.SocketPath)
 
+	// The cut (cut.go): both listeners LISTEN a private marker name
+	// before anything else.
+	var mark *cut
+	lo, _ := local.(*Local)
+	if lo != nil && cutFits(f.opts.ChannelPrefix, f.opts.ChannelSuffix) {
+		mark = newCut(hc)
+		f.setCut(mark)
+		defer func() {
+			if !swapped {
+				f.setCut(nil)
+				local.Unsubscribe(mark.q)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+		err := local.Subscribe(ctx, mark.q)
+		if err == nil {
+			err = c.Subscribe(ctx, mark.q)
+		}
+		cancel()
+		if err != nil {
+			return giveUp("marker", err)
+		}
+	}
+	markedAt := -1 // len(acked) when the marker went round
+
 	acked := make(map[string]struct{})
 	drained := false
 	for {
@@ -146,7 +171,21 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 			drained = true
 			continue // names subscribed meanwhile need their acks first
 		}
+		if len(todo) == 0 && mark != nil && markedAt < 0 {
+			f.mu.Unlock()
+			if stop, err := f.sendMarker(lo, mark); stop || err != nil {
+				return stop || giveUp("marker", err)
+			}
+			markedAt = len(acked)
+			continue
+		}
 		if len(todo) == 0 {
+			if mark != nil && len(acked) != markedAt {
+				// A name acked after the marker: what was committed for
+				// it in between reached neither side of the cut.
+				f.mu.Unlock()
+				return giveUp("marker", errors.New("subscriptions changed during the fail-back"))
+			}
 			if !c.Healthy() {
 				f.mu.Unlock()
 				return giveUp("health", c.Err())
@@ -159,11 +198,16 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 			}
 			recorded := keys(f.subs)
 			f.mode, f.reason, f.hub, f.local, f.cand = ModeHub, nil, hc, nil, nil
+			hc.current.Store(true)
 			f.mu.Unlock()
 			swapped = true
 			go f.watchHub(hc)
 			// Break: the hub delivers from here on.
 			local.Close()
+			if mark != nil {
+				f.setCut(nil)
+				c.Unsubscribe(mark.q)
+			}
 			f.log.Info("listenhub: back on the hub, local listener closed", "socket", f.opts.SocketPath,
 				"subscriptions", len(recorded), "local_for", time.Since(since).Round(time.Millisecond), "attempts", attempt)
 			if h := f.opts.OnFailback; h != nil {
@@ -182,6 +226,43 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 		}
 		drained = false
 	}
+}
+
+// sendMarker commits the cut's marker and waits, up to the ack timeout,
+// until both listeners delivered it. A marker the hub does not deliver
+// means a hub on another database (or cluster): said once at ERROR, since
+// every worker of the host is then off the hub for good.
+func (f *Failover) sendMarker(local *Local, mark *cut) (stop bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+	defer cancel()
+	if err := local.notify(ctx, mark.q, mark.token); err != nil {
+		return false, err
+	}
+	select {
+	case <-mark.both:
+		return false, nil
+	case <-f.done:
+		return true, nil
+	case <-ctx.Done():
+	}
+	f.dispatch.Lock()
+	hubPast := mark.hubPast
+	f.dispatch.Unlock()
+	if hubPast {
+		return false, fmt.Errorf("listenhub client: the local listener did not deliver the fail-back marker within %v", f.opts.AckTimeout)
+	}
+	db := "this database"
+	if cc := f.localCfg.ConnConfig; cc != nil {
+		db = fmt.Sprintf("%s at %s:%d", cc.Database, cc.Host, cc.Port)
+	}
+	err = fmt.Errorf("listenhub client: the hub does not deliver this database's notifications (a marker sent on %s did not come back through it within %v): it serves another database or cluster; staying on the local listener",
+		db, f.opts.AckTimeout)
+	level := slog.LevelDebug
+	if f.wrongDatabase.CompareAndSwap(false, true) {
+		level = slog.LevelError
+	}
+	f.log.Log(context.Background(), level, "listenhub: not failing back to a hub on another database", "socket", f.opts.SocketPath, "reason", err)
+	return false, err
 }
 
 // awaitHealthy waits, up to the ack timeout, for hc's hub to report its

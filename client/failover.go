@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -147,12 +148,16 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // with jitter). An attempt connects a second hub client, waits (up to
 // AckTimeout) for the hub to report healthy, subscribes it to the whole
 // recorded set and waits for every ack, while the local listener keeps
-// delivering. Only then does it swap the hub client in and close the local
-// listener: make before break, so a NOTIFY committed in the overlap may be
-// delivered twice (by both), and none is lost (a round trip on the local
-// connection after the last ack lets a NOTIFY committed just before the
-// hub's LISTEN, which only the local listener gets, arrive before it is
-// closed). Then it calls OnFailback and
+// delivering. Then it commits a marker NOTIFY on the local connection,
+// which both listeners deliver at the same place in commit order: the
+// local listener's wakes are delivered up to the marker and the hub's
+// after it (cut.go), so no wake arrives twice and none is lost; a marker
+// that does not come back through the hub means a hub on another database,
+// and the attempt is refused (an ERROR line, once). Only then does it swap
+// the hub client in and close the local listener (make before break).
+// Without room for the marker in a channel name (a long ChannelPrefix and
+// ChannelSuffix), a NOTIFY committed in the overlap may be delivered
+// twice. Then it calls OnFailback and
 // delivers one durable wake per recorded name. An attempt that fails — no
 // hub, a hub that is not healthy, a nack, an ack timeout, EOF — is
 // abandoned: the local listener stays, the Failover tries again later.
@@ -175,6 +180,10 @@ type Failover struct {
 	log      *slog.Logger
 
 	dispatch sync.Mutex // one handler call at a time across hub and local
+	cut      *cut       // a fail-back's switch point (cut.go); under dispatch
+	// wrongDatabase: a fail-back found the hub on another database
+	// (logged at ERROR once).
+	wrongDatabase atomic.Bool
 
 	mu         sync.Mutex
 	mode       Mode
@@ -195,6 +204,9 @@ type Failover struct {
 type hubConn struct {
 	c      *Client       // set (under Failover.mu) once Dial returned
 	status chan struct{} // cap 1: a status frame arrived
+	// current: its wakes are delivered (the hub of hub mode); a
+	// fail-back's candidate goes through the cut until it is swapped in.
+	current atomic.Bool
 }
 
 // NewFailover dials the hub; if that fails it connects the local listener
@@ -246,6 +258,7 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 
 	hc := newHubConn()
 	f.hub = hc // current before Dial returns: its first status counts
+	hc.current.Store(true)
 	hub, err := f.dialHub(ctx, hc)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -288,7 +301,7 @@ func (f *Failover) dialHub(ctx context.Context, hc *hubConn) (*Client, error) {
 		WriteTimeout: f.opts.WriteTimeout,
 		FrameTimeout: f.opts.FrameTimeout,
 		AllowUIDs:    f.opts.AllowUIDs,
-		OnWake:       f.onHubWake,
+		OnWake:       func(w Wake) { f.onHubWake(hc, w) },
 		OnStatus:     func(healthy bool) { f.onHubStatus(hc, healthy) },
 		Logger:       f.opts.Logger,
 	})
@@ -633,14 +646,6 @@ func (f *Failover) deliver(fn func()) {
 	fn()
 }
 
-// onHubWake delivers the wakes of every hub client, a fail-back's
-// included: during the overlap, over-delivery is the price of losing none.
-func (f *Failover) onHubWake(w Wake) {
-	if h := f.opts.OnWake; h != nil {
-		f.deliver(func() { h(w) })
-	}
-}
-
 // onHubStatus delivers the statuses of the current hub client only; it
 // also tells a fail-back waiting for a healthy hub.
 func (f *Failover) onHubStatus(hc *hubConn, healthy bool) {
@@ -656,12 +661,6 @@ func (f *Failover) onHubStatus(hc *hubConn, healthy bool) {
 	}
 	if h := f.opts.OnStatus; h != nil {
 		f.deliver(func() { h(healthy) })
-	}
-}
-
-func (f *Failover) onLocalWake(w Wake) {
-	if h := f.opts.OnWake; h != nil {
-		f.deliver(func() { h(w) })
 	}
 }
 

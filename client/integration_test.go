@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -28,6 +29,9 @@ import (
 var db *pgtest.Cluster
 
 func TestMain(m *testing.M) {
+	// A Failover without a Logger logs on slog.Default(): keep the test
+	// output to the tests' own lines.
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if os.Getenv(peerHelperEnv) != "" {
 		os.Exit(m.Run()) // TestDialRefusesForeignHub's helper: no cluster
 	}
@@ -221,15 +225,20 @@ func (n *notifier) pause() {
 
 func (n *notifier) resume() { n.paused.Store(false) }
 
-func (e *pgEnv) startNotifier(q string) *notifier {
+func (e *pgEnv) startNotifier(q string) *notifier { return e.startNotifierAt(q, 500) }
+
+// startNotifierAt is startNotifier at up to perSecond NOTIFYs a second.
+func (e *pgEnv) startNotifierAt(q string, perSecond int) *notifier {
 	n := &notifier{stop: make(chan struct{}), done: make(chan struct{})}
+	tick := time.NewTicker(time.Second / time.Duration(perSecond))
 	go func() {
 		defer close(n.done)
 		for i := 1; ; {
 			select {
 			case <-n.stop:
+				tick.Stop()
 				return
-			case <-time.After(2 * time.Millisecond):
+			case <-tick.C:
 			}
 			n.sendMu.Lock()
 			if n.paused.Load() {

@@ -77,6 +77,7 @@ func (o LocalOptions) connConfig() (*pgconn.Config, error) {
 type plain interface {
 	Listen(ctx context.Context, channel string) error
 	Unlisten(ctx context.Context, channel string) error
+	Notify(ctx context.Context, channel, payload string) error
 	Close() error
 }
 
@@ -234,6 +235,15 @@ func (l *Local) sync(ctx context.Context) error {
 		return err
 	}
 	return l.doLocked(ctx, localOp{sync: true})
+}
+
+// notify commits NOTIFY on q's channel with payload on this connection
+// (a fail-back's marker: see cut.go).
+func (l *Local) notify(ctx context.Context, q, payload string) error {
+	if err := l.p.Notify(ctx, l.channel(q), payload); err != nil {
+		return fmt.Errorf("listenhub client: local listener: %w", err)
+	}
+	return nil
 }
 
 // Unsubscribe queues an UNLISTEN of q's channel; it never blocks.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,10 @@ type Plain struct {
 type plainReq struct {
 	listen  bool
 	channel string
+	// notify: a NOTIFY of channel with payload instead of a LISTEN or
+	// UNLISTEN (the set is not touched).
+	notify  bool
+	payload string
 	reply   chan error // buffered: the goroutine never blocks on it
 	// state: 0 queued, 1 taken by the goroutine, 2 abandoned by its
 	// caller (context done before it was taken: never sent).
@@ -152,17 +157,32 @@ func (p *Plain) Unlisten(ctx context.Context, channel string) error {
 // Healthy reports whether the connection is up with the whole set LISTENed.
 func (p *Plain) Healthy() bool { return p.healthy.Load() }
 
+// Notify commits NOTIFY channel, payload on this connection, in order with
+// the LISTENs and UNLISTENs before it. It is how a fail-back marks a
+// point that this connection and the hub both see (client's cut).
+func (p *Plain) Notify(ctx context.Context, channel, payload string) error {
+	return p.send(ctx, &plainReq{notify: true, channel: channel, payload: payload})
+}
+
 func (p *Plain) do(ctx context.Context, listen bool, channel string) error {
+	return p.send(ctx, &plainReq{listen: listen, channel: channel})
+}
+
+func (p *Plain) send(ctx context.Context, r *plainReq) error {
+	channel := r.channel
 	if err := ValidChannel(channel); err != nil {
 		return err
 	}
 	if channel == p.check {
 		return fmt.Errorf("%w: reserved for the delivery check", ErrInvalidChannel)
 	}
+	if strings.IndexByte(r.payload, 0) >= 0 {
+		return fmt.Errorf("%w: a payload with a NUL", ErrInvalidChannel)
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	r := &plainReq{listen: listen, channel: channel, reply: make(chan error, 1)}
+	r.reply = make(chan error, 1)
 	p.mu.Lock()
 	if p.closing {
 		p.mu.Unlock()
@@ -281,7 +301,11 @@ func (p *Plain) exec(conn *pgconn.PgConn, pending []*plainReq, isolate bool, set
 			}
 			sql = append(sql, ';')
 		}
-		sql = appendCommand(sql, r.listen, r.channel)
+		if r.notify {
+			sql = appendNotify(sql, r.channel, r.payload)
+		} else {
+			sql = appendCommand(sql, r.listen, r.channel)
+		}
 		n++
 	}
 	completes, err := p.query(conn, string(sql))
@@ -304,7 +328,9 @@ func (p *Plain) exec(conn *pgconn.PgConn, pending []*plainReq, isolate bool, set
 	}
 	rest := append(retry, pending[n:]...)
 	for _, r := range answered {
-		if err == nil {
+		if err == nil && r.notify {
+			// nothing to record
+		} else if err == nil {
 			if r.listen {
 				set[r.channel] = struct{}{}
 			} else {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -31,11 +32,12 @@ func newCheckChannel() string {
 	return fmt.Sprintf("listenhub.check.%d.%08x", os.Getpid(), rand.Uint32())
 }
 
-// appendNotify appends `NOTIFY "ch", 'payload'` (payload is digits).
+// appendNotify appends `NOTIFY "ch", 'payload'` (the payload a string
+// literal, its quotes doubled: standard_conforming_strings is on).
 func appendNotify(dst []byte, ch, payload string) []byte {
 	dst = appendQuoted(append(dst, "NOTIFY "...), ch)
 	dst = append(dst, ", '"...)
-	dst = append(dst, payload...)
+	dst = append(dst, strings.ReplaceAll(payload, "'", "''")...)
 	return append(dst, '\'')
 }
 

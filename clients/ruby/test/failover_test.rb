@@ -236,6 +236,62 @@ class FailoverTest < LHTestCase
     assert_equal :hub, f.mode
     assert_empty f.subscriptions
   end
+
+  # Fail-back is exact: numbered NOTIFYs at 500 a second flow through 20
+  # fail-backs (the hub killed while the sender pauses, so that the
+  # failover's own gap is not counted; restarted while it sends), and each
+  # one arrives once, in commit order.
+  def test_failback_exact_through_20
+    h = hub
+    backs = Queue.new
+    f = failover(h.socket, min_local: 0.1, probe_interval: 0.05, probe_max_interval: 0.2,
+                           on_failback: -> { backs << true })
+    f.subscribe("seq")
+    sent = 0
+    paused = true
+    mu = Mutex.new
+    stop = false
+    sender = Thread.new do
+      conn = PG.connect(DATABASE_URL)
+      until stop
+        mu.synchronize do
+          next if paused
+
+          sent += 1
+          conn.exec_params("SELECT pg_notify($1, $2)", [PREFIX + "seq" + SUFFIX, "n#{sent}"])
+        end
+        sleep 0.002
+      end
+      conn.close
+    end
+    seqs = lambda do |s|
+      s.payloads("seq").grep(/\An\d+\z/).map { |p| p[1..].to_i }
+    end
+    upto = ->(n) { @col.wait("seq #{n}") { |s| seqs.(s).max.to_i >= n } }
+    mu.synchronize { paused = false }
+    upto.(10)
+    20.times do |i|
+      at = mu.synchronize { paused = true; sent }
+      upto.(at)
+      h.kill
+      LHTest.wait_for("local mode") { f.mode == :local }
+      mu.synchronize { paused = false }
+      upto.(at + 10)
+      h.start
+      Timeout.timeout(TIMEOUT) { backs.pop }
+      assert_equal :hub, f.mode, "fail-back #{i + 1}"
+      upto.(mu.synchronize { sent } + 10)
+    end
+    stop = true
+    sender.join
+    upto.(sent)
+    got = seqs.(@col)
+    dups = got.tally.select { |_, c| c > 1 }.keys
+    lost = (1..sent).to_a - got
+    assert_empty dups, "delivered twice through 20 fail-backs"
+    assert_empty lost, "lost through 20 fail-backs"
+    assert_equal got.sort, got, "out of commit order"
+  end
 end
 
 # The local listener proves that notifications arrive on its connection: a
@@ -269,4 +325,5 @@ class DeliveryCheckTest < LHTestCase
     db.notify("via_session_pool", "ok")
     col.wait("the wake through the session pool") { |s| s.payloads("via_session_pool") == ["ok"] }
   end
+
 end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "monitor"
+require "securerandom"
 require "set"
 require_relative "client"
 require_relative "local"
@@ -87,6 +88,8 @@ module Listenhub
       @subs = Set.new
       @swapping = false
       @err = nil
+      @cut = nil # a fail-back's switch point (Cut), under @dispatch
+      @wrong_database = false
 
       begin
         hub, = new_hub(true)
@@ -258,7 +261,7 @@ module Listenhub
         end
         deliver(@on_status, h) if state[:current]
       end
-      c = Client.new(@socket_path, on_wake: ->(w) { deliver(@on_wake, w) }, on_status: on_status,
+      c = Client.new(@socket_path, on_wake: ->(w) { hub_wake(holder[0], state, w) }, on_status: on_status,
                                    on_death: ->(e) { holder[0] && hub_died(holder[0], e) }, **@hub_args)
       holder[0] = c
       [c, state]
@@ -267,11 +270,113 @@ module Listenhub
     def new_local
       holder = []
       local = Local.new(**@local_args,
-                        on_wake: ->(w) { deliver(@on_wake, w) },
+                        on_wake: ->(w) { local_wake(w) },
                         on_status: ->(h) { local_status(holder[0], h) },
                         on_death: ->(e) { holder[0] && local_died(holder[0], e) })
       holder[0] = local
       local
+    end
+
+    # The cut of a fail-back. Both listeners receive one Postgres's
+    # notifications in commit order, so a marker NOTIFY committed on the
+    # local connection while both listen is at the same place in both
+    # streams: the local listener's wakes are delivered up to it, the
+    # hub's after it (held in buf until the local listener has passed
+    # it), and none twice or lost. A marker the hub never delivers means a
+    # hub on another database, and the fail-back is refused.
+    Cut = Struct.new(:hub, :q, :token, :hub_past, :local_past, :buf, :mu, :cv) do
+      def both? = hub_past && local_past
+
+      def passed
+        mu.synchronize { cv.broadcast } if both?
+      end
+    end
+    private_constant :Cut
+
+    # 63 bytes: the marker must fit between the hub's prefix and suffix.
+    def cut_fits?
+      @local_args[:channel_prefix].to_s.bytesize + "lh.cut.".bytesize + 8 +
+        @local_args[:channel_suffix].to_s.bytesize <= 63
+    end
+
+    # A wake of hub client c: through the cut while c is a fail-back's
+    # candidate; delivered when c is current; dropped otherwise (a
+    # candidate given up: the local listener delivered the same).
+    def hub_wake(c, state, w)
+      @dispatch.synchronize do
+        cut = @cut
+        if cut && cut.hub.equal?(c)
+          if w.q == cut.q
+            if w.payload == cut.token && !cut.hub_past
+              cut.hub_past = true
+              cut.passed
+            end
+            return
+          end
+          return unless cut.hub_past
+
+          unless cut.local_past
+            cut.buf << w
+            return
+          end
+        elsif !state[:current]
+          return
+        end
+        deliver(@on_wake, w)
+      end
+    end
+
+    # A wake of the local listener: during a cut, up to the marker only.
+    def local_wake(w)
+      @dispatch.synchronize do
+        cut = @cut
+        if cut
+          if w.q == cut.q
+            if w.payload == cut.token && !cut.local_past
+              cut.local_past = true
+              cut.buf.each { |b| deliver(@on_wake, b) }
+              cut.buf.clear
+              cut.passed
+            end
+            return
+          end
+          return if cut.local_past
+        end
+        deliver(@on_wake, w)
+      end
+    end
+
+    def set_cut(cut)
+      @dispatch.synchronize { @cut = cut }
+    end
+
+    # Commits the marker and waits until both listeners delivered it; nil
+    # when they did, else why not.
+    def send_marker(local, cut)
+      local.notify(cut.q, cut.token, timeout: @ack_timeout)
+      deadline = Listenhub.monotonic + @ack_timeout
+      cut.mu.synchronize do
+        # The flags are read without @dispatch: its holder may be waiting
+        # for cut.mu (passed), and they are set before it is taken.
+        while !cut.both? && (left = deadline - Listenhub.monotonic).positive?
+          cut.cv.wait(cut.mu, left)
+        end
+      end
+      return nil if cut.both?
+      return "the local listener did not deliver the fail-back marker in time" if cut.hub_past
+
+      msg = "listenhub: the hub at #{@socket_path} does not deliver this database's notifications (a marker " \
+            "did not come back through it within #{@ack_timeout}s): it serves another database or cluster; " \
+            "staying on the local listener"
+      if @wrong_database
+        Listenhub.logger.debug(msg)
+      else
+        @wrong_database = true
+        Listenhub.logger.error(msg)
+      end
+      msg
+    rescue Error => e
+      e.message
     end
 
     def hub_died(hub, err)
@@ -407,6 +512,7 @@ module Listenhub
       end
       swapped = false
       recorded = nil
+      cut = nil
       begin
         @mu.synchronize do
           return true if @err
@@ -422,6 +528,19 @@ module Listenhub
           return false
         end
         Listenhub.logger.info("listenhub: hub is back, subscribing it before leaving the local listener")
+        if cut_fits?
+          b = SecureRandom.hex(8)
+          cut = Cut.new(cand, "lh.cut.#{b[0, 8]}", b, false, false, [], Mutex.new, ConditionVariable.new)
+          set_cut(cut)
+          begin
+            local.subscribe(cut.q, timeout: @ack_timeout)
+            cand.subscribe(cut.q, timeout: @ack_timeout)
+          rescue Error => e
+            Listenhub.logger.debug("listenhub: fail-back attempt #{attempt}: marker: #{e.message}")
+            return false
+          end
+        end
+        marked_at = nil
         acked = Set.new
         drained = false
         loop do
@@ -442,12 +561,22 @@ module Listenhub
             drained = true
             next # names subscribed meanwhile need their acks first
           end
+          if cut && marked_at.nil? && @mu.synchronize { (@subs - acked).empty? }
+            why = send_marker(local, cut)
+            if why
+              Listenhub.logger.debug("listenhub: fail-back attempt #{attempt}: #{why}")
+              return false
+            end
+            marked_at = acked.size
+            next
+          end
           done = @mu.synchronize do
             return true if @err
 
             todo = @subs - acked
             if todo.empty?
               return false unless cand.healthy?
+              return false if cut && acked.size != marked_at # a name acked after the marker: start again
 
               (acked - @subs).each { |q| cand.unsubscribe(q) }
               recorded = @subs.to_a.sort
@@ -481,9 +610,17 @@ module Listenhub
         unless swapped
           @mu.synchronize { @cand = nil if @cand.equal?(cand) }
           cand.close
+          if cut
+            set_cut(nil)
+            local.unsubscribe(cut.q) rescue nil # rubocop:disable Style/RescueModifier
+          end
         end
       end
       local.close # break, after make
+      if cut
+        set_cut(nil)
+        cand.unsubscribe(cut.q)
+      end
       hub_died(cand, cand.err) if cand.err # died before it was current
       Listenhub.logger.info("listenhub: back on the hub, local listener closed (attempt #{attempt})")
       call(@on_failback)

@@ -31,7 +31,7 @@ module Listenhub
     HEALTH_CHECK_INTERVAL = 5.0
     BACKOFF_MIN = 0.1
     BACKOFF_MAX = 5.0
-    Op = Struct.new(:q, :listen, :done, :err)
+    Op = Struct.new(:q, :listen, :done, :err, :notify)
 
     attr_reader :prefix, :suffix
 
@@ -114,6 +114,19 @@ module Listenhub
       wait_op(op, timeout, "local round trip not done in time")
     end
 
+    # Commits NOTIFY on q's channel with payload on this connection, in
+    # order after the LISTENs and UNLISTENs queued before it (a fail-back's
+    # marker: see Failover). :nodoc:
+    def notify(q, payload, timeout: nil)
+      check_fork!
+      op = @mu.synchronize do
+        raise @err if @err
+
+        Op.new(q, nil, false, nil, payload).tap { |o| @ops << o }
+      end
+      wait_op(op, timeout, "local NOTIFY of #{q.inspect} not done in time")
+    end
+
     # Queues an UNLISTEN of q's channel; never blocks.
     def unsubscribe(q)
       check_fork!
@@ -174,7 +187,11 @@ module Listenhub
     end
 
     def unlisten_queued?(q)
-      @ops.reverse_each { |op| return !op.listen if op.q == q }
+      @ops.reverse_each do |op|
+        next if op.notify
+
+        return !op.listen if op.q == q
+      end
       false
     end
 
@@ -257,8 +274,17 @@ module Listenhub
 
           @ops.first
         end
-        skip = !op.q.nil? && op.listen == @listening.key?(op.q)
-        if op.q.nil?
+        skip = !op.q.nil? && op.notify.nil? && op.listen == @listening.key?(op.q)
+        if op.notify
+          begin
+            @conn.exec("NOTIFY #{Frame.quote_ident(channel(op.q))}, #{@conn.escape_literal(op.notify)}")
+          rescue PG::ConnectionBad, PG::UnableToSend
+            raise
+          rescue PG::Error => e
+            op.err = Error.new("listenhub: local NOTIFY #{op.q.inspect} failed: #{e.message.strip}")
+          end
+          deliver_pending
+        elsif op.q.nil?
           @conn.exec("SELECT 1") # sync: notifications before it are delivered
           deliver_pending
         elsif !skip
@@ -274,7 +300,7 @@ module Listenhub
         end
         @mu.synchronize do
           @ops.shift if @ops.first.equal?(op)
-          if op.err.nil? && !op.q.nil?
+          if op.err.nil? && !op.q.nil? && op.notify.nil?
             op.listen ? @listening[op.q] = true : @listening.delete(op.q)
           end
           op.done = true

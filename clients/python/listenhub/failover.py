@@ -5,6 +5,7 @@ client's client.Failover."""
 import concurrent.futures
 import logging
 import random
+import secrets
 import threading
 
 from . import _fork, _frame
@@ -123,6 +124,11 @@ class Failover(Listener):
         self._on_failover = on_failover
         self._on_failback = on_failback
         self._dispatch = threading.Lock()  # one callback at a time across hub and local
+        # Routing of wakes during a fail-back's cut (_Cut), taken before
+        # _dispatch: what is delivered and in which order.
+        self._route = threading.Lock()
+        self._cut = None
+        self._wrong_database = False
         self._mu = threading.Lock()
         self._mode = HUB
         self.reason = None
@@ -268,8 +274,84 @@ class Failover(Listener):
             if state["current"]:
                 self._deliver(Status(h))
 
-        c = Client(self.socket_path, on_wake=self._deliver, on_status=on_status, **self._hub_args)
+        holder = []
+        c = Client(self.socket_path, on_wake=lambda w: self._hub_wake(holder, state, w), on_status=on_status, **self._hub_args)
+        holder.append(c)
         return c, state
+
+    # --- the cut of a fail-back ---------------------------------------------
+    #
+    # Both listeners receive one Postgres's notifications in commit order,
+    # so a marker NOTIFY committed on the local connection while both listen
+    # is at the same place in both streams: the local listener's wakes are
+    # delivered up to it and the hub's after it (held until the local
+    # listener has passed it): none twice, none lost. A marker the hub never
+    # delivers means a hub on another database: the fail-back is refused.
+
+    def _cut_fits(self):
+        a = self._local_args
+        return len((a["channel_prefix"] or "").encode()) + len("lh.cut.") + 8 + len((a["channel_suffix"] or "").encode()) <= 63
+
+    def _hub_wake(self, holder, state, w):
+        with self._route:
+            cut = self._cut
+            if cut is not None and holder and cut.hub is holder[0]:
+                if w.q == cut.q:
+                    if w.payload == cut.token and not cut.hub_past:
+                        cut.hub_past = True
+                        cut.passed()
+                    return
+                if not cut.hub_past:
+                    return  # before the marker: the local listener delivers it
+                if not cut.local_past:
+                    cut.buf.append(w)
+                    return
+            elif not state["current"]:
+                return  # a candidate given up: the local listener delivered it
+            self._deliver(w)
+
+    def _local_wake(self, w):
+        with self._route:
+            cut = self._cut
+            if cut is not None:
+                if w.q == cut.q:
+                    if w.payload == cut.token and not cut.local_past:
+                        cut.local_past = True
+                        for b in cut.buf:
+                            self._deliver(b)
+                        cut.buf = []
+                        cut.passed()
+                    return
+                if cut.local_past:
+                    return  # after the marker: the hub delivers it
+            self._deliver(w)
+
+    def _set_cut(self, cut):
+        with self._route:
+            self._cut = cut
+
+    def _send_marker(self, local, cut):
+        """Commits the marker and waits until both listeners delivered it;
+        None when they did, else why not."""
+        try:
+            local._notify(cut.q, cut.token, self.ack_timeout)
+        except Exception as e:
+            return str(e)
+        if cut.both.wait(self.ack_timeout):
+            return None
+        if cut.hub_past:
+            return "the local listener did not deliver the fail-back marker in time"
+        msg = (
+            "listenhub: the hub at %s does not deliver this database's notifications (a marker did not come back "
+            "through it within %ss): it serves another database or cluster; staying on the local listener"
+            % (self.socket_path, self.ack_timeout)
+        )
+        if self._wrong_database:
+            log.debug(msg)
+        else:
+            self._wrong_database = True
+            log.error(msg)
+        return msg
 
     def _watch(self, listener, then):
         def run():
@@ -383,6 +465,7 @@ class Failover(Listener):
             log.debug("listenhub: fail-back attempt %d: %s", attempt, e)
             return False
         swapped = False
+        cut = None
         try:
             with self._mu:
                 if self.err is not None:
@@ -392,6 +475,16 @@ class Failover(Listener):
                 log.debug("listenhub: fail-back attempt %d: hub not healthy", attempt)
                 return False
             log.info("listenhub: hub is back, subscribing it before leaving the local listener")
+            if self._cut_fits():
+                cut = _Cut(cand)
+                self._set_cut(cut)
+                try:
+                    local.subscribe(cut.q, self.ack_timeout)
+                    cand.subscribe(cut.q, self.ack_timeout)
+                except Exception as e:
+                    log.debug("listenhub: fail-back attempt %d: marker: %s", attempt, e)
+                    return False
+            marked_at = None
             acked = set()
             drained = False
             while True:
@@ -409,6 +502,13 @@ class Failover(Listener):
                         log.debug("listenhub: local listener not drained before the fail-back: %s", e)
                     drained = True
                     continue  # names subscribed meanwhile need their acks first
+                if not todo and cut is not None and marked_at is None:
+                    why = self._send_marker(local, cut)
+                    if why is not None:
+                        log.debug("listenhub: fail-back attempt %d: %s", attempt, why)
+                        return False
+                    marked_at = len(acked)
+                    continue
                 with self._mu:
                     if self.err is not None:
                         return True
@@ -416,6 +516,8 @@ class Failover(Listener):
                     if not todo:
                         if not cand.healthy():
                             return False
+                        if cut is not None and len(acked) != marked_at:
+                            return False  # a name acked after the marker: start again
                         for q in acked - self._subs:
                             cand.unsubscribe(q)
                         recorded = sorted(self._subs)
@@ -435,8 +537,14 @@ class Failover(Listener):
                     if self._cand is cand:
                         self._cand = None
                 cand.close()
+                if cut is not None:
+                    self._set_cut(None)
+                    local.unsubscribe(cut.q)
         self._watch(cand, self._hub_died)
         local.close()  # break, after make
+        if cut is not None:
+            self._set_cut(None)
+            cand.unsubscribe(cut.q)
         log.info("listenhub: back on the hub, local listener closed (attempt %d)", attempt)
         if self._on_failback is not None:
             self._call(self._on_failback)
@@ -504,11 +612,26 @@ class Failover(Listener):
             except Exception:
                 log.exception("listenhub: callback raised")
 
-    def _local_wake(self, w):
-        self._deliver(w)
-
     def _local_status(self, healthy):
         with self._mu:
             current = self._mode == LOCAL and self.err is None
         if current:  # before the swap, the swap reports the local health itself
             self._deliver(Status(healthy))
+
+
+class _Cut:
+    """A fail-back's switch point: a private name and a random payload
+    (the marker), which listener has passed it, and the hub's wakes held
+    until the local listener has."""
+
+    def __init__(self, hub):
+        self.hub = hub
+        token = secrets.token_hex(8)
+        self.q, self.token = "lh.cut." + token[:8], token
+        self.hub_past = self.local_past = False
+        self.buf = []
+        self.both = threading.Event()
+
+    def passed(self):
+        if self.hub_past and self.local_past:
+            self.both.set()

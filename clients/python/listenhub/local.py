@@ -141,10 +141,11 @@ def _connect_checked(url, application_name, timeout):
 
 
 class _Op:
-    __slots__ = ("q", "listen", "reply", "err")
+    __slots__ = ("q", "listen", "reply", "err", "payload")
 
-    def __init__(self, q, listen, reply):
+    def __init__(self, q, listen, reply, payload=None):
         self.q, self.listen, self.reply, self.err = q, listen, reply, None
+        self.payload = payload  # not None: a NOTIFY of q's channel
 
 
 class Local(Listener):
@@ -258,9 +259,25 @@ class Local(Listener):
         if op.err is not None:
             raise op.err
 
+    def _notify(self, q, payload, timeout=None):
+        """Commits NOTIFY on q's channel with payload on this connection, in
+        order after the LISTENs and UNLISTENs queued before it (a
+        fail-back's marker: see Failover)."""
+        reply = threading.Event()
+        with self._mu:
+            if self.err is not None:
+                raise self.err
+            op = _Op(q, None, reply, payload)
+            self._ops.append(op)
+        self._kick()
+        if not reply.wait(self.command_timeout if timeout is None else timeout):
+            raise TimeoutError("listenhub: local NOTIFY of %r not done in time" % q)
+        if op.err is not None:
+            raise op.err
+
     def _unlisten_queued(self, q):
         for op in reversed(self._ops):
-            if op.q == q:
+            if op.q == q and op.payload is None:
                 return not op.listen
         return False
 
@@ -370,8 +387,15 @@ class Local(Listener):
                 if self.err is not None or not self._ops:
                     return
                 op = self._ops[0]
-                skip = op.q is not None and op.listen == (op.q in self._listening)
-            if op.q is None:
+                skip = op.q is not None and op.payload is None and op.listen == (op.q in self._listening)
+            if op.payload is not None:
+                try:
+                    self._conn.execute("SELECT pg_notify(%s, %s)", (self.channel(op.q), op.payload))
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.Error as e:
+                    op.err = ListenhubError("local NOTIFY %r failed: %s" % (op.q, e))
+            elif op.q is None:
                 self._conn.execute("SELECT 1")  # sync(): notifications before it are delivered
             elif not skip:
                 verb = "LISTEN " if op.listen else "UNLISTEN "
@@ -384,7 +408,7 @@ class Local(Listener):
             with self._mu:
                 if self._ops and self._ops[0] is op:
                     self._ops.popleft()
-                if op.err is None and op.q is not None:
+                if op.err is None and op.q is not None and op.payload is None:
                     if op.listen:
                         self._listening.add(op.q)
                     else:

@@ -169,6 +169,68 @@ class FailoverTest(unittest.TestCase):
         )
         self.assertGreater(len(want), 100)
 
+    def test_failback_exact_through_20(self):
+        """Numbered NOTIFYs at 500 a second through 20 fail-backs (the hub
+        killed while the sender pauses, so that the failover's own gap is
+        not counted; restarted while it sends): each arrives once, in
+        commit order."""
+        h = self.hub()
+        backs = threading.Semaphore(0)
+        f = self.failover(h.socket, min_local=0.1, probe_interval=0.05, probe_max_interval=0.2, on_failback=backs.release)
+        f.subscribe("seq")
+        mu = threading.Lock()
+        state = {"sent": 0, "paused": False, "stop": False}
+
+        def pump():
+            db = DB()
+            try:
+                while not state["stop"]:
+                    with mu:
+                        if not state["paused"]:
+                            state["sent"] += 1
+                            db.notify(PREFIX + "seq" + SUFFIX, "n%d" % state["sent"])
+                    time.sleep(0.002)
+            finally:
+                db.close()
+
+        def seqs(s):
+            return [int(w.payload[1:]) for w in s.wakes if w.q == "seq" and w.payload and w.payload.startswith("n")]
+
+        def upto(n):
+            self.col.wait("seq %d" % n, lambda s: max(seqs(s), default=0) >= n)
+
+        t = threading.Thread(target=pump)
+        t.start()
+        try:
+            upto(10)
+            for i in range(20):
+                with mu:
+                    state["paused"] = True
+                    at = state["sent"]
+                upto(at)
+                h.kill()
+                wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+                with mu:
+                    state["paused"] = False
+                upto(at + 10)
+                h = Hub(self.name + "-%d" % i, prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
+                self.addCleanup(h.close)
+                self.assertTrue(backs.acquire(timeout=TIMEOUT), "fail-back %d" % (i + 1))
+                self.assertEqual(f.mode(), listenhub.HUB)
+                with mu:
+                    n = state["sent"]
+                upto(n + 10)
+        finally:
+            state["stop"] = True
+            t.join()
+        upto(state["sent"])
+        got = seqs(self.col)
+        dups = sorted({s for s in got if got.count(s) > 1})
+        lost = sorted(set(range(1, state["sent"] + 1)) - set(got))
+        self.assertEqual(dups, [], "delivered twice through 20 fail-backs")
+        self.assertEqual(lost, [], "lost through 20 fail-backs")
+        self.assertEqual(got, sorted(got), "out of commit order")
+
     def test_one_way_stays_local(self):
         h = self.hub()
         f = self.failover(h.socket, one_way=True, min_local=0.05, probe_interval=0.05)

@@ -77,7 +77,7 @@ class Failover extends Listener {
       channelSuffix: opts.channelSuffix || '',
       applicationName: opts.applicationName || DEFAULT_LOCAL_APPLICATION_NAME,
       localTimeout: opts.localTimeout || DEFAULT_LOCAL_TIMEOUT,
-      onWake: (w) => this._deliver(w),
+      onWake: (w) => this._localWake(w),
       onStatus: (h) => {
         // Before the swap, the swap reports the local health itself.
         if (this._mode === LOCAL) this._deliver(status(h));
@@ -92,6 +92,8 @@ class Failover extends Listener {
     this._swap = null; // the failover's promise while it runs
     this._cand = null; // a fail-back's hub client until swapped in or given up
     this._failbackTimer = null;
+    this._cut = null; // a fail-back's switch point (see _hubWake)
+    this._wrongDatabase = false;
     this.err = null;
     this.done = new Promise((resolve) => {
       this._resolveDone = resolve;
@@ -134,8 +136,9 @@ class Failover extends Listener {
       state.resolveHealthy = resolve;
     });
     const opts = this._opts;
+    const holder = [];
     const c = await connect(this.socketPath, {
-      onWake: (w) => this._deliver(w),
+      onWake: (w) => this._hubWake(holder[0], state, w),
       onStatus: (h) => {
         if (h) state.resolveHealthy(true);
         if (state.current) this._deliver(status(h));
@@ -147,6 +150,7 @@ class Failover extends Listener {
       allowedUids: opts.allowedUids,
     });
     c._lh = state;
+    holder.push(c);
     c.done.then((err) => {
       if (!(err instanceof ClosedError)) this._startFailover(c, err);
     });
@@ -294,6 +298,84 @@ class Failover extends Listener {
     schedule();
   }
 
+  // The cut of a fail-back. Both listeners receive one Postgres's
+  // notifications in commit order, so a marker NOTIFY committed on the local
+  // connection while both listen is at the same place in both streams: the
+  // local listener's wakes are delivered up to it and the hub's after it
+  // (held until the local listener has passed it): none twice, none lost.
+  // A marker the hub never delivers means a hub on another database, and
+  // the fail-back is refused.
+  _cutFits() {
+    const o = this._localOpts;
+    return Buffer.byteLength(o.channelPrefix) + 'lh.cut.'.length + 8 + Buffer.byteLength(o.channelSuffix) <= 63;
+  }
+
+  _hubWake(c, state, w) {
+    const cut = this._cut;
+    if (cut && c && cut.hub === c) {
+      if (w.q === cut.q) {
+        if (w.payload === cut.token && !cut.hubPast) {
+          cut.hubPast = true;
+          cut.passed();
+        }
+        return;
+      }
+      if (!cut.hubPast) return; // before the marker: the local listener delivers it
+      if (!cut.localPast) {
+        cut.buf.push(w);
+        return;
+      }
+    } else if (!state.current) {
+      return; // a candidate given up: the local listener delivered it
+    }
+    this._deliver(w);
+  }
+
+  _localWake(w) {
+    const cut = this._cut;
+    if (cut) {
+      if (w.q === cut.q) {
+        if (w.payload === cut.token && !cut.localPast) {
+          cut.localPast = true;
+          for (const b of cut.buf) this._deliver(b);
+          cut.buf = [];
+          cut.passed();
+        }
+        return;
+      }
+      if (cut.localPast) return; // after the marker: the hub delivers it
+    }
+    this._deliver(w);
+  }
+
+  // Commits the marker and waits until both listeners delivered it; null
+  // when they did, else why not.
+  async _sendMarker(local, cut, ms) {
+    try {
+      await local._notify(cut.q, cut.token);
+    } catch (e) {
+      return e.message;
+    }
+    let timer;
+    const both = await Promise.race([
+      cut.both,
+      new Promise((resolve) => {
+        timer = setTimeout(() => resolve(false), ms);
+      }),
+    ]);
+    clearTimeout(timer);
+    if (both) return null;
+    if (cut.hubPast) return 'the local listener did not deliver the fail-back marker in time';
+    const msg =
+      `listenhub: the hub at ${this.socketPath} does not deliver this database's notifications (a marker did not ` +
+      `come back through it within ${ms} ms): it serves another database or cluster; staying on the local listener`;
+    if (!this._wrongDatabase) {
+      this._wrongDatabase = true;
+      process.emitWarning(msg);
+    }
+    return msg;
+  }
+
   // One attempt to return to the hub; true means stop trying (back on the
   // hub, local no longer current, or dead).
   async _failback(local, attempt) {
@@ -312,6 +394,7 @@ class Failover extends Listener {
     this._cand = cand;
     let swapped = false;
     let recorded;
+    let cut = null;
     try {
       let timer;
       const healthy = await Promise.race([
@@ -323,6 +406,17 @@ class Failover extends Listener {
       ]);
       clearTimeout(timer);
       if (!healthy || cand.err) return false;
+      if (this._cutFits()) {
+        cut = newCut(cand);
+        this._cut = cut;
+        try {
+          await withTimeout(local.subscribe(cut.q), cand.ackTimeout);
+          await cand.subscribe(cut.q);
+        } catch (e) {
+          return false;
+        }
+      }
+      let markedAt = -1;
       const acked = new Set();
       let drained = false;
       for (;;) {
@@ -335,8 +429,14 @@ class Failover extends Listener {
           drained = true;
           continue; // names subscribed meanwhile need their acks first
         }
+        if (todo.length === 0 && cut && markedAt < 0) {
+          if ((await this._sendMarker(local, cut, cand.ackTimeout)) !== null) return false;
+          markedAt = acked.size;
+          continue;
+        }
         if (todo.length === 0) {
           if (!cand.healthy()) return false;
+          if (cut && acked.size !== markedAt) return false; // a name acked after the marker: start again
           for (const q of acked) if (!this._subs.has(q)) cand.unsubscribe(q);
           recorded = [...this._subs].sort();
           this._mode = HUB;
@@ -356,9 +456,17 @@ class Failover extends Listener {
       if (!swapped) {
         if (this._cand === cand) this._cand = null;
         cand.close();
+        if (cut) {
+          if (this._cut === cut) this._cut = null;
+          local.unsubscribe(cut.q);
+        }
       }
     }
     local.close(); // break, after make
+    if (cut) {
+      this._cut = null;
+      cand.unsubscribe(cut.q);
+    }
     this._call(this._opts.onFailback);
     this._deliver(status(cand.healthy()));
     for (const q of recorded) this._deliver(wake(q, null));
@@ -415,6 +523,19 @@ class Failover extends Listener {
     if (this.err) return;
     if (!this._handOver(ev)) queueMicrotask(() => this._die(this._slowConsumer()));
   }
+}
+
+// newCut makes the cut of a fail-back to hub client c: a private name and a
+// random payload (the marker).
+function newCut(c) {
+  const token = require('node:crypto').randomBytes(8).toString('hex');
+  const cut = { hub: c, q: 'lh.cut.' + token.slice(0, 8), token, hubPast: false, localPast: false, buf: [] };
+  cut.both = new Promise((resolve) => {
+    cut.passed = () => {
+      if (cut.hubPast && cut.localPast) resolve(true);
+    };
+  });
+  return cut;
 }
 
 module.exports = { Failover, HUB, LOCAL, DEFAULT_MIN_LOCAL, DEFAULT_PROBE_INTERVAL, DEFAULT_PROBE_MAX_INTERVAL };

@@ -209,6 +209,21 @@ class Local extends Listener {
     return p;
   }
 
+  // Commits NOTIFY on q's channel with payload on this connection, in order
+  // after the LISTENs and UNLISTENs queued before it (a fail-back's marker:
+  // see Failover).
+  _notify(q, payload) {
+    if (this.err) return Promise.reject(this.err);
+    const run = async () => {
+      if (this.err) throw this.err;
+      if (this._connected) await withTimeout(this._connected, this.commandTimeout, 'local NOTIFY');
+      await withTimeout(this._conn.query('SELECT pg_notify($1, $2)', [this.channel(q), payload]), this.commandTimeout, 'local NOTIFY');
+    };
+    const p = this._chain.then(run);
+    this._chain = p.catch(() => {});
+    return p;
+  }
+
   // Queues an UNLISTEN of q's channel; never blocks.
   unsubscribe(q) {
     if (this.err) return;

@@ -88,6 +88,9 @@ function pinSocket(path, trusted) {
   try {
     fd = openDir(dir);
   } catch (e) {
+    if (e.code === 'ENOENT') {
+      throw new ConnError('dial', path, `${e.message}: the socket's directory is missing: start the hub, or create it (install -d -m 0755 ${dir}, owned by the hub's user)`);
+    }
     throw new ConnError('dial', path, e);
   }
   try {

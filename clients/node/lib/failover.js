@@ -119,6 +119,9 @@ class Failover extends Listener {
       } catch (le) {
         throw new FailoverError(e, le);
       }
+      // Never silent: the process's stderr (or its 'warning' listeners)
+      // says why this worker holds a connection of its own.
+      process.emitWarning(`listenhub: hub unreachable (${e.message}), listening locally`, 'ListenhubWarning');
       f._mode = LOCAL;
       f.reason = e;
       f._local = local;
@@ -230,6 +233,7 @@ class Failover extends Listener {
   }
 
   async _failover(reason) {
+    process.emitWarning(`listenhub: hub failed (${reason && reason.message}), failing over to a local listener`, 'ListenhubWarning');
     this._deliver(status(false));
     let local;
     try {

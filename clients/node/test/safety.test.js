@@ -44,6 +44,11 @@ test('identity: a symlink to a real socket is refused', async (t) => {
   (await listenhub.connect(h.socket)).close(); // the socket itself is fine
 });
 
+test('a missing socket directory: the error says install -d', async (t) => {
+  const p = path.join(dir(t), 'missing', 'hub.sock');
+  await assert.rejects(listenhub.connect(p), (e) => e instanceof listenhub.ConnError && e.op === 'dial' && e.message.includes('install -d -m 0755 ' + path.dirname(p)));
+});
+
 test('identity: a file is not a socket', async (t) => {
   const p = path.join(dir(t), 'hub.sock');
   fs.writeFileSync(p, '');

@@ -106,7 +106,15 @@ def dial(path, timeout, peer_check, allowed_uids):
             d, name = os.path.split(path)
             if not name or name in (".", ".."):
                 raise ConnError("dial", path, "not a socket path")
-            dfd = os.open(d or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                dfd = os.open(d or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError as e:
+                raise ConnError(
+                    "dial",
+                    path,
+                    "%s: the socket's directory is missing: start the hub, or create it "
+                    "(install -d -m 0755 %s, owned by the hub's user)" % (e, d),
+                ) from e
             problem = dir_problem(os.fstat(dfd), trusted)
             if problem:
                 raise ConnError("peer", path, problem)

@@ -61,6 +61,13 @@ class IdentityTest(unittest.TestCase):
         self.refused(link, "a symlink")
         listenhub.connect(h.socket).close()  # the socket itself is fine
 
+    def test_missing_directory_says_install(self):
+        path = os.path.join(tmpdir(self), "missing", "hub.sock")
+        with self.assertRaises(listenhub.ConnError) as cm:
+            listenhub.connect(path).close()
+        self.assertEqual(cm.exception.op, "dial", cm.exception)
+        self.assertIn("install -d -m 0755 " + os.path.dirname(path), str(cm.exception))
+
     def test_a_file_is_not_a_socket(self):
         path = os.path.join(tmpdir(self), "hub.sock")
         open(path, "w").close()

@@ -16,6 +16,13 @@ class SafetyTest < LHTestCase
     assert_includes err.message, why
   end
 
+  def test_missing_directory_says_install
+    path = File.join(tmpdir, "missing", "hub.sock")
+    err = assert_raises(Listenhub::ConnError) { Listenhub.connect(path) }
+    assert_equal "dial", err.op, err.message
+    assert_includes err.message, "install -d -m 0755 #{File.dirname(path)}"
+  end
+
   def test_symlink_to_a_real_socket_is_refused
     f = fake(:ack)
     link = File.join(f.dir, "link.sock")

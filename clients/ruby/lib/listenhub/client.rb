@@ -109,6 +109,9 @@ module Listenhub
       rescue Errno::EINVAL
         File.new(dir, File::RDONLY)
       end
+    rescue Errno::ENOENT => e
+      raise ConnError.new("dial", path, "#{e.message}: the socket's directory is missing: start the hub, or create " \
+                                        "it (install -d -m 0755 #{dir}, owned by the hub's user)")
     rescue SystemCallError => e
       raise ConnError.new("dial", path, e.message)
     end

@@ -103,6 +103,21 @@ func (r *Relay) connect(ctx context.Context, replication bool) (*pgconn.PgConn, 
 	return c, nil
 }
 
+// notReplication names the cause of the syntax error a plain session
+// answers a replication command with (CREATE_REPLICATION_SLOT,
+// START_REPLICATION): the connection was opened with replication=database,
+// so something between the relay and the server dropped that parameter,
+// which a transaction-mode pooler does (PgBouncer refuses it instead, and
+// connect says so). Retrying cannot help: a *ConfigError with the fix.
+func notReplication(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42601" {
+		return configErrorf(err, "the replication connection is a plain session (a replication command got %s): a connection pooler in between dropped the replication=database parameter: %s",
+			pgLine(pe), relayfix.Pooler)
+	}
+	return err
+}
+
 // serverMajor is the server's major version from its server_version
 // (e.g. "15.4 (Debian …)" is 15), 0 if unknown.
 func serverMajor(c *pgconn.PgConn) int {
@@ -190,7 +205,7 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 		}
 	}
 	if err != nil {
-		return sessionResult{err: err}
+		return sessionResult{err: notReplication(err)}
 	}
 	if !created && s.owedInSlot() && r.resyncOwed.Load() {
 		// The session that created the slot was lost before it could
@@ -213,7 +228,7 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 				// The slot was invalidated since the preflight.
 				return sessionResult{err: s.undecodable(ctx, fmt.Sprintf("replication slot %s cannot be read (%s)", quoteLiteral(r.opts.Slot), pgLine(pe)))}
 			}
-			return sessionResult{err: err}
+			return sessionResult{err: notReplication(err)}
 		}
 		if s.endOwnWalsender(ctx, prevWalsender, own == 0) {
 			// Not another relay: the walsender of this relay's lost

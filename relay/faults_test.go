@@ -412,6 +412,23 @@ func TestRelayPermanentErrorsAtStart(t *testing.T) {
 	rn.ended(t, 10*time.Second, "does not accept TLS", "sslmode")
 }
 
+// TestRelayGuestBackSoonAfterTheFix: a guest relay down for a dropped
+// publication streams again within seconds of the fix with the default
+// ConfigRetry (it was 30 s), and its state says active only once it is.
+func TestRelayGuestBackSoonAfterTheFix(t *testing.T) {
+	f, ch, l := newListened(t, "q_a")
+	f.exec("DROP PUBLICATION " + f.pub)
+	opts := f.options()
+	opts.Guest = true
+	rn := f.run(opts)
+	testutil.WaitFor(t, 10*time.Second, "down", func() bool { return rn.r.Stats().State == StateDown })
+	f.exec("CREATE PUBLICATION " + f.pub + " FOR TABLES IN SCHEMA " + f.schema)
+	fixed := time.Now()
+	testutil.WaitFor(t, 5*time.Second, "active again (the old retry was 30 s)", func() bool { return rn.r.Stats().State == StateActive })
+	t.Logf("active %v after the fix", time.Since(fixed).Round(time.Millisecond))
+	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
+}
+
 // TestRelayGuestStaysDown: with Guest a permanent error never ends Run:
 // the relay is down, says why with the fix, and streams once fixed.
 func TestRelayGuestStaysDown(t *testing.T) {

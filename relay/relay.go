@@ -48,7 +48,10 @@ const (
 	DefaultMaxLagBytes     = 1 << 30
 	DefaultApplicationName = "listenhub-relay"
 	DefaultStatusInterval  = 10 * time.Second
-	DefaultConfigRetry     = 30 * time.Second
+	// DefaultConfigRetry is a second: a guest relay is back within 2 s
+	// of the fix (a publication created, a grant given). A retry costs
+	// two connections and the preflight's queries.
+	DefaultConfigRetry = time.Second
 )
 
 // visibilityRetry is how long the relay waits before it checks again

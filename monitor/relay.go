@@ -31,6 +31,8 @@ type RelayStatus struct {
 	LagBytes            int64   `json:"lag_bytes"`
 	LagSeconds          float64 `json:"lag_seconds"`
 	ConfirmedLSN        string  `json:"confirmed_lsn"`
+	Tables              int64   `json:"tables"`
+	TablesFiltered      int64   `json:"tables_filtered"`
 	CommitToNotifyP50   float64 `json:"commit_to_notify_p50_seconds"`
 	CommitToNotifyP99   float64 `json:"commit_to_notify_p99_seconds"`
 	CommitToNotifyCount uint64  `json:"commit_to_notify_count"`
@@ -51,6 +53,7 @@ func registerRelay(mux *http.ServeMux, rl *relay.Relay, b build, alone bool) {
 			Transactions: s.Transactions, Changes: s.Changes, Notifies: s.Notifies, Batches: s.Batches,
 			Coalesced: s.Coalesced, ChannelsTooLong: s.ChannelsTooLong, VisibilityWaits: s.VisibilityWaits,
 			Reconnects: s.Reconnects, Takeovers: s.Takeovers, LagBytes: s.LagBytes, LagSeconds: s.LagSeconds,
+			Tables: s.Tables, TablesFiltered: s.TablesFiltered,
 			ConfirmedLSN:        fmt.Sprintf("%X/%X", s.ConfirmedLSN>>32, uint32(s.ConfirmedLSN)),
 			CommitToNotifyP50:   h.Quantile(0.5).Seconds(),
 			CommitToNotifyP99:   h.Quantile(0.99).Seconds(),
@@ -109,6 +112,10 @@ var relayMetrics = []struct {
 		func(s *relay.Stats) float64 { return b2f(s.State == relay.StateActive) }},
 	{"listenhub_relay_standby", "gauge", "1 while another relay has the slot and this one waits to take over, else 0.",
 		func(s *relay.Stats) float64 { return b2f(s.State == relay.StateStandby) }},
+	{"listenhub_relay_tables", "gauge", "Tables the publication covers, as of the relay's last look while streaming.",
+		func(s *relay.Stats) float64 { return float64(s.Tables) }},
+	{"listenhub_relay_tables_filtered", "gauge", "Published tables with a row filter: their changes outside it get no wake.",
+		func(s *relay.Stats) float64 { return float64(s.TablesFiltered) }},
 	{"listenhub_relay_transactions_total", "counter", "Committed transactions decoded.",
 		func(s *relay.Stats) float64 { return float64(s.Transactions) }},
 	{"listenhub_relay_changes_total", "counter", "Row changes decoded (a TRUNCATE counts one per table).",

@@ -651,3 +651,34 @@ func TestRelayRoleIdleSessionTimeout(t *testing.T) {
 		t.Fatalf("%d reconnects, state %v (last error %q)", st.Reconnects, st.State, st.LastError)
 	}
 }
+
+// TestRelayTablesLeavingThePublicationSaid: a table dropped from the
+// publication, or a row filter added, while the relay streams stops
+// changes from waking with nothing in the stream to say so. The relay
+// logs each change once, naming the tables, and Stats count what the
+// publication covers now.
+func TestRelayTablesLeavingThePublicationSaid(t *testing.T) {
+	f := newFixture(t, "q_a", "q_b", "q_c")
+	f.exec("DROP PUBLICATION " + f.pub)
+	f.exec(fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.q_a, %s.q_b, %s.q_c", f.pub, f.schema, f.schema, f.schema))
+	rn := f.run(f.options())
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "3 tables counted", func() bool { return rn.r.Stats().Tables == 3 })
+	f.exec(fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s.q_b", f.pub, f.schema))
+	testutil.WaitFor(t, 10*time.Second, "the table that left, logged", func() bool {
+		return strings.Contains(rn.log.String(), "tables left the publication") && rn.r.Stats().Tables == 2
+	})
+	if !strings.Contains(rn.log.String(), f.schema+".q_b") || strings.Count(rn.log.String(), "tables left the publication") != 1 {
+		t.Errorf("want one line naming %s.q_b:\n%s", f.schema, rn.log.String())
+	}
+	f.exec(fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s.q_a WHERE (id > 10), %s.q_c", f.pub, f.schema, f.schema))
+	testutil.WaitFor(t, 10*time.Second, "the row filter, logged", func() bool {
+		return strings.Contains(rn.log.String(), "row filters on published tables") && rn.r.Stats().TablesFiltered == 1
+	})
+	if !strings.Contains(rn.log.String(), f.schema+".q_a WHERE") {
+		t.Errorf("the filter's line does not name %s.q_a:\n%s", f.schema, rn.log.String())
+	}
+	if n := strings.Count(rn.log.String(), "row filters on published tables"); n != 1 {
+		t.Errorf("the row filter logged %d times, want once", n)
+	}
+}

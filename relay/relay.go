@@ -223,6 +223,10 @@ type Stats struct {
 	LagSeconds float64
 	// ConfirmedLSN is the position last reported to the server.
 	ConfirmedLSN uint64
+	// Tables is how many tables the publication covers, and
+	// TablesFiltered how many of them have a row filter (changes outside
+	// it get no wake), as of the last look while streaming.
+	Tables, TablesFiltered int64
 	// LastError is why the relay is not streaming (one line, with the fix
 	// when one is known), or what its set-up waits on; "" while it
 	// streams or stands by.
@@ -244,6 +248,7 @@ type Relay struct {
 
 	transactions, changes, notifies, batches, coalesced atomic.Uint64
 	tooLong, visWaits, reconnects, takeovers, resyncs   atomic.Uint64
+	tables, tablesFiltered                              atomic.Int64 // watchTables
 	lagBytes                                            atomic.Int64
 	lagSeconds                                          atomic.Int64 // nanoseconds
 	confirmed                                           atomic.Uint64
@@ -325,6 +330,8 @@ func (r *Relay) Stats() Stats {
 		Takeovers:       r.takeovers.Load(),
 		Resyncs:         r.resyncs.Load(),
 		LagBytes:        r.lagBytes.Load(),
+		Tables:          r.tables.Load(),
+		TablesFiltered:  r.tablesFiltered.Load(),
 		LagSeconds:      time.Duration(r.lagSeconds.Load()).Seconds(),
 		ConfirmedLSN:    r.confirmed.Load(),
 		LastError:       r.lastError(),

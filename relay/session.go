@@ -30,6 +30,9 @@ type session struct {
 	br *bufio.Reader  // over rc; reader goroutine only
 
 	tables [][2]string // schema, table of the publication at start
+	// seen: the publication's tables and their row filters at the last
+	// look while streaming (watchTables); nil before the first.
+	seen map[[2]string]string
 	// xidRef is a recent xmax of the server as a full 64-bit xid: the
 	// 32-bit xids of pgoutput are widened against it (fullXid).
 	xidRef uint64

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -500,6 +501,9 @@ func (s *session) stream(ctx context.Context) error {
 				if err := s.watchPublication(ctx); err != nil {
 					return err
 				}
+				if err := s.watchTables(ctx); err != nil {
+					return err
+				}
 				lag, lagT := r.lagBytes.Load(), time.Duration(r.lagSeconds.Load())
 				if (lag > r.opts.MaxLagBytes || lagT > r.opts.MaxLag) && time.Since(lastLagWarn) >= time.Minute {
 					lastLagWarn = time.Now()
@@ -694,6 +698,64 @@ func (s *session) probe(ctx context.Context) error {
 		return fmt.Errorf("and the slot is no longer held by it (active_pid %s, ours %d)", rows[0][0], s.walsender)
 	}
 	s.r.log.Debug("relay: the walsender is silent but still holds the slot (decoding); waiting", "pid", s.walsender)
+	return nil
+}
+
+// watchTables compares, with each look at the server while streaming, the
+// tables the publication covers, and their row filters (PostgreSQL 15 on),
+// with what the relay saw last. A table that left the publication, or a
+// row filter added, stops changes from waking with nothing in the stream
+// to say so: the relay logs it once per change, with the tables, and
+// Stats (listenhub_relay_tables, listenhub_relay_tables_filtered) show
+// what is covered now.
+func (s *session) watchTables(ctx context.Context) error {
+	r := s.r
+	sql := `SELECT schemaname, tablename, '' FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2`
+	if s.ver >= 150000 {
+		sql = `SELECT schemaname, tablename, coalesce(rowfilter, '') FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2`
+	}
+	rows, err := query(ctx, s.nc, sql, r.opts.Publication)
+	if err != nil {
+		return fmt.Errorf("read the publication's tables: %w", err)
+	}
+	now := make(map[[2]string]string, len(rows))
+	filtered := 0
+	for _, row := range rows {
+		now[[2]string{row[0], row[1]}] = row[2]
+		if row[2] != "" {
+			filtered++
+		}
+	}
+	r.tables.Store(int64(len(now)))
+	r.tablesFiltered.Store(int64(filtered))
+	if s.seen == nil { // the first look: the tables of the preflight, no filters known
+		s.seen = make(map[[2]string]string, len(s.tables))
+		for _, t := range s.tables {
+			s.seen[t] = ""
+		}
+	}
+	var left, newFilters []string
+	for t := range s.seen {
+		if _, ok := now[t]; !ok {
+			left = append(left, t[0]+"."+t[1])
+		}
+	}
+	for t, f := range now {
+		if f != "" && s.seen[t] != f {
+			newFilters = append(newFilters, t[0]+"."+t[1]+" WHERE "+f)
+		}
+	}
+	sort.Strings(left)
+	sort.Strings(newFilters)
+	if len(left) > 0 {
+		r.log.Warn("relay: tables left the publication: their changes get no wake", "publication", r.opts.Publication,
+			"tables", strings.Join(left, ", "), "fix", fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE ..., or leave them off on purpose", quoteIdent(r.opts.Publication)))
+	}
+	if len(newFilters) > 0 {
+		r.log.Warn("relay: row filters on published tables: changes outside them get no wake", "publication", r.opts.Publication,
+			"filters", strings.Join(newFilters, "; "))
+	}
+	s.seen = now
 	return nil
 }
 

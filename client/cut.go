@@ -1,8 +1,14 @@
 package client
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A fail-back has two listeners delivering at once: the local one it is
@@ -59,6 +65,92 @@ func (c *cut) passed() {
 	}
 }
 
+// ErrOtherDatabase is wrapped by the reason of a Failover that does not
+// use a hub because the hub does not deliver what is committed on the
+// Failover's own database: it serves another database or cluster.
+var ErrOtherDatabase = errors.New("the hub serves another database")
+
+// dbProbe is the start's check that the hub hears the Failover's database
+// (checkDatabase): a private name, a random payload, closed came once the
+// hub delivered it.
+type dbProbe struct {
+	q, token string
+	came     chan struct{}
+}
+
+// probeWait bounds how long NewFailover waits for the hub's first healthy
+// status before it checks the database; a hub whose Postgres is down is
+// not checked then (the fail-back's marker checks it later, if ever).
+const probeWait = 500 * time.Millisecond
+
+// checkDatabase makes sure, at the start, that the hub hears the database
+// the Failover was given (DatabaseURL or ConnConfig): it subscribes a
+// private name through the hub, commits a NOTIFY of it on a short
+// connection of its own, and waits, up to the ack timeout, for the hub to
+// deliver it. A hub on another database acks every subscribe and delivers
+// nothing the application commits: that is ErrOtherDatabase, said once at
+// ERROR, and NewFailover listens locally instead. Anything that keeps the
+// check from running (no database configured, a hub not yet healthy, a
+// database not reachable) leaves the hub trusted.
+func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) error {
+	cc := f.localCfg.ConnConfig
+	if cc == nil || !cutFits(f.opts.ChannelPrefix, f.opts.ChannelSuffix) {
+		return nil
+	}
+	t := time.NewTimer(probeWait)
+	defer t.Stop()
+	for !c.Healthy() {
+		select {
+		case <-hc.status:
+		case <-c.Done():
+			return nil // the caller finds it dead
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	b := make([]byte, 8)
+	rand.Read(b)
+	p := &dbProbe{q: "lh.db." + hex.EncodeToString(b[:4]), token: hex.EncodeToString(b), came: make(chan struct{})}
+	f.setProbe(p)
+	defer func() {
+		f.setProbe(nil)
+		c.Unsubscribe(p.q)
+	}()
+	ctx, cancel := context.WithTimeout(ctx, f.opts.AckTimeout)
+	defer cancel()
+	if err := c.Subscribe(ctx, p.q); err != nil {
+		return nil // the hub's own failure shows elsewhere
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cc.Copy())
+	if err != nil {
+		return nil
+	}
+	rr := conn.ExecParams(ctx, "SELECT pg_notify($1, $2)", [][]byte{[]byte(f.opts.ChannelPrefix + p.q + f.opts.ChannelSuffix), []byte(p.token)}, nil, nil, nil)
+	_, err = rr.Close()
+	conn.Close(context.Background())
+	if err != nil {
+		return nil
+	}
+	select {
+	case <-p.came:
+		return nil
+	case <-ctx.Done():
+	}
+	err = fmt.Errorf("listenhub client: %w: a NOTIFY committed on %s at %s:%d did not come back through the hub at %s within %v; listening on a connection of this process (run the hub with this database's URL)",
+		ErrOtherDatabase, cc.Database, cc.Host, cc.Port, f.opts.SocketPath, f.opts.AckTimeout)
+	f.wrongDatabase.Store(true)
+	f.log.Error("listenhub: not using a hub on another database", "socket", f.opts.SocketPath, "reason", err)
+	return err
+}
+
+func (f *Failover) setProbe(p *dbProbe) {
+	f.dispatch.Lock()
+	f.probe = p
+	f.dispatch.Unlock()
+}
+
 // onHubWake routes a wake of the hub client hc: through the cut while hc
 // is a fail-back's candidate, delivered when hc is the current hub,
 // dropped otherwise (a candidate given up).
@@ -66,6 +158,16 @@ func (f *Failover) onHubWake(hc *hubConn, w Wake) {
 	h := f.opts.OnWake
 	f.dispatch.Lock()
 	defer f.dispatch.Unlock()
+	if p := f.probe; p != nil && w.Q == p.q {
+		if w.Payload == p.token {
+			select {
+			case <-p.came:
+			default:
+				close(p.came)
+			}
+		}
+		return
+	}
 	if c := f.cut; c != nil && c.hc == hc {
 		switch {
 		case w.Q == c.q:

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -339,5 +340,53 @@ func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 	out := logs.String()
 	if n := strings.Count(out, "level=ERROR msg=\"listenhub: not failing back to a hub on another database\""); n != 1 || !strings.Contains(out, "postgres at 127.0.0.1") {
 		t.Errorf("%d ERROR lines naming the database, want 1:\n%s", n, out)
+	}
+}
+
+// A hub on another database at the start: the Failover's check NOTIFY
+// never comes back through it, so it listens on its own connection from
+// the start (Reason wraps ErrOtherDatabase), says so once at ERROR, and
+// the fail-backs that follow refuse the hub too.
+func TestPGFailoverRefusesHubOnAnotherDatabaseAtStart(t *testing.T) {
+	e := newPGEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	other := "lhc_start_" + strconv.Itoa(os.Getpid())
+	if err := e.db.Exec(ctx, "CREATE DATABASE "+other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.db.Exec(context.Background(), "DROP DATABASE IF EXISTS "+other+" WITH (FORCE)") })
+	cmd := exec.Command(listenhubBinary(t), "serve", "--database-url", strings.Replace(e.db.URL(), "/postgres?", "/"+other+"?", 1),
+		"--socket", e.socket, "--application-name", e.hubApp, "--channel-prefix", e.prefix)
+	cmd.Stdout, cmd.Stderr = e.logs, e.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	e.waitBackends(1, 0)
+	logs := &logBuf{}
+	rec := &recorder{}
+	f := e.failover(rec, func(o *FailoverOptions) {
+		o.MinLocal = 50 * time.Millisecond
+		o.ProbeInterval = 50 * time.Millisecond
+		o.ProbeMaxInterval = 100 * time.Millisecond
+		o.AckTimeout = 500 * time.Millisecond
+		o.Logger = logs.logger()
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("client log:\n%s", logs.String())
+		}
+	})
+	if f.Mode() != ModeLocal || !errors.Is(f.Reason(), ErrOtherDatabase) {
+		t.Fatalf("mode %v, reason %v: want local for a hub on another database", f.Mode(), f.Reason())
+	}
+	mustSubscribe(t, f, "a")
+	e.waitFlowing(rec, "a")
+	testutil.WaitFor(t, waitLong, "a refused fail-back attempt", func() bool {
+		return strings.Contains(logs.String(), "the hub does not deliver this database's notifications")
+	})
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || f.Mode() != ModeLocal {
+		t.Errorf("%d ERROR lines (want 1), mode %v (want local)", n, f.Mode())
 	}
 }

@@ -181,6 +181,7 @@ type Failover struct {
 
 	dispatch sync.Mutex // one handler call at a time across hub and local
 	cut      *cut       // a fail-back's switch point (cut.go); under dispatch
+	probe    *dbProbe   // the start's database check (cut.go); under dispatch
 	// wrongDatabase: a fail-back found the hub on another database
 	// (logged at ERROR once).
 	wrongDatabase atomic.Bool
@@ -260,11 +261,19 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	f.hub = hc // current before Dial returns: its first status counts
 	hc.current.Store(true)
 	hub, err := f.dialHub(ctx, hc)
+	if err == nil {
+		if werr := f.checkDatabase(ctx, hc, hub); werr != nil {
+			hub.Close()
+			err = werr
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if hubSupported {
+		if errors.Is(err, ErrOtherDatabase) {
+			// checkDatabase said it, at ERROR.
+		} else if hubSupported {
 			f.log.Warn("listenhub: hub unreachable, listening locally", "socket", opts.SocketPath, "reason", err)
 		} else {
 			f.log.Info("listenhub: no hub on this platform, listening locally", "reason", err)

@@ -290,19 +290,32 @@ func TestPGFailbackExactThrough20(t *testing.T) {
 	}
 }
 
+// startHubOnOtherDatabase creates a database (name prefix + pid, dropped
+// at the end) and runs `listenhub serve` on it, on e's socket.
+func (e *pgEnv) startHubOnOtherDatabase(prefix string) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	other := prefix + strconv.Itoa(os.Getpid())
+	if err := e.db.Exec(ctx, "CREATE DATABASE "+other); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { e.db.Exec(context.Background(), "DROP DATABASE IF EXISTS "+other+" WITH (FORCE)") })
+	cmd := exec.Command(listenhubBinary(e.t), "serve", "--database-url", strings.Replace(e.db.URL(), "/postgres?", "/"+other+"?", 1),
+		"--socket", e.socket, "--application-name", e.hubApp, "--channel-prefix", e.prefix)
+	cmd.Stdout, cmd.Stderr = e.logs, e.logs
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+}
+
 // A hub on another database than the Failover's: its marker never comes
 // back through the hub, so the Failover does not fail back to it. It stays
 // on its own connection (the wakes keep coming) and says why once, at
 // ERROR, naming its database.
 func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 	e := newPGEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
-	defer cancel()
-	other := "lhc_other_" + strconv.Itoa(os.Getpid())
-	if err := e.db.Exec(ctx, "CREATE DATABASE "+other); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.db.Exec(context.Background(), "DROP DATABASE IF EXISTS "+other+" WITH (FORCE)") })
 	logs := &logBuf{}
 	rec := &recorder{}
 	var failbacks atomic.Int64
@@ -318,13 +331,7 @@ func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 	if f.Mode() != ModeLocal {
 		t.Fatalf("mode %v without a hub, want local", f.Mode())
 	}
-	cmd := exec.Command(listenhubBinary(t), "serve", "--database-url", strings.Replace(e.db.URL(), "/postgres?", "/"+other+"?", 1),
-		"--socket", e.socket, "--application-name", e.hubApp, "--channel-prefix", e.prefix)
-	cmd.Stdout, cmd.Stderr = e.logs, e.logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	e.startHubOnOtherDatabase("lhc_other_")
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("client log:\n%s", logs.String())
@@ -349,20 +356,7 @@ func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 // the fail-backs that follow refuse the hub too.
 func TestPGFailoverRefusesHubOnAnotherDatabaseAtStart(t *testing.T) {
 	e := newPGEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
-	defer cancel()
-	other := "lhc_start_" + strconv.Itoa(os.Getpid())
-	if err := e.db.Exec(ctx, "CREATE DATABASE "+other); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.db.Exec(context.Background(), "DROP DATABASE IF EXISTS "+other+" WITH (FORCE)") })
-	cmd := exec.Command(listenhubBinary(t), "serve", "--database-url", strings.Replace(e.db.URL(), "/postgres?", "/"+other+"?", 1),
-		"--socket", e.socket, "--application-name", e.hubApp, "--channel-prefix", e.prefix)
-	cmd.Stdout, cmd.Stderr = e.logs, e.logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	e.startHubOnOtherDatabase("lhc_start_")
 	e.waitBackends(1, 0)
 	logs := &logBuf{}
 	rec := &recorder{}

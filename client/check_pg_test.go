@@ -26,7 +26,7 @@ func TestPGFailoverThroughPooler(t *testing.T) {
 			rec := &recorder{}
 			failedOver := make(chan error, 1)
 			f := e.failover(rec, func(o *FailoverOptions) {
-				o.DatabaseURL = b.URL()
+				o.Local.DatabaseURL = b.URL()
 				o.OneWay = true
 				o.OnFailover = func(reason error) { failedOver <- reason }
 			})

@@ -19,21 +19,26 @@ import (
 
 // Defaults for the zero fields of Options.
 const (
-	// DefaultAckTimeout bounds the wait for an ack. The hub acks once
+	// defaultAckTimeout bounds the wait for an ack. The hub acks once
 	// Postgres has confirmed the LISTEN, a round trip of a millisecond or
 	// so; a hub whose Postgres is down nacks after its own command timeout.
 	// Two seconds without either means a wedged hub.
-	DefaultAckTimeout = 2 * time.Second
-	// DefaultWriteTimeout bounds one write of queued frames. Frames to the
+	defaultAckTimeout = 2 * time.Second
+	// defaultWriteTimeout bounds one write of queued frames. Frames to the
 	// hub are tiny, so a write that cannot finish within it means the hub
 	// has stopped reading.
-	DefaultWriteTimeout = 2 * time.Second
-	// DefaultFrameTimeout bounds the read of one frame from the hub, from
+	defaultWriteTimeout = 2 * time.Second
+	// defaultFrameTimeout bounds the read of one frame from the hub, from
 	// its first byte to its last: the hub's own --frame-timeout default. A
 	// hub that stops in the middle of a frame is wedged; without a bound
 	// the client would wait forever.
-	DefaultFrameTimeout = 10 * time.Second
+	defaultFrameTimeout = 10 * time.Second
 )
+
+// Test hooks, set only by tests (export_test.go): testEnterHook runs in a
+// reader between the two steps of entering a handler call, testAckTimeoutHook
+// as an ack timer fires.
+var testEnterHook, testAckTimeoutHook func()
 
 // readBufferSize is the size of one read from the hub socket. The hub writes
 // many frames per write(2) (its end-of-iteration flush); one read takes a
@@ -42,10 +47,11 @@ const readBufferSize = 64 << 10
 
 // Wake is one NOTIFY as the hub (or a local listener) delivered it.
 type Wake struct {
-	// Q is the subscription name (the channel without the hub's prefix and
-	// suffix).
-	Q string
-	// Payload is the NOTIFY payload; empty for a durable wake.
+	// Name is the subscription name: the channel without the hub's
+	// prefix and suffix (the wire's "q").
+	Name string
+	// Payload is the NOTIFY payload (the wire's "p"); empty for a
+	// durable wake.
 	Payload string
 	// Durable is true for a wake without payload ("something changed,
 	// re-read"): such wakes may be coalesced and may be synthesized after a
@@ -55,16 +61,18 @@ type Wake struct {
 	Durable bool
 }
 
-// Options configure a hub client. The zero value is valid.
+// Options configure a hub client. SocketPath is required.
 type Options struct {
-	// AckTimeout bounds Subscribe's wait for the hub's answer. Default
-	// DefaultAckTimeout. A timeout kills the client.
+	// SocketPath is the hub's Unix socket (the hub's --socket).
+	SocketPath string
+	// AckTimeout bounds Subscribe's wait for the hub's answer. Default 2s.
+	// A timeout kills the client.
 	AckTimeout time.Duration
-	// WriteTimeout bounds each write to the hub socket. Default
-	// DefaultWriteTimeout. A stalled write kills the client.
+	// WriteTimeout bounds each write to the hub socket. Default 2s.
+	// A stalled write kills the client.
 	WriteTimeout time.Duration
 	// FrameTimeout bounds each frame from the hub, from its first byte to
-	// its last. Default DefaultFrameTimeout. A frame that stalls kills the
+	// its last. Default 10s. A frame that stalls kills the
 	// client (a *ConnError, Op "read").
 	FrameTimeout time.Duration
 
@@ -99,18 +107,12 @@ type Options struct {
 	// Logger receives debug logs (stray acks, unknown frame types) and the
 	// reason of the client's death. Nil discards them.
 	Logger *slog.Logger
-
-	// enterHook, in tests, runs in the reader between the two steps of
-	// entering a handler call.
-	enterHook func()
-	// ackTimeoutHook, in tests, runs as the ack timer fires.
-	ackTimeoutHook func()
 }
 
 func (o Options) withDefaults() Options {
-	defaults.Set(&o.AckTimeout, DefaultAckTimeout)
-	defaults.Set(&o.WriteTimeout, DefaultWriteTimeout)
-	defaults.Set(&o.FrameTimeout, DefaultFrameTimeout)
+	defaults.Set(&o.AckTimeout, defaultAckTimeout)
+	defaults.Set(&o.WriteTimeout, defaultWriteTimeout)
+	defaults.Set(&o.FrameTimeout, defaultFrameTimeout)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -182,7 +184,7 @@ type call struct {
 	timer    *time.Timer   // ack timeout
 }
 
-// Dial connects to the hub socket at path and checks that it is our hub's:
+// Dial connects to the hub socket at opts.SocketPath and checks that it is our hub's:
 // the socket file and its directory first (see SocketError: lstat, a
 // socket, its owner, the directory's owner and mode, and a connect through
 // the directory that was checked), then the peer's uid (SO_PEERCRED,
@@ -197,7 +199,8 @@ type call struct {
 // why in its first frame and closes it: Dial has returned by then, and the
 // client dies with a *RefusedError (errors.Is ErrRefused), which Err and
 // the next Subscribe return.
-func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
+func Dial(ctx context.Context, opts Options) (*Client, error) {
+	path := opts.SocketPath
 	if path == "" {
 		return nil, errEmptyPath
 	}
@@ -423,7 +426,7 @@ func (c *Client) resolveLocked(cl *call, err error) {
 // death are one critical section: an ack that lands in between would
 // otherwise let Subscribe return nil and then kill the client anyway.
 func (c *Client) ackTimeout(cl *call, q string) {
-	if h := c.opts.ackTimeoutHook; h != nil {
+	if h := testAckTimeoutHook; h != nil {
 		h()
 	}
 	c.mu.Lock()
@@ -431,7 +434,7 @@ func (c *Client) ackTimeout(cl *call, q string) {
 		c.mu.Unlock()
 		return
 	}
-	err := &AckTimeoutError{Q: q, Timeout: c.opts.AckTimeout}
+	err := &AckTimeoutError{Name: q, Timeout: c.opts.AckTimeout}
 	c.dieLocked(err)
 	c.mu.Unlock()
 	c.closeDead(err)
@@ -591,7 +594,7 @@ func (c *Client) handle(m frame.Message) bool {
 		}
 		c.mu.Unlock()
 	case "nack":
-		err := &NackError{Q: m.Q, Reason: m.Error, InvalidName: invalidNameReason(m.Error), Limit: limitReason(m.Error)}
+		err := &NackError{Name: m.Q, Reason: m.Error, InvalidName: invalidNameReason(m.Error), Limit: limitReason(m.Error)}
 		c.mu.Lock()
 		s := c.subs[m.Q]
 		if s == nil || s.call == nil {
@@ -612,7 +615,7 @@ func (c *Client) handle(m frame.Message) bool {
 		}
 		c.mu.Unlock()
 	case "wake":
-		w := Wake{Q: m.Q, Payload: m.P, Durable: !m.HasP || m.P == ""}
+		w := Wake{Name: m.Q, Payload: m.P, Durable: !m.HasP || m.P == ""}
 		if h := c.opts.OnWake; h != nil {
 			return c.call(func() { h(w) })
 		}
@@ -645,7 +648,7 @@ func (c *Client) call(f func()) bool {
 	defer c.dispatch.Unlock()
 	c.inHandler.Store(true)
 	defer c.inHandler.Store(false)
-	if h := c.opts.enterHook; h != nil {
+	if h := testEnterHook; h != nil {
 		h()
 	}
 	if c.closing.Load() {

@@ -173,7 +173,7 @@ func TestClientNackInvalidNameKeepsClient(t *testing.T) {
 	if !errors.As(err, &nack) || !nack.InvalidName || !errors.Is(err, ErrInvalidName) {
 		t.Fatalf("err = %#v, want an invalid-name *NackError", err)
 	}
-	if nack.Q != "bad" || !strings.Contains(nack.Reason, "63") {
+	if nack.Name != "bad" || !strings.Contains(nack.Reason, "63") {
 		t.Fatalf("nack %+v", nack)
 	}
 	if c.Err() != nil || isClosed(c.Done()) {
@@ -235,7 +235,7 @@ func TestClientAckTimeoutKillsClient(t *testing.T) {
 	start := time.Now()
 	err := c.Subscribe(context.Background(), "a")
 	var ate *AckTimeoutError
-	if !errors.As(err, &ate) || !errors.Is(err, ErrAckTimeout) || ate.Q != "a" {
+	if !errors.As(err, &ate) || !errors.Is(err, ErrAckTimeout) || ate.Name != "a" {
 		t.Fatalf("err = %v, want *AckTimeoutError", err)
 	}
 	if d := time.Since(start); d < 100*time.Millisecond || d > waitLong {
@@ -523,7 +523,7 @@ func TestClientNoHandlerAfterClose(t *testing.T) {
 
 func TestDialMissingSocket(t *testing.T) {
 	path := filepath.Join(shortDir(t), "absent.sock")
-	_, err := Dial(context.Background(), path, Options{})
+	_, err := Dial(context.Background(), Options{SocketPath: path})
 	var ce *ConnError
 	if !errors.As(err, &ce) || ce.Op != "dial" || !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("err = %v, want a dial *ConnError with ENOENT", err)
@@ -538,7 +538,7 @@ func TestDialStaleSocket(t *testing.T) {
 	}
 	ln.SetUnlinkOnClose(false)
 	ln.Close()
-	_, err = Dial(context.Background(), path, Options{})
+	_, err = Dial(context.Background(), Options{SocketPath: path})
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("err = %v, want ECONNREFUSED", err)
 	}
@@ -548,7 +548,7 @@ func TestDialContextDone(t *testing.T) {
 	h := newFakeHub(t, true)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Dial(ctx, h.path, Options{}); !errors.Is(err, context.Canceled) {
+	if _, err := Dial(ctx, Options{SocketPath: h.path}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v", err)
 	}
 }
@@ -557,7 +557,7 @@ func TestClientGoroutinesExit(t *testing.T) {
 	testutil.CheckFDs(t, waitLong)
 	h := newFakeHub(t, true)
 	for range 20 {
-		c, err := Dial(context.Background(), h.path, Options{})
+		c, err := Dial(context.Background(), Options{SocketPath: h.path})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -624,7 +624,7 @@ func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 			xmu.Unlock()
 		},
 	}
-	opts.enterHook = func() {
+	setEnterHook(t, func() {
 		once.Do(func() {
 			go func() {
 				xmu.Lock()
@@ -636,8 +636,8 @@ func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 				return isClosed(closed) || closeBlockedOnDispatch("Client")
 			})
 		})
-	}
-	cl, err := Dial(context.Background(), h.path, opts)
+	})
+	cl, err := Dial(context.Background(), withPath(opts, h.path))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -672,7 +672,7 @@ func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 			xmu.Unlock()
 		},
 	}
-	opts.enterHook = func() {
+	setEnterHook(t, func() {
 		go func() {
 			xmu.Lock()
 			l.Close()
@@ -682,7 +682,7 @@ func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 		testutil.WaitFor(t, waitLong, "Close to return or to wait for the handler", func() bool {
 			return isClosed(closed) || closeBlockedOnDispatch("Local")
 		})
-	}
+	})
 	l = newLocalWith(opts)
 	l.start(nopPlain{})
 	go l.onNotification("a", "x") // as the connection's goroutine does
@@ -708,14 +708,14 @@ func TestAckAtTimeoutDoesNotKillAnsweredClient(t *testing.T) {
 	returned := make(chan struct{}) // closed when Subscribe returned, with subErr set
 	var subErr error
 	opts := Options{AckTimeout: 50 * time.Millisecond}
-	opts.ackTimeoutHook = func() {
+	setAckTimeoutHook(t, func() {
 		fc.Load().ack("a")
 		select {
 		case <-returned:
 		case <-time.After(waitLong):
 			t.Error("Subscribe did not return on the ack")
 		}
-	}
+	})
 	c := dialFake(t, h, nil, opts)
 	fc.Store(h.accept())
 	go func() {

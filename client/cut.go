@@ -94,7 +94,7 @@ const probeWait = 500 * time.Millisecond
 // database not reachable) leaves the hub trusted.
 func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) error {
 	cc := f.localCfg.ConnConfig
-	if cc == nil || !cutFits(f.opts.ChannelPrefix, f.opts.ChannelSuffix) {
+	if cc == nil || !cutFits(f.opts.Local.ChannelPrefix, f.opts.Local.ChannelSuffix) {
 		return nil
 	}
 	t := time.NewTimer(probeWait)
@@ -118,7 +118,7 @@ func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) er
 		f.setProbe(nil)
 		c.Unsubscribe(p.q)
 	}()
-	ctx, cancel := context.WithTimeout(ctx, f.opts.AckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Hub.AckTimeout)
 	defer cancel()
 	if err := c.Subscribe(ctx, p.q); err != nil {
 		return nil // the hub's own failure shows elsewhere
@@ -127,7 +127,7 @@ func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) er
 	if err != nil {
 		return nil
 	}
-	rr := conn.ExecParams(ctx, "SELECT pg_notify($1, $2)", [][]byte{[]byte(f.opts.ChannelPrefix + p.q + f.opts.ChannelSuffix), []byte(p.token)}, nil, nil, nil)
+	rr := conn.ExecParams(ctx, "SELECT pg_notify($1, $2)", [][]byte{[]byte(f.opts.Local.ChannelPrefix + p.q + f.opts.Local.ChannelSuffix), []byte(p.token)}, nil, nil, nil)
 	_, err = rr.Close()
 	conn.Close(context.Background())
 	if err != nil {
@@ -139,9 +139,9 @@ func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) er
 	case <-ctx.Done():
 	}
 	err = fmt.Errorf("listenhub client: %w: a NOTIFY committed on %s at %s:%d did not come back through the hub at %s within %v; listening on a connection of this process (run the hub with this database's URL)",
-		ErrOtherDatabase, cc.Database, cc.Host, cc.Port, f.opts.SocketPath, f.opts.AckTimeout)
+		ErrOtherDatabase, cc.Database, cc.Host, cc.Port, f.opts.Hub.SocketPath, f.opts.Hub.AckTimeout)
 	f.wrongDatabase.Store(true)
-	f.log.Error("listenhub: not using a hub on another database", "socket", f.opts.SocketPath, "reason", err)
+	f.log.Error("listenhub: not using a hub on another database", "socket", f.opts.Hub.SocketPath, "reason", err)
 	return err
 }
 
@@ -158,7 +158,7 @@ func (f *Failover) onHubWake(hc *hubConn, w Wake) {
 	h := f.opts.OnWake
 	f.dispatch.Lock()
 	defer f.dispatch.Unlock()
-	if p := f.probe; p != nil && w.Q == p.q {
+	if p := f.probe; p != nil && w.Name == p.q {
 		if w.Payload == p.token {
 			select {
 			case <-p.came:
@@ -170,7 +170,7 @@ func (f *Failover) onHubWake(hc *hubConn, w Wake) {
 	}
 	if c := f.cut; c != nil && c.hc == hc {
 		switch {
-		case w.Q == c.q:
+		case w.Name == c.q:
 			if w.Payload == c.token && !c.hubPast {
 				c.hubPast = true
 				c.passed()
@@ -198,7 +198,7 @@ func (f *Failover) onLocalWake(w Wake) {
 	defer f.dispatch.Unlock()
 	if c := f.cut; c != nil {
 		switch {
-		case w.Q == c.q:
+		case w.Name == c.q:
 			if w.Payload == c.token && !c.localPast {
 				c.localPast = true
 				if h != nil {

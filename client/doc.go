@@ -34,7 +34,7 @@
 // time, in order, from the listener's own goroutine. A handler that blocks
 // stops that goroutine from reading: acks wait (Subscribe may time out and
 // kill the client) and the hub's backlog for this process grows until the
-// hub evicts it, which is a failover. Hand work off; Mux.HandleWake does, to
+// hub evicts it, which is a failover. Hand work off; a Mux does, to
 // bounded per-subscriber buffers, and never blocks.
 //
 // # Durable and ephemeral wakes

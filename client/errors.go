@@ -39,7 +39,7 @@ var ErrSlowSubscriber = errors.New("slow subscriber")
 
 // NackError is the hub's refusal of a subscription: its nack frame.
 type NackError struct {
-	Q      string // the subscription name that was refused
+	Name   string // the subscription name that was refused
 	Reason string // the hub's "error" field, verbatim
 	// InvalidName is true when the refusal is about the name (see
 	// ErrInvalidName), Limit when it is one of the hub's caps (see
@@ -50,7 +50,7 @@ type NackError struct {
 }
 
 func (e *NackError) Error() string {
-	return fmt.Sprintf("listenhub client: hub refused %q: %s", e.Q, e.Reason)
+	return fmt.Sprintf("listenhub client: hub refused %q: %s", e.Name, e.Reason)
 }
 
 // Is makes errors.Is(err, ErrInvalidName) true for a name refusal and
@@ -63,12 +63,12 @@ func (e *NackError) Is(target error) bool {
 // timeout. The client is dead after it: a hub that does not answer is wedged
 // or is an old hub that silently drops what it refuses.
 type AckTimeoutError struct {
-	Q       string
+	Name    string
 	Timeout time.Duration
 }
 
 func (e *AckTimeoutError) Error() string {
-	return fmt.Sprintf("listenhub client: no ack for %q within %v", e.Q, e.Timeout)
+	return fmt.Sprintf("listenhub client: no ack for %q within %v", e.Name, e.Timeout)
 }
 
 // Is makes errors.Is(err, ErrAckTimeout) true.
@@ -140,12 +140,12 @@ func (e *ConnError) Unwrap() error { return e.Err }
 // wakes overflowed its buffer: at least one payload was lost for it, so it
 // is closed rather than left to continue with a silent gap.
 type SlowSubscriberError struct {
-	Q      string
+	Name   string
 	Buffer int
 }
 
 func (e *SlowSubscriberError) Error() string {
-	return fmt.Sprintf("listenhub client: subscriber of %q too slow: more than %d ephemeral wakes pending", e.Q, e.Buffer)
+	return fmt.Sprintf("listenhub client: subscriber of %q too slow: more than %d ephemeral wakes pending", e.Name, e.Buffer)
 }
 
 // Is makes errors.Is(err, ErrSlowSubscriber) true.

@@ -92,7 +92,8 @@ func ExampleDial() {
 	ctx := context.Background()
 
 	wakes := make(chan client.Wake, 64)
-	c, err := client.Dial(ctx, socket, client.Options{
+	c, err := client.Dial(ctx, client.Options{
+		SocketPath: socket,
 		// Runs on the client's reader goroutine: hand the wake off,
 		// never block here.
 		OnWake: func(w client.Wake) { wakes <- w },
@@ -111,7 +112,7 @@ func ExampleDial() {
 	notify("orders", "")          // durable: "something changed, re-read"
 	for range 2 {
 		w := <-wakes
-		fmt.Printf("q=%s durable=%v payload=%q\n", w.Q, w.Durable, w.Payload)
+		fmt.Printf("q=%s durable=%v payload=%q\n", w.Name, w.Durable, w.Payload)
 	}
 	// Output:
 	// q=orders durable=false payload="{\"id\":42}"
@@ -128,9 +129,9 @@ func ExampleNewFailover() {
 
 	wakes := make(chan client.Wake, 64)
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
-		SocketPath:  socket,
-		DatabaseURL: databaseURL, // for the local listener, if ever needed
-		OnWake:      func(w client.Wake) { wakes <- w },
+		Hub:    client.Options{SocketPath: socket},
+		Local:  client.LocalOptions{DatabaseURL: databaseURL}, // for the local listener, if ever needed
+		OnWake: func(w client.Wake) { wakes <- w },
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -145,7 +146,7 @@ func ExampleNewFailover() {
 
 	stopHub() // the hub goes away
 	w := <-wakes
-	fmt.Println("mode:", f.Mode(), "- durable wake for", w.Q, w.Durable)
+	fmt.Println("mode:", f.Mode(), "- durable wake for", w.Name, w.Durable)
 	notify("invoices", "via our own connection")
 	fmt.Println((<-wakes).Payload)
 	// Output:
@@ -167,12 +168,12 @@ func ExampleFailoverOptions_failback() {
 	wakes := make(chan client.Wake, 64)
 	modes := make(chan string, 4)
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
-		SocketPath:  socket,
-		DatabaseURL: databaseURL,
-		MinLocal:    100 * time.Millisecond, // default 5s: no flapping
-		OnWake:      func(w client.Wake) { wakes <- w },
-		OnFailover:  func(error) { modes <- "failed over" },
-		OnFailback:  func() { modes <- "back on the hub" },
+		Hub:        client.Options{SocketPath: socket},
+		Local:      client.LocalOptions{DatabaseURL: databaseURL},
+		MinLocal:   100 * time.Millisecond, // default 5s: no flapping
+		OnWake:     func(w client.Wake) { wakes <- w },
+		OnFailover: func(error) { modes <- "failed over" },
+		OnFailback: func() { modes <- "back on the hub" },
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -191,7 +192,7 @@ func ExampleFailoverOptions_failback() {
 	defer stopAgain()
 	fmt.Println(<-modes, "- mode:", f.Mode())
 	w := <-wakes
-	fmt.Println("durable wake for", w.Q, w.Durable)
+	fmt.Println("durable wake for", w.Name, w.Durable)
 	notify("invoices", "via the hub again")
 	fmt.Println((<-wakes).Payload)
 	// Output:
@@ -207,8 +208,8 @@ func ExampleFailover_Reason() {
 	_, databaseURL, _, stop := exampleSetup()
 	defer stop()
 	f, err := client.NewFailover(context.Background(), client.FailoverOptions{
-		SocketPath:  "/nonexistent/listenhub.sock",
-		DatabaseURL: databaseURL,
+		Hub:   client.Options{SocketPath: "/nonexistent/listenhub.sock"},
+		Local: client.LocalOptions{DatabaseURL: databaseURL},
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -224,17 +225,16 @@ func ExampleMux() {
 	defer stop()
 	ctx := context.Background()
 
-	mux := client.NewMux(client.MuxOptions{Buffer: 64})
-	l, err := client.NewFailover(ctx, client.FailoverOptions{
-		SocketPath:  socket,
-		DatabaseURL: databaseURL,
-		OnWake:      mux.HandleWake,
-	})
+	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
+		return client.NewFailover(ctx, client.FailoverOptions{
+			Hub:    client.Options{SocketPath: socket},
+			Local:  client.LocalOptions{DatabaseURL: databaseURL},
+			OnWake: onWake,
+		})
+	}, client.MuxOptions{Buffer: 64})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer l.Close()
-	mux.Bind(l)
 	defer mux.Close()
 
 	var subs []*client.Subscription
@@ -271,17 +271,16 @@ func Example_serverSentEvents() {
 	defer stop()
 	ctx := context.Background()
 
-	mux := client.NewMux(client.MuxOptions{})
-	l, err := client.NewFailover(ctx, client.FailoverOptions{
-		SocketPath:  socket,
-		DatabaseURL: databaseURL,
-		OnWake:      mux.HandleWake,
-	})
+	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
+		return client.NewFailover(ctx, client.FailoverOptions{
+			Hub:    client.Options{SocketPath: socket},
+			Local:  client.LocalOptions{DatabaseURL: databaseURL},
+			OnWake: onWake,
+		})
+	}, client.MuxOptions{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer l.Close()
-	mux.Bind(l)
 	defer mux.Close()
 
 	events := func(w http.ResponseWriter, r *http.Request) {

@@ -12,15 +12,15 @@ import (
 
 // Defaults of the fail-back (see FailoverOptions).
 const (
-	// DefaultMinLocal is the least time a Failover stays on its local
+	// defaultMinLocal is the least time a Failover stays on its local
 	// listener before it tries the hub again: a hub that crashes again at
 	// once, or keeps evicting this process, costs at most one round trip
 	// hub → local → hub per this much time.
-	DefaultMinLocal = 5 * time.Second
-	// DefaultProbeInterval is the wait after a failed fail-back attempt;
-	// it doubles after each further one, up to DefaultProbeMaxInterval.
-	DefaultProbeInterval    = 1 * time.Second
-	DefaultProbeMaxInterval = 30 * time.Second
+	defaultMinLocal = 5 * time.Second
+	// defaultProbeInterval is the wait after a failed fail-back attempt;
+	// it doubles after each further one, up to defaultProbeMaxInterval.
+	defaultProbeInterval    = 1 * time.Second
+	defaultProbeMaxInterval = 30 * time.Second
 )
 
 // probeJitter scales each wait between fail-back attempts by a random
@@ -100,11 +100,11 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 			level = slog.LevelDebug
 		}
 		f.log.Log(context.Background(), level, "listenhub: fail-back attempt failed, staying local",
-			"socket", f.opts.SocketPath, "attempt", attempt, "why", why, "reason", err)
+			"socket", f.opts.Hub.SocketPath, "attempt", attempt, "why", why, "reason", err)
 		return false
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.Hub.AckTimeout)
 	c, err := f.dialHub(ctx, hc)
 	cancel()
 	if err != nil {
@@ -120,13 +120,13 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 	if err := f.awaitHealthy(hc); err != nil {
 		return giveUp("health", err)
 	}
-	f.log.Info("listenhub: hub is back, subscribing it before leaving the local listener", "socket", f.opts.SocketPath)
+	f.log.Info("listenhub: hub is back, subscribing it before leaving the local listener", "socket", f.opts.Hub.SocketPath)
 
 	// The cut (cut.go): both listeners LISTEN a private marker name
 	// before anything else.
 	var mark *cut
 	lo, _ := local.(*Local)
-	if lo != nil && cutFits(f.opts.ChannelPrefix, f.opts.ChannelSuffix) {
+	if lo != nil && cutFits(f.opts.Local.ChannelPrefix, f.opts.Local.ChannelSuffix) {
 		mark = newCut(hc)
 		f.setCut(mark)
 		defer func() {
@@ -135,7 +135,7 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 				local.Unsubscribe(mark.q)
 			}
 		}()
-		ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), f.opts.Hub.AckTimeout)
 		err := local.Subscribe(ctx, mark.q)
 		if err == nil {
 			err = c.Subscribe(ctx, mark.q)
@@ -162,7 +162,7 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 			// name reaches only the local listener: let it arrive
 			// before the local listener is closed.
 			if s, ok := local.(interface{ sync(context.Context) error }); ok {
-				ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+				ctx, cancel := context.WithTimeout(context.Background(), f.opts.Hub.AckTimeout)
 				if err := s.sync(ctx); err != nil {
 					f.log.Debug("listenhub: local listener not drained before the fail-back", "reason", err)
 				}
@@ -208,7 +208,7 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 				f.setCut(nil)
 				c.Unsubscribe(mark.q)
 			}
-			f.log.Info("listenhub: back on the hub, local listener closed", "socket", f.opts.SocketPath,
+			f.log.Info("listenhub: back on the hub, local listener closed", "socket", f.opts.Hub.SocketPath,
 				"subscriptions", len(recorded), "local_for", time.Since(since).Round(time.Millisecond), "attempts", attempt)
 			if h := f.opts.OnFailback; h != nil {
 				f.deliver(h)
@@ -233,7 +233,7 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 // means a hub on another database (or cluster): said once at ERROR, since
 // every worker of the host is then off the hub for good.
 func (f *Failover) sendMarker(local *Local, mark *cut) (stop bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), f.opts.AckTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.Hub.AckTimeout)
 	defer cancel()
 	if err := local.notify(ctx, mark.q, mark.token); err != nil {
 		return false, err
@@ -249,26 +249,26 @@ func (f *Failover) sendMarker(local *Local, mark *cut) (stop bool, err error) {
 	hubPast := mark.hubPast
 	f.dispatch.Unlock()
 	if hubPast {
-		return false, fmt.Errorf("listenhub client: the local listener did not deliver the fail-back marker within %v", f.opts.AckTimeout)
+		return false, fmt.Errorf("listenhub client: the local listener did not deliver the fail-back marker within %v", f.opts.Hub.AckTimeout)
 	}
 	db := "this database"
 	if cc := f.localCfg.ConnConfig; cc != nil {
 		db = fmt.Sprintf("%s at %s:%d", cc.Database, cc.Host, cc.Port)
 	}
 	err = fmt.Errorf("listenhub client: the hub does not deliver this database's notifications (a marker sent on %s did not come back through it within %v): it serves another database or cluster; staying on the local listener",
-		db, f.opts.AckTimeout)
+		db, f.opts.Hub.AckTimeout)
 	level := slog.LevelDebug
 	if f.wrongDatabase.CompareAndSwap(false, true) {
 		level = slog.LevelError
 	}
-	f.log.Log(context.Background(), level, "listenhub: not failing back to a hub on another database", "socket", f.opts.SocketPath, "reason", err)
+	f.log.Log(context.Background(), level, "listenhub: not failing back to a hub on another database", "socket", f.opts.Hub.SocketPath, "reason", err)
 	return false, err
 }
 
 // awaitHealthy waits, up to the ack timeout, for hc's hub to report its
 // Postgres connection healthy (it sends a status on connect).
 func (f *Failover) awaitHealthy(hc *hubConn) error {
-	t := time.NewTimer(f.opts.AckTimeout)
+	t := time.NewTimer(f.opts.Hub.AckTimeout)
 	defer t.Stop()
 	for !hc.c.Healthy() {
 		select {
@@ -278,7 +278,7 @@ func (f *Failover) awaitHealthy(hc *hubConn) error {
 		case <-f.done:
 			return ErrClosed
 		case <-t.C:
-			return fmt.Errorf("listenhub client: hub not healthy within %v", f.opts.AckTimeout)
+			return fmt.Errorf("listenhub client: hub not healthy within %v", f.opts.Hub.AckTimeout)
 		}
 	}
 	return nil

@@ -22,7 +22,7 @@ func (r *recorder) seqCounts(q string) map[int]int {
 	defer r.mu.Unlock()
 	m := make(map[int]int)
 	for _, w := range r.wakes {
-		if w.Q != q {
+		if w.Name != q {
 			continue
 		}
 		if s, ok := strings.CutPrefix(w.Payload, "seq "); ok {
@@ -214,7 +214,7 @@ func (r *recorder) seqOrder(q string) []int {
 	defer r.mu.Unlock()
 	var out []int
 	for _, w := range r.wakes {
-		if s, ok := strings.CutPrefix(w.Payload, "seq "); ok && w.Q == q {
+		if s, ok := strings.CutPrefix(w.Payload, "seq "); ok && w.Name == q {
 			if n, err := strconv.Atoi(s); err == nil {
 				out = append(out, n)
 			}
@@ -323,7 +323,7 @@ func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 		o.MinLocal = 50 * time.Millisecond
 		o.ProbeInterval = 50 * time.Millisecond
 		o.ProbeMaxInterval = 100 * time.Millisecond
-		o.AckTimeout = 500 * time.Millisecond
+		o.Hub.AckTimeout = 500 * time.Millisecond
 		o.OnFailback = func() { failbacks.Add(1) }
 		o.Logger = logs.logger()
 	})
@@ -364,7 +364,7 @@ func TestPGFailoverRefusesHubOnAnotherDatabaseAtStart(t *testing.T) {
 		o.MinLocal = 50 * time.Millisecond
 		o.ProbeInterval = 50 * time.Millisecond
 		o.ProbeMaxInterval = 100 * time.Millisecond
-		o.AckTimeout = 500 * time.Millisecond
+		o.Hub.AckTimeout = 500 * time.Millisecond
 		o.Logger = logs.logger()
 	})
 	t.Cleanup(func() {

@@ -271,7 +271,7 @@ func TestFailbackMinLocal(t *testing.T) {
 // turns healthy within the wait is.
 func TestFailbackWaitsForHealthy(t *testing.T) {
 	h := newFakeHub(t, false)
-	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{AckTimeout: 300 * time.Millisecond})
+	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{Hub: Options{AckTimeout: 300 * time.Millisecond}})
 	fc := h.accept()
 	sw.failOverFrom(t, fc, f, "a")
 
@@ -445,7 +445,7 @@ func TestFailbackConcurrentSubscribes(t *testing.T) {
 // local listener.
 func TestFailbackClose(t *testing.T) {
 	h := newFakeHub(t, false)
-	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{AckTimeout: time.Minute})
+	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{Hub: Options{AckTimeout: time.Minute}})
 	fc := h.accept()
 	sw.failOverFrom(t, fc, f, "a")
 	back := h.accept()

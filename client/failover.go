@@ -9,14 +9,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/listenhub/listenhub/internal/defaults"
 	"github.com/listenhub/listenhub/internal/enum"
 )
 
-// DefaultLocalTimeout bounds building the local listener on failover (the
+// defaultLocalTimeout bounds building the local listener on failover (the
 // Postgres connect) and each of its LISTENs.
-const DefaultLocalTimeout = 10 * time.Second
+const defaultLocalTimeout = 10 * time.Second
 
 // Mode says what a Failover delivers from.
 type Mode int
@@ -35,38 +34,27 @@ var modeNames = [...]string{
 
 func (m Mode) String() string { return enum.Name(modeNames[:], int(m), "Mode") }
 
-// FailoverOptions configure a Failover.
+// FailoverOptions configure a Failover: the hub client it dials (Hub), the
+// local listener it builds when the hub is away (Local), when it returns
+// to the hub, and the handlers that receive whichever is current.
 type FailoverOptions struct {
-	// SocketPath is the hub's socket. Required: NewFailover fails without
-	// it.
-	SocketPath string
-	// AckTimeout, WriteTimeout, FrameTimeout and AllowUIDs configure the
-	// hub client (see Options). A socket that is not our hub's (see
-	// SocketError, PeerError) is refused at dial, which means local mode
-	// (and, for a fail-back, an attempt that failed). AckTimeout also
-	// bounds a fail-back's connect, and its wait for the hub's first
-	// healthy status.
-	AckTimeout, WriteTimeout, FrameTimeout time.Duration
-	AllowUIDs                              []int
-
-	// DatabaseURL (or ConnConfig, which wins) is where the local listener
-	// connects. Empty DatabaseURL means LISTENHUB_DATABASE_URL, then
-	// DATABASE_URL, then the libpq PG* variables. It is parsed by
-	// NewFailover, so a bad URL fails at once rather than on the day the
-	// hub goes away.
-	DatabaseURL string
-	ConnConfig  *pgconn.Config
-	// ApplicationName tags the local listener's backend in
-	// pg_stat_activity. Default DefaultLocalApplicationName. Ignored with
-	// ConnConfig.
-	ApplicationName string
-	// ChannelPrefix and ChannelSuffix must be the hub's (its
-	// --channel-prefix and --channel-suffix): in local mode, subscribing
-	// to Q LISTENs to Prefix+Q+Suffix and delivers the wakes under Q.
-	ChannelPrefix, ChannelSuffix string
-	// LocalTimeout bounds building the local listener and each of its
-	// LISTENs. Default DefaultLocalTimeout.
-	LocalTimeout time.Duration
+	// Hub configures the hub client: its SocketPath (required: NewFailover
+	// fails without it), AckTimeout, WriteTimeout, FrameTimeout and
+	// AllowUIDs. A socket that is not our hub's (see SocketError,
+	// PeerError) is refused at dial, which means local mode (and, for a
+	// fail-back, an attempt that failed). Hub.AckTimeout also bounds a
+	// fail-back's connect and its wait for the hub's first healthy
+	// status. Its OnWake and OnStatus must be nil (the Failover's own are
+	// called); a nil Logger means the Failover's.
+	Hub Options
+	// Local configures the local listener: DatabaseURL or ConnConfig,
+	// ApplicationName, ChannelPrefix and ChannelSuffix (which must be the
+	// hub's --channel-prefix and --channel-suffix), and CommandTimeout,
+	// which here also bounds building the listener. The URL is parsed by
+	// NewFailover, so a bad one fails at once rather than on the day the
+	// hub goes away. Its OnWake and OnStatus must be nil; a nil Logger
+	// means the Failover's.
+	Local LocalOptions
 
 	// OneWay keeps pgbus's rule: once local (after a failover, or from
 	// the start when the hub was absent) the Failover stays on its local
@@ -77,13 +65,13 @@ type FailoverOptions struct {
 	// MinLocal is the least time in local mode before a fail-back is
 	// attempted, so that a hub that keeps failing cannot make the
 	// Failover flap. The first attempt comes between MinLocal and 20%
-	// later, at random. Default DefaultMinLocal.
+	// later, at random. Default 5s.
 	MinLocal time.Duration
 	// ProbeInterval and ProbeMaxInterval space the fail-back attempts
 	// after the first one (which comes MinLocal after the swap to local
 	// mode): ProbeInterval after the first failed attempt, doubling after
 	// each further one up to ProbeMaxInterval, each wait ±20% at random.
-	// Defaults DefaultProbeInterval and DefaultProbeMaxInterval.
+	// Defaults 1s and 30s.
 	ProbeInterval, ProbeMaxInterval time.Duration
 
 	// OnWake and OnStatus receive the wakes and statuses of whichever
@@ -109,10 +97,14 @@ type FailoverOptions struct {
 	// at every fall back to the local listener (Reason returns it too),
 	// and the fail-back's progress. Nil means slog.Default().
 	Logger *slog.Logger
-
-	// newLocal replaces NewLocal in tests.
-	newLocal func(ctx context.Context, opts LocalOptions) (Listener, error)
 }
+
+// newLocal builds a Failover's local listener and localConfig resolves its
+// connection settings at start; tests replace both (export_test.go).
+var (
+	newLocal    = func(ctx context.Context, opts LocalOptions) (Listener, error) { return NewLocal(ctx, opts) }
+	localConfig = LocalOptions.connConfig
+)
 
 // FailoverError is the error of a Failover whose local listener failed
 // too: after the hub client died (Hub), building or running the local
@@ -215,19 +207,25 @@ type hubConn struct {
 // OneWay). It fails only if the options are invalid (an empty SocketPath, a
 // bad DatabaseURL), ctx ends, or neither hub nor Postgres can be reached.
 func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
-	if opts.SocketPath == "" {
+	if opts.Hub.SocketPath == "" {
 		return nil, errEmptyPath
 	}
-	defaults.Set(&opts.LocalTimeout, DefaultLocalTimeout)
-	defaults.Set(&opts.AckTimeout, DefaultAckTimeout)
-	defaults.Set(&opts.MinLocal, DefaultMinLocal)
-	defaults.Set(&opts.ProbeInterval, DefaultProbeInterval)
-	defaults.Set(&opts.ProbeMaxInterval, DefaultProbeMaxInterval)
+	if opts.Hub.OnWake != nil || opts.Hub.OnStatus != nil || opts.Local.OnWake != nil || opts.Local.OnStatus != nil {
+		return nil, errors.New("listenhub client: set OnWake and OnStatus on FailoverOptions, not on its Hub or Local options")
+	}
+	defaults.Set(&opts.Local.CommandTimeout, defaultLocalTimeout)
+	defaults.Set(&opts.Hub.AckTimeout, defaultAckTimeout)
+	defaults.Set(&opts.MinLocal, defaultMinLocal)
+	defaults.Set(&opts.ProbeInterval, defaultProbeInterval)
+	defaults.Set(&opts.ProbeMaxInterval, defaultProbeMaxInterval)
 	opts.ProbeMaxInterval = max(opts.ProbeMaxInterval, opts.ProbeInterval)
 	if opts.Logger == nil {
 		// A fallback must never be silent: without a logger of the
 		// application's, the process's default one says why.
 		opts.Logger = slog.Default()
+	}
+	if opts.Hub.Logger == nil {
+		opts.Hub.Logger = opts.Logger
 	}
 	f := &Failover{
 		opts:    opts,
@@ -236,26 +234,18 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	f.localCfg = LocalOptions{
-		DatabaseURL:     opts.DatabaseURL,
-		ConnConfig:      opts.ConnConfig,
-		ApplicationName: opts.ApplicationName,
-		ChannelPrefix:   opts.ChannelPrefix,
-		ChannelSuffix:   opts.ChannelSuffix,
-		CommandTimeout:  opts.LocalTimeout,
-		OnWake:          f.onLocalWake,
-		OnStatus:        f.onLocalStatus,
-		Logger:          opts.Logger,
+	f.localCfg = opts.Local
+	f.localCfg.OnWake = f.onLocalWake
+	f.localCfg.OnStatus = f.onLocalStatus
+	if f.localCfg.Logger == nil {
+		f.localCfg.Logger = opts.Logger
 	}
-	if f.opts.newLocal == nil {
-		// Parse now: a bad URL must not wait for the hub to fail.
-		cc, err := f.localCfg.connConfig()
-		if err != nil {
-			return nil, err
-		}
-		f.localCfg.ConnConfig = cc
-		f.opts.newLocal = func(ctx context.Context, o LocalOptions) (Listener, error) { return NewLocal(ctx, o) }
+	// Parse now: a bad URL must not wait for the hub to fail.
+	cc, err := localConfig(f.localCfg)
+	if err != nil {
+		return nil, err
 	}
+	f.localCfg.ConnConfig = cc
 
 	hc := newHubConn()
 	f.hub = hc // current before Dial returns: its first status counts
@@ -274,12 +264,12 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		if errors.Is(err, ErrOtherDatabase) {
 			// checkDatabase said it, at ERROR.
 		} else if hubSupported {
-			f.log.Warn("listenhub: hub unreachable, listening locally", "socket", opts.SocketPath, "reason", err)
+			f.log.Warn("listenhub: hub unreachable, listening locally", "socket", opts.Hub.SocketPath, "reason", err)
 		} else {
 			f.log.Info("listenhub: no hub on this platform, listening locally", "reason", err)
 		}
-		lctx, cancel := context.WithTimeout(ctx, opts.LocalTimeout)
-		local, lerr := f.opts.newLocal(lctx, f.localCfg)
+		lctx, cancel := context.WithTimeout(ctx, opts.Local.CommandTimeout)
+		local, lerr := newLocal(lctx, f.localCfg)
 		cancel()
 		if lerr != nil {
 			return nil, &FailoverError{Hub: err, Local: lerr}
@@ -305,15 +295,10 @@ func newHubConn() *hubConn { return &hubConn{status: make(chan struct{}, 1)} }
 
 // dialHub connects a hub client whose handlers know it as hc.
 func (f *Failover) dialHub(ctx context.Context, hc *hubConn) (*Client, error) {
-	return Dial(ctx, f.opts.SocketPath, Options{
-		AckTimeout:   f.opts.AckTimeout,
-		WriteTimeout: f.opts.WriteTimeout,
-		FrameTimeout: f.opts.FrameTimeout,
-		AllowUIDs:    f.opts.AllowUIDs,
-		OnWake:       func(w Wake) { f.onHubWake(hc, w) },
-		OnStatus:     func(healthy bool) { f.onHubStatus(hc, healthy) },
-		Logger:       f.opts.Logger,
-	})
+	o := f.opts.Hub
+	o.OnWake = func(w Wake) { f.onHubWake(hc, w) }
+	o.OnStatus = func(healthy bool) { f.onHubStatus(hc, healthy) }
+	return Dial(ctx, o)
 }
 
 // Mode returns where wakes come from now. During a failover it is still
@@ -525,14 +510,14 @@ func (f *Failover) startFailover(hc *hubConn, reason error) {
 // failover builds the local listener, subscribes it to the recorded set
 // and swaps it in.
 func (f *Failover) failover(reason error) {
-	f.log.Warn("listenhub: hub failed, failing over to a local listener", "socket", f.opts.SocketPath, "reason", reason)
+	f.log.Warn("listenhub: hub failed, failing over to a local listener", "socket", f.opts.Hub.SocketPath, "reason", reason)
 	if h := f.opts.OnStatus; h != nil {
 		f.deliver(func() { h(false) })
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), f.opts.LocalTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.Local.CommandTimeout)
 	defer cancel()
-	local, err := f.opts.newLocal(ctx, f.localCfg)
+	local, err := newLocal(ctx, f.localCfg)
 	if err != nil {
 		f.die(&FailoverError{Hub: reason, Local: err})
 		return
@@ -614,7 +599,7 @@ func (f *Failover) durableWakes(names []string) {
 		return
 	}
 	for _, q := range names {
-		f.deliver(func() { h(Wake{Q: q, Durable: true}) })
+		f.deliver(func() { h(Wake{Name: q, Durable: true}) })
 	}
 }
 

@@ -116,13 +116,13 @@ func (l *fakeLocal) subscribed() []string {
 
 // notify delivers a NOTIFY as the local listener would.
 func (l *fakeLocal) notify(q, payload string) {
-	l.opts.OnWake(Wake{Q: q, Payload: payload, Durable: payload == ""})
+	l.opts.OnWake(Wake{Name: q, Payload: payload, Durable: payload == ""})
 }
 
 func newTestFailover(t *testing.T, path string, fl *fakeLocals, rec *recorder, opts FailoverOptions) (*Failover, error) {
 	t.Helper()
-	opts.SocketPath = path
-	opts.newLocal = fl.newLocal
+	opts.Hub.SocketPath = path
+	setNewLocal(t, fl.newLocal)
 	if rec != nil {
 		opts.OnWake = rec.onWake
 		opts.OnStatus = rec.onStatus
@@ -249,7 +249,7 @@ func TestFailoverOnAckTimeout(t *testing.T) {
 	h := newFakeHub(t, false)
 	fl := &fakeLocals{}
 	rec := &recorder{}
-	f, err := newTestFailover(t, h.path, fl, rec, FailoverOptions{AckTimeout: 100 * time.Millisecond})
+	f, err := newTestFailover(t, h.path, fl, rec, FailoverOptions{Hub: Options{AckTimeout: 100 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestFailoverOnNack(t *testing.T) {
 func TestFailoverLocalFailsToo(t *testing.T) {
 	h := newFakeHub(t, false)
 	fl := &fakeLocals{failNew: errTest}
-	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{AckTimeout: 50 * time.Millisecond})
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{Hub: Options{AckTimeout: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +402,7 @@ func TestFailoverCloseInLocalMode(t *testing.T) {
 func TestFailoverConcurrentSubscribes(t *testing.T) {
 	h := newFakeHub(t, false)
 	fl := &fakeLocals{}
-	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{AckTimeout: 100 * time.Millisecond})
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{Hub: Options{AckTimeout: 100 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,7 +432,7 @@ func TestModeString(t *testing.T) {
 func TestFailoverCloseDuringSubscribe(t *testing.T) {
 	h := newFakeHub(t, false)
 	fl := &fakeLocals{}
-	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{AckTimeout: time.Minute})
+	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{Hub: Options{AckTimeout: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,10 +458,10 @@ func TestFailoverSubscribeContextDuringSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.opts.newLocal = func(ctx context.Context, o LocalOptions) (Listener, error) {
+	setNewLocal(t, func(ctx context.Context, o LocalOptions) (Listener, error) {
 		<-gate
 		return fl.newLocal(ctx, o)
-	}
+	})
 	fc := h.accept()
 	mustSubscribe(t, f, "a")
 	fc.c.Close()

@@ -201,9 +201,9 @@ func (r *recorder) onWake(w Wake) {
 	defer r.mu.Unlock()
 	r.wakes = append(r.wakes, w)
 	if w.Durable {
-		r.events = append(r.events, "durable "+w.Q)
+		r.events = append(r.events, "durable "+w.Name)
 	} else {
-		r.events = append(r.events, "wake "+w.Q+" "+w.Payload)
+		r.events = append(r.events, "wake "+w.Name+" "+w.Payload)
 	}
 }
 
@@ -304,7 +304,7 @@ func dialFake(t testing.TB, h *fakeHub, rec *recorder, opts Options) *Client {
 		opts.OnWake = rec.onWake
 		opts.OnStatus = rec.onStatus
 	}
-	c, err := Dial(context.Background(), h.path, opts)
+	c, err := Dial(context.Background(), withPath(opts, h.path))
 	if err != nil {
 		t.Fatal(err)
 	}

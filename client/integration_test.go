@@ -158,11 +158,9 @@ func (e *pgEnv) startHubProcess() *exec.Cmd {
 func (e *pgEnv) failover(rec *recorder, mutate func(*FailoverOptions)) *Failover {
 	e.t.Helper()
 	opts := FailoverOptions{
-		SocketPath:      e.socket,
-		DatabaseURL:     e.db.URL(),
-		ApplicationName: e.localApp,
-		ChannelPrefix:   e.prefix,
-		Logger:          e.logs.logger().With("side", "client"),
+		Hub:    Options{SocketPath: e.socket},
+		Local:  LocalOptions{DatabaseURL: e.db.URL(), ApplicationName: e.localApp, ChannelPrefix: e.prefix},
+		Logger: e.logs.logger().With("side", "client"),
 	}
 	if rec != nil {
 		opts.OnWake, opts.OnStatus = rec.onWake, rec.onStatus
@@ -285,7 +283,7 @@ func (r *recorder) maxSeq(q string) int {
 	defer r.mu.Unlock()
 	m := 0
 	for _, w := range r.wakes {
-		if w.Q != q {
+		if w.Name != q {
 			continue
 		}
 		if s, ok := strings.CutPrefix(w.Payload, "seq "); ok {
@@ -301,7 +299,7 @@ func (r *recorder) hasPayload(q, p string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, w := range r.wakes {
-		if w.Q == q && w.Payload == p && !w.Durable {
+		if w.Name == q && w.Payload == p && !w.Durable {
 			return true
 		}
 	}
@@ -330,7 +328,7 @@ func TestPGClientWakesAndPayloads(t *testing.T) {
 	e := newPGEnv(t)
 	e.startHub(func(c *hub.Config) { c.ChannelSuffix = ".ins" })
 	rec := &recorder{}
-	c, err := Dial(context.Background(), e.socket, Options{OnWake: rec.onWake, OnStatus: rec.onStatus})
+	c, err := Dial(context.Background(), Options{SocketPath: e.socket, OnWake: rec.onWake, OnStatus: rec.onStatus})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +356,7 @@ func TestPGClientWakesAndPayloads(t *testing.T) {
 		return len(rec.wakes) == 4
 	})
 	for i, w := range rec.wakes {
-		if w.Q != "jobs" || w.Payload != payloads[i] || w.Durable != (payloads[i] == "") {
+		if w.Name != "jobs" || w.Payload != payloads[i] || w.Durable != (payloads[i] == "") {
 			t.Errorf("wake %d: %+v, want payload %.40q", i, w, payloads[i])
 		}
 	}
@@ -460,7 +458,7 @@ func TestPGFailoverHubNeverAcks(t *testing.T) {
 	fh := newFakeHub(t, false)
 	e.socket = fh.path
 	rec := &recorder{}
-	f := e.failover(rec, func(o *FailoverOptions) { o.AckTimeout = 200 * time.Millisecond })
+	f := e.failover(rec, func(o *FailoverOptions) { o.Hub.AckTimeout = 200 * time.Millisecond })
 	fc := fh.accept()
 	e.waitBackends(0, 0)
 	if err := f.Subscribe(context.Background(), "a"); err != nil {
@@ -495,7 +493,7 @@ func TestPGFailoverEviction(t *testing.T) {
 		}
 	})
 	sibling := &recorder{}
-	sc, err := Dial(context.Background(), e.socket, Options{OnWake: sibling.onWake})
+	sc, err := Dial(context.Background(), Options{SocketPath: e.socket, OnWake: sibling.onWake})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,9 +551,12 @@ func TestPGFailoverEviction(t *testing.T) {
 func TestPGMuxFanout1000(t *testing.T) {
 	e := newPGEnv(t)
 	h := e.startHub(nil)
-	m := NewMux(MuxOptions{})
-	f := e.failover(nil, func(o *FailoverOptions) { o.OnWake = m.HandleWake })
-	m.Bind(f)
+	m, err := NewMux(func(onWake func(Wake)) (Listener, error) {
+		return e.failover(nil, func(o *FailoverOptions) { o.OnWake = onWake }), nil
+	}, MuxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer m.Close()
 	ctx := context.Background()
 	subs := make([]*Subscription, 1000)

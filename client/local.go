@@ -16,10 +16,10 @@ import (
 	"github.com/listenhub/listenhub/listener"
 )
 
-// DefaultLocalApplicationName tags a local listener's backend in
+// defaultLocalApplicationName tags a local listener's backend in
 // pg_stat_activity: distinct from the hub's "listenhub", so that an
 // operator sees how many processes have fallen back.
-const DefaultLocalApplicationName = "listenhub-local"
+const defaultLocalApplicationName = "listenhub-local"
 
 // LocalOptions configure a Local listener.
 type LocalOptions struct {
@@ -29,14 +29,14 @@ type LocalOptions struct {
 	DatabaseURL string
 	ConnConfig  *pgconn.Config
 	// ApplicationName for pg_stat_activity; default
-	// DefaultLocalApplicationName. Ignored with ConnConfig (or when the URL
+	// "listenhub-local". Ignored with ConnConfig (or when the URL
 	// or PGAPPNAME sets one).
 	ApplicationName string
-	// ChannelPrefix and ChannelSuffix map Q to the channel
-	// Prefix+Q+Suffix, as the hub does.
+	// ChannelPrefix and ChannelSuffix map a subscription name to the
+	// channel Prefix+name+Suffix, as the hub does.
 	ChannelPrefix, ChannelSuffix string
 	// CommandTimeout bounds each LISTEN and UNLISTEN, including the wait
-	// for a reconnect when Postgres is down. Default DefaultLocalTimeout.
+	// for a reconnect when Postgres is down. Default 10s.
 	CommandTimeout time.Duration
 
 	// OnWake and OnStatus: see Options. Called from the listener's
@@ -45,9 +45,6 @@ type LocalOptions struct {
 	OnWake   func(Wake)
 	OnStatus func(healthy bool)
 	Logger   *slog.Logger
-
-	// enterHook: see Options.enterHook.
-	enterHook func()
 }
 
 // connConfig resolves the connection settings.
@@ -64,7 +61,7 @@ func (o LocalOptions) connConfig() (*pgconn.Config, error) {
 	}
 	app := o.ApplicationName
 	if app == "" {
-		app = DefaultLocalApplicationName
+		app = defaultLocalApplicationName
 	}
 	cc, err := listener.ParseConfig(url, app)
 	if err != nil {
@@ -119,7 +116,7 @@ type localOp struct {
 // NewLocal connects to Postgres (ctx bounds the connect) and returns a
 // Local with nothing subscribed.
 func NewLocal(ctx context.Context, opts LocalOptions) (*Local, error) {
-	defaults.Set(&opts.CommandTimeout, DefaultLocalTimeout)
+	defaults.Set(&opts.CommandTimeout, defaultLocalTimeout)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -137,7 +134,7 @@ func NewLocal(ctx context.Context, opts LocalOptions) (*Local, error) {
 }
 
 func newLocalWith(opts LocalOptions) *Local {
-	defaults.Set(&opts.CommandTimeout, DefaultLocalTimeout)
+	defaults.Set(&opts.CommandTimeout, defaultLocalTimeout)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -379,7 +376,7 @@ func (l *Local) onNotification(ch, payload string) {
 		l.log.Debug("listenhub client: notification on a channel outside the mapping", "channel", ch)
 		return
 	}
-	w := Wake{Q: q, Payload: payload, Durable: payload == ""}
+	w := Wake{Name: q, Payload: payload, Durable: payload == ""}
 	if h := l.opts.OnWake; h != nil {
 		l.call(func() { h(w) })
 	}
@@ -399,7 +396,7 @@ func (l *Local) call(f func()) {
 	defer l.dispatch.Unlock()
 	l.inHandler.Store(true)
 	defer l.inHandler.Store(false)
-	if h := l.opts.enterHook; h != nil {
+	if h := testEnterHook; h != nil {
 		h()
 	}
 	if l.closing.Load() {

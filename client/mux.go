@@ -2,28 +2,24 @@ package client
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 
 	"github.com/listenhub/listenhub/internal/defaults"
 )
 
-// DefaultMuxBuffer is the default number of ephemeral wakes one Mux
+// defaultMuxBuffer is the default number of ephemeral wakes one Mux
 // subscriber may have pending. An SSE stream that falls this far behind has
 // a client that is not reading; closing it (it reconnects and re-reads)
 // beats holding an unbounded backlog for it.
-const DefaultMuxBuffer = 64
-
-// ErrNotBound is returned by Mux.Subscribe before Bind.
-var ErrNotBound = errors.New("listenhub client: mux has no listener (call Bind)")
+const defaultMuxBuffer = 64
 
 // MuxOptions configure a Mux. The zero value is valid.
 type MuxOptions struct {
 	// Buffer is how many ephemeral wakes a subscriber may have pending
 	// before it is closed with a *SlowSubscriberError. Durable wakes do
 	// not count: at most one is pending per subscriber (later ones merge
-	// into it). Default DefaultMuxBuffer.
+	// into it). Default 64.
 	Buffer int
 	// Logger receives a line per subscriber closed for being slow. Nil
 	// discards.
@@ -37,27 +33,26 @@ type MuxOptions struct {
 // last one's Close unsubscribes it.
 //
 // A slow subscriber never blocks the others nor the Listener's reader:
-// HandleWake only appends to buffers. A subscriber's pending durable wakes
+// its handler only appends to buffers. A subscriber's pending durable wakes
 // coalesce into one (keeping the position of the first); an ephemeral wake
 // that finds its buffer full closes it with a *SlowSubscriberError, which
 // its Next and Err return.
 //
-// Wiring: the Listener needs the Mux's handler and the Mux needs the
-// Listener, so it takes two steps:
+// The Listener needs the Mux's wake handler, so NewMux builds it:
 //
-//	mux := client.NewMux(client.MuxOptions{})
-//	l, err := client.NewFailover(ctx, client.FailoverOptions{..., OnWake: mux.HandleWake})
-//	mux.Bind(l)
+//	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
+//		return client.NewFailover(ctx, client.FailoverOptions{..., OnWake: onWake})
+//	}, client.MuxOptions{})
 type Mux struct {
 	buffer int
 	log    *slog.Logger
 
 	mu    sync.RWMutex
-	l     Listener
+	l     Listener // set once, by NewMux
 	chans map[string]*muxChan
 	err   error // set when the Mux is closed or its Listener died
-	// closed is closed with err set, so that Bind's watcher of a Listener
-	// that outlives the Mux (it belongs to the caller) does not leak.
+	// closed is closed with err set, so that the watcher of the Listener
+	// ends with the Mux.
 	closed chan struct{}
 }
 
@@ -70,22 +65,25 @@ type muxChan struct {
 	changed    chan struct{} // closed (and replaced) whenever subscribed changes or a Subscribe failed
 }
 
-// NewMux returns a Mux; Bind it to a Listener before Subscribe.
-func NewMux(opts MuxOptions) *Mux {
-	defaults.Set(&opts.Buffer, DefaultMuxBuffer)
+// NewMux builds a Mux and its Listener: open is called once, with the
+// Mux's wake handler to pass as the Listener's OnWake (a Client, Local or
+// Failover), and its error is NewMux's. The Mux owns the Listener: Close
+// closes it, and when it dies the Mux closes every subscriber with its
+// error.
+func NewMux(open func(onWake func(Wake)) (Listener, error), opts MuxOptions) (*Mux, error) {
+	defaults.Set(&opts.Buffer, defaultMuxBuffer)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Mux{buffer: opts.Buffer, log: opts.Logger, chans: make(map[string]*muxChan), closed: make(chan struct{})}
-}
-
-// Bind sets the Listener the Mux subscribes through; call it once, before
-// Subscribe. When the Listener dies the Mux closes every subscriber with
-// its error.
-func (m *Mux) Bind(l Listener) {
-	m.mu.Lock()
+	m := &Mux{buffer: opts.Buffer, log: opts.Logger, chans: make(map[string]*muxChan), closed: make(chan struct{})}
+	// The Listener may deliver before open returns; handleWake finds no
+	// subscriber until a Subscribe, which needs m.l, and m.l is set
+	// before the Mux is returned.
+	l, err := open(m.handleWake)
+	if err != nil {
+		return nil, err
+	}
 	m.l = l
-	m.mu.Unlock()
 	go func() {
 		select {
 		case <-l.Done():
@@ -93,14 +91,18 @@ func (m *Mux) Bind(l Listener) {
 		case <-m.closed:
 		}
 	}()
+	return m, nil
 }
 
-// HandleWake delivers w to every subscriber of w.Q. Use it as the
-// Listener's OnWake. It never blocks.
-func (m *Mux) HandleWake(w Wake) {
+// Listener returns the Listener the Mux subscribes through (for a
+// Failover's Mode, say).
+func (m *Mux) Listener() Listener { return m.l }
+
+// handleWake delivers w to every subscriber of w.Name. It never blocks.
+func (m *Mux) handleWake(w Wake) {
 	var slow []*Subscription
 	m.mu.RLock()
-	if ch := m.chans[w.Q]; ch != nil {
+	if ch := m.chans[w.Name]; ch != nil {
 		for s := range ch.subs {
 			if !s.push(w) {
 				slow = append(slow, s)
@@ -109,7 +111,7 @@ func (m *Mux) HandleWake(w Wake) {
 	}
 	m.mu.RUnlock()
 	for _, s := range slow {
-		m.log.Warn("listenhub mux: closing slow subscriber", "q", w.Q, "buffer", m.buffer)
+		m.log.Warn("listenhub mux: closing slow subscriber", "q", w.Name, "buffer", m.buffer)
 		m.remove(s)
 	}
 }
@@ -128,10 +130,6 @@ func (m *Mux) Subscribe(ctx context.Context, q string) (*Subscription, error) {
 		err := m.err
 		m.mu.Unlock()
 		return nil, err
-	}
-	if m.l == nil {
-		m.mu.Unlock()
-		return nil, ErrNotBound
 	}
 	ch := m.chans[q]
 	if ch == nil {
@@ -178,11 +176,11 @@ func (m *Mux) Subscribers(q string) int {
 	return 0
 }
 
-// Close closes every subscriber with ErrClosed and refuses new ones. It does
-// not close the Listener, which belongs to the caller.
+// Close closes every subscriber with ErrClosed, refuses new ones and
+// closes the Listener.
 func (m *Mux) Close() error {
 	m.fail(ErrClosed)
-	return nil
+	return m.l.Close()
 }
 
 func (m *Mux) fail(err error) {
@@ -198,25 +196,15 @@ func (m *Mux) fail(err error) {
 	close(m.closed)
 	chans := m.chans
 	m.chans = make(map[string]*muxChan)
-	var subscribed []string // read under m.mu: a reconcile may be writing it
-	for q, ch := range chans {
+	for _, ch := range chans {
 		for s := range ch.subs {
 			s.closeWith(err)
 		}
 		ch.subs = nil
 		close(ch.changed)
 		ch.changed = make(chan struct{})
-		if ch.subscribed {
-			subscribed = append(subscribed, q)
-		}
 	}
-	l := m.l
 	m.mu.Unlock()
-	if l != nil && err == ErrClosed {
-		for _, q := range subscribed {
-			l.Unsubscribe(q)
-		}
-	}
 }
 
 // remove drops s from its name and unsubscribes the Listener if s was the
@@ -256,7 +244,7 @@ func (m *Mux) reconcile(ch *muxChan, mayWait bool) {
 func (m *Mux) reconcileBusy(ch *muxChan, mayWait bool) {
 	for {
 		want := len(ch.subs) > 0 && m.err == nil
-		if want == ch.subscribed || m.l == nil {
+		if want == ch.subscribed {
 			ch.busy = false
 			if len(ch.subs) == 0 && !ch.subscribed && m.chans[ch.q] == ch {
 				delete(m.chans, ch.q)
@@ -317,8 +305,8 @@ type Subscription struct {
 	done      chan struct{} // closed with err
 }
 
-// Q returns the subscription name.
-func (s *Subscription) Q() string { return s.q }
+// Name returns the subscription name.
+func (s *Subscription) Name() string { return s.q }
 
 // push appends w; false means an ephemeral overflow closed s.
 func (s *Subscription) push(w Wake) bool {
@@ -335,7 +323,7 @@ func (s *Subscription) push(w Wake) bool {
 		s.durable = true
 	} else {
 		if s.ephemeral >= s.buffer {
-			s.closeLocked(&SlowSubscriberError{Q: s.q, Buffer: s.buffer})
+			s.closeLocked(&SlowSubscriberError{Name: s.q, Buffer: s.buffer})
 			s.mu.Unlock()
 			return false
 		}

@@ -19,9 +19,14 @@ import (
 func muxOverFake(t *testing.T, auto bool, opts MuxOptions) (*Mux, *Client, *fakeConn) {
 	t.Helper()
 	h := newFakeHub(t, auto)
-	m := NewMux(opts)
-	c := dialFake(t, h, nil, Options{OnWake: m.HandleWake})
-	m.Bind(c)
+	var c *Client
+	m, err := NewMux(func(onWake func(Wake)) (Listener, error) {
+		c = dialFake(t, h, nil, Options{OnWake: onWake})
+		return c, nil
+	}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { m.Close() })
 	return m, c, h.accept()
 }
@@ -73,7 +78,7 @@ func TestMuxFirstSubscribesLastUnsubscribes(t *testing.T) {
 	}
 	fc.expect(t, "sub", "a")
 	fc.wake("a", "hello")
-	if w := next(t, s); w.Payload != "hello" || w.Q != "a" || w.Durable {
+	if w := next(t, s); w.Payload != "hello" || w.Name != "a" || w.Durable {
 		t.Fatalf("wake %+v", w)
 	}
 	if _, err := subs[0].Next(ctx); !errors.Is(err, ErrClosed) {
@@ -273,19 +278,22 @@ func TestMuxClose(t *testing.T) {
 	if _, err := m.Subscribe(context.Background(), "a"); !errors.Is(err, ErrClosed) {
 		t.Fatal(err)
 	}
-	fc.expect(t, "unsub", "a")
-	if c.Err() != nil {
-		t.Fatal("Mux.Close closed the listener")
+	if !errors.Is(c.Err(), ErrClosed) {
+		t.Fatalf("after Mux.Close the listener's Err is %v, want ErrClosed", c.Err())
 	}
 	s.Close() // after Mux.Close: harmless
 }
 
-func TestMuxNotBound(t *testing.T) {
-	m := NewMux(MuxOptions{})
-	if _, err := m.Subscribe(context.Background(), "a"); !errors.Is(err, ErrNotBound) {
-		t.Fatal(err)
+// NewMux returns the error of the Listener it could not build.
+func TestNewMuxOpenError(t *testing.T) {
+	errOpen := errors.New("no listener")
+	m, err := NewMux(func(onWake func(Wake)) (Listener, error) {
+		onWake(Wake{Name: "a"}) // a wake before any subscriber: no panic
+		return nil, errOpen
+	}, MuxOptions{})
+	if m != nil || !errors.Is(err, errOpen) {
+		t.Fatalf("NewMux = %v, %v; want nil, the open error", m, err)
 	}
-	m.HandleWake(Wake{Q: "a"}) // nobody: no panic
 }
 
 func TestMuxNextContext(t *testing.T) {
@@ -363,21 +371,27 @@ func TestMuxCloseDuringSubscribe(t *testing.T) {
 	}
 }
 
-// bindWatchers counts the goroutines Mux.Bind started that are still waiting.
-func bindWatchers() int {
+// muxWatchers counts the goroutines NewMux started that are still waiting.
+func muxWatchers() int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
-	return bytes.Count(buf, []byte("client.(*Mux).Bind.func1"))
+	return bytes.Count(buf, []byte("client.NewMux.func1"))
 }
 
-func TestMuxCloseEndsBindWatcher(t *testing.T) {
-	before := bindWatchers()
-	l := &fakeLocal{done: make(chan struct{})} // outlives the Mux: it belongs to the caller
-	m := NewMux(MuxOptions{})
-	m.Bind(l)
+// Close closes the Listener and ends the goroutine that watches it.
+func TestMuxCloseEndsWatcher(t *testing.T) {
+	before := muxWatchers()
+	l := &fakeLocal{done: make(chan struct{})}
+	m, err := NewMux(func(func(Wake)) (Listener, error) { return l, nil }, MuxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	m.Close()
-	testutil.WaitFor(t, waitLong, "Bind's goroutine to end after Mux.Close", func() bool {
-		return bindWatchers() <= before
+	if !isClosed(l.done) {
+		t.Fatal("Mux.Close did not close its Listener")
+	}
+	testutil.WaitFor(t, waitLong, "the watcher to end after Mux.Close", func() bool {
+		return muxWatchers() <= before
 	})
 }
 

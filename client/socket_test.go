@@ -23,11 +23,12 @@ import (
 // An empty socket path is an error at construction, for Dial and for a
 // Failover (which would otherwise listen locally for good, silently).
 func TestEmptySocketPath(t *testing.T) {
-	if _, err := Dial(context.Background(), "", Options{}); err == nil || !strings.Contains(err.Error(), "no socket path") {
+	if _, err := Dial(context.Background(), Options{SocketPath: ""}); err == nil || !strings.Contains(err.Error(), "no socket path") {
 		t.Fatalf("Dial(\"\"): %v, want an error saying there is no socket path", err)
 	}
 	fl := &fakeLocals{}
-	f, err := NewFailover(context.Background(), FailoverOptions{newLocal: fl.newLocal})
+	setNewLocal(t, fl.newLocal)
+	f, err := NewFailover(context.Background(), FailoverOptions{})
 	if err == nil {
 		f.Close()
 		t.Fatal("NewFailover without SocketPath: no error")
@@ -65,14 +66,14 @@ func TestDialSocketIdentity(t *testing.T) {
 	if err := os.Symlink(h.path, link); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Dial(context.Background(), link, Options{})
+	_, err := Dial(context.Background(), Options{SocketPath: link})
 	checkIdentity(t, err, "a symlink (mode 120777): not our hub's socket")
 
 	file := filepath.Join(dir, "file.sock")
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Dial(context.Background(), file, Options{})
+	_, err = Dial(context.Background(), Options{SocketPath: file})
 	checkIdentity(t, err, "not a socket (mode 100644): not our hub's socket")
 
 	hubDir := filepath.Dir(h.path)
@@ -80,14 +81,14 @@ func TestDialSocketIdentity(t *testing.T) {
 		if err := os.Chmod(hubDir, mode); err != nil {
 			t.Fatal(err)
 		}
-		_, err = Dial(context.Background(), h.path, Options{})
+		_, err = Dial(context.Background(), Options{SocketPath: h.path})
 		checkIdentity(t, err, fmt.Sprintf("directory mode %04o is writable by group or other (and not sticky)", mode))
 	}
 	// Sticky: only an entry's owner may replace it.
 	if err := os.Chmod(hubDir, 0o777|os.ModeSticky); err != nil {
 		t.Fatal(err)
 	}
-	c, err := Dial(context.Background(), h.path, Options{})
+	c, err := Dial(context.Background(), Options{SocketPath: h.path})
 	if err != nil {
 		t.Fatalf("sticky directory: %v", err)
 	}
@@ -98,7 +99,7 @@ func TestDialSocketIdentity(t *testing.T) {
 
 	// A relative path is checked in the working directory.
 	if rel, err := filepath.Rel(mustGetwd(t), h.path); err == nil && len(rel) < maxSunPath {
-		c, err := Dial(context.Background(), rel, Options{})
+		c, err := Dial(context.Background(), Options{SocketPath: rel})
 		if err != nil {
 			t.Fatalf("relative path %s: %v", rel, err)
 		}
@@ -125,7 +126,7 @@ func TestDialSocketOwners(t *testing.T) {
 	if err := os.Chown(h.path, nobody, -1); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Dial(context.Background(), h.path, Options{})
+	_, err := Dial(context.Background(), Options{SocketPath: h.path})
 	checkIdentity(t, err, "socket owned by uid 65534, not ours (0), root or an allowed uid: not our hub")
 	if err := os.Chown(h.path, 0, -1); err != nil {
 		t.Fatal(err)
@@ -133,10 +134,10 @@ func TestDialSocketOwners(t *testing.T) {
 	if err := os.Chown(filepath.Dir(h.path), nobody, -1); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Dial(context.Background(), h.path, Options{})
+	_, err = Dial(context.Background(), Options{SocketPath: h.path})
 	checkIdentity(t, err, "directory owned by uid 65534, not ours (0), root or an allowed uid")
 	// Naming the uid trusts it (and our own uid stays trusted for files).
-	c, err := Dial(context.Background(), h.path, Options{AllowUIDs: []int{nobody, 0}})
+	c, err := Dial(context.Background(), Options{SocketPath: h.path, AllowUIDs: []int{nobody, 0}})
 	if err != nil {
 		t.Fatalf("AllowUIDs [nobody root]: %v", err)
 	}
@@ -156,7 +157,7 @@ func TestDialWithoutProc(t *testing.T) {
 	if err := await(t, res); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Dial(context.Background(), filepath.Join(filepath.Dir(h.path), "absent.sock"), Options{})
+	_, err := Dial(context.Background(), Options{SocketPath: filepath.Join(filepath.Dir(h.path), "absent.sock")})
 	if !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("absent socket: %v", err)
 	}
@@ -189,7 +190,7 @@ func TestRefusedByHub(t *testing.T) {
 func TestRefusalWinsOverWriteError(t *testing.T) {
 	h := newFakeHub(t, false)
 	for i := range 20 {
-		c, err := Dial(context.Background(), h.path, Options{})
+		c, err := Dial(context.Background(), Options{SocketPath: h.path})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -224,8 +225,8 @@ func TestFirstFrameNackForASub(t *testing.T) {
 // FrameTimeout; an idle connection, or frames arriving in pieces within
 // it, do not.
 func TestFrameTimeout(t *testing.T) {
-	if DefaultFrameTimeout != 10*time.Second {
-		t.Fatalf("DefaultFrameTimeout %v, want the hub's --frame-timeout default, 10s", DefaultFrameTimeout)
+	if defaultFrameTimeout != 10*time.Second {
+		t.Fatalf("defaultFrameTimeout %v, want the hub's --frame-timeout default, 10s", defaultFrameTimeout)
 	}
 	const ft = 300 * time.Millisecond
 	_, c, fc := fakeSession(t, true, nil, Options{FrameTimeout: ft})
@@ -264,7 +265,7 @@ func TestFrameTimeout(t *testing.T) {
 func TestPGRefusedByRealHub(t *testing.T) {
 	e := newPGEnv(t)
 	e.startHub(func(c *hub.Config) { c.AllowUIDs = []int{otherUID()} })
-	c, err := Dial(context.Background(), e.socket, Options{Logger: e.logs.logger()})
+	c, err := Dial(context.Background(), Options{SocketPath: e.socket, Logger: e.logs.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +370,7 @@ func attack(t *testing.T, mode string) (ok, refused int) {
 	const extra = 15 * time.Second
 	for i := 0; i < n || (mode == "dir" && (ok == 0 || refused == 0) && time.Since(start) < extra); i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := Dial(ctx, target, Options{AckTimeout: 2 * time.Second})
+		c, err := Dial(ctx, Options{SocketPath: target, AckTimeout: 2 * time.Second})
 		cancel()
 		if err != nil {
 			refused++
@@ -471,8 +472,8 @@ func TestBigFrameInSmallPieces(t *testing.T) {
 	}
 	select {
 	case wk := <-got:
-		if wk.Q != "big" || len(wk.Payload) != len(payload) {
-			t.Fatalf("wake %q with %d bytes, want %q with %d", wk.Q, len(wk.Payload), "big", len(payload))
+		if wk.Name != "big" || len(wk.Payload) != len(payload) {
+			t.Fatalf("wake %q with %d bytes, want %q with %d", wk.Name, len(wk.Payload), "big", len(payload))
 		}
 	case <-time.After(waitLong):
 		t.Fatal("the big frame never arrived whole")

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/listenhub/listenhub/client"
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/testutil"
@@ -280,9 +279,6 @@ func TestProtocolProse(t *testing.T) {
 	if frame.MaxLen != 4194304 {
 		t.Fatalf("frame.MaxLen is %d; protocol.md says 4,194,304", frame.MaxLen)
 	}
-	if hub.MaxInboundFrame != 65536 {
-		t.Fatalf("hub.MaxInboundFrame is %d; protocol.md says 65,536", hub.MaxInboundFrame)
-	}
 	for _, s := range []string{"4,194,304", "`0x00400000`", "`00 40 00 00`", "65,536"} {
 		if !strings.Contains(doc, s) {
 			t.Errorf("protocol.md no longer mentions %s", s)
@@ -355,8 +351,6 @@ func TestProtocolFacts(t *testing.T) {
 		{"hub.DefaultDurableQueueLimit", hub.DefaultDurableQueueLimit, 256, "`--durable-queue-limit` 256"},
 		{"hub.DefaultStatusInterval", hub.DefaultStatusInterval, time.Second, "5 s by default"},
 		{"listener.MaxChannelLen", listener.MaxChannelLen, 63, "63 bytes (Postgres NAMEDATALEN-1)"},
-		{"client.DefaultAckTimeout", client.DefaultAckTimeout, 2 * time.Second, "(the Go client: 2 s;"},
-		{"client.DefaultWriteTimeout", client.DefaultWriteTimeout, 2 * time.Second, "the Go client uses 2 s"},
 		{"pgbus LISTEN", "LISTEN " + listener.QuoteIdentifier("pgmq.q_"+"default"+".INSERT"), `LISTEN "pgmq.q_default.INSERT"`, "`LISTEN \"pgmq.q_default.INSERT\"`"},
 		{"LISTEN failure nack", "LISTEN failed: " + listener.ErrCommandTimeout.Error(), "LISTEN failed: listener: no connection within the command timeout",
 			`"error":"LISTEN failed: listener: no connection within the command timeout"`},

@@ -110,7 +110,7 @@ func (h *Hub) admit(fd int) {
 	w.id, w.fd, w.pid, w.uid, w.partialIdx = id, int32(fd), cred.Pid, int32(cred.Uid), -1
 	w.connectedAt = h.loop.Now().UnixNano()
 	w.out.Max = h.bufferMax()
-	w.dec.Max = MaxInboundFrame
+	w.dec.Max = maxInboundFrame
 	w.tok, err = h.loop.Register(fd, loop.Readable, w.onEvent)
 	if err != nil {
 		h.freeWorker(w) // never seen by anyone

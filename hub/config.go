@@ -27,36 +27,25 @@ const (
 	DefaultMaxChannels         = 50000
 	DefaultFrameTimeout        = 10 * time.Second
 
-	// MaxInboundFrame (64 KiB) is the largest frame body the hub reads
+	// maxInboundFrame (64 KiB) is the largest frame body the hub reads
 	// from a worker. A worker only ever sends sub and unsub, a few hundred
 	// bytes at most (a name that fits a Postgres channel, fully escaped),
 	// so the protocol's 4 MiB (frame.MaxLen, which the client side keeps
 	// for wakes) would only let a peer make the hub hold megabytes of a
 	// partial frame. A larger length header severs the connection before
 	// its body is buffered.
-	MaxInboundFrame = 64 << 10
+	maxInboundFrame = 64 << 10
 
-	// MaxPartialBytes (64 MiB) bounds the partial inbound frames all
-	// workers hold together. Without it the bound would be MaxWorkers
-	// times MaxInboundFrame (640 MiB at the defaults). Past it, a worker
-	// whose partial frame is larger than 4 KiB is severed: the frames
-	// workers need (sub, unsub: a name of at most 63 bytes, escaped) are
-	// far below that, so the budget costs only peers that send what no
-	// worker has to. The worst case is then MaxPartialBytes plus
-	// MaxWorkers times smallFrame (64 MiB + 40 MiB at the defaults), on
-	// top of what each read brings.
-	MaxPartialBytes = 64 << 20
-
-	// smallFrame is the partial frame size MaxPartialBytes never cuts.
+	// smallFrame is the partial frame size maxPartialBytes never cuts.
 	smallFrame = 4 << 10
 
-	// FDReserve is how many descriptors below RLIMIT_NOFILE the hub never
+	// fdReserve is how many descriptors below RLIMIT_NOFILE the hub never
 	// spends on workers: the Postgres reconnect (a socket, DNS), the
 	// metrics server and its scrapes, log files and an upgrade's handover
 	// need them, and none of those may fail with EMFILE because workers
 	// took every descriptor. One more is kept per Postgres connection
 	// (Config.PostgresConnections).
-	FDReserve = 64
+	fdReserve = 64
 
 	// DefaultHardQueueBytes (8 MiB) is the byte half of the hard limit.
 	// A NOTIFY payload is at most 8000 bytes, so a frame is at most about
@@ -180,7 +169,7 @@ type Config struct {
 	// accepted and closed at once (the worker falls back to its own
 	// LISTEN), counted in Stats.ConnectionsRefused and logged. The cap in
 	// force is lower when RLIMIT_NOFILE is: the descriptors open at Start
-	// and FDReserve (plus ReservedFDs) more are never spent on workers,
+	// and fdReserve (plus ReservedFDs) more are never spent on workers,
 	// so that neither the Postgres reconnect nor the metrics server fails
 	// with EMFILE. The limit is read again on every status tick and when
 	// accept fails with EMFILE, so a limit lowered on the running hub
@@ -205,7 +194,7 @@ type Config struct {
 
 	// FrameTimeout bounds how long a worker may take to send one frame:
 	// a frame still incomplete after it severs the connection, so that a
-	// peer cannot hold a partial frame (up to MaxInboundFrame bytes) for
+	// peer cannot hold a partial frame (up to maxInboundFrame bytes) for
 	// ever. Default 10s.
 	FrameTimeout time.Duration
 
@@ -239,10 +228,24 @@ type Config struct {
 	// ReservedFDs is how many descriptors the program embedding the hub
 	// may hold at most besides it (the binary: its metrics server's
 	// capped connections and listener). They are kept out of the worker
-	// budget on top of FDReserve, so that a flood of them cannot take
+	// budget on top of fdReserve, so that a flood of them cannot take
 	// the workers' descriptors nor the Postgres reconnect's. Default 0.
 	ReservedFDs int
 }
+
+// maxPartialBytes is a variable so that tests can lower it.
+var (
+	// maxPartialBytes (64 MiB) bounds the partial inbound frames all
+	// workers hold together. Without it the bound would be MaxWorkers
+	// times maxInboundFrame (640 MiB at the defaults). Past it, a worker
+	// whose partial frame is larger than 4 KiB is severed: the frames
+	// workers need (sub, unsub: a name of at most 63 bytes, escaped) are
+	// far below that, so the budget costs only peers that send what no
+	// worker has to. The worst case is then maxPartialBytes plus
+	// MaxWorkers times smallFrame (64 MiB + 40 MiB at the defaults), on
+	// top of what each read brings.
+	maxPartialBytes = 64 << 20
+)
 
 // MaxPostgresConnections bounds Config.PostgresConnections: each is a
 // backend, and the point of the hub is to use few.

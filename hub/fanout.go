@@ -181,12 +181,19 @@ func (f *fanout) writeAll(ws []*worker) []writeResult {
 	return f.res
 }
 
+// onWrite, set only by tests of the write path (export_test.go), is called
+// before every write(2) or writev(2) to a worker, from whichever thread
+// makes it.
+var onWrite func(*worker)
+
 // rawWrite is the system call of a write: one write (or writev, when the
-// ring wraps) of everything pending. It changes nothing but w.writes.
+// ring wraps) of everything pending. It changes nothing.
 func rawWrite(w *worker, iov [][]byte) (int, error) {
 	a, b := w.out.Peek()
 	for {
-		w.writes++
+		if onWrite != nil {
+			onWrite(w)
+		}
 		var n int
 		var err error
 		if len(b) == 0 {

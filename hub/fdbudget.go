@@ -16,7 +16,7 @@ import (
 type fdBudget struct {
 	// maxWorkers is the worker cap in force: Config.MaxWorkers, lowered
 	// at Start to what RLIMIT_NOFILE leaves after the descriptors open
-	// then and FDReserve.
+	// then and fdReserve.
 	maxWorkers int
 	// fdWorkers is what RLIMIT_NOFILE leaves for workers (budgetFDs);
 	// SetLive's MaxWorkers is capped by it.
@@ -39,7 +39,7 @@ type fdBudget struct {
 // budgetFDs sets the worker cap in force and takes the spare descriptor.
 // Called by Start once the hub's own descriptors (loop, socket, Postgres)
 // are open (and by an upgrade's new process once it has taken over):
-// every descriptor open now stays open, FDReserve more (and
+// every descriptor open now stays open, fdReserve more (and
 // Config.ReservedFDs, and one per Postgres connection) are kept for the
 // Postgres reconnect, the metrics server and the like, and workers get at
 // most what is left of RLIMIT_NOFILE (the soft limit, which the Go runtime
@@ -99,7 +99,7 @@ func (h *Hub) rebudgetFDs() {
 	// Each Postgres connection may need a descriptor of its own to
 	// reconnect, all K at once after a network blip, and they may not
 	// be open yet (Start does not wait for Postgres).
-	reserve := FDReserve + h.cfg.PostgresConnections + h.cfg.ReservedFDs
+	reserve := fdReserve + h.cfg.PostgresConnections + h.cfg.ReservedFDs
 	if rl.Cur < 1<<31 {
 		left := int(rl.Cur) - h.fds.fdBase - reserve - 1 // 1: the spare
 		h.fds.fdWorkers = max(left, 1)
@@ -149,7 +149,7 @@ func (h *Hub) shedNewest() {
 	}
 	h.log.Warn("workers shed: RLIMIT_NOFILE leaves fewer descriptors than they hold; the newest fall back to their own LISTEN",
 		"shed", n, "workers", h.workers.len(), "rlimit_nofile", h.fds.fdLimit, "open_fds", h.fds.fdBase,
-		"fd_reserve", FDReserve+h.cfg.PostgresConnections+h.cfg.ReservedFDs, "newest_kept", newest[n:][0].id)
+		"fd_reserve", fdReserve+h.cfg.PostgresConnections+h.cfg.ReservedFDs, "newest_kept", newest[n:][0].id)
 }
 
 // retakeSpares takes the spare descriptor and the reserve again where an

@@ -94,9 +94,7 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 		return fmt.Errorf("hub: upgrade: pre-copy: %w", err)
 	}
 	defer h.dropPrecopy(pc)
-	if h.testPrecopied != nil {
-		h.testPrecopied(pc)
-	}
+	afterPrecopy(h, pc)
 
 	// The freeze: from here to the commit, bounded by freezeLimit (and
 	// ctx), after which everything is undone.

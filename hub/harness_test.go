@@ -127,11 +127,13 @@ func newEnvPG(t *testing.T, mutate func(*Config), healthy bool) *env {
 		t.Fatal(err)
 	}
 	e := &env{t: t, h: h, clk: &fakeClock{}, logs: logs, path: cfg.SocketPath}
-	h.openPG = func(ctx context.Context, l *loop.Loop, h *Hub) (postgres, error) {
-		e.pg = &fakePG{l: l, healthy: healthy}
-		return e.pg, nil
-	}
-	h.newClock = func(*loop.Loop) clock { return e.clk }
+	setHooks(t, h, hooks{
+		openPG: func(ctx context.Context, l *loop.Loop, h *Hub) (postgres, error) {
+			e.pg = &fakePG{l: l, healthy: healthy}
+			return e.pg, nil
+		},
+		clock: e.clk,
+	})
 	if err := h.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

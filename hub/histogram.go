@@ -7,11 +7,24 @@ import (
 	"github.com/listenhub/listenhub/internal/histogram"
 )
 
-// Histogram is a snapshot of one of the hub's latency histograms, in the
-// shape of a Prometheus histogram: cumulative bucket counts (Counts) under
-// ascending upper bounds (Bounds), the +Inf bucket being Count, and the Sum
-// of every observation. relay.Histogram is the same type.
-type Histogram = histogram.Histogram
+// Histogram is a snapshot of a latency histogram (the hub's, and the
+// relay's, which returns this type too), in the shape of a Prometheus
+// histogram.
+type Histogram struct {
+	// Bounds are the buckets' upper bounds (inclusive), ascending.
+	Bounds []time.Duration
+	// Counts[i] is the number of observations <= Bounds[i] (cumulative).
+	Counts []uint64
+	// Count is the number of every observation (the +Inf bucket).
+	Count uint64
+	// Sum is the sum of every observation.
+	Sum time.Duration
+}
+
+// Quantile estimates the q-quantile (0..1) from the buckets: the upper
+// bound of the bucket it falls in (the last bound for the overflow), 0
+// with no observation.
+func (h Histogram) Quantile(q float64) time.Duration { return histogram.Histogram(h).Quantile(q) }
 
 // FanoutLatencyBounds returns the buckets of Hub.FanoutLatency (a copy):
 // the hub's own work is microseconds; tens of milliseconds mean a loop

@@ -4,8 +4,8 @@
 //
 // All state lives on one loop goroutine (package loop): workers, the
 // refcounted channel union, outbound buffers, timers. Nothing in this package
-// takes a lock; other goroutines reach the hub only through loop.Post, and
-// Stats reads atomics.
+// takes a lock: the exported methods hand their work to the loop and wait
+// for its answer, and Stats reads atomics.
 //
 // What the hub guarantees (docs/design.md):
 //
@@ -90,6 +90,16 @@ type clock interface {
 
 type loopClock struct{ l *loop.Loop }
 
+// The hub's seams, package variables that tests replace (export_test.go):
+// openPostgres connects a hub's Postgres side, newClock makes its clock,
+// and afterPrecopy runs on an upgrade's handover goroutine between the
+// pre-copy and the freeze.
+var (
+	openPostgres pgOpener = openListener
+	newClock              = func(_ *Hub, l *loop.Loop) clock { return loopClock{l} }
+	afterPrecopy          = func(*Hub, *precopy) {}
+)
+
 func (c loopClock) Every(d time.Duration, f func()) stopper { return c.l.Every(d, f) }
 
 // statusEvery is how many status intervals pass between two periodic
@@ -105,8 +115,8 @@ const statusEvery = 5
 // a few workers flooding subs held the loop for tens of milliseconds.
 const readSize = 4 << 10
 
-// Hub is one listenhub. Create it with New, run it with Start, stop it with
-// Stop. Stats and Done are safe from any goroutine.
+// Hub is one listenhub. Create it with New, and run it with Run (or Start,
+// then Stop). Stats and Done are safe from any goroutine.
 type Hub struct {
 	cfg   Config
 	log   *slog.Logger
@@ -114,12 +124,6 @@ type Hub struct {
 	// fanoutLatency and ackLatency are the latency histograms
 	// (histogram.go): written on the loop, read from anywhere.
 	fanoutLatency, ackLatency *histogram.Recorder
-
-	openPG pgOpener // set by New; tests replace it
-	// testPrecopied, when set (tests), runs on handover's goroutine
-	// between the pre-copy and the freeze.
-	testPrecopied func(*precopy)
-	newClock      func(l *loop.Loop) clock
 
 	started  atomic.Bool
 	stopOnce sync.Once
@@ -153,10 +157,9 @@ type Hub struct {
 	partials   []*worker
 	frameTimer *loop.Timer
 	// partialBytes is the sum of the partial frames' bytes the workers in
-	// partials hold (as of their last read), which maxPartial bounds
-	// (MaxPartialBytes; tests lower it).
+	// partials hold (as of their last read), which maxPartialBytes
+	// bounds.
 	partialBytes int
-	maxPartial   int
 
 	workers  workerSet
 	nextID   uint64
@@ -228,8 +231,6 @@ func New(cfg Config) (*Hub, error) {
 	h := &Hub{
 		cfg:      c,
 		log:      c.Logger,
-		openPG:   openListener,
-		newClock: func(l *loop.Loop) clock { return loopClock{l} },
 		done:     make(chan struct{}),
 		allow:    make(map[uint32]struct{}, len(c.AllowUIDs)),
 		channels: make(map[string]*channel),
@@ -237,8 +238,7 @@ func New(cfg Config) (*Hub, error) {
 		sock:     listenSocket{fd: -1},
 		// maxWorkers is lowered by Start to what the descriptor limit
 		// allows.
-		fds:        fdBudget{spareFD: -1, maxWorkers: c.MaxWorkers},
-		maxPartial: MaxPartialBytes,
+		fds: fdBudget{spareFD: -1, maxWorkers: c.MaxWorkers},
 
 		fanoutLatency: histogram.New(fanoutBounds),
 		ackLatency:    histogram.New(ackBounds),
@@ -281,7 +281,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("hub: %w", err)
 	}
 	h.loop = l
-	h.clk = h.newClock(l)
+	h.clk = newClock(h, l)
 	// The socket first: a second hub started by mistake is refused before
 	// it opens a backend, and workers can connect while Postgres is still
 	// being reached.
@@ -309,7 +309,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 		discardLoop(l)
 		return fmt.Errorf("hub: %w", err)
 	}
-	pg, err := h.openPG(ctx, l, h)
+	pg, err := openPostgres(ctx, l, h)
 	if err != nil {
 		sock.close()
 		discardLoop(l)
@@ -422,6 +422,31 @@ func (h *Hub) Stop(ctx context.Context) error {
 	}
 }
 
+// stopGrace bounds Run's Stop once its ctx is done.
+const stopGrace = 10 * time.Second
+
+// Run starts the hub and runs it until ctx is done, then stops it (giving
+// Stop up to 10 s) and returns nil; or until the hub stops itself, and
+// returns why (Wait). A Start error is returned at once. It is the relay's
+// shape (relay.Relay.Run); Start, Stop and Wait remain for a program that
+// must act once the socket is bound (systemd readiness, a hot upgrade).
+func (h *Hub) Run(ctx context.Context) error {
+	if err := h.Start(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+		defer cancel()
+		if err := h.Stop(sctx); err != nil {
+			return err
+		}
+		return nil
+	case <-h.done:
+		return h.Wait()
+	}
+}
+
 // Done is closed when the hub has stopped (or failed to start).
 func (h *Hub) Done() <-chan struct{} { return h.done }
 
@@ -445,13 +470,13 @@ func (h *Hub) Stats() Stats { return h.stats.snapshot() }
 // workers' sockets, one observation per notification routed to at least one
 // worker. Frames a full socket refused are not waited for: this is the
 // hub's own delay, not a slow worker's. Safe from any goroutine.
-func (h *Hub) FanoutLatency() Histogram { return h.fanoutLatency.Snapshot() }
+func (h *Hub) FanoutLatency() Histogram { return Histogram(h.fanoutLatency.Snapshot()) }
 
 // AckLatency returns the histogram of the time from reading a sub to
 // queuing its ack: microseconds for a channel already LISTENed, a Postgres
 // round trip for a new one, longer while the connection is down. Safe from
 // any goroutine.
-func (h *Hub) AckLatency() Histogram { return h.ackLatency.Snapshot() }
+func (h *Hub) AckLatency() Histogram { return Histogram(h.ackLatency.Snapshot()) }
 
 // shutdown is Stop on the loop goroutine.
 func (h *Hub) shutdown() {

@@ -25,9 +25,9 @@ func nack(q, reason string) string {
 	return string(frame.AppendNack(nil, q, reason)[4:])
 }
 
-// A length header above MaxInboundFrame severs that worker before its body
+// A length header above maxInboundFrame severs that worker before its body
 // is buffered (the bytes that came with it are not copied), and a sibling
-// carries on; a frame of exactly MaxInboundFrame is served.
+// carries on; a frame of exactly maxInboundFrame is served.
 func TestInboundFrameCap(t *testing.T) {
 	e := newEnv(t, nil)
 	e.do(func() { e.pg.auto = true })
@@ -35,7 +35,7 @@ func TestInboundFrameCap(t *testing.T) {
 	sib.subscribe("a")
 
 	body := `{"t":"sub","q":"big"}`
-	body += strings.Repeat(" ", MaxInboundFrame-len(body))
+	body += strings.Repeat(" ", maxInboundFrame-len(body))
 	sib.send(rawFrame(body))
 	sib.expect(ack("big"))
 
@@ -48,7 +48,7 @@ func TestInboundFrameCap(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	for i := range bad {
-		n := uint32(MaxInboundFrame + 1)
+		n := uint32(maxInboundFrame + 1)
 		if i%2 == 1 {
 			n = frame.MaxLen // the protocol's own limit is no longer the hub's
 		}
@@ -255,7 +255,7 @@ func TestMaxWorkers(t *testing.T) {
 }
 
 // The cap in force is lowered to what RLIMIT_NOFILE leaves after the
-// descriptors open at Start and FDReserve.
+// descriptors open at Start and fdReserve.
 func TestMaxWorkersFollowsFDLimit(t *testing.T) {
 	e := newEnv(t, nil)
 	var got int
@@ -264,7 +264,7 @@ func TestMaxWorkersFollowsFDLimit(t *testing.T) {
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
 	}
-	want := min(DefaultMaxWorkers, int(lim.Cur)-testutil.FDCount()-FDReserve)
+	want := min(DefaultMaxWorkers, int(lim.Cur)-testutil.FDCount()-fdReserve)
 	// FDCount now and at Start differ by the test's own descriptors.
 	if got > DefaultMaxWorkers || got < want-8 || got > want+8 {
 		t.Fatalf("max workers in force %d, want about %d (limit %d)", got, want, lim.Cur)
@@ -297,7 +297,7 @@ func TestFDReserveGrowsWithPostgresConnections(t *testing.T) {
 		return got
 	}
 	one, sixteen := capWith(1), capWith(16)
-	if one >= DefaultMaxWorkers || one > 400-FDReserve {
+	if one >= DefaultMaxWorkers || one > 400-fdReserve {
 		t.Fatalf("cap %d with K=1 under a limit 400 above the open descriptors: not lowered", one)
 	}
 	// The two hubs open the same descriptors; 15 more are kept back.
@@ -420,7 +420,7 @@ func TestDecoderBufferReleased(t *testing.T) {
 // workers within the budget complete their frames.
 func TestInboundBudget(t *testing.T) {
 	e := newEnv(t, nil)
-	e.do(func() { e.pg.auto = true; e.h.maxPartial = 100 << 10 })
+	e.do(func() { e.pg.auto = true; setMaxPartialBytes(t, 100<<10) })
 	body := `{"t":"sub","q":"big"}` + strings.Repeat(" ", 60<<10)
 	frame := rawFrame(body)
 	first, second := e.dial(), e.dial()
@@ -488,7 +488,7 @@ func TestReleaseMemoryAfterBurst(t *testing.T) {
 	// start from a heap that holds only live data, as a fresh process does.
 	debug.FreeOSMemory()
 	e := newEnv(t, func(c *Config) { c.ReleaseMemory = true })
-	e.do(func() { e.h.maxPartial = 1 << 30 })
+	e.do(func() { setMaxPartialBytes(t, 1<<30) })
 	const burst = 1000
 	body := append(rawFrame("")[:0], 0, 0, 0xff, 0xff)
 	body = append(body, bytes.Repeat([]byte(" "), 60<<10)...)

@@ -156,7 +156,7 @@ func (h *Hub) checkAnswers(w *worker) {
 	if w.partialIdx >= 0 {
 		// Its frame is incomplete because the hub stopped reading,
 		// not because the worker is slow: its clock stops (its bytes
-		// stay counted toward MaxPartialBytes), and starts afresh
+		// stay counted toward maxPartialBytes), and starts afresh
 		// when reading does.
 		held := w.partialBytes
 		h.frameDone(w)

@@ -153,10 +153,10 @@ func holdAfterPrecopy(t *testing.T, h *Hub) (copied <-chan *precopy, goOn func()
 	var once sync.Once
 	goOn = func() { once.Do(func() { close(release) }) }
 	t.Cleanup(goOn)
-	h.testPrecopied = func(pc *precopy) {
+	setHooks(t, h, hooks{precopied: func(pc *precopy) {
 		c <- pc
 		<-release
-	}
+	}})
 	return c, goOn
 }
 

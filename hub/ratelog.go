@@ -40,7 +40,7 @@ const (
 
 // maxLogName is how much of a worker-supplied name (a subscription name, an
 // unknown frame type) goes into a log line: a name can be up to
-// MaxInboundFrame bytes, and a 64 KiB line per refused sub is a log flood
+// maxInboundFrame bytes, and a 64 KiB line per refused sub is a log flood
 // on its own.
 const maxLogName = 100
 

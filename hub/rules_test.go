@@ -488,8 +488,9 @@ func TestOneWritePerIteration(t *testing.T) {
 	w := e.dial()
 	w.subscribe("a")
 	e.sync()
-	var before, after uint32
-	e.workerState(1, func(wk *worker) { before = wk.writes })
+	writes := countWrites(t)
+	e.sync()
+	before := writes.Load()
 	e.do(func() {
 		for i := range 16 {
 			e.h.onNotification([]byte("a"), []byte(fmt.Sprint(i)))
@@ -498,8 +499,7 @@ func TestOneWritePerIteration(t *testing.T) {
 	for i := range 16 {
 		w.expect(wake("a", ptr(fmt.Sprint(i))))
 	}
-	e.workerState(1, func(wk *worker) { after = wk.writes })
-	if after-before != 1 {
+	if after := writes.Load(); after-before != 1 {
 		t.Fatalf("%d writes for 16 frames of one iteration, want 1", after-before)
 	}
 	if s := e.h.Stats(); s.FramesSent != 1+1+16 { // status, ack, wakes

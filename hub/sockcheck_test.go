@@ -53,10 +53,10 @@ func TestStartRefusesRefusableSocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.openPG = func(context.Context, *loop.Loop, *Hub) (postgres, error) {
+		setHooks(t, h, hooks{openPG: func(context.Context, *loop.Loop, *Hub) (postgres, error) {
 			t.Fatal("Postgres opened for a refused socket")
 			return nil, nil
-		}
+		}})
 		err = h.Start(context.Background())
 		if !errors.Is(err, ErrRefusableSocket) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: Start: %v, want ErrRefusableSocket naming %q", dir, err, want)

@@ -133,7 +133,7 @@ func TestInheritedListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.openPG = fakeOpener(true)
+	setHooks(t, h, hooks{openPG: fakeOpener(true)})
 	if err := h.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -196,12 +196,42 @@ func TestInheritedListenerRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h.openPG = fakeOpener(true)
+			setHooks(t, h, hooks{openPG: fakeOpener(true)})
 			err = h.Start(context.Background())
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Start: %v, want %q", err, c.want)
 			}
 			<-h.Done()
 		})
+	}
+}
+
+// Run serves until its context ends, then stops the hub: the socket file
+// is removed and Run returns nil.
+func TestRunStopsWhenContextEnds(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hub.sock")
+	h, err := New(Config{SocketPath: path, Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setHooks(t, h, hooks{openPG: fakeOpener(true)})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- h.Run(ctx) }()
+	testutil.WaitFor(t, 10*time.Second, "the socket to be served", func() bool {
+		_, err := os.Stat(path)
+		return err == nil
+	})
+	cancel()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("Run = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("socket file after Run: %v, want it removed", err)
 	}
 }

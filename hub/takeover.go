@@ -48,7 +48,7 @@ func (h *Hub) takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 		return abort(fmt.Errorf("hub: %w", err))
 	}
 	h.loop = l
-	h.clk = h.newClock(l)
+	h.clk = newClock(h, l)
 	h.up = &upgrade{taking: true, listening: make(chan struct{})}
 	if err := sendMsg(conn, upMsg{T: "hello", PID: os.Getpid()}, nil); err != nil {
 		return abort(err)
@@ -326,7 +326,7 @@ func (h *Hub) adoptWorker(hw *handedWorker, fd int) *worker {
 	if hw.Connected != 0 {
 		w.connectedAt = hw.Connected
 	}
-	w.dec.Max = MaxInboundFrame
+	w.dec.Max = maxInboundFrame
 	// The received bytes become the ring's storage as they are: no
 	// copy, no growth by doubling; the pre-copied ones are sent from
 	// their mapping, which the ring lets go of once they are written
@@ -422,7 +422,7 @@ func (h *Hub) goLive() {
 				since = time.Unix(0, w.partialSince)
 			}
 			h.frameStarted(w, since)
-			// Counted toward MaxPartialBytes as read's would count it.
+			// Counted toward maxPartialBytes as read's would count it.
 			w.partialBytes = int32(n)
 			h.partialBytes += n
 		}

@@ -185,7 +185,7 @@ func TestHandoverInProcess(t *testing.T) {
 
 			// Half a frame (an unsub: no answer) that the old hub
 			// has read is handed over, and counted by the new one
-			// toward MaxPartialBytes.
+			// toward maxPartialBytes.
 			half := env.dial()
 			unsub := frame.AppendUnsub(nil, "zz")
 			partial := len(unsub) - 3

@@ -26,7 +26,7 @@ const (
 	reasonHubStopping                          // Stop
 	reasonRegister                             // the loop refused the fd
 	reasonFrameTimeout                         // a frame incomplete for FrameTimeout
-	reasonInboundBudget                        // a large partial frame past MaxPartialBytes
+	reasonInboundBudget                        // a large partial frame past maxPartialBytes
 	reasonShed                                 // shed: RLIMIT_NOFILE lowered below what workers hold
 )
 
@@ -95,7 +95,7 @@ type worker struct {
 	partialSince int64
 	partialIdx   int32
 	// partialBytes is this worker's share of Hub.partialBytes (at most
-	// MaxInboundFrame and a header).
+	// maxInboundFrame and a header).
 	partialBytes int32
 
 	// tr tracks the durable wakes and answers among the frames in out;
@@ -115,8 +115,7 @@ type worker struct {
 	durableCoalesced uint64
 	durableDropped   uint64
 
-	idx    int32  // in Hub.workers
-	writes uint32 // write(2)/writev(2) calls made, for tests of the write path
+	idx int32 // in Hub.workers
 }
 
 func (w *worker) logAttrs() []any {
@@ -389,8 +388,8 @@ func (h *Hub) read(w *worker) {
 	case decoded || w.partialIdx < 0:
 		h.frameStarted(w, h.loop.Now())
 	}
-	// Every worker may hold a partial frame of up to MaxInboundFrame;
-	// all of them together may hold MaxPartialBytes (maxPartial). Past
+	// Every worker may hold a partial frame of up to maxInboundFrame;
+	// all of them together may hold maxPartialBytes (maxPartial). Past
 	// that, a worker whose partial frame is larger than any frame the
 	// protocol needs is severed: what workers send (sub, unsub) is far
 	// smaller, so the budget only bites those sending what no worker
@@ -398,12 +397,12 @@ func (h *Hub) read(w *worker) {
 	held := w.dec.Buffered()
 	h.partialBytes += held - int(w.partialBytes)
 	w.partialBytes = int32(held)
-	if held > smallFrame && h.partialBytes > h.maxPartial {
+	if held > smallFrame && h.partialBytes > maxPartialBytes {
 		h.stats.protocolErrors.Add(1)
 		if h.logOK(logProtocol, slog.LevelWarn) {
 			h.logLine(logProtocol, slog.LevelWarn, "worker holds a large partial frame while the hub's inbound budget is spent; closing it",
 				append(w.logAttrs(), "reason", reasonInboundBudget, "buffered", held, "hub_partial_bytes", h.partialBytes,
-					"max_partial_bytes", h.maxPartial)...)
+					"max_partial_bytes", maxPartialBytes)...)
 		}
 		h.closeWorker(w, reasonInboundBudget, nil)
 	}

@@ -14,6 +14,7 @@ package listener
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -61,21 +62,95 @@ var (
 )
 
 // PlainConfig configures a Plain listener (NewPlain).
-type PlainConfig = pglisten.PlainConfig
+type PlainConfig struct {
+	// ConnConfig is where to connect (ParseConfig makes one). Required.
+	ConnConfig *pgconn.Config
 
-// Plain is a per-process LISTEN connection for a worker that has no hub:
-// one pgconn connection owned by one goroutine. All methods are safe for
-// concurrent use.
-type Plain = pglisten.Plain
+	// HealthCheckInterval is how long an idle connection may stay silent
+	// before its delivery check runs; HealthCheckTimeout bounds the
+	// check's round trip. Defaults DefaultHealthCheckInterval and
+	// DefaultHealthCheckTimeout.
+	HealthCheckInterval, HealthCheckTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the backoff between reconnect
+	// attempts (doubling, with jitter). Defaults DefaultReconnectMin and
+	// DefaultReconnectMax.
+	ReconnectMin, ReconnectMax time.Duration
 
-// NewPlain connects with cfg and returns a Plain listener once the
-// connection passed the delivery check.
-func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
-	return pglisten.NewPlain(ctx, cfg)
+	// OnNotification is called for every notification, in the order the
+	// server sent them, from the listener's goroutine. While it runs
+	// nothing is read from the connection: hand slow work off.
+	OnNotification func(channel, payload string)
+	// OnHealth is called from the listener's goroutine: true right after
+	// NewPlain and after every reconnect once the whole set is LISTENed
+	// again, false when the connection is lost.
+	OnHealth func(healthy bool)
+
+	// Logger receives the connection's lines (reconnects, notices). Nil
+	// discards them.
+	Logger *slog.Logger
 }
 
+// Plain is a per-process LISTEN connection for a worker that has no hub:
+// one pgconn connection owned by one goroutine. pgconn cannot run a query
+// while it waits for a notification, so commands are queued, the wait is
+// cut short, and everything queued runs as one multi-statement query. All
+// methods are safe for concurrent use.
+type Plain struct {
+	p *pglisten.Plain
+}
+
+// NewPlain connects with cfg and returns a Plain listener once the
+// connection passed the delivery check; an unreachable server, or one
+// through which notifications do not arrive (ErrNotDelivered), is the
+// error.
+func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
+	p, err := pglisten.NewPlain(ctx, pglisten.PlainConfig(cfg))
+	if err != nil {
+		return nil, err
+	}
+	return &Plain{p: p}, nil
+}
+
+// Listen starts listening to channel and returns once Postgres has
+// confirmed it: every NOTIFY committed after that reaches OnNotification.
+// While the connection is down it waits for the reconnect, bounded by ctx.
+// A name ValidChannel refuses is an error wrapping ErrInvalidChannel.
+func (p *Plain) Listen(ctx context.Context, channel string) error { return p.p.Listen(ctx, channel) }
+
+// Unlisten stops listening to channel and returns once Postgres has
+// confirmed it.
+func (p *Plain) Unlisten(ctx context.Context, channel string) error {
+	return p.p.Unlisten(ctx, channel)
+}
+
+// Notify commits NOTIFY channel, payload on this connection, in order with
+// the Listen and Unlisten calls before it: a point in commit order that
+// this connection and any other listener of the database both see.
+func (p *Plain) Notify(ctx context.Context, channel, payload string) error {
+	return p.p.Notify(ctx, channel, payload)
+}
+
+// Healthy reports whether the connection is up with the whole set
+// LISTENed and its last delivery check passed.
+func (p *Plain) Healthy() bool { return p.p.Healthy() }
+
+// Close sends UNLISTEN * and Terminate, closes the connection and waits for
+// the listener's goroutine to return. Commands still waiting get ErrClosed.
+func (p *Plain) Close() error { return p.p.Close() }
+
 // Delivery is what CheckDelivery found out about a connection.
-type Delivery = pglisten.Delivery
+type Delivery struct {
+	// BackendPID is the server's pg_backend_pid() (0 when the check did
+	// not get that far).
+	BackendPID uint32
+	// KeyDataPID is the pid of the BackendKeyData the connection got at
+	// start-up: the server's, unless a pooler or proxy made it up.
+	KeyDataPID uint32
+}
+
+// Pooled reports whether something other than the server made up the
+// BackendKeyData: a pooler (PgBouncer does, in every pool mode) or a proxy.
+func (d Delivery) Pooled() bool { return d.BackendPID != 0 && d.BackendPID != d.KeyDataPID }
 
 // CheckDelivery connects with cfg and runs the delivery check every
 // connection runs: LISTEN a private channel, compare pg_backend_pid() with
@@ -86,7 +161,8 @@ type Delivery = pglisten.Delivery
 // (default DefaultHealthCheckTimeout); ctx the whole. For tools (listenhub
 // doctor).
 func CheckDelivery(ctx context.Context, cfg *pgconn.Config, timeout time.Duration) (Delivery, error) {
-	return pglisten.CheckDelivery(ctx, cfg, timeout)
+	d, err := pglisten.CheckDelivery(ctx, cfg, timeout)
+	return Delivery(d), err
 }
 
 // ParseConfig parses a connection string the way libpq does, through

@@ -27,7 +27,7 @@ func TestAcceptOutOfDescriptors(t *testing.T) {
 	ln := testutil.ListenTCP(t)
 	var logBuf lockedBuf
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })}
-	cl := newConnLimiter(ln, MaxConns)
+	cl := newConnLimiter(ln, maxConns)
 	cl.log = slog.New(slog.NewTextHandler(&logBuf, nil))
 	srv.ConnState = cl.track
 	go srv.Serve(cl)

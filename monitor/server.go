@@ -26,16 +26,16 @@ import (
 // flood of them can take neither the workers' descriptors nor the Postgres
 // reconnect's.
 const (
-	// MaxConns caps a Server's connections. Past it, one more is
-	// accepted and waits (so at most MaxConns+1 plus the listener are
+	// maxConns caps a Server's connections. Past it, one more is
+	// accepted and waits (so at most maxConns+1 plus the listener are
 	// open), and the connection idle longest is closed to make room for
 	// it; with none idle it waits for one to end, which the timeouts
 	// below bound.
-	MaxConns = 16
+	maxConns = 16
 	// ReservedFDs is the most descriptors a Server holds: the capped
 	// connections, the one waiting past the cap, and the listener. Add it
 	// to hub.Config.ReservedFDs, so that the hub leaves them free.
-	ReservedFDs = MaxConns + 2
+	ReservedFDs = maxConns + 2
 )
 
 const (
@@ -87,7 +87,7 @@ func Start(ctx context.Context, addr string, h *hub.Hub, o Options) (*Server, er
 // over by a hot upgrade, or passed by a service manager), in the
 // background; the Server owns ln from now on.
 func StartListener(ln net.Listener, h *hub.Hub, o Options) *Server {
-	s := &Server{srv: newHTTPServer(Handler(h, o)), cl: newConnLimiter(ln, MaxConns), done: make(chan struct{})}
+	s := &Server{srv: newHTTPServer(Handler(h, o)), cl: newConnLimiter(ln, maxConns), done: make(chan struct{})}
 	s.cl.log = o.Logger
 	if s.cl.log == nil {
 		s.cl.log = slog.Default()

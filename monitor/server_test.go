@@ -142,7 +142,7 @@ func TestMetricsServerTimeouts(t *testing.T) {
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	srv.ReadHeaderTimeout, srv.IdleTimeout = 200*time.Millisecond, 300*time.Millisecond
 	ln := testutil.ListenTCP(t)
-	cl := newConnLimiter(ln, MaxConns)
+	cl := newConnLimiter(ln, maxConns)
 	srv.ConnState = cl.track
 	go srv.Serve(cl)
 	t.Cleanup(func() { srv.Close() })

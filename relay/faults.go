@@ -16,7 +16,7 @@ import (
 // (a lost connection, a server restarting or out of connections) is
 // retried with backoff. A permanent one (a misconfiguration, a slot that
 // can no longer decode, input the server refuses) is a *ConfigError whose
-// one line names the fix: Run returns it, or, with Options.Guest, logs it
+// one line names the fix: Run returns it, or, with Options.RetryConfigErrors, logs it
 // and tries again every Options.ConfigRetry.
 
 // permanent returns the ConfigError that err is, or that it becomes when no

@@ -419,7 +419,7 @@ func TestRelayGuestBackSoonAfterTheFix(t *testing.T) {
 	f, ch, l := newListened(t, "q_a")
 	f.exec("DROP PUBLICATION " + f.pub)
 	opts := f.options()
-	opts.Guest = true
+	opts.RetryConfigErrors = true
 	rn := f.run(opts)
 	testutil.WaitFor(t, 10*time.Second, "down", func() bool { return rn.r.Stats().State == StateDown })
 	f.exec("CREATE PUBLICATION " + f.pub + " FOR TABLES IN SCHEMA " + f.schema)
@@ -429,13 +429,13 @@ func TestRelayGuestBackSoonAfterTheFix(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
 }
 
-// TestRelayGuestStaysDown: with Guest a permanent error never ends Run:
+// TestRelayGuestStaysDown: with RetryConfigErrors a permanent error never ends Run:
 // the relay is down, says why with the fix, and streams once fixed.
 func TestRelayGuestStaysDown(t *testing.T) {
 	f, ch, l := newListened(t, "q_a")
 	f.exec("DROP PUBLICATION " + f.pub)
 	opts := f.options()
-	opts.Guest = true
+	opts.RetryConfigErrors = true
 	opts.ConfigRetry = 300 * time.Millisecond
 	rn := f.run(opts)
 	testutil.WaitFor(t, 10*time.Second, "down with the fix", func() bool {

@@ -3,15 +3,7 @@ package relay
 import (
 	"slices"
 	"time"
-
-	"github.com/listenhub/listenhub/internal/histogram"
 )
-
-// Histogram is a snapshot of the commit-to-NOTIFY histogram, in the shape
-// of a Prometheus histogram: cumulative counts (Counts) under ascending
-// upper bounds (Bounds), the +Inf bucket being Count; Quantile estimates a
-// quantile from it. hub.Histogram is the same type.
-type Histogram = histogram.Histogram
 
 // CommitToNotifyBounds returns (a copy of) the buckets of
 // Relay.CommitToNotify: an idle relay NOTIFYs a few hundred microseconds

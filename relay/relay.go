@@ -30,6 +30,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/defaults"
 	"github.com/listenhub/listenhub/internal/enum"
@@ -114,11 +115,12 @@ type Options struct {
 	StatusInterval time.Duration
 	// Logger receives the relay's log lines; slog.Default() if nil.
 	Logger *slog.Logger
-	// Guest is for a relay that runs inside another program (serve
-	// --relay): a permanent error (a *ConfigError) never ends Run; the
-	// relay is down (StateDown), logs the error with its fix, and sets
-	// everything up again every ConfigRetry.
-	Guest bool
+	// RetryConfigErrors keeps Run going on a permanent error (a
+	// *ConfigError): the relay is down (StateDown), logs the error with
+	// its fix, and sets everything up again every ConfigRetry, as a relay
+	// inside another program (serve --relay) must. Default false: Run
+	// returns the error.
+	RetryConfigErrors bool
 	// ConfigRetry is how often a guest relay that is down tries again;
 	// DefaultConfigRetry if 0.
 	ConfigRetry time.Duration
@@ -356,13 +358,13 @@ func (r *Relay) setLastError(s string) {
 // CommitToNotify returns the histogram of the time from a transaction's
 // commit (its commit timestamp, the server's clock) to the commit of the
 // NOTIFY transaction that covered it (the relay's clock), per transaction.
-func (r *Relay) CommitToNotify() Histogram { return r.hist.Snapshot() }
+func (r *Relay) CommitToNotify() hub.Histogram { return hub.Histogram(r.hist.Snapshot()) }
 
 // CommitToDecode returns the histogram of the time from a transaction's
 // commit timestamp to the relay reading its Commit message, per
 // transaction: the server's (walsender's) share of CommitToNotify. Same
 // buckets.
-func (r *Relay) CommitToDecode() Histogram { return r.decodeHist.Snapshot() }
+func (r *Relay) CommitToDecode() hub.Histogram { return hub.Histogram(r.decodeHist.Snapshot()) }
 
 func (r *Relay) setState(s State) { r.state.Store(int32(s)) }
 
@@ -380,7 +382,8 @@ const (
 const stableSession = 10 * time.Second
 
 // Run runs the relay until ctx is done (then it returns nil) or, unless
-// Options.Guest, until a permanent error (a *ConfigError naming the fix).
+// Options.RetryConfigErrors, until a permanent error (a *ConfigError naming
+// the fix).
 // A lost connection, a server restart or a slot in use by another relay
 // are retried.
 func (r *Relay) Run(ctx context.Context) error {
@@ -409,7 +412,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		err := res.err
 		r.standbyLogged = false
 		if ce := permanent(err); ce != nil {
-			if !r.opts.Guest {
+			if !r.opts.RetryConfigErrors {
 				return ce
 			}
 			// A guest is down, never gone: it says why, with the fix,

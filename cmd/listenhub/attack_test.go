@@ -256,7 +256,8 @@ type sibling struct {
 func startSibling(t testing.TB, socket, q string, rate int) *sibling {
 	t.Helper()
 	s := &sibling{t: t, q: q, rate: rate, background: newBackground()}
-	c, err := client.Dial(context.Background(), socket, client.Options{
+	c, err := client.Dial(context.Background(), client.Options{
+		SocketPath: socket,
 		AckTimeout: timeout,
 		OnWake:     s.onWake,
 		OnStatus: func(ok bool) {
@@ -289,14 +290,14 @@ func (s *sibling) onWake(w client.Wake) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w.Durable && w.Q == s.q {
+	if w.Durable && w.Name == s.q {
 		s.durables++
 		return
 	}
 	var seq int
 	var ns int64
-	if _, err := fmt.Sscanf(w.Payload, "%d %d", &seq, &ns); err != nil || w.Q != s.q {
-		s.bad = append(s.bad, fmt.Sprintf("%q: %q", w.Q, w.Payload))
+	if _, err := fmt.Sscanf(w.Payload, "%d %d", &seq, &ns); err != nil || w.Name != s.q {
+		s.bad = append(s.bad, fmt.Sprintf("%q: %q", w.Name, w.Payload))
 		return
 	}
 	s.got = append(s.got, seq)

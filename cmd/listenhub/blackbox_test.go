@@ -28,7 +28,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/frame"
-	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
@@ -227,7 +226,7 @@ func TestBlackboxProtocol(t *testing.T) {
 	w1.expectBodies(bbAck("g"))
 	// A frame of exactly 64 KiB (the most a worker may send) is allowed.
 	body := `{"t":"sub","q":"big"}`
-	body += strings.Repeat(" ", hub.MaxInboundFrame-len(body))
+	body += strings.Repeat(" ", (64<<10)-len(body))
 	w1.send(rawBody(body))
 	w1.expectBodies(bbAck("big"))
 	pgExec(t, n, "NOTIFY "+pg("big"))
@@ -247,7 +246,7 @@ func TestBlackboxMalformedSeversOne(t *testing.T) {
 		name  string
 		input []byte
 	}{
-		{"length over 64 KiB", frameHeader(hub.MaxInboundFrame + 1)},
+		{"length over 64 KiB", frameHeader((64 << 10) + 1)},
 		{"length over 4 MiB", frameHeader(frame.MaxLen + 1)},
 		{"length 0xffffffff", []byte{0xff, 0xff, 0xff, 0xff}},
 		{"zero-length frame", frameHeader(0)},

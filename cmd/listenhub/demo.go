@@ -670,10 +670,9 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		mu.Unlock()
 	}
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
-		SocketPath:      socket,
-		DatabaseURL:     databaseURL,
-		ApplicationName: appName,
-		OnWake:          onWake,
+		Hub:    client.Options{SocketPath: socket},
+		Local:  client.LocalOptions{DatabaseURL: databaseURL, ApplicationName: appName},
+		OnWake: onWake,
 		OnFailover: func(reason error) {
 			fmt.Fprintf(stderr, "listenhub demo-worker %d: hub failed (%s); listening on its own connection\n", os.Getpid(), oneLine(reason))
 			emit("mode local")
@@ -734,7 +733,7 @@ func parseDemoWorker(args []string) (socket, channel, appName string, err error)
 	fs := newFlagSet("demo-worker")
 	fs.StringVar(&socket, "socket", "", "hub socket")
 	fs.StringVar(&channel, "channel", "", "subscription name")
-	fs.StringVar(&appName, "application-name", client.DefaultLocalApplicationName, "application_name of the fallback listener")
+	fs.StringVar(&appName, "application-name", "listenhub-local", "application_name of the fallback listener")
 	if err := fs.Parse(args); err != nil {
 		return "", "", "", err
 	}

@@ -204,7 +204,7 @@ func (d *relayDemo) setUp(ctx context.Context) (sock string, err error) {
 	}
 	d.hub = h
 	for range d.cfg.workers {
-		c, err := client.Dial(ctx, sock, client.Options{OnWake: d.onWake})
+		c, err := client.Dial(ctx, client.Options{SocketPath: sock, OnWake: d.onWake})
 		if err != nil {
 			return "", err
 		}
@@ -294,7 +294,7 @@ func (d *relayDemo) write(ctx context.Context, conn *pgx.Conn, i int) {
 }
 
 func (d *relayDemo) onWake(w client.Wake) {
-	if strings.Contains(w.Q, ".q_relay_") {
+	if strings.Contains(w.Name, ".q_relay_") {
 		d.wakes[1].Add(1)
 	} else {
 		d.wakes[0].Add(1)

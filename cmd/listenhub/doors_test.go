@@ -29,7 +29,6 @@ import (
 	"github.com/listenhub/listenhub/client"
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/testutil"
-	"github.com/listenhub/listenhub/monitor"
 )
 
 // doorWorkers is how many workers the introspection attack connects:
@@ -94,7 +93,7 @@ func startResubscriber(t *testing.T, socket string, every time.Duration) *resubs
 	t.Helper()
 	s := &resubscriber{background: newBackground()}
 	go s.loop(every, func(i int) bool {
-		c, err := client.Dial(context.Background(), socket, client.Options{AckTimeout: 2 * time.Second})
+		c, err := client.Dial(context.Background(), client.Options{SocketPath: socket, AckTimeout: 2 * time.Second})
 		if err == nil {
 			err = c.Subscribe(context.Background(), fmt.Sprintf("resubscriber%d", i))
 			c.Close()
@@ -445,11 +444,11 @@ func TestAttackMetricsConnections(t *testing.T) {
 	// Without the flood the budget is 256 - open at start - reserve; the
 	// flood must not take it (the sibling and the hub's own are counted
 	// in fds0).
-	if admitted < fdLimit-fds0-64-monitor.MaxConns-8 {
+	if admitted < fdLimit-fds0-64-16-8 {
 		t.Fatalf("%d workers admitted with %d descriptors: the metrics flood took the workers' budget", admitted, fdLimit)
 	}
-	if fdsFlood-fds0 > monitor.MaxConns+2 {
-		t.Fatalf("the metrics flood holds %d descriptors, cap %d", fdsFlood-fds0, monitor.MaxConns)
+	if fdsFlood-fds0 > 16+2 {
+		t.Fatalf("the metrics flood holds %d descriptors, cap %d", fdsFlood-fds0, 16)
 	}
 	first.status(true) // told of the reconnect
 	t.Logf("sibling before the terminate: %v", r)
@@ -472,7 +471,7 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 	}
 	open := h.fds()
 	// Room for the workers already there, the reserve and 20 more.
-	lim := unix.Rlimit{Cur: testutil.Rlim(open+64+monitor.MaxConns+1+20, old.Cur), Max: old.Max}
+	lim := unix.Rlimit{Cur: testutil.Rlim(open+64+16+1+20, old.Cur), Max: old.Max}
 	if err := prlimitNofile(h.pid(), &lim, nil); err != nil {
 		t.Skipf("prlimit: %v", err)
 	}

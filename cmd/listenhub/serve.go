@@ -228,7 +228,7 @@ func (s *server) configure() (code int, ok bool) {
 		// A guest: no relay error ends the hub. A misconfigured relay
 		// is down (listenhub_relay_up 0, its error in listenhub status
 		// and on /healthz) and sets itself up again every 30 s.
-		ropts.Guest = true
+		ropts.RetryConfigErrors = true
 		if s.rl, err = relay.New(ropts); err != nil {
 			return s.bad(err)
 		}

@@ -63,8 +63,9 @@ func run(ctx context.Context, databaseURL, sock string, ln net.Listener) error {
 	go srv.Serve(ln)
 	defer srv.Close()
 
-	worker, err := client.Dial(ctx, sock, client.Options{
-		OnWake: func(w client.Wake) { log.Printf("wake: %s %q", w.Q, w.Payload) },
+	worker, err := client.Dial(ctx, client.Options{
+		SocketPath: sock,
+		OnWake:     func(w client.Wake) { log.Printf("wake: %s %q", w.Name, w.Payload) },
 	})
 	if err != nil {
 		return err

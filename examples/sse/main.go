@@ -126,7 +126,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"the hub's --channel-prefix, used by the fallback listener (env LISTENHUB_CHANNEL_PREFIX)")
 	fs.StringVar(&cfg.ChannelSuffix, "channel-suffix", os.Getenv("LISTENHUB_CHANNEL_SUFFIX"),
 		"the hub's --channel-suffix, used by the fallback listener (env LISTENHUB_CHANNEL_SUFFIX)")
-	fs.DurationVar(&cfg.MinLocal, "min-local", client.DefaultMinLocal,
+	fs.DurationVar(&cfg.MinLocal, "min-local", 5*time.Second,
 		"least time on the fallback connection before returning to the hub")
 	fs.BoolVar(&cfg.OneWay, "one-way", false,
 		"stay on the fallback connection once the hub failed, until restarted")
@@ -172,32 +172,32 @@ type app struct {
 }
 
 func newApp(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
-	mux := client.NewMux(client.MuxOptions{Logger: log})
 	modes := newModeWatch()
-	l, err := client.NewFailover(ctx, client.FailoverOptions{
-		SocketPath:      cfg.Socket,
-		DatabaseURL:     cfg.DatabaseURL,
-		ApplicationName: "listenhub-sse-local",
-		ChannelPrefix:   cfg.ChannelPrefix,
-		ChannelSuffix:   cfg.ChannelSuffix,
-		MinLocal:        cfg.MinLocal,
-		OneWay:          cfg.OneWay,
-		OnWake:          mux.HandleWake,
-		OnFailover: func(reason error) {
-			log.Warn("hub lost, listening on our own Postgres connection", "reason", reason)
-			modes.set(client.ModeLocal)
-		},
-		OnFailback: func() {
-			log.Info("hub back, our own Postgres connection closed")
-			modes.set(client.ModeHub)
-		},
-		Logger: log,
-	})
+	var l *client.Failover
+	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
+		var err error
+		l, err = client.NewFailover(ctx, client.FailoverOptions{
+			Hub:      client.Options{SocketPath: cfg.Socket},
+			Local:    client.LocalOptions{DatabaseURL: cfg.DatabaseURL, ApplicationName: "listenhub-sse-local", ChannelPrefix: cfg.ChannelPrefix, ChannelSuffix: cfg.ChannelSuffix},
+			MinLocal: cfg.MinLocal,
+			OneWay:   cfg.OneWay,
+			OnWake:   onWake,
+			OnFailover: func(reason error) {
+				log.Warn("hub lost, listening on our own Postgres connection", "reason", reason)
+				modes.set(client.ModeLocal)
+			},
+			OnFailback: func() {
+				log.Info("hub back, our own Postgres connection closed")
+				modes.set(client.ModeHub)
+			},
+			Logger: log,
+		})
+		return l, err
+	}, client.MuxOptions{Logger: log})
 	if err != nil {
 		return nil, err
 	}
 	modes.initial(l.Mode())
-	mux.Bind(l)
 	return &app{l: l, mux: mux, modes: modes, log: log}, nil
 }
 
@@ -250,10 +250,7 @@ func (w *modeWatch) get() (client.Mode, context.Context) {
 }
 
 // Close ends every stream and the listener.
-func (a *app) Close() error {
-	a.mux.Close()
-	return a.l.Close()
-}
+func (a *app) Close() error { return a.mux.Close() }
 
 func (a *app) handler() http.Handler {
 	m := http.NewServeMux()
@@ -379,7 +376,7 @@ func (a *app) events(w http.ResponseWriter, r *http.Request) {
 		cancel()
 		switch {
 		case err == nil:
-			data, _ := json.Marshal(event{Q: wake.Q, P: wake.Payload, Durable: wake.Durable})
+			data, _ := json.Marshal(event{Q: wake.Name, P: wake.Payload, Durable: wake.Durable})
 			if !send("event: wake\ndata: %s\n\n", data) {
 				return
 			}

@@ -1,7 +1,6 @@
 // Package histogram is the latency histogram of package hub and package
 // relay: a Recorder written by one goroutine without locks or allocation,
-// and its Histogram snapshot, which both packages return as their own
-// (hub.Histogram and relay.Histogram are this type).
+// and its Histogram snapshot, which both return as a hub.Histogram.
 package histogram
 
 import (

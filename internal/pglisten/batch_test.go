@@ -173,7 +173,7 @@ func TestLargeSetBoundedBatches(t *testing.T) {
 	firstResync := make(chan string, 1)
 	var wantResync atomic.Bool
 	s.on(t, func() {
-		s.c.batchDone = func(q *query, took time.Duration) {
+		testOf(s.c).batchDone = func(q *query, took time.Duration) {
 			resync := len(q.cmds) > 0 && q.cmds[0].resync
 			bl.add(batchRec{n: len(q.cmds), listened: len(s.c.set), resync: resync, took: took})
 			if resync && q.err == nil && wantResync.CompareAndSwap(true, false) {

@@ -136,7 +136,7 @@ func (c *Conn) resetCheck() {
 // checkDue reports whether the health check should send the end-to-end
 // NOTIFY now rather than the empty query.
 func (c *Conn) checkDue(now time.Time) bool {
-	return !c.noCheck && c.chk.verified && c.chk.awaiting == "" && !c.ho.holding && !c.ho.paused &&
+	return !noCheck(c) && c.chk.verified && c.chk.awaiting == "" && !c.ho.holding && !c.ho.paused &&
 		now.Sub(c.chk.lastNote) >= checkEvery*c.cfg.HealthCheckInterval
 }
 

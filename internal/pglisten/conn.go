@@ -165,18 +165,21 @@ type Conn struct {
 	ho handover // hot upgrade (handover.go)
 
 	chk checkState // the delivery check (check.go)
-	// noCheck turns the delivery check off: tests whose scripted fake
-	// server answers only what they expect.
-	noCheck bool
-
-	// dialer replaces dial for reconnects in tests (a fake server).
-	dialer func(ctx context.Context) (transport, error)
-	// batches and probes count the command queries and health probes
-	// sent, for tests; batchDone, when set, sees every answered batch
-	// and how long it took.
-	batches, probes int
-	batchDone       func(q *query, took time.Duration)
 }
+
+// A Conn's seams, package variables that tests replace (export_test.go):
+// testDialer returns a dial function that replaces dial for c (a fake
+// server), or nil; noCheck says c runs without the delivery check (a
+// scripted server answers only what a test expects); onBatchSent, onProbe
+// and onBatchDone, when set, see every command query sent, every health
+// probe sent, and every answered batch with how long it took.
+var (
+	testDialer  = func(*Conn) func(ctx context.Context) (transport, error) { return nil }
+	noCheck     = func(*Conn) bool { return false }
+	onBatchSent func(*Conn)
+	onProbe     func(*Conn)
+	onBatchDone func(c *Conn, q *query, took time.Duration)
+)
 
 // Start returns at once with a Conn that connects in the background: the
 // connection is opened and authenticated off the loop, exactly as a
@@ -204,7 +207,7 @@ func (c *Conn) start() {
 	if err := l.Post(func() {
 		l.AfterIteration(c.flush)
 		l.OnClose(c.loopStopped)
-		if c.cfg.ConnConfig == nil && c.dialer == nil {
+		if c.cfg.ConnConfig == nil && testDialer(c) == nil {
 			c.giveUp(errNoConnConfig)
 			return
 		}
@@ -506,7 +509,7 @@ func (c *Conn) adaptBatch(n int, took time.Duration) {
 // hook: everything queued during one iteration leaves in one write.
 func (c *Conn) flush() {
 	c.checkIdle()
-	if c.state != stateUp || c.cmdInflight > 0 || c.waitingCount() == 0 || !c.chk.verified && !c.noCheck {
+	if c.state != stateUp || c.cmdInflight > 0 || c.waitingCount() == 0 || !c.chk.verified && !noCheck(c) {
 		return
 	}
 	q := &query{kind: queryCommands}
@@ -543,7 +546,9 @@ func (c *Conn) flush() {
 	if cap(buf) > 64<<10 {
 		c.qbuf = nil // a one-off big batch: don't keep its buffer
 	}
-	c.batches++
+	if onBatchSent != nil {
+		onBatchSent(c)
+	}
 	q.sent = time.Now()
 	c.send(q, buf)
 }
@@ -589,7 +594,7 @@ func (c *Conn) install(tr transport) {
 	if c.expired > 0 {
 		c.compactPending()
 	}
-	if c.noCheck {
+	if noCheck(c) {
 		c.log.Info("listener: connected", "pid", c.pid, "tls", tr.isTLS(), "channels", len(c.set))
 		c.ready()
 		return
@@ -778,7 +783,7 @@ func (c *Conn) redial() {
 	c.cancelDial = cancel
 	gen := c.gen
 	cfg := c.cfg.ConnConfig
-	dialer := c.dialer
+	dialer := testDialer(c)
 	go func() {
 		var tr transport
 		// Out of descriptors (a limit lowered under the process, workers
@@ -870,7 +875,9 @@ func (c *Conn) healthTick() {
 		// The empty query: EmptyQueryResponse + ReadyForQuery, no
 		// transaction, no parse. With a query already in flight its
 		// answer is the probe.
-		c.probes++
+		if onProbe != nil {
+			onProbe(c)
+		}
 		c.send(&query{kind: queryProbe}, emptyQuery)
 	}
 }
@@ -1021,8 +1028,8 @@ func (c *Conn) answered(q *query) {
 	cmds := q.cmds
 	took := time.Since(q.sent)
 	c.adaptBatch(len(cmds), took)
-	if c.batchDone != nil {
-		c.batchDone(q, took)
+	if onBatchDone != nil {
+		onBatchDone(c, q, took)
 	}
 	v, idx := settle(len(cmds), q.completes, q.err != nil)
 	var retry []*command

@@ -167,8 +167,8 @@ func newHarnessMode(t *testing.T, cfg Config, startMode bool, dialErr func() err
 		h.mu.Unlock()
 	}
 	h.c = newConn(l, cfg)
-	h.c.dialer = h.dial
-	h.c.noCheck = true // the scripts answer only what each test expects
+	testOf(h.c).dialer = h.dial
+	testOf(h.c).noCheck = true // the scripts answer only what each test expects
 	if startMode {
 		h.c.start()
 		return h
@@ -531,12 +531,12 @@ func TestFakeHealthProbe(t *testing.T) {
 	testutil.WaitFor(t, fakeTimeout, "c done", func() bool { return r.count() == 3 })
 	// Busy connections are never probed: traffic counts as an answer.
 	var before, after int
-	h.on(func() { before = h.c.probes })
+	h.on(func() { before = testOf(h.c).probes })
 	for i := 0; i < 10; i++ {
 		s2.send(notificationMsg(1, "a", "x"))
 		time.Sleep(20 * time.Millisecond) // pacing the fake server's traffic, not waiting for a result
 	}
-	h.on(func() { after = h.c.probes })
+	h.on(func() { after = testOf(h.c).probes })
 	if after != before {
 		t.Errorf("%d probes sent on a busy connection", after-before)
 	}
@@ -710,7 +710,7 @@ func TestFakeBigBatch(t *testing.T) {
 	if out != 0 {
 		t.Errorf("%d bytes still buffered", out)
 	}
-	t.Logf("%d bytes were buffered after the first write; %d batches", buffered, h.c.batches)
+	t.Logf("%d bytes were buffered after the first write; %d batches", buffered, testOf(h.c).batches)
 }
 
 // lockedBuffer is a log destination the loop writes and a test reads.
@@ -791,14 +791,14 @@ func TestFakeProbeAnsweredInSameIteration(t *testing.T) {
 	c := newConn(l, Config{HealthCheckInterval: 5 * time.Millisecond, HealthCheckTimeout: 100 * time.Millisecond,
 		Logger: testLogger(), OnNotification: func(ch, p []byte) {},
 		OnHealth: func(ok bool) { mu.Lock(); health = append(health, ok); mu.Unlock() }})
-	c.noCheck = true
-	c.dialer = func(context.Context) (transport, error) { return nil, errors.New("no second connection in this test") }
+	testOf(c).noCheck = true
+	testOf(c).dialer = func(context.Context) (transport, error) { return nil, errors.New("no second connection in this test") }
 	if err := c.begin(&sameIterationTransport{}); err != nil {
 		t.Fatal(err)
 	}
 	probes := func() (n int) {
 		done := make(chan struct{})
-		l.Post(func() { n = c.probes; close(done) })
+		l.Post(func() { n = testOf(c).probes; close(done) })
 		<-done
 		return n
 	}

@@ -274,14 +274,14 @@ func (s *loopSubject) listenAll(t testing.TB, chs []string) []error {
 	var n atomic.Int64
 	before := 0
 	s.on(t, func() {
-		before = s.c.batches
+		before = testOf(s.c).batches
 		for i, ch := range chs {
 			s.c.Listen(ch, func(err error) { errs[i] = err; n.Add(1) })
 		}
 	})
 	testutil.WaitFor(t, pgTimeout, "every LISTEN answered", func() bool { return n.Load() == int64(len(chs)) })
 	var batches int
-	s.on(t, func() { batches = s.c.batches - before })
+	s.on(t, func() { batches = testOf(s.c).batches - before })
 	if batches != 1 {
 		t.Errorf("%d LISTENs went out in %d queries, want 1", len(chs), batches)
 	}

@@ -7,9 +7,8 @@ import (
 	"github.com/listenhub/listenhub/internal/histogram"
 )
 
-// Histogram is a snapshot of a latency histogram (the hub's, and the
-// relay's, which returns this type too), in the shape of a Prometheus
-// histogram.
+// Histogram is a snapshot of one of the hub's latency histograms, in the
+// shape of a Prometheus histogram (relay.Histogram is its twin).
 type Histogram struct {
 	// Bounds are the buckets' upper bounds (inclusive), ascending.
 	Bounds []time.Duration

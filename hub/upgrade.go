@@ -29,7 +29,7 @@ func init() {
 //	old → new  plan     {marker}               (TLS: LISTENed already)
 //	new → old  prepared                        (TLS: its own connections)
 //	           old copies the large backlogs into a memfd, serving on
-//	           (precopy.go)
+//	           (upgrade_precopy.go)
 //	           old freezes: stops accepting and reading workers (their
 //	           input waits in the kernel), waits for Postgres to be quiet
 //	           (no command in flight, the union LISTENed)
@@ -52,7 +52,8 @@ func init() {
 // and old's is closed at commit. See package pglisten, handover.go.
 //
 // This file holds the conversation's messages and the handed state's
-// format; handover.go is the old process's side, takeover.go the new one's.
+// format; upgrade_handover.go is the old process's side,
+// upgrade_takeover.go the new one's.
 
 // pgHandover is what the Postgres side must offer for an upgrade (*pgSet
 // does, for all its connections at once: each is handed over, or each
@@ -197,7 +198,7 @@ type handedHub struct {
 	Workers  []handedWorker  `json:"workers"`
 	Extra    map[string]int  `json:"extra,omitempty"`
 
-	// MemFD is the pre-copy's file (precopy.go), holding the Out of the
+	// MemFD is the pre-copy's file (upgrade_precopy.go), holding the Out of the
 	// workers marked Mapped; -1: none.
 	MemFD int `json:"mem_fd"`
 

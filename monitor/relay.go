@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/relay"
 )
 
@@ -148,9 +149,9 @@ func writeRelayMetrics(buf *bytes.Buffer, rl *relay.Relay) {
 	h := rl.CommitToNotify()
 	writeHistogram(buf, "listenhub_relay_commit_to_notify_seconds",
 		"Per transaction: from its commit timestamp (the server's clock) to the commit of the NOTIFY that covered it.",
-		h)
+		hub.Histogram(h))
 	d := rl.CommitToDecode()
 	writeHistogram(buf, "listenhub_relay_commit_to_decode_seconds",
 		"Per transaction: from its commit timestamp to the relay reading its Commit message (the server's share of commit_to_notify).",
-		d)
+		hub.Histogram(d))
 }

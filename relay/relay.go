@@ -30,7 +30,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/defaults"
 	"github.com/listenhub/listenhub/internal/enum"
@@ -358,13 +357,13 @@ func (r *Relay) setLastError(s string) {
 // CommitToNotify returns the histogram of the time from a transaction's
 // commit (its commit timestamp, the server's clock) to the commit of the
 // NOTIFY transaction that covered it (the relay's clock), per transaction.
-func (r *Relay) CommitToNotify() hub.Histogram { return hub.Histogram(r.hist.Snapshot()) }
+func (r *Relay) CommitToNotify() Histogram { return Histogram(r.hist.Snapshot()) }
 
 // CommitToDecode returns the histogram of the time from a transaction's
 // commit timestamp to the relay reading its Commit message, per
 // transaction: the server's (walsender's) share of CommitToNotify. Same
 // buckets.
-func (r *Relay) CommitToDecode() hub.Histogram { return hub.Histogram(r.decodeHist.Snapshot()) }
+func (r *Relay) CommitToDecode() Histogram { return Histogram(r.decodeHist.Snapshot()) }
 
 func (r *Relay) setState(s State) { r.state.Store(int32(s)) }
 

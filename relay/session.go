@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/listenhub/listenhub/internal/channame"
+	"github.com/listenhub/listenhub/internal/pgquote"
 	"github.com/listenhub/listenhub/internal/relayfix"
 )
 
@@ -167,7 +168,7 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	}
 	if slot.walStatus == "lost" {
 		reason := fmt.Sprintf("replication slot %s is invalidated (wal_status lost: it fell further behind than max_slot_wal_keep_size allows, and the WAL it needed is gone), so the changes it missed got no wake",
-			quoteLiteral(r.opts.Slot))
+			pgquote.Literal(r.opts.Slot))
 		if !r.opts.RecreateInvalidSlot {
 			return sessionResult{err: configErrorf(nil, "%s: %s", reason, relayfix.RecreateSlot(r.opts.Slot))}
 		}
@@ -229,7 +230,7 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 			var pe *pgconn.PgError
 			if errors.As(err, &pe) && pe.Code == "55000" {
 				// The slot was invalidated since the preflight.
-				return sessionResult{err: s.undecodable(ctx, fmt.Sprintf("replication slot %s cannot be read (%s)", quoteLiteral(r.opts.Slot), pgLine(pe)))}
+				return sessionResult{err: s.undecodable(ctx, fmt.Sprintf("replication slot %s cannot be read (%s)", pgquote.Literal(r.opts.Slot), pgLine(pe)))}
 			}
 			return sessionResult{err: notReplication(err)}
 		}
@@ -296,17 +297,6 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	return sessionResult{active: true, streaming: streaming, err: err}
 }
 
-// owedInSlot reports whether a new slot's resync is recorded in the slot
-// itself: a logical message written right after its creation, which every
-// session decodes (and NOTIFYs every channel for) until one has NOTIFYed
-// it and confirmed past it. A temporary slot dies with its session, and
-// PostgreSQL 13 sends no messages: their resync is sent at once.
-func (s *session) owedInSlot() bool { return !s.r.opts.TemporarySlot && s.ver >= 140000 }
-
-// resyncPrefix is the prefix of the logical message that records a resync
-// owed (its content is the slot's name).
-const resyncPrefix = "listenhub.resync"
-
 // publicationGone handles the walsender's "publication does not exist":
 // the publication was dropped, or the slot's position predates the
 // publication (dropped and created again), whose decoding then fails at
@@ -337,22 +327,22 @@ func (r *Relay) publicationDropped(cause error) error {
 		if r.opts.CreatePublication != "" {
 			r.log.Warn("relay: the publication was dropped while the relay ran; creating it again (--create-publication) on a new temporary slot",
 				"publication", r.opts.Publication)
-			return fmt.Errorf("publication %s was dropped while the relay ran; creating it again: %w", quoteLiteral(r.opts.Publication), cmp.Or(cause, errors.New("gone")))
+			return fmt.Errorf("publication %s was dropped while the relay ran; creating it again: %w", pgquote.Literal(r.opts.Publication), cmp.Or(cause, errors.New("gone")))
 		}
 		return configErrorf(cause, "publication %s was dropped while the relay ran: %s; then start the relay again, whose new temporary slot NOTIFYs every channel once",
-			quoteLiteral(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication))
+			pgquote.Literal(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication))
 	}
 	if r.opts.CreatePublication != "" && r.opts.RecreateInvalidSlot {
 		r.log.Warn("relay: the publication was dropped while the relay ran; creating it again (--create-publication), and the slot if it cannot decode past the gap (--recreate-invalid-slot)",
 			"publication", r.opts.Publication, "slot", r.opts.Slot)
-		msg := fmt.Sprintf("publication %s was dropped while the relay ran; creating it again", quoteLiteral(r.opts.Publication))
+		msg := fmt.Sprintf("publication %s was dropped while the relay ran; creating it again", pgquote.Literal(r.opts.Publication))
 		if cause != nil {
 			return fmt.Errorf("%s: %w", msg, cause)
 		}
 		return errors.New(msg)
 	}
 	return configErrorf(cause, "publication %s was dropped while the relay ran; the slot cannot decode past that point: %s; then %s",
-		quoteLiteral(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication), relayfix.RecreateSlot(r.opts.Slot))
+		pgquote.Literal(r.opts.Publication), relayfix.MissingPublication(r.opts.Publication), relayfix.RecreateSlot(r.opts.Slot))
 }
 
 // undecodable is the error, or with RecreateInvalidSlot the recreation, of
@@ -373,142 +363,6 @@ func (s *session) undecodable(ctx context.Context, reason string) error {
 	return errSlotRecreated
 }
 
-// errSlotRecreated ends a session whose slot was dropped to be created
-// again: the next session starts at once.
-var errSlotRecreated = errors.New("the replication slot was dropped to be created again")
-
-// dropSlot drops the slot (--recreate-invalid-slot), waiting up to 10 s
-// for a walsender of ours that still holds it to go away.
-func (s *session) dropSlot(ctx context.Context, reason string) error {
-	r := s.r
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		rows, err := query(ctx, s.nc, `SELECT (SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
-			WHERE slot_name = $1 AND NOT active) IS NOT NULL OR NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, r.opts.Slot)
-		if err != nil {
-			return fmt.Errorf("drop the replication slot: %w", err)
-		}
-		if rows[0][0] == "t" || rows[0][0] == "true" {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("drop the replication slot: still in use after 10s")
-		}
-		if !sleep(ctx, 50*time.Millisecond) {
-			return ctx.Err()
-		}
-	}
-	r.log.Warn("relay dropped the replication slot to create it again (--recreate-invalid-slot); the new slot NOTIFYs every channel once",
-		"slot", r.opts.Slot, "reason", reason)
-	return nil
-}
-
-// endOwnWalsender ends the walsender that holds the slot when it is the one
-// of this relay's previous session (the server had not noticed that
-// session's end), and reports whether it was.
-func (s *session) endOwnWalsender(ctx context.Context, old int, first bool) bool {
-	if old == 0 || old == s.walsender {
-		return false
-	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	rows, err := query(cctx, s.nc, `SELECT coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0)::text`, s.r.opts.Slot)
-	if err != nil || rows[0][0] != strconv.Itoa(old) {
-		return false
-	}
-	if first {
-		if _, err := query(cctx, s.nc, `SELECT pg_terminate_backend($1::int)::text`, rows[0][0]); err != nil {
-			return false
-		}
-		s.r.log.Info("relay ended its own previous walsender, which still held the slot", "pid", old)
-	}
-	return true
-}
-
-// query runs one statement with text parameters and returns its rows as
-// strings (NULL as "").
-func query(ctx context.Context, c *pgconn.PgConn, sql string, args ...string) ([][]string, error) {
-	params := make([][]byte, len(args))
-	for i, a := range args {
-		params[i] = []byte(a)
-	}
-	res := c.ExecParams(ctx, sql, params, nil, nil, nil).Read()
-	if res.Err != nil {
-		return nil, res.Err
-	}
-	rows := make([][]string, len(res.Rows))
-	for i, row := range res.Rows {
-		rows[i] = make([]string, len(row))
-		for j, v := range row {
-			rows[i][j] = string(v)
-		}
-	}
-	return rows, nil
-}
-
-// slotInfo is what pg_replication_slots says of the slot ("" fields: no
-// such slot).
-type slotInfo struct {
-	plugin, typ, sameDB, walStatus string
-}
-
-// preflightSQL reads, in one round trip, everything the relay checks
-// before it streams: settings and role; the publication; its tables; the
-// slot; the server's xmax and the slot's lag. (A new backend's first
-// catalog reads are slow, and a restart waits for them.)
-const preflightSQL = `SELECT current_setting('server_version_num'), current_setting('wal_level'),
-	current_setting('max_wal_senders'), current_setting('max_replication_slots'), pg_is_in_recovery()::text,
-	(r.rolreplication OR r.rolsuper)::text, current_user,
-	` + publishedSQL + `
-	FROM pg_roles r WHERE r.rolname = current_user;
-SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2;
-SELECT plugin, slot_type, (database = current_database())::text, coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $2;
-` + xidRefSQL
-
-// publishedSQL is the publication's publish parameter, "+insert,update"
-// ("+" when it publishes nothing), or "" when it does not exist.
-const publishedSQL = `coalesce((SELECT '+' || concat_ws(',', CASE WHEN pubinsert THEN 'insert' END, CASE WHEN pubupdate THEN 'update' END,
-		CASE WHEN pubdelete THEN 'delete' END, CASE WHEN pubtruncate THEN 'truncate' END)
-		FROM pg_publication WHERE pubname = $1), '')`
-
-// xidRefSQL reads the server's xmax as a full xid, the slot's lag, the
-// publication's publish parameter (watched while streaming), the slot's
-// confirmed position and walsender (watched by a standby) and
-// wal_sender_timeout.
-const xidRefSQL = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text,
-	CASE WHEN NOT pg_is_in_recovery() THEN (SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint::text FROM pg_replication_slots WHERE slot_name = $2) END,
-	` + publishedSQL + `,
-	coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $2), ''),
-	coalesce((SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = $2), ''),
-	current_setting('wal_sender_timeout')`
-
-// multi runs statements as one simple query (one round trip, one implicit
-// transaction), with $1 and $2 replaced by the publication and slot names
-// as literals, and returns each statement's rows.
-func (s *session) multi(ctx context.Context, sql string) ([][][]string, error) {
-	return s.multiOn(ctx, s.nc, sql)
-}
-
-// multiOn is multi on another connection than the session's.
-func (s *session) multiOn(ctx context.Context, c *pgconn.PgConn, sql string) ([][][]string, error) {
-	sql = strings.NewReplacer("$1", quoteLiteral(s.r.opts.Publication), "$2", quoteLiteral(s.r.opts.Slot)).Replace(sql)
-	results, err := c.Exec(ctx, sql).ReadAll()
-	if err != nil {
-		return nil, err
-	}
-	out := make([][][]string, len(results))
-	for i, res := range results {
-		for _, row := range res.Rows {
-			r := make([]string, len(row))
-			for j, v := range row {
-				r[j] = string(v)
-			}
-			out[i] = append(out[i], r)
-		}
-	}
-	return out, nil
-}
-
 // withClause finds a WITH (...) in --create-publication: the user chose the
 // publication's parameters.
 var withClause = regexp.MustCompile(`(?i)\bWITH\s*\(`)
@@ -525,15 +379,15 @@ func (r *Relay) checkPublished(published string) error {
 			return fmt.Errorf("relay: the publication's publish parameter %q: %w", published, err)
 		}
 	}
-	pubName := quoteIdent(r.opts.Publication)
+	pubName := pgquote.Ident(r.opts.Publication)
 	if missing := r.opts.Ops &^ pub; missing != 0 {
 		return configErrorf(nil, "publication %s does not publish %s, which --ops NOTIFYs: %s",
-			quoteLiteral(r.opts.Publication), missing, relayfix.SetPublish(r.opts.Publication, (pub|r.opts.Ops).String()))
+			pgquote.Literal(r.opts.Publication), missing, relayfix.SetPublish(r.opts.Publication, (pub|r.opts.Ops).String()))
 	}
 	if extra := pub &^ r.opts.Ops; extra != 0 {
 		r.log.Info("relay: the publication also publishes changes the relay does not NOTIFY; the walsender sends them for nothing",
 			"publication", r.opts.Publication, "unused", extra.String(),
-			"fix", "ALTER PUBLICATION "+pubName+" SET (publish = "+quoteLiteral(r.opts.Ops.String())+")")
+			"fix", "ALTER PUBLICATION "+pubName+" SET (publish = "+pgquote.Literal(r.opts.Ops.String())+")")
 	}
 	return nil
 }
@@ -568,20 +422,20 @@ func (s *session) preflight(ctx context.Context, everActive bool) (slotInfo, err
 		}
 		return slotInfo{}, configErrorf(nil, "the server is a standby (in recovery): point the relay at the primary, where NOTIFY can run")
 	case v[5] != "true":
-		return slotInfo{}, configErrorf(nil, "role %s may not open a replication connection: %s", quoteIdent(user), relayfix.ReplicationRole(user))
+		return slotInfo{}, configErrorf(nil, "role %s may not open a replication connection: %s", pgquote.Ident(user), relayfix.ReplicationRole(user))
 	}
 	pub := r.opts.Publication
 	tables := res[1]
 	if v[7] == "" {
 		if r.opts.CreatePublication == "" {
-			return slotInfo{}, configErrorf(nil, "publication %s does not exist: %s", quoteLiteral(pub), relayfix.MissingPublication(pub))
+			return slotInfo{}, configErrorf(nil, "publication %s does not exist: %s", pgquote.Literal(pub), relayfix.MissingPublication(pub))
 		}
-		sql := "CREATE PUBLICATION " + quoteIdent(pub) + " FOR " + r.opts.CreatePublication
+		sql := "CREATE PUBLICATION " + pgquote.Ident(pub) + " FOR " + r.opts.CreatePublication
 		if !withClause.MatchString(r.opts.CreatePublication) {
 			// Only the ops the relay NOTIFYs: the walsender then sends
 			// nothing for the others (a pgmq queue's reads are updates
 			// and its acks deletes, two more changes per message).
-			sql += " WITH (publish = " + quoteLiteral(r.opts.Ops.String()) + ")"
+			sql += " WITH (publish = " + pgquote.Literal(r.opts.Ops.String()) + ")"
 		}
 		if _, err := s.nc.Exec(ctx, sql).ReadAll(); err != nil {
 			var pe *pgconn.PgError
@@ -660,161 +514,6 @@ func fullXid(ref uint64, x uint32) uint64 {
 	return f
 }
 
-// ensureSlot creates the slot when it is missing (or always, when
-// temporary), on the replication connection. created says the slot is new
-// (a resync is due). A slot name taken by another relay's temporary slot is
-// errSlotBusy.
-//
-// A permanent slot's resync is owed until it has been sent: the logical
-// message that records it (owedInSlot) is written right after the
-// creation, on the same connection, and every session decodes it until one
-// has NOTIFYed it. (The walsender takes no second query while it creates
-// the slot, so the two cannot share a write: a process killed in the one
-// round trip between them loses the resync. A connection lost there is
-// covered: the relay remembers the message is owed.)
-func (s *session) ensureSlot(ctx context.Context, slot slotInfo) (created bool, err error) {
-	r := s.r
-	if !r.opts.TemporarySlot && slot.typ != "" {
-		if slot.typ != "logical" || slot.plugin != "pgoutput" || slot.sameDB != "true" {
-			return false, configErrorf(nil, "replication slot %s exists but is not a pgoutput slot of this database (type %s, plugin %s): drop it (SELECT pg_drop_replication_slot(%s)) or choose another --slot",
-				quoteLiteral(r.opts.Slot), slot.typ, slot.plugin, quoteLiteral(r.opts.Slot))
-		}
-		return false, nil
-	}
-	sql := "CREATE_REPLICATION_SLOT " + quoteIdent(r.opts.Slot)
-	if r.opts.TemporarySlot {
-		sql += " TEMPORARY"
-	}
-	sql += " LOGICAL pgoutput NOEXPORT_SNAPSHOT"
-	// Creating a slot waits for every transaction running when it began
-	// to end: say which, every slotWaitLog.
-	waitDone := make(chan struct{})
-	waited := make(chan struct{})
-	go func() {
-		defer close(waited)
-		s.logSlotWait(ctx, waitDone)
-	}()
-	err = s.simpleQuery(ctx, sql)
-	close(waitDone)
-	<-waited
-	if err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "42710" { // duplicate_object: another relay made it
-			if r.opts.TemporarySlot {
-				return false, fmt.Errorf("%w: %s", errSlotBusy, pe.Message)
-			}
-			return false, nil
-		}
-		return false, fmt.Errorf("create the replication slot: %w", err)
-	}
-	r.log.Info("relay created the replication slot", "slot", r.opts.Slot, "temporary", r.opts.TemporarySlot)
-	if s.owedInSlot() {
-		r.resyncOwed.Store(true)
-		if err := s.recordResync(ctx); err != nil {
-			return false, err
-		}
-	}
-	return true, nil
-}
-
-// recordResync writes the logical message that records a resync owed, on
-// the replication connection (before START_REPLICATION).
-func (s *session) recordResync(ctx context.Context) error {
-	if err := s.simpleQuery(ctx, "SELECT pg_logical_emit_message(true, "+quoteLiteral(resyncPrefix)+", "+quoteLiteral(s.r.opts.Slot)+")"); err != nil {
-		return fmt.Errorf("record the new slot's resync: %w", err)
-	}
-	s.r.resyncOwed.Store(false)
-	return nil
-}
-
-// slotWaitLog is how often a slot creation that waits is logged.
-var slotWaitLog = 10 * time.Second
-
-// logSlotWait logs, every slotWaitLog until done, the transactions a slot
-// creation waits for: the oldest running transaction with an xid, and the
-// oldest prepared one.
-func (s *session) logSlotWait(ctx context.Context, done <-chan struct{}) {
-	r := s.r
-	t := time.NewTicker(slotWaitLog)
-	defer t.Stop()
-	start := time.Now()
-	for {
-		select {
-		case <-done:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		look := fmt.Sprintf(`SELECT pid::text, extract(epoch FROM now() - xact_start)::int::text, coalesce(state, ''), left(query, 80)
-	FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid NOT IN (pg_backend_pid(), %d) ORDER BY xact_start LIMIT 1;
-SELECT gid, extract(epoch FROM now() - prepared)::int::text FROM pg_prepared_xacts ORDER BY prepared LIMIT 1`, s.walsender)
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		res, err := s.multi(qctx, look)
-		if err != nil && s.nc.IsClosed() {
-			// The NOTIFY connection ended during the wait
-			// (idle_session_timeout, a terminated backend): the wait
-			// is still said, looked at on a connection of its own.
-			if c, cerr := r.connect(qctx, false); cerr == nil {
-				res, err = s.multiOn(qctx, c, look)
-				c.Close(qctx)
-			}
-		}
-		cancel()
-		if err != nil || len(res) != 2 {
-			res = [][][]string{nil, nil}
-		}
-		args := []any{"slot", r.opts.Slot, "waiting", time.Since(start).Round(time.Second)}
-		var what string
-		if len(res[0]) == 1 {
-			row := res[0][0]
-			args = append(args, "pid", row[0], "xact_age_seconds", row[1], "state", row[2], "query", row[3])
-			what = fmt.Sprintf("transaction of pid %s (running %ss, %s)", row[0], row[1], row[2])
-		}
-		if len(res[1]) == 1 {
-			row := res[1][0]
-			args = append(args, "prepared_gid", row[0], "prepared_age_seconds", row[1])
-			if what != "" {
-				what += " and "
-			}
-			what += fmt.Sprintf("prepared transaction %s (%ss old; COMMIT PREPARED or ROLLBACK PREPARED ends it)", quoteLiteral(row[0]), row[1])
-		}
-		if what == "" {
-			what = "transactions running when it began"
-		}
-		r.setLastError("creating the replication slot waits for the " + what + " to end")
-		r.log.Warn("relay: creating the replication slot waits for the transactions running when it began to end", args...)
-	}
-}
-
-// simpleQuery runs one simple Query on the replication connection and
-// returns its error (a *pgconn.PgError when the server refused it).
-func (s *session) simpleQuery(ctx context.Context, sql string) error {
-	q, err := (&pgproto3.Query{String: sql}).Encode(nil)
-	if err != nil {
-		return err
-	}
-	if _, err := s.rc.Write(q); err != nil {
-		return err
-	}
-	var qerr error
-	for {
-		typ, body, err := s.readMsg()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		if typ == 'E' && qerr == nil {
-			qerr = pgError(body)
-		}
-		if typ == 'Z' {
-			return qerr
-		}
-	}
-}
-
 // startReplication sends START_REPLICATION on the hijacked connection and
 // waits for the CopyBothResponse. A slot active for another process is
 // errSlotBusy.
@@ -825,7 +524,7 @@ func (s *session) startReplication(ctx context.Context) error {
 		messages = ", messages 'true'"
 	}
 	sql := fmt.Sprintf("START_REPLICATION SLOT %s LOGICAL 0/0 (proto_version '1', publication_names %s%s)",
-		quoteIdent(r.opts.Slot), quoteLiteral(quoteIdent(r.opts.Publication)), messages)
+		pgquote.Ident(r.opts.Slot), pgquote.Literal(pgquote.Ident(r.opts.Publication)), messages)
 	q, err := (&pgproto3.Query{String: sql}).Encode(nil)
 	if err != nil {
 		return err
@@ -897,26 +596,6 @@ func (s *session) readMsg() (byte, []byte, error) {
 		return 0, nil, err
 	}
 	return typ, body, nil
-}
-
-func pgError(body []byte) *pgconn.PgError {
-	var m pgproto3.ErrorResponse
-	if err := m.Decode(body); err != nil {
-		return &pgconn.PgError{Severity: "ERROR", Message: "undecodable ErrorResponse"}
-	}
-	return pgconn.ErrorResponseToPgError(&m)
-}
-
-// quoteIdent quotes an SQL identifier.
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-// quoteLiteral quotes an SQL string literal (standard_conforming_strings).
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
-
-// oneLine flattens a multi-line error into one line.
-func oneLine(err error) string {
-	s := strings.ReplaceAll(err.Error(), ":\n", ": ")
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
 }
 
 // watchActive is a standby's watch of the active relay, after each look at

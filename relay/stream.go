@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/internal/channame"
+	"github.com/listenhub/listenhub/internal/pgquote"
 )
 
 // The stream runs on two goroutines. The reader decodes the replication
@@ -749,7 +750,7 @@ func (s *session) watchTables(ctx context.Context) error {
 	sort.Strings(newFilters)
 	if len(left) > 0 {
 		r.log.Warn("relay: tables left the publication: their changes get no wake", "publication", r.opts.Publication,
-			"tables", strings.Join(left, ", "), "fix", fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE ..., or leave them off on purpose", quoteIdent(r.opts.Publication)))
+			"tables", strings.Join(left, ", "), "fix", fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE ..., or leave them off on purpose", pgquote.Ident(r.opts.Publication)))
 	}
 	if len(newFilters) > 0 {
 		r.log.Warn("relay: row filters on published tables: changes outside them get no wake", "publication", r.opts.Publication,

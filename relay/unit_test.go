@@ -3,7 +3,6 @@ package relay
 import (
 	"bytes"
 	"encoding/binary"
-	"github.com/listenhub/listenhub/hub"
 	"io"
 	"log/slog"
 	"net"
@@ -207,7 +206,7 @@ func TestCommitToNotifyBoundsMinutes(t *testing.T) {
 	if last := b[len(b)-1]; last < time.Hour {
 		t.Fatalf("the top bucket is %v, want at least an hour", last)
 	}
-	h := hub.Histogram{Bounds: b, Counts: make([]uint64, len(b)), Count: 10}
+	h := Histogram{Bounds: b, Counts: make([]uint64, len(b)), Count: 10}
 	for i, bound := range b {
 		if bound >= 57*time.Second {
 			h.Counts[i] = 10 // ten delays of 57 s

@@ -1,6 +1,7 @@
 // Package histogram is the latency histogram of package hub and package
 // relay: a Recorder written by one goroutine without locks or allocation,
-// and its Histogram snapshot, which both return as a hub.Histogram.
+// and its Histogram snapshot, which hub.Histogram and relay.Histogram copy
+// field for field (a conversion).
 package histogram
 
 import (

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/listenhub/listenhub/internal/pgquote"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -83,7 +84,7 @@ func (c *Conn) startCheck() {
 	payload := c.nextCheckPayload()
 	q1 := &query{kind: queryCheck, listenCheck: true}
 	q2 := &query{kind: queryCheck}
-	sql := appendQuoted([]byte("LISTEN "), c.chk.channel)
+	sql := pgquote.AppendIdent([]byte("LISTEN "), c.chk.channel)
 	sql = append(sql, "; SELECT pg_backend_pid()"...)
 	msg := appendQuery(nil, sql)
 	msg = appendQuery(msg, appendNotify(nil, c.chk.channel, payload))
@@ -100,7 +101,7 @@ func (c *Conn) sendCheck() {
 	payload := c.nextCheckPayload()
 	var sql []byte
 	if !c.chk.listening {
-		sql = appendQuoted([]byte("LISTEN "), c.chk.channel)
+		sql = pgquote.AppendIdent([]byte("LISTEN "), c.chk.channel)
 		sql = append(sql, "; "...)
 	}
 	sql = appendNotify(sql, c.chk.channel, payload)

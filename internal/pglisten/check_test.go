@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/internal/pgquote"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/loop"
@@ -147,7 +149,7 @@ func TestCheckLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.on(t, func() {
-		s.c.send(&query{kind: queryProbe}, appendQuery(nil, appendQuoted([]byte("UNLISTEN "), s.c.chk.channel)))
+		s.c.send(&query{kind: queryProbe}, appendQuery(nil, pgquote.AppendIdent([]byte("UNLISTEN "), s.c.chk.channel)))
 	})
 	s.r.waitHealth(t, base, pgTimeout, false, true)
 	if log := s.log.String(); !strings.Contains(log, "notifications do not arrive on this connection any more") {

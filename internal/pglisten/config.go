@@ -37,6 +37,7 @@ import (
 
 	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/defaults"
+	"github.com/listenhub/listenhub/internal/pgquote"
 )
 
 // DefaultApplicationName is the application_name the listener's backends
@@ -245,17 +246,4 @@ func ValidChannel(ch string) error { return channame.Check(ch) }
 // quotes with every double quote doubled, so that no channel name can end
 // the identifier and inject SQL. Check ValidChannel first (NUL is not
 // representable).
-func QuoteIdentifier(ch string) string {
-	return string(appendQuoted(make([]byte, 0, len(ch)+2), ch))
-}
-
-func appendQuoted(dst []byte, ch string) []byte {
-	dst = append(dst, '"')
-	for i := 0; i < len(ch); i++ {
-		if ch[i] == '"' {
-			dst = append(dst, '"')
-		}
-		dst = append(dst, ch[i])
-	}
-	return append(dst, '"')
-}
+func QuoteIdentifier(ch string) string { return pgquote.Ident(ch) }

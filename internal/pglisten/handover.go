@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/listenhub/listenhub/internal/handoff"
+	"github.com/listenhub/listenhub/internal/pgquote"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -320,7 +321,7 @@ func (c *Conn) sendMarker(marker string) error {
 	if c.state != stateUp {
 		return fmt.Errorf("listener: send marker: connection %s", c.state)
 	}
-	c.send(&query{kind: queryProbe}, appendQuery(nil, appendQuoted([]byte("NOTIFY "), marker)))
+	c.send(&query{kind: queryProbe}, appendQuery(nil, pgquote.AppendIdent([]byte("NOTIFY "), marker)))
 	return nil
 }
 

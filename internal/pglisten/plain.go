@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/listenhub/listenhub/internal/pgquote"
 )
 
 // PlainConfig configures a Plain listener. The fields mean what they mean in
@@ -522,7 +524,7 @@ func (p *Plain) finish(pending []*plainReq, conn *pgconn.PgConn) {
 func (p *Plain) checkDelivery(ctx context.Context, conn *pgconn.PgConn) (server uint32, err error) {
 	qctx, cancel := context.WithTimeout(ctx, p.cfg.HealthCheckTimeout)
 	defer cancel()
-	sql := appendQuoted([]byte("LISTEN "), p.check)
+	sql := pgquote.AppendIdent([]byte("LISTEN "), p.check)
 	sql = append(sql, "; SELECT pg_backend_pid()"...)
 	res, err := conn.Exec(qctx, string(sql)).ReadAll()
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/listenhub/listenhub/internal/pgquote"
 )
 
 // checkEvery is how many health-check intervals without any notification
@@ -35,7 +37,7 @@ func newCheckChannel() string {
 // appendNotify appends `NOTIFY "ch", 'payload'` (the payload a string
 // literal, its quotes doubled: standard_conforming_strings is on).
 func appendNotify(dst []byte, ch, payload string) []byte {
-	dst = appendQuoted(append(dst, "NOTIFY "...), ch)
+	dst = pgquote.AppendIdent(append(dst, "NOTIFY "...), ch)
 	dst = append(dst, ", '"...)
 	dst = append(dst, strings.ReplaceAll(payload, "'", "''")...)
 	return append(dst, '\'')

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/listenhub/listenhub/internal/pgquote"
 )
 
 // The loop-driven connection parses the backend framing itself (1-byte type,
@@ -121,7 +123,7 @@ func appendCommand(dst []byte, listen bool, ch string) []byte {
 	} else {
 		dst = append(dst, "UNLISTEN "...)
 	}
-	return appendQuoted(dst, ch)
+	return pgquote.AppendIdent(dst, ch)
 }
 
 // appendQuery appends a simple-protocol Query message carrying sql.

@@ -87,7 +87,7 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 		return fmt.Errorf("hub: upgrade: preparing: %w", err)
 	}
 	// The large backlogs go to a file while the workers are still
-	// served (precopy.go): the freeze then deals with what changed.
+	// served (upgrade_precopy.go): the freeze then deals with what changed.
 	pc, err := h.precopy(ctx)
 	if err != nil {
 		unmark()

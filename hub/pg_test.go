@@ -21,6 +21,7 @@ import (
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtls"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -30,7 +31,7 @@ type atomicInt = atomic.Int64
 // test that needs it; the unit tests above run without Postgres.
 var db *pgtest.Cluster
 
-func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{SSL: true}, &db) }
+func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{TLS: pgtls.Certificate}, &db) }
 
 func needDB(t testing.TB) *pgtest.Cluster {
 	t.Helper()

@@ -15,12 +15,15 @@ import (
 
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtls"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 var db *pgtest.Cluster
 
-func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{Logical: true, SSL: true}, &db) }
+func TestMain(m *testing.M) {
+	pgtesting.Main(m, pgtest.Options{Logical: true, TLS: pgtls.Certificate}, &db)
+}
 
 var testSeq atomic.Int64
 

@@ -2,6 +2,8 @@
 // They describe index.js (CommonJS) and index.mjs (ESM, the same names);
 // the README's API table is the prose version.
 
+import { EventEmitter } from 'node:events';
+
 /** A NOTIFY that reached this process. */
 export interface Wake {
   type: 'wake';
@@ -84,8 +86,21 @@ export interface FailoverOptions extends ClientOptions, LocalOptions {
   onFailback?: () => void;
 }
 
-/** What every listener offers. */
-export interface Listener {
+/**
+ * What every listener offers: an EventEmitter in node-postgres's style.
+ * 'wake' and 'status' events without a listener of their kind are queued
+ * for events(); 'error' is emitted once at death (not for close(), and only
+ * to a registered listener); 'end' follows death or close().
+ */
+export interface Listener extends EventEmitter {
+  on(event: 'wake', listener: (wake: Wake) => void): this;
+  on(event: 'status', listener: (healthy: boolean) => void): this;
+  on(event: 'error', listener: (err: Error) => void): this;
+  on(event: 'end', listener: (err: Error) => void): this;
+  once(event: 'wake', listener: (wake: Wake) => void): this;
+  once(event: 'status', listener: (healthy: boolean) => void): this;
+  once(event: 'error', listener: (err: Error) => void): this;
+  once(event: 'end', listener: (err: Error) => void): this;
   /** Resolves once LISTEN is active (hub ack, or local LISTEN). */
   subscribe(q: string, opts?: SubscribeOptions): Promise<void>;
   /** Fire-and-forget; never blocks. */
@@ -97,8 +112,8 @@ export interface Listener {
   events(): AsyncIterableIterator<Event>;
   /** The next queued event; null after timeoutMs or once dead and drained. */
   get(timeoutMs?: number): Promise<Event | null>;
-  /** Idempotent; safe from a callback. */
-  close(): void;
+  /** Resolves once closed (socket or connection ended). Idempotent; safe from a handler. */
+  close(): Promise<void>;
   /** Resolves with the error that ended the listener. */
   wait(): Promise<Error>;
   /** Why it died (null while alive). */
@@ -146,6 +161,12 @@ export interface Failover extends Listener {}
 /** The hub while it works, this process's own LISTEN while it does not. */
 export class Failover implements Listener {
   private constructor();
+  on(event: 'failover', listener: (reason: Error) => void): this;
+  on(event: 'failback', listener: () => void): this;
+  on(event: 'wake', listener: (wake: Wake) => void): this;
+  on(event: 'status', listener: (healthy: boolean) => void): this;
+  on(event: 'error', listener: (err: Error) => void): this;
+  on(event: 'end', listener: (err: Error) => void): this;
   static create(socketPath: string, opts?: FailoverOptions): Promise<Failover>;
   readonly socketPath: string;
   /** Where wakes come from now. */

@@ -640,3 +640,27 @@ func TestDemoRelayDatabaseURL(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// The demo starts a plain throwaway cluster; the fault tools of the tests
+// (Freeze, Thaw, PgBouncer) and the TLS certificate maker never reach the
+// shipped binary.
+func TestBinaryHasNoTestTools(t *testing.T) {
+	out, err := exec.Command("go", "tool", "nm", hubBinary(t)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool nm: %v\n%s", err, out)
+	}
+	var found []string
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, bad := range []string{"pgtest.(*Cluster).Freeze", "pgtest.(*Cluster).Thaw", "pgtest.(*Cluster).StartPgBouncer", "pgtest/pgtls."} {
+			if strings.Contains(line, bad) {
+				found = append(found, strings.TrimSpace(line))
+			}
+		}
+	}
+	if len(found) > 0 {
+		t.Fatalf("the binary links test tools:\n%s", strings.Join(found, "\n"))
+	}
+	if !strings.Contains(string(out), "pgtest.Start") {
+		t.Fatal("the binary has no pgtest.Start: the check looks at the wrong names")
+	}
+}

@@ -1,14 +1,8 @@
 // Command listenhub runs the hub that shares one PostgreSQL LISTEN connection
 // among the worker processes of a host, and a few tools around it.
 //
-//	listenhub serve --database-url URL --socket PATH [flags]
-//	listenhub tail --socket PATH Q [Q...]
-//	listenhub status [--metrics-addr ADDR] [--metrics-token-file PATH] [--workers|--channels] [--limit N] [--offset N] [--sort F] [--json]
-//	listenhub relay --database-url URL [flags]
-//	listenhub census --database-url URL [--application-name NAME] [--json]
-//	listenhub doctor --database-url URL [--socket PATH] [--application-name NAME] [--publication NAME] [--slot NAME] [--json]
-//	listenhub demo [--workers N] [--rate N] [--duration D] [--database-url URL] [--relay [--writers N]]
-//	listenhub version
+// The commands are the table commands (below); `listenhub help` prints them
+// and docs/usage.md lists them (a test holds both to the table).
 //
 // Every command is a function run(ctx, args, stdout, stderr) int, so the
 // tests call them in-process as well as through the built binary.

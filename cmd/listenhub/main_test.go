@@ -22,6 +22,7 @@ import (
 
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtls"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(hammerEnv) != "" {
 		os.Exit(m.Run()) // TestAttackIntrospection's client process: no cluster
 	}
-	pgtesting.Main(m, pgtest.Options{SSL: true}, &db)
+	pgtesting.Main(m, pgtest.Options{TLS: pgtls.Certificate}, &db)
 }
 
 func needDB(t testing.TB) *pgtest.Cluster {

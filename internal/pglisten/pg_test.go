@@ -19,13 +19,14 @@ import (
 
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtls"
 	"github.com/listenhub/listenhub/internal/testutil"
 	"github.com/listenhub/listenhub/loop"
 )
 
 var db *pgtest.Cluster
 
-func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{SSL: true}, &db) }
+func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{TLS: pgtls.Certificate}, &db) }
 
 const pgTimeout = 20 * time.Second
 

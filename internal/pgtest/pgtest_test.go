@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/internal/pgtest/pgtls"
 	"github.com/listenhub/listenhub/internal/testutil"
 )
 
@@ -108,7 +110,7 @@ func TestConnect(t *testing.T) {
 		t.Fatalf("QueryInt = %d, %v", n, err)
 	}
 	if db.TLSURL() != "" {
-		t.Fatalf("TLSURL %q without Options.SSL", db.TLSURL())
+		t.Fatalf("TLSURL %q without Options.TLS", db.TLSURL())
 	}
 }
 
@@ -299,7 +301,7 @@ func TestSSL(t *testing.T) {
 		t.Skip("external server")
 	}
 	ctx := ctxT(t)
-	c, err := pgtest.Start(ctx, pgtest.Options{SSL: true, Logf: t.Logf})
+	c, err := pgtest.Start(ctx, pgtest.Options{TLS: pgtls.Certificate, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ const net = require('node:net');
 const pathlib = require('node:path');
 
 const frame = require('./frame');
-const { DEFAULT_MAX_PENDING, Listener, Sink, wake, status } = require('./events');
+const { Listener, wake, status } = require('./events');
 const {
   AckTimeoutError,
   ClosedError,
@@ -151,17 +151,14 @@ class Client extends Listener {
     this._frameStart = null;
     this._greeted = false;
     this._held = [];
-    this._sink = new Sink(opts.onWake, opts.onStatus, opts.maxPending || DEFAULT_MAX_PENDING);
+    this._init(opts);
     this._sock = socket;
+    this._sockClosed = new Promise((resolve) => socket.once('close', resolve));
     this._subs = new Map(); // q -> {active, call, wantUnsub}
-    this.err = null;
     this._healthy = false;
     this._closing = false;
     this._writeTimer = null;
     this._dec = new frame.Decoder();
-    this.done = new Promise((resolve) => {
-      this._resolveDone = resolve;
-    });
 
     socket.on('data', (chunk) => this._onData(chunk));
     socket.on('end', () => {
@@ -256,11 +253,12 @@ class Client extends Listener {
   }
 
   // Kills the client with ClosedError and closes the socket; the hub drops
-  // its subscriptions. No callback runs after close(). Idempotent; safe
-  // from a callback.
+  // its subscriptions. No handler runs after close(). Resolves once the
+  // socket is closed. Idempotent; safe from a handler.
   close() {
     this._closing = true;
     this._die(new ClosedError());
+    return this._sockClosed.then(() => {});
   }
 
   // Writes buf; if bytes are still pending writeTimeout later (the kernel's
@@ -312,8 +310,7 @@ class Client extends Listener {
     this._clearWriteTimer();
     if (this._frameTimer) clearTimeout(this._frameTimer);
     this._sock.destroy();
-    this._sink.end();
-    this._resolveDone(err);
+    this._ended(err);
   }
 
   _onData(chunk) {

@@ -3,7 +3,8 @@
 // What listeners deliver, and the sink that hands it to callbacks or to an
 // async iterator.
 
-const { SlowConsumerError } = require('./errors');
+const { EventEmitter } = require('node:events');
+const { ClosedError, SlowConsumerError } = require('./errors');
 
 const DEFAULT_MAX_PENDING = 65536;
 
@@ -20,20 +21,14 @@ function status(healthy) {
   return { type: 'status', healthy: !!healthy };
 }
 
+// The queue behind events(): the events no handler took.
 class Sink {
-  constructor(onWake, onStatus, maxPending) {
-    this.onWake = onWake || null;
-    this.onStatus = onStatus || null;
+  constructor(maxPending) {
     this.maxPending = maxPending || DEFAULT_MAX_PENDING;
     this.queue = [];
     this.head = 0;
     this.waiters = [];
     this.ended = false;
-  }
-
-  // The callback for ev, or null when it goes to the queue.
-  callback(ev) {
-    return ev.type === 'wake' ? this.onWake : this.onStatus;
   }
 
   // Queues ev for events(); false when the queue is full.
@@ -93,10 +88,42 @@ class Sink {
   }
 }
 
-// What Client, Local and Failover share: the queued events and the end. A
-// subclass sets _sink (a Sink) and done (a promise of err, resolved at
-// death).
-class Listener {
+// What Client, Local and Failover share: an EventEmitter in node-postgres's
+// style, the queued events and the end. Events: 'wake' (a wake), 'status'
+// (the Postgres connection's health, a boolean), 'error' (the error the
+// listener died of, once; not for close(), and only when an 'error'
+// listener is registered: a death is also done's value, so it never throws
+// an unhandled 'error'), and 'end' (after death or close()). Wakes and
+// statuses without a listener of their kind are queued for events(). A
+// subclass calls _init(opts) and _ended(err) at death.
+class Listener extends EventEmitter {
+  // Sets up the queue and the done promise, and registers opts.onWake and
+  // opts.onStatus as listeners.
+  _init(opts) {
+    this._sink = new Sink(opts.maxPending || DEFAULT_MAX_PENDING);
+    this.err = null;
+    this.done = new Promise((resolve) => {
+      this._resolveDone = resolve;
+    });
+    if (opts.onWake) this.on('wake', opts.onWake);
+    if (opts.onStatus) this.on('status', opts.onStatus);
+  }
+
+  // At death (once): the queue ends, done resolves, 'error' and 'end' are
+  // emitted.
+  _ended(err) {
+    this._sink.end();
+    this._resolveDone(err);
+    if (!(err instanceof ClosedError) && this.listenerCount('error') > 0) {
+      try {
+        this.emit('error', err);
+      } catch (e) {
+        process.emitWarning(`listenhub: 'error' listener threw: ${e && e.stack ? e.stack : e}`);
+      }
+    }
+    this.emit('end', err);
+  }
+
   // Async iterator over the events without a callback, until the listener
   // is dead and the queue drained.
   events() {
@@ -113,13 +140,13 @@ class Listener {
     return this.done;
   }
 
-  // Hands ev to its callback (a throw is a warning, not the listener's
-  // death) or queues it for events(); false when the queue is full.
+  // Emits ev to its listeners (a throw is a warning, not the listener's
+  // death) or, without any, queues it for events(); false when the queue
+  // is full.
   _handOver(ev) {
-    const cb = this._sink.callback(ev);
-    if (!cb) return this._sink.put(ev);
+    if (this.listenerCount(ev.type) === 0) return this._sink.put(ev);
     try {
-      cb(ev.type === 'wake' ? ev : ev.healthy);
+      this.emit(ev.type, ev.type === 'wake' ? ev : ev.healthy);
     } catch (e) {
       process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
     }

@@ -7,7 +7,7 @@
 const frame = require('./frame');
 const { connect, DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT } = require('./client');
 const { Local, DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT } = require('./local');
-const { DEFAULT_MAX_PENDING, Listener, Sink, wake, status } = require('./events');
+const { Listener, wake, status } = require('./events');
 const { ClosedError, ConnError, FailoverError, InvalidNameError } = require('./errors');
 
 const HUB = 'hub';
@@ -83,7 +83,9 @@ class Failover extends Listener {
         if (this._mode === LOCAL) this._deliver(status(h));
       },
     };
-    this._sink = new Sink(opts.onWake, opts.onStatus, opts.maxPending || DEFAULT_MAX_PENDING);
+    this._init(opts);
+    if (opts.onFailover) this.on('failover', opts.onFailover);
+    if (opts.onFailback) this.on('failback', opts.onFailback);
     this._mode = HUB;
     this.reason = null;
     this._hub = null;
@@ -94,10 +96,6 @@ class Failover extends Listener {
     this._failbackTimer = null;
     this._cut = null; // a fail-back's switch point (see _hubWake)
     this._wrongDatabase = false;
-    this.err = null;
-    this.done = new Promise((resolve) => {
-      this._resolveDone = resolve;
-    });
   }
 
   // Options: databaseUrl (default LISTENHUB_DATABASE_URL, DATABASE_URL,
@@ -217,14 +215,17 @@ class Failover extends Listener {
     return new Set(this._subs);
   }
 
-  // Closes whichever listeners exist. Idempotent; safe from a callback.
+  // Closes whichever listeners exist; resolves once they are closed.
+  // Idempotent; safe from a handler.
   close() {
-    if (this.err) return;
+    if (this.err) return this._closed || Promise.resolve();
     this.err = new ClosedError();
-    for (const x of [this._hub, this._local, this._cand]) if (x) x.close();
+    const closing = [];
+    for (const x of [this._hub, this._local, this._cand]) if (x) closing.push(x.close());
+    this._closed = Promise.all(closing).then(() => {});
     clearTimeout(this._failbackTimer);
-    this._sink.end();
-    this._resolveDone(this.err);
+    this._ended(this.err);
+    return this._closed;
   }
 
   _startFailover(hub, reason) {
@@ -275,7 +276,7 @@ class Failover extends Listener {
     this._local = local;
     this._hub = null;
     this._swap = null;
-    this._call(this._opts.onFailover, reason);
+    this._emit('failover', reason);
     this._deliver(status(local.healthy()));
     for (const q of recorded) this._deliver(wake(q, null));
     this._startLocal(local);
@@ -471,7 +472,7 @@ class Failover extends Listener {
       this._cut = null;
       cand.unsubscribe(cut.q);
     }
-    this._call(this._opts.onFailback);
+    this._emit('failback');
     this._deliver(status(cand.healthy()));
     for (const q of recorded) this._deliver(wake(q, null));
     return true;
@@ -498,10 +499,12 @@ class Failover extends Listener {
     return first;
   }
 
-  _call(cb, ...args) {
-    if (!cb || this.err) return;
+  // Emits 'failover' or 'failback' while alive; a throwing listener is a
+  // warning.
+  _emit(event, ...args) {
+    if (this.err) return;
     try {
-      cb(...args);
+      this.emit(event, ...args);
     } catch (e) {
       process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
     }
@@ -519,8 +522,7 @@ class Failover extends Listener {
     this.err = err;
     clearTimeout(this._failbackTimer);
     for (const x of [this._hub, this._local, this._cand]) if (x) x.close();
-    this._sink.end();
-    this._resolveDone(err);
+    this._ended(err);
   }
 
   _deliver(ev) {

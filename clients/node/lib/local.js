@@ -7,7 +7,7 @@
 const crypto = require('node:crypto');
 
 const frame = require('./frame');
-const { DEFAULT_MAX_PENDING, Listener, Sink, wake, status } = require('./events');
+const { Listener, wake, status } = require('./events');
 const { ClosedError, InvalidNameError, ListenhubError } = require('./errors');
 
 // Tags the local listener's backend in pg_stat_activity, distinct from the
@@ -117,19 +117,16 @@ class Local extends Listener {
     this.suffix = opts.channelSuffix || '';
     this.applicationName = opts.applicationName || DEFAULT_LOCAL_APPLICATION_NAME;
     this.commandTimeout = opts.localTimeout || DEFAULT_LOCAL_TIMEOUT;
-    this._sink = new Sink(opts.onWake, opts.onStatus, opts.maxPending || DEFAULT_MAX_PENDING);
+    this._init(opts);
     this._listening = new Set();
     this._chain = Promise.resolve(); // LISTEN/UNLISTEN in call order
     this._pendingUnlisten = new Map(); // q -> count of queued UNLISTENs
-    this.err = null;
     this._healthy = false;
     this._conn = null;
+    this._ending = Promise.resolve(); // the connection's end, once closed
     this._connected = null; // resolves when a connection is up (after a loss)
     this._lastTraffic = Date.now();
     this._closing = false;
-    this.done = new Promise((resolve) => {
-      this._resolveDone = resolve;
-    });
   }
 
   static async create(opts = {}) {
@@ -270,10 +267,12 @@ class Local extends Listener {
     return !this.err && this._healthy;
   }
 
-  // Closes the connection. Idempotent; safe from a callback.
+  // Closes the connection; resolves once it has ended. Idempotent; safe
+  // from a handler.
   close() {
     this._closing = true;
     this._die(new ClosedError());
+    return this._ending;
   }
 
   _die(err) {
@@ -281,9 +280,8 @@ class Local extends Listener {
     this.err = err;
     this._healthy = false;
     clearInterval(this._health);
-    if (this._conn) this._conn.end().catch(() => {});
-    this._sink.end();
-    this._resolveDone(err);
+    if (this._conn) this._ending = this._conn.end().catch(() => {});
+    this._ended(err);
   }
 
   _check() {

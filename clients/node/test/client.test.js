@@ -160,3 +160,55 @@ test('a missing socket is a dial error', async () => {
 });
 
 void TIMEOUT;
+
+// node-postgres's style: 'wake' and 'status' events, 'error' once at a
+// death other than close(), 'end' after it, and close() a promise that
+// resolves once the socket is closed.
+test('events: wake, status, error, end; close() resolves', { skip }, async (t) => {
+  const { hub, db, open } = await setup(t);
+  const c = await open();
+  const wakes = [];
+  const statuses = [];
+  const errors = [];
+  let ended = null;
+  c.on('wake', (w) => wakes.push(w));
+  c.on('status', (h) => statuses.push(h));
+  c.on('error', (e) => errors.push(e));
+  c.on('end', (e) => {
+    ended = e;
+  });
+  await c.subscribe('emitted');
+  await db.notify('emitted', 'p');
+  const deadline = Date.now() + TIMEOUT;
+  while (wakes.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+  assert.deepEqual(wakes[0], { type: 'wake', q: 'emitted', payload: 'p', durable: false });
+  assert.equal(statuses[0], true);
+  assert.equal(await c.get(0), null, 'a wake with a listener is not queued too');
+  hub.kill();
+  const err = await c.done;
+  assert.ok(err instanceof listenhub.ConnError, `died of ${err}`);
+  assert.deepEqual(errors, [err]);
+  assert.equal(ended, err);
+
+  // close(): no 'error', 'end' with ClosedError, and a promise.
+  const hub2 = await Hub.start(t.name + ' 2');
+  t.after(() => hub2.kill());
+  const c2 = await listenhub.connect(hub2.socket);
+  const errors2 = [];
+  c2.on('error', (e) => errors2.push(e));
+  const closed = c2.close();
+  assert.ok(closed instanceof Promise);
+  await closed;
+  assert.deepEqual(errors2, []);
+  assert.ok(c2.err instanceof listenhub.ClosedError);
+});
+
+// A death without an 'error' listener does not throw: done carries it.
+test('no error listener: a death does not throw', { skip }, async (t) => {
+  const { hub, open } = await setup(t);
+  const c = await open();
+  await c.subscribe('quiet');
+  hub.kill();
+  const err = await c.done;
+  assert.ok(err instanceof listenhub.ConnError);
+});

@@ -10,9 +10,11 @@ LISTEN connection per host, wakes fanned out over a Unix socket).
 Wire protocol: docs/protocol.md in the listenhub repository.
 """
 
+from __future__ import annotations
+
 import logging as _logging
 
-from ._events import Status, SlowConsumerError, Wake
+from ._events import Mode, SlowConsumerError, Status, Wake
 from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client, connect
 from .errors import (
     AckTimeoutError,
@@ -50,6 +52,7 @@ __all__ = [
     "ListenhubError",
     "LOCAL",
     "Local",
+    "Mode",
     "NackError",
     "RefusedError",
     "SlowConsumerError",

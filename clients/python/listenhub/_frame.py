@@ -1,10 +1,13 @@
 """The wire codec (docs/protocol.md): 4-byte big-endian length + one JSON
 object. No I/O here."""
 
+from __future__ import annotations
+
 import base64
 import json
 import struct
 import time
+from typing import Any, Dict, Iterator, Optional
 
 #: Largest frame body either side may send (4 MiB). A longer length header is
 #: a protocol error: the reader closes the connection without allocating.
@@ -16,7 +19,7 @@ MAX_NAME_BYTES = 63
 _HDR = struct.Struct(">I")
 
 
-def encode(msg):
+def encode(msg: Dict[str, Any]) -> bytes:
     """One frame: header + compact JSON body (raw UTF-8, like the hub)."""
     # surrogatepass: a str with a lone surrogate (which name_problem refuses
     # before a sub is ever encoded) goes out as the bytes wire_bytes says.
@@ -24,11 +27,11 @@ def encode(msg):
     return _HDR.pack(len(body)) + body
 
 
-def sub(q):
+def sub(q: str) -> bytes:
     return encode({"t": "sub", "q": q})
 
 
-def unsub(q):
+def unsub(q: str) -> bytes:
     return encode({"t": "unsub", "q": q})
 
 
@@ -47,12 +50,12 @@ class Decoder:
     now buffered began (None when nothing is buffered), for the reader's
     frame timeout."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buf = bytearray()
         self._off = 0
-        self.partial_since = None
+        self.partial_since: Optional[float] = None
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         if self._off and self._off == len(self._buf):
             self._buf.clear()
             self._off = 0
@@ -60,10 +63,10 @@ class Decoder:
             self.partial_since = time.monotonic()
         self._buf += data
 
-    def buffered(self):
+    def buffered(self) -> int:
         return len(self._buf) - self._off
 
-    def next(self):
+    def next(self) -> Optional[Dict[str, Any]]:
         """The next whole message (a dict with a string "t"), or None when
         more bytes are needed. Raises FrameError on a malformed frame."""
         if self.buffered() < 4:
@@ -88,7 +91,7 @@ class Decoder:
             raise FrameError("frame is not an object with a string \"t\"")
         return msg
 
-    def messages(self):
+    def messages(self) -> Iterator[Dict[str, Any]]:
         """Yields the whole messages fed so far (next() until it returns
         None). Raises FrameError on a malformed frame."""
         while True:
@@ -98,13 +101,13 @@ class Decoder:
             yield m
 
 
-def wire_bytes(q):
+def wire_bytes(q: str) -> bytes:
     """q's bytes as a hub reports a name that is not valid UTF-8 ("q64" in
     its nack): UTF-8, a lone surrogate as its 3-byte form."""
     return q.encode("utf-8", "surrogatepass")
 
 
-def q64_bytes(q64):
+def q64_bytes(q64: str) -> bytes:
     """The bytes of a nack's "q64" (base64); b"" if it is not base64."""
     try:
         return base64.b64decode(q64, validate=True)
@@ -112,7 +115,7 @@ def q64_bytes(q64):
         return b""
 
 
-def name_problem(q):
+def name_problem(q: object) -> Optional[str]:
     """Why q can never be a subscription name whatever the hub's prefix and
     suffix (None if it may be): checked before any round trip."""
     if not isinstance(q, str):
@@ -124,7 +127,7 @@ def name_problem(q):
     return _length_or_nul(q, b)
 
 
-def channel_problem(channel):
+def channel_problem(channel: str) -> Optional[str]:
     """Why the mapped channel is refused (None if fine): empty, too long, NUL."""
     if channel == "":
         return "invalid channel: empty"
@@ -132,7 +135,7 @@ def channel_problem(channel):
     return problem and "invalid channel: " + problem
 
 
-def _length_or_nul(s, b):
+def _length_or_nul(s: str, b: bytes) -> Optional[str]:
     """The problem of a name or channel s (b: its bytes) that is too long or
     holds a NUL; None if neither."""
     if len(b) > MAX_NAME_BYTES:
@@ -142,7 +145,7 @@ def _length_or_nul(s, b):
     return None
 
 
-def invalid_name_reason(reason):
+def invalid_name_reason(reason: Optional[str]) -> bool:
     """Tells a nack about the name (final for that name, the connection is
     fine) from any other nack (this hub cannot serve: fail over). Protocol v1
     has no codes, so the reason words are the contract; same rule as the Go
@@ -156,13 +159,13 @@ def invalid_name_reason(reason):
     )
 
 
-def limit_reason(reason):
+def limit_reason(reason: Optional[str]) -> bool:
     """Tells a refusal at one of the hub's caps ("too many subscriptions",
     "too many channels"): final for that subscribe, the connection stays."""
     return (reason or "").lower().startswith("too many ")
 
 
-def quote_ident(channel):
+def quote_ident(channel: str) -> str:
     """A channel as a Postgres quoted identifier, every '"' doubled: no name
     can inject SQL, and case is kept."""
     return '"' + channel.replace('"', '""') + '"'

@@ -5,7 +5,10 @@ pending sub frame that every concurrent subscribe of the name waits on.
 No I/O and no locking here: the caller holds its lock, and each function
 says which frame the caller is to send."""
 
+from __future__ import annotations
+
 from . import _frame
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 
 class Sub:
@@ -14,13 +17,17 @@ class Sub:
 
     __slots__ = ("active", "call", "want_unsub")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.active = False
-        self.call = None
+        self.call: Any = None
         self.want_unsub = False
 
 
-def join(subs, q, new_call):
+def join(
+    subs: Dict[str, Sub],
+    q: str,
+    new_call: Callable[[], Any],
+) -> Tuple[Optional[Sub], bool]:
     """Counts one more waiter on the pending sub of q, made with new_call()
     when there is none; returns its Sub and whether the call is new (then
     the caller sends a sub frame). (None, False) when q is acked already."""
@@ -37,7 +44,7 @@ def join(subs, q, new_call):
     return s, fresh
 
 
-def abandon(s, c):
+def abandon(s: Sub, c: Any) -> None:
     """One waiter of c, the pending call of s, gave up; the last one leaves
     the name to be unsubscribed once the ack arrives."""
     c.waiters -= 1
@@ -45,7 +52,7 @@ def abandon(s, c):
         s.want_unsub = True
 
 
-def drop(subs, q):
+def drop(subs: Dict[str, Sub], q: str) -> bool:
     """Unsubscribes q; True when the caller is to send an unsub frame now
     (with a sub pending, the unsub waits for its ack)."""
     s = subs.get(q)
@@ -58,7 +65,7 @@ def drop(subs, q):
     return True
 
 
-def ack(subs, q):
+def ack(subs: Dict[str, Sub], q: str) -> Tuple[Any, bool]:
     """Takes the pending call an ack of q answers (None when there is none)
     and says whether the caller is to send an unsub frame now (the sub was
     abandoned or unsubscribed meanwhile)."""
@@ -73,7 +80,7 @@ def ack(subs, q):
     return c, False
 
 
-def refuse(subs, q):
+def refuse(subs: Dict[str, Sub], q: str) -> Any:
     """Takes the pending call a nack about the name q answers (None when
     there is none); a name that was never acked is forgotten."""
     s = subs.get(q)
@@ -85,18 +92,18 @@ def refuse(subs, q):
     return c
 
 
-def pending(subs, q):
+def pending(subs: Dict[str, Sub], q: str) -> bool:
     """Whether a sub of q waits for its answer."""
     s = subs.get(q)
     return s is not None and s.call is not None
 
 
-def acked(subs):
+def acked(subs: Dict[str, Sub]) -> Set[str]:
     """The acked names."""
     return {q for q, s in subs.items() if s.active}
 
 
-def nacked_name(subs, q, q64):
+def nacked_name(subs: Dict[str, Sub], q: str, q64: object) -> str:
     """The name a nack answers. A nack for a name that was not valid UTF-8
     carries the name's bytes as sent in "q64" ("q" then holds U+FFFD in
     their place): the pending sub they match."""

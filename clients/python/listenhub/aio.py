@@ -1,14 +1,17 @@
 """The asyncio API: AsyncClient (the hub over asyncio streams) and
 AsyncFailover. Same rules as the synchronous classes; see their docs."""
 
+from __future__ import annotations
+
 import asyncio
 import inspect
 import logging
 import threading
 import time
+from typing import Any, AsyncIterator, Callable, Collection, Dict, List, Optional, Set, TypeVar, Union, cast
 
 from . import _fork, _frame, _subs
-from ._events import DEFAULT_MAX_PENDING, SlowConsumerError, Status, Wake, make_wake
+from ._events import DEFAULT_MAX_PENDING, Mode, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake, make_wake
 from .client import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
@@ -38,6 +41,9 @@ from .failover import (
 )
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
 
+
+_A = TypeVar('_A', bound='_AsyncListener')
+
 log = logging.getLogger("listenhub")
 
 _END = object()
@@ -47,16 +53,16 @@ class _AsyncSink:
     """Callbacks (plain functions or coroutine functions, awaited in order)
     or a bounded queue for events()."""
 
-    def __init__(self, on_wake, on_status, max_pending):
+    def __init__(self, on_wake: Optional[_OnWake], on_status: Optional[_OnStatus], max_pending: Optional[int]) -> None:
         self.on_wake, self.on_status = on_wake, on_status
         self.max_pending = max_pending or DEFAULT_MAX_PENDING
-        self._q = asyncio.Queue()
+        self._q: asyncio.Queue[object] = asyncio.Queue()
         self._ended = False
 
-    def callback(self, ev):
+    def callback(self, ev: _Event) -> Optional[Callable[[Any], object]]:
         return self.on_wake if isinstance(ev, Wake) else self.on_status
 
-    def put(self, ev):
+    def put(self, ev: _Event) -> bool:
         if self._ended:
             return True
         if self._q.qsize() >= self.max_pending:
@@ -64,12 +70,12 @@ class _AsyncSink:
         self._q.put_nowait(ev)
         return True
 
-    def end(self):
+    def end(self) -> None:
         if not self._ended:
             self._ended = True
             self._q.put_nowait(_END)
 
-    async def get(self, timeout=None):
+    async def get(self, timeout: Optional[float] = None) -> Optional[_Event]:
         if self._q.empty() and self._ended:
             return None
         try:
@@ -79,9 +85,9 @@ class _AsyncSink:
         if ev is _END:
             self._q.put_nowait(_END)  # later get()s end too
             return None
-        return ev
+        return cast(_Event, ev)
 
-    async def events(self):
+    async def events(self) -> AsyncIterator[_Event]:
         while True:
             ev = await self.get()
             if ev is None:
@@ -89,7 +95,7 @@ class _AsyncSink:
             yield ev
 
 
-async def _run_callback(cb, arg):
+async def _run_callback(cb: Callable[[Any], object], arg: object) -> None:
     try:
         r = cb(arg)
         if inspect.isawaitable(r):
@@ -103,10 +109,10 @@ async def _run_callback(cb, arg):
 class _Call:
     __slots__ = ("fut", "waiters", "timer")
 
-    def __init__(self, fut):
+    def __init__(self, fut: asyncio.Future[None]) -> None:
         self.fut = fut
         self.waiters = 0
-        self.timer = None
+        self.timer: Optional[asyncio.TimerHandle] = None
 
 
 class _AsyncListener:
@@ -115,23 +121,32 @@ class _AsyncListener:
     (an _AsyncSink), err and done (an asyncio.Event set at death) and
     defines close()."""
 
-    def events(self):
+    _sink: _AsyncSink
+    #: Why the listener died (None while it lives).
+    err: Optional[BaseException]
+    #: Set when the listener is dead.
+    done: asyncio.Event
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def events(self) -> AsyncIterator[_Event]:
         """Async iterator over the events without a callback, until the
         listener is dead and the queue drained."""
         return self._sink.events()
 
-    async def get(self, timeout=None):
+    async def get(self, timeout: Optional[float] = None) -> Optional[_Event]:
         return await self._sink.get(timeout)
 
-    async def wait(self):
+    async def wait(self) -> Optional[BaseException]:
         """Waits until the listener is dead; returns err."""
         await self.done.wait()
         return self.err
 
-    async def __aenter__(self):
+    async def __aenter__(self: _A) -> _A:
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -147,7 +162,19 @@ class AsyncClient(_AsyncListener):
     async iterator.
     """
 
-    def __init__(self, path, reader, writer, *, on_wake, on_status, ack_timeout, write_timeout, max_pending, frame_timeout=DEFAULT_FRAME_TIMEOUT):
+    def __init__(
+        self,
+        path: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        on_wake: Optional[_OnWake],
+        on_status: Optional[_OnStatus],
+        ack_timeout: float,
+        write_timeout: float,
+        max_pending: int,
+        frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+    ) -> None:
         self.path = path
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
         self.write_timeout = write_timeout or DEFAULT_WRITE_TIMEOUT
@@ -158,17 +185,18 @@ class AsyncClient(_AsyncListener):
         # drain() then waits until the kernel took every byte.
         writer.transport.set_write_buffer_limits(high=0, low=0)
         self._sink = _AsyncSink(on_wake, on_status, max_pending)
-        self._subs = {}
-        self.err = None
+        self._subs: Dict[str, _subs.Sub] = {}
+        self.err: Optional[BaseException] = None
         self.done = asyncio.Event()
         self._healthy = False
         self._closing = False
-        self._drainer = None
+        self._drainer: Optional[asyncio.Task[None]] = None
+        self._lh_state: Dict[str, Any] = {}  # an AsyncFailover's view of this client
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._read_loop())
         _fork.track(self)
 
-    def _after_fork_in_child(self, err):
+    def _after_fork_in_child(self, err: BaseException) -> None:
         """In a forked child (see _fork): dead with err (the event loop
         does not survive fork either). The socket is closed, not shut down."""
         self.err = err
@@ -179,7 +207,7 @@ class AsyncClient(_AsyncListener):
         except Exception:
             pass
 
-    async def subscribe(self, q):
+    async def subscribe(self, q: str) -> None:
         """Subscribes to q; returns once the hub acked it. Raises
         InvalidNameError (client alive), NackError / AckTimeoutError /
         ConnError (client dead), the client's error when already dead.
@@ -205,18 +233,19 @@ class AsyncClient(_AsyncListener):
                 _subs.abandon(s, c)
             raise
 
-    def unsubscribe(self, q):
+    def unsubscribe(self, q: str) -> None:
         """Drops q and tells the hub; never blocks."""
         if self.err is None and _subs.drop(self._subs, q):
             self._write(_frame.unsub(q))
 
-    def healthy(self):
+    @property
+    def healthy(self) -> bool:
         return self.err is None and self._healthy
 
-    def subscriptions(self):
+    def subscriptions(self) -> Set[str]:
         return _subs.acked(self._subs)
 
-    def close(self):
+    def close(self) -> None:
         """Kills the client with ClosedError and closes the socket. No new
         callback starts once called. Idempotent; safe from a callback."""
         self._closing = True
@@ -224,7 +253,7 @@ class AsyncClient(_AsyncListener):
 
     # --- internals -----------------------------------------------------------
 
-    def _write(self, b):
+    def _write(self, b: bytes) -> None:
         if not self._greeted:
             # Nothing is written before the hub's first frame (status, or
             # the refusal): see Client._write_loop.
@@ -234,7 +263,7 @@ class AsyncClient(_AsyncListener):
         if self._drainer is None and self._writer.transport.get_write_buffer_size() > 0:
             self._drainer = self._loop.create_task(self._drain())
 
-    async def _drain(self):
+    async def _drain(self) -> None:
         try:
             await asyncio.wait_for(self._writer.drain(), self.write_timeout)
         except asyncio.TimeoutError:
@@ -246,18 +275,19 @@ class AsyncClient(_AsyncListener):
         if self.err is None and self._writer.transport.get_write_buffer_size() > 0:
             self._drainer = self._loop.create_task(self._drain())
 
-    def _ack_timeout(self, c, q):
+    def _ack_timeout(self, c: _Call, q: str) -> None:
         if not c.fut.done() and self.err is None:
             self._die(AckTimeoutError(q, self.ack_timeout))
 
-    def _die(self, err):
+    def _die(self, err: BaseException) -> None:
         if self.err is not None:
             return
         self.err = err
         for s in self._subs.values():
             c = s.call
             if c is not None and not c.fut.done():
-                c.timer.cancel()
+                if c.timer is not None:
+                    c.timer.cancel()
                 c.fut.set_exception(err)
                 c.fut.exception()  # retrieved: no "never retrieved" warning without waiters
         self._subs = {}
@@ -272,7 +302,7 @@ class AsyncClient(_AsyncListener):
         else:
             log.warning("listenhub client dead: %s", err)
 
-    async def _read_loop(self):
+    async def _read_loop(self) -> None:
         dec = _frame.Decoder()
         while True:
             try:
@@ -303,8 +333,9 @@ class AsyncClient(_AsyncListener):
                 self._die(ConnError("read", self.path, e))
                 return
 
-    async def _handle(self, m):
-        t, q = m["t"], m.get("q")
+    async def _handle(self, m: Dict[str, Any]) -> None:
+        t: str = m["t"]
+        q: Any = m.get("q")  # a str, or what a broken hub sent
         if not self._greeted:
             self._greeted = True
             if t == "nack":
@@ -347,7 +378,7 @@ class AsyncClient(_AsyncListener):
         else:
             log.debug("listenhub client: skipping unknown frame type %r", t)
 
-    async def _deliver(self, ev):
+    async def _deliver(self, ev: _Event) -> None:
         if self._closing:
             return
         cb = self._sink.callback(ev)
@@ -359,18 +390,18 @@ class AsyncClient(_AsyncListener):
 
 
 async def connect(
-    path,
+    path: str,
     *,
-    on_wake=None,
-    on_status=None,
-    ack_timeout=DEFAULT_ACK_TIMEOUT,
-    write_timeout=DEFAULT_WRITE_TIMEOUT,
-    connect_timeout=DEFAULT_CONNECT_TIMEOUT,
-    frame_timeout=DEFAULT_FRAME_TIMEOUT,
-    peer_check=True,
-    allowed_uids=(),
-    max_pending=DEFAULT_MAX_PENDING,
-):
+    on_wake: Optional[_OnWake] = None,
+    on_status: Optional[_OnStatus] = None,
+    ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+    peer_check: bool = True,
+    allowed_uids: Collection[int] = (),
+    max_pending: int = DEFAULT_MAX_PENDING,
+) -> AsyncClient:
     """Connects to the hub at path. ConnError when there is no hub (ENOENT,
     ECONNREFUSED) or the socket is not our hub's (the same checks as the
     synchronous client's dial, run in the default executor)."""
@@ -399,7 +430,13 @@ class _AsyncLocal:
     seen from the event loop: its callbacks are handed to the loop in order,
     subscribe runs in the default executor."""
 
-    def __init__(self, loop, on_event, on_dead, local_args):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_event: Callable[[_Event], object],
+        on_dead: Callable[[Optional[BaseException]], object],
+        local_args: Dict[str, Any],
+    ) -> None:
         self._loop = loop
         self._on_event = on_event
         args = dict(local_args)
@@ -409,39 +446,45 @@ class _AsyncLocal:
         threading.Thread(target=self._watch, args=(on_dead,), daemon=True).start()
 
     @classmethod
-    async def create(cls, on_event, on_dead, local_args):
+    async def create(
+        cls,
+        on_event: Callable[[_Event], object],
+        on_dead: Callable[[Optional[BaseException]], object],
+        local_args: Dict[str, Any],
+    ) -> _AsyncLocal:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, cls, loop, on_event, on_dead, local_args)
 
-    def _from_thread(self, ev):
+    def _from_thread(self, ev: _Event) -> None:
         try:
             self._loop.call_soon_threadsafe(self._on_event, ev)
         except RuntimeError:
             pass  # loop closed
 
-    def _watch(self, on_dead):
+    def _watch(self, on_dead: Callable[[Optional[BaseException]], object]) -> None:
         self.local.done.wait()
         self._from_thread_dead(on_dead)
 
-    def _from_thread_dead(self, on_dead):
+    def _from_thread_dead(self, on_dead: Callable[[Optional[BaseException]], object]) -> None:
         try:
             self._loop.call_soon_threadsafe(on_dead, self.local.err)
         except RuntimeError:
             pass
 
-    async def subscribe(self, q):
+    async def subscribe(self, q: str) -> None:
         await self._loop.run_in_executor(None, self.local.subscribe, q)
 
-    def unsubscribe(self, q):
+    def unsubscribe(self, q: str) -> None:
         self.local.unsubscribe(q)
 
-    async def sync(self, timeout):
+    async def sync(self, timeout: Optional[float]) -> None:
         await self._loop.run_in_executor(None, self.local.sync, timeout)
 
-    def healthy(self):
-        return self.local.healthy()
+    @property
+    def healthy(self) -> bool:
+        return self.local.healthy
 
-    def close(self):
+    def close(self) -> None:
         # Local.close may wait briefly for its thread: not on the loop.
         threading.Thread(target=self.local.close, daemon=True).start()
 
@@ -455,11 +498,11 @@ class AsyncFailover(_AsyncListener):
     ...)``. The local listener is the synchronous Local on its own thread,
     its events handed to the loop in order."""
 
-    def __init__(self, socket_path, kw):
+    def __init__(self, socket_path: str, kw: Dict[str, Any]) -> None:
         self.socket_path = socket_path
         self._kw = kw
-        self.ack_timeout = kw.get("ack_timeout") or DEFAULT_ACK_TIMEOUT
-        self._local_args = dict(
+        self.ack_timeout: float = kw.get("ack_timeout") or DEFAULT_ACK_TIMEOUT
+        self._local_args: Dict[str, Any] = dict(
             database_url_=kw.get("database_url"),
             channel_prefix=kw.get("channel_prefix", ""),
             channel_suffix=kw.get("channel_suffix", ""),
@@ -468,42 +511,42 @@ class AsyncFailover(_AsyncListener):
         )
         self._sink = _AsyncSink(kw.get("on_wake"), kw.get("on_status"), kw.get("max_pending", DEFAULT_MAX_PENDING))
         self._mode = HUB
-        self.reason = None
-        self._hub = None
-        self._local = None
-        self._cand = None
-        self._subs = set()
-        self._swap = None  # the failover task while it runs
-        self._failback_task = None
-        self.err = None
+        self.reason: Optional[BaseException] = None
+        self._hub: Optional[AsyncClient] = None
+        self._local: Optional[_AsyncLocal] = None
+        self._cand: Optional[AsyncClient] = None
+        self._subs: Set[str] = set()
+        self._swap: Optional[asyncio.Task[None]] = None  # the failover task while it runs
+        self._failback_task: Optional[asyncio.Task[None]] = None
+        self.err: Optional[BaseException] = None
         self.done = asyncio.Event()
         self._cb_lock = asyncio.Lock()  # one callback at a time across hub and local
 
     @classmethod
     async def create(
         cls,
-        socket_path,
+        socket_path: str,
         *,
-        database_url=None,
-        channel_prefix="",
-        channel_suffix="",
-        application_name=DEFAULT_LOCAL_APPLICATION_NAME,
-        ack_timeout=DEFAULT_ACK_TIMEOUT,
-        write_timeout=DEFAULT_WRITE_TIMEOUT,
-        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
-        local_timeout=DEFAULT_LOCAL_TIMEOUT,
-        peer_check=True,
-        allowed_uids=(),
-        one_way=False,
-        min_local=DEFAULT_MIN_LOCAL,
-        probe_interval=DEFAULT_PROBE_INTERVAL,
-        probe_max_interval=DEFAULT_PROBE_MAX_INTERVAL,
-        on_wake=None,
-        on_status=None,
-        on_failover=None,
-        on_failback=None,
-        max_pending=DEFAULT_MAX_PENDING,
-    ):
+        database_url: Optional[str] = None,
+        channel_prefix: str = '',
+        channel_suffix: str = '',
+        application_name: str = DEFAULT_LOCAL_APPLICATION_NAME,
+        ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        local_timeout: float = DEFAULT_LOCAL_TIMEOUT,
+        peer_check: bool = True,
+        allowed_uids: Collection[int] = (),
+        one_way: bool = False,
+        min_local: float = DEFAULT_MIN_LOCAL,
+        probe_interval: float = DEFAULT_PROBE_INTERVAL,
+        probe_max_interval: float = DEFAULT_PROBE_MAX_INTERVAL,
+        on_wake: Optional[_OnWake] = None,
+        on_status: Optional[_OnStatus] = None,
+        on_failover: Optional[Callable[[BaseException], object]] = None,
+        on_failback: Optional[Callable[[], object]] = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+    ) -> 'AsyncFailover':
         kw = dict(locals())
         del kw["cls"], kw["socket_path"]
         f = cls(socket_path, kw)
@@ -516,15 +559,17 @@ class AsyncFailover(_AsyncListener):
             except Exception as le:
                 raise FailoverError(e, le) from le
             f._mode, f.reason, f._local = LOCAL, e, local
-            await f._deliver(Status(local.healthy()))
+            await f._deliver(Status(local.healthy))
             f._start_local(local)
             return f
         return f
 
-    def mode(self):
+    @property
+    def mode(self) -> Mode:
+        """Mode.HUB or Mode.LOCAL: where wakes come from now."""
         return self._mode
 
-    async def subscribe(self, q):
+    async def subscribe(self, q: str) -> None:
         """See Failover.subscribe; cancel the caller to bound it."""
         problem = _frame.name_problem(q)
         if problem:
@@ -536,7 +581,8 @@ class AsyncFailover(_AsyncListener):
             if self._swap is not None:
                 await asyncio.shield(self._swap)
                 continue
-            cur = self._hub if self._mode == HUB else self._local
+            cur: Union[AsyncClient, _AsyncLocal, None] = self._hub if self._mode == HUB else self._local
+            assert cur is not None  # set whenever no swap runs
             try:
                 await cur.subscribe(q)
                 return
@@ -544,28 +590,32 @@ class AsyncFailover(_AsyncListener):
                 self._subs.discard(q)
                 raise
             except ListenhubError as e:
-                if self._mode == HUB and cur is self._hub and cur.err is not None and not isinstance(cur.err, ClosedError):
+                if isinstance(cur, AsyncClient) and cur is self._hub and cur.err is not None and not isinstance(cur.err, ClosedError):
                     self._start_failover(cur, cur.err)
                     continue
                 if self.err is None and cur is not self._hub and cur is not self._local:
                     continue  # replaced by a swap meanwhile: subscribe the new one
                 raise self.err or e
 
-    def unsubscribe(self, q):
+    def unsubscribe(self, q: str) -> None:
         self._subs.discard(q)
         if self.err is not None or self._swap is not None:
             return
-        (self._hub if self._mode == HUB else self._local).unsubscribe(q)
+        cur: Union[AsyncClient, _AsyncLocal, None] = self._hub if self._mode == HUB else self._local
+        if cur is not None:
+            cur.unsubscribe(q)
 
-    def healthy(self):
+    @property
+    def healthy(self) -> bool:
         if self.err is not None or self._swap is not None:
             return False
-        return (self._hub if self._mode == HUB else self._local).healthy()
+        cur: Union[AsyncClient, _AsyncLocal, None] = self._hub if self._mode == HUB else self._local
+        return cur is not None and cur.healthy
 
-    def subscriptions(self):
+    def subscriptions(self) -> Set[str]:
         return set(self._subs)
 
-    def close(self):
+    def close(self) -> None:
         if self.err is not None:
             return
         self.err = ClosedError()
@@ -579,13 +629,13 @@ class AsyncFailover(_AsyncListener):
 
     # --- internals -----------------------------------------------------------
 
-    async def _new_hub(self, current):
+    async def _new_hub(self, current: bool) -> AsyncClient:
         """A hub client whose statuses are delivered only while it is the
         current one; c._lh_healthy is set at its first healthy status."""
         kw = self._kw
-        state = {"current": current, "healthy": asyncio.Event()}
+        state: Dict[str, Any] = {"current": current, "healthy": asyncio.Event()}
 
-        async def on_status(h):
+        async def on_status(h: bool) -> None:
             if h:
                 state["healthy"].set()
             if state["current"]:
@@ -605,17 +655,17 @@ class AsyncFailover(_AsyncListener):
         asyncio.get_running_loop().create_task(self._watch_hub(c))
         return c
 
-    async def _watch_hub(self, hub):
+    async def _watch_hub(self, hub: AsyncClient) -> None:
         await hub.done.wait()
         if not isinstance(hub.err, ClosedError):
             self._start_failover(hub, hub.err)
 
-    def _start_failover(self, hub, reason):
+    def _start_failover(self, hub: AsyncClient, reason: Optional[BaseException]) -> None:
         if self.err is not None or self._mode != HUB or self._hub is not hub or self._swap is not None:
             return
         self._swap = asyncio.get_running_loop().create_task(self._failover(reason))
 
-    async def _failover(self, reason):
+    async def _failover(self, reason: Optional[BaseException]) -> None:
         log.warning("listenhub: hub failed (%s), failing over to a local listener", reason)
         await self._deliver(Status(False))
         try:
@@ -624,7 +674,7 @@ class AsyncFailover(_AsyncListener):
             self._swap = None
             await self._die(FailoverError(reason, e))
             return
-        listened = set()
+        listened: Set[str] = set()
         while True:
             if self.err is not None:
                 local.close()
@@ -653,16 +703,16 @@ class AsyncFailover(_AsyncListener):
         on_failover = self._kw.get("on_failover")
         if on_failover is not None:
             await _run_callback(on_failover, reason)
-        await self._deliver(Status(local.healthy()))
+        await self._deliver(Status(local.healthy))
         for q in recorded:
             await self._deliver(Wake(q, None, True))
         self._start_local(local)
 
-    def _start_local(self, local):
+    def _start_local(self, local: _AsyncLocal) -> None:
         if not self._kw.get("one_way"):
             self._failback_task = asyncio.get_running_loop().create_task(self._failback_loop(local))
 
-    async def _failback_loop(self, local):
+    async def _failback_loop(self, local: _AsyncLocal) -> None:
         wait = self._kw["min_local"]
         nxt = self._kw["probe_interval"]
         top = max(self._kw["probe_max_interval"], nxt)
@@ -675,7 +725,7 @@ class AsyncFailover(_AsyncListener):
             wait = jitter(nxt)
             nxt = min(2 * nxt, top)
 
-    async def _failback(self, local, attempt):
+    async def _failback(self, local: _AsyncLocal, attempt: int) -> bool:
         if self.err is not None or self._swap is not None or self._mode != LOCAL or self._local is not local:
             return True
         try:
@@ -696,7 +746,7 @@ class AsyncFailover(_AsyncListener):
             if cand.err is not None:
                 return False
             log.info("listenhub: hub is back, subscribing it before leaving the local listener")
-            acked = set()
+            acked: Set[str] = set()
             drained = False
             while True:
                 if self.err is not None:
@@ -712,7 +762,7 @@ class AsyncFailover(_AsyncListener):
                     drained = True
                     continue
                 if not todo:
-                    if not cand.healthy():
+                    if not cand.healthy:
                         return False
                     for q in acked - self._subs:
                         cand.unsubscribe(q)
@@ -733,19 +783,20 @@ class AsyncFailover(_AsyncListener):
                 cand.close()
         local.close()  # break, after make
         log.info("listenhub: back on the hub, local listener closed (attempt %d)", attempt)
-        on_failback = self._kw.get("on_failback")
+        on_failback: Optional[Callable[[], object]] = self._kw.get("on_failback")
         if on_failback is not None:
-            await _run_callback(lambda _: on_failback(), None)
-        await self._deliver(Status(cand.healthy()))
+            cb = on_failback
+            await _run_callback(lambda _: cb(), None)
+        await self._deliver(Status(cand.healthy))
         for q in recorded:
             await self._deliver(Wake(q, None, True))
         return True
 
-    async def _subscribe_all(self, c, todo, acked):
+    async def _subscribe_all(self, c: AsyncClient, todo: Collection[str], acked: Set[str]) -> Optional[BaseException]:
         sem = asyncio.Semaphore(FAILBACK_PARALLEL)
         first = []
 
-        async def one(q):
+        async def one(q: str) -> None:
             async with sem:
                 try:
                     await c.subscribe(q)
@@ -758,7 +809,7 @@ class AsyncFailover(_AsyncListener):
         await asyncio.gather(*(one(q) for q in todo))
         return first[0] if first else None
 
-    async def _die(self, err):
+    async def _die(self, err: BaseException) -> None:
         if self.err is not None:
             return
         self.err = err
@@ -772,18 +823,18 @@ class AsyncFailover(_AsyncListener):
         await self._deliver(Status(False), force=True)
         self._sink.end()
 
-    def _local_event(self, ev):
+    def _local_event(self, ev: _Event) -> None:
         if isinstance(ev, Status) and not (self._mode == LOCAL and self.err is None):
             return  # before the swap, the swap reports the local health itself
         if self.err is not None:
             return
         asyncio.get_running_loop().create_task(self._deliver(ev))
 
-    def _local_died(self, err):
+    def _local_died(self, err: Optional[BaseException]) -> None:
         if not isinstance(err, ClosedError) and self.err is None:
             asyncio.get_running_loop().create_task(self._die(FailoverError(self.reason, err)))
 
-    async def _deliver(self, ev, force=False):
+    async def _deliver(self, ev: _Event, force: bool = False) -> None:
         async with self._cb_lock:
             if isinstance(self.err, ClosedError) or (self.err is not None and not force):
                 return

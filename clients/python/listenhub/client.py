@@ -1,6 +1,8 @@
 """The synchronous hub client: one Unix socket connection to a listenhub hub,
 a reader thread and a writer thread."""
 
+from __future__ import annotations
+
 import logging
 import os
 import select
@@ -9,16 +11,28 @@ import stat
 import struct
 import threading
 import time
+from typing import Any, Collection, Dict, Optional, Set
 
 from . import _fork, _frame, _subs
-from ._events import DEFAULT_MAX_PENDING, Listener, Sink, SlowConsumerError, Status, Wake, make_wake
+from ._events import (
+    DEFAULT_MAX_PENDING,
+    Listener,
+    Sink,
+    SlowConsumerError,
+    Status as Status,
+    Wake as Wake,
+    _Event,
+    _OnStatus,
+    _OnWake,
+    make_wake,
+)
 from .errors import (
     AckTimeoutError,
     ClosedError,
     ConnError,
     InvalidNameError,
     LimitError,
-    ListenhubError,
+    ListenhubError as ListenhubError,
     NackError,
     RefusedError,
 )
@@ -42,7 +56,11 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 log = logging.getLogger("listenhub")
 
 
-def check_peer(sock, path, allowed_uids=()):
+def check_peer(
+    sock: socket.socket,
+    path: str,
+    allowed_uids: Collection[int] = (),
+) -> None:
     """Refuses a hub that runs as another user: the peer of the socket
     (SO_PEERCRED) must be this process's uid, root, or one of allowed_uids.
     Raises ConnError(op="peer")."""
@@ -53,11 +71,11 @@ def check_peer(sock, path, allowed_uids=()):
     raise ConnError("peer", path, "peer pid %d runs as uid %d, not ours (%d) or root: not our hub" % (pid, uid, os.getuid()))
 
 
-def _trusted(allowed_uids):
+def _trusted(allowed_uids: Collection[int]) -> Set[int]:
     return {os.getuid(), 0} | set(allowed_uids)
 
 
-def dir_problem(st, trusted):
+def dir_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
     """Why a socket directory with stat st cannot be trusted (None if it
     can), OpenSSH's StrictModes rule: owned by us, root or an allowed uid,
     and not writable by group or other, unless sticky (like /tmp: there only
@@ -70,7 +88,7 @@ def dir_problem(st, trusted):
     return None
 
 
-def sock_problem(st, trusted):
+def sock_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
     """Why the file at the socket path (lstat: a symlink is not followed)
     is not our hub's socket (None if it may be)."""
     if not stat.S_ISSOCK(st.st_mode):
@@ -84,7 +102,12 @@ def sock_problem(st, trusted):
 _PROC_FD = os.path.isdir("/proc/self/fd")
 
 
-def dial(path, timeout, peer_check, allowed_uids):
+def dial(
+    path: str,
+    timeout: Optional[float],
+    peer_check: bool,
+    allowed_uids: Collection[int],
+) -> socket.socket:
     """Connects to the hub socket; ConnError(op="dial") for a missing socket
     (ENOENT) or a stale one (ECONNREFUSED), ConnError(op="peer") for one
     that is not our hub's.
@@ -152,9 +175,9 @@ class _Call:
 
     __slots__ = ("done", "err", "waiters", "deadline")
 
-    def __init__(self, deadline):
+    def __init__(self, deadline: float) -> None:
         self.done = threading.Event()
-        self.err = None
+        self.err: Optional[BaseException] = None
         self.waiters = 0
         self.deadline = deadline
 
@@ -177,19 +200,19 @@ class Client(Listener):
 
     def __init__(
         self,
-        path,
+        path: str,
         *,
-        on_wake=None,
-        on_status=None,
-        ack_timeout=DEFAULT_ACK_TIMEOUT,
-        write_timeout=DEFAULT_WRITE_TIMEOUT,
-        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
-        frame_timeout=DEFAULT_FRAME_TIMEOUT,
-        peer_check=True,
-        allowed_uids=(),
-        max_pending=DEFAULT_MAX_PENDING,
-        _sock=None,
-    ):
+        on_wake: Optional[_OnWake] = None,
+        on_status: Optional[_OnStatus] = None,
+        ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+        peer_check: bool = True,
+        allowed_uids: Collection[int] = (),
+        max_pending: int = DEFAULT_MAX_PENDING,
+        _sock: Optional[socket.socket] = None,
+    ) -> None:
         self.path = path
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
         self.write_timeout = write_timeout or DEFAULT_WRITE_TIMEOUT
@@ -199,7 +222,7 @@ class Client(Listener):
 
         self._mu = threading.Lock()
         self._cond = threading.Condition(self._mu)  # writer: out queued, a deadline moved, death
-        self._subs = {}
+        self._subs: Dict[str, _subs.Sub] = {}
         self._out = bytearray()
         self.err = None
         self.done = threading.Event()
@@ -219,7 +242,7 @@ class Client(Listener):
 
     # --- API -----------------------------------------------------------------
 
-    def subscribe(self, q, timeout=None):
+    def subscribe(self, q: str, timeout: Optional[float] = None) -> None:
         """Subscribes to q and returns once the hub acked it: from then on
         every NOTIFY committed on q's channel is delivered. Wakes for q may
         arrive before (over-delivery is harmless).
@@ -257,9 +280,9 @@ class Client(Listener):
                     raise c.err
                 return
             _subs.abandon(s, c)
-        raise TimeoutError("listenhub: no answer for %r within %gs" % (q, timeout))
+        raise TimeoutError("listenhub: no answer for %r within %gs" % (q, timeout or 0.0))
 
-    def unsubscribe(self, q):
+    def unsubscribe(self, q: str) -> None:
         """Drops q and tells the hub (no answer). Never blocks; may be called
         from a callback. A pending subscribe of q completes, then the client
         unsubscribes. Unknown names and dead clients: nothing."""
@@ -267,18 +290,19 @@ class Client(Listener):
             if self.err is None and _subs.drop(self._subs, q):
                 self._queue(_frame.unsub(q))
 
-    def healthy(self):
+    @property
+    def healthy(self) -> bool:
         """Alive, and the hub's last status said its Postgres connection is
         healthy (False until the first status, which the hub sends on
         connect)."""
         return not self.done.is_set() and self._healthy
 
-    def subscriptions(self):
+    def subscriptions(self) -> Set[str]:
         """The acked names."""
         with self._mu:
             return _subs.acked(self._subs)
 
-    def close(self):
+    def close(self) -> None:
         """Kills the client with ClosedError and closes the socket; the hub
         drops its subscriptions. Waiting subscribes raise ClosedError. No new
         callback starts once close() was called (the one already running, if
@@ -291,7 +315,7 @@ class Client(Listener):
 
     # --- internals -----------------------------------------------------------
 
-    def _after_fork_in_child(self, err):
+    def _after_fork_in_child(self, err: BaseException) -> None:
         """In a forked child (see _fork): dead with err. No lock is taken
         (a thread of the parent may have held one at fork: it never lets go
         here) and the socket is closed, not shut down (that would cut the
@@ -309,18 +333,18 @@ class Client(Listener):
         self._sink.end()
         self._sock.close()
 
-    def _queue(self, b):
+    def _queue(self, b: bytes) -> None:
         self._out += b
         self._cond.notify_all()
 
-    def _die(self, err):
+    def _die(self, err: BaseException) -> None:
         with self._mu:
             if self.err is not None:
                 return
             self._die_locked(err)
         self._after_death(err)
 
-    def _die_locked(self, err):
+    def _die_locked(self, err: BaseException) -> None:
         self.err = err
         for s in self._subs.values():
             if s.call is not None:
@@ -330,7 +354,7 @@ class Client(Listener):
         self.done.set()
         self._cond.notify_all()
 
-    def _after_death(self, err):
+    def _after_death(self, err: BaseException) -> None:
         self._healthy = False
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -343,12 +367,12 @@ class Client(Listener):
             log.warning("listenhub client dead: %s", err)
 
     @staticmethod
-    def _resolve(c, err):
+    def _resolve(c: _Call, err: Optional[BaseException]) -> None:
         if not c.done.is_set():
             c.err = err
             c.done.set()
 
-    def _write_loop(self):
+    def _write_loop(self) -> None:
         while True:
             with self._mu:
                 while True:
@@ -387,7 +411,7 @@ class Client(Listener):
                 return
             self._send(buf)
 
-    def _send(self, buf):
+    def _send(self, buf: bytes) -> None:
         """Writes buf within the write timeout or kills the client."""
         deadline = time.monotonic() + self.write_timeout
         view = memoryview(buf)
@@ -411,7 +435,7 @@ class Client(Listener):
             if self.done.is_set():
                 return
 
-    def _read_loop(self):
+    def _read_loop(self) -> None:
         dec = _frame.Decoder()
         poller = select.poll()
         poller.register(self._sock.fileno(), select.POLLIN)
@@ -446,10 +470,10 @@ class Client(Listener):
             self._writer.join()
             self._sock.close()
 
-    def _handle(self, m):
+    def _handle(self, m: Dict[str, Any]) -> bool:
         """Processes one frame; False once the client is dead."""
         t = m["t"]
-        q = m.get("q")
+        q: Any = m.get("q")  # a str, or what a broken hub sent
         if not self._greeted:
             self._greeted = True
             if t == "nack":
@@ -498,7 +522,7 @@ class Client(Listener):
             log.debug("listenhub client: skipping unknown frame type %r", t)
         return not self.done.is_set()
 
-    def _deliver(self, ev):
+    def _deliver(self, ev: _Event) -> bool:
         cb = self._sink.callback(ev)
         if cb is None:
             if not self._sink.put(ev):
@@ -520,7 +544,7 @@ class Client(Listener):
         return not self.done.is_set()
 
 
-def connect(path, **kwargs):
+def connect(path: str, **kwargs: Any) -> Client:
     """Connects to the hub at path and returns a Client (see Client for the
     options). Raises ConnError when there is no hub (ENOENT, ECONNREFUSED) or
     its peer is not our user."""

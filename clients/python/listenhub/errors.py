@@ -1,5 +1,7 @@
 """Errors of the listenhub clients. Everything raised is a ListenhubError."""
 
+from __future__ import annotations
+
 
 class ListenhubError(Exception):
     """Base class."""
@@ -8,7 +10,7 @@ class ListenhubError(Exception):
 class ClosedError(ListenhubError):
     """The client (or failover listener) was closed by its owner."""
 
-    def __init__(self, msg="listenhub: closed"):
+    def __init__(self, msg: str = 'listenhub: closed') -> None:
         super().__init__(msg)
 
 
@@ -18,7 +20,7 @@ class InvalidNameError(ListenhubError):
     harmless for the transport: the client stays alive and a failover
     listener does not fail over because of it."""
 
-    def __init__(self, q, reason):
+    def __init__(self, q: str, reason: str) -> None:
         super().__init__("listenhub: invalid subscription name %r: %s" % (q, reason))
         self.q = q
         self.reason = reason
@@ -37,7 +39,7 @@ class NackError(ListenhubError):
     """The hub refused a subscription for a reason other than the name (its
     LISTEN failed, its Postgres is down): the client is dead after it."""
 
-    def __init__(self, q, reason):
+    def __init__(self, q: str, reason: str) -> None:
         super().__init__("listenhub: hub refused %r: %s" % (q, reason))
         self.q = q
         self.reason = reason
@@ -47,7 +49,7 @@ class AckTimeoutError(ListenhubError):
     """No ack or nack within the ack timeout: the hub is wedged (or an old
     hub dropped what it refused). The client is dead after it."""
 
-    def __init__(self, q, timeout):
+    def __init__(self, q: str, timeout: float) -> None:
         super().__init__("listenhub: no ack for %r within %gs" % (q, timeout))
         self.q = q
         self.timeout = timeout
@@ -59,7 +61,7 @@ class ConnError(ListenhubError):
     by the hub looks like; a malformed frame) or a write (including one that
     stalled past the write timeout)."""
 
-    def __init__(self, op, path, cause):
+    def __init__(self, op: str, path: str, cause: object) -> None:
         super().__init__("listenhub: %s %s: %s" % (op, path, cause))
         self.op = op
         self.path = path
@@ -72,7 +74,7 @@ class ForkedError(ClosedError):
     reconnected behind the child's back). Raised at once by every call in
     the child; the parent's listener is not affected."""
 
-    def __init__(self, parent_pid):
+    def __init__(self, parent_pid: int) -> None:
         super().__init__(
             "listenhub: this listener was created in process %d before fork(); "
             "create it in the child (after fork), e.g. in gunicorn's post_fork or lazily on first use, "
@@ -86,7 +88,7 @@ class RefusedError(ListenhubError):
     frame was a nack, e.g. "uid 1000 is not allowed (--allow-uid)"): the
     client is dead, and a failover listener fails over."""
 
-    def __init__(self, path, reason):
+    def __init__(self, path: str, reason: str) -> None:
         super().__init__("listenhub: the hub at %s refused this connection: %s" % (path, reason))
         self.path = path
         self.reason = reason
@@ -96,7 +98,7 @@ class FailoverError(ListenhubError):
     """The local listener failed too, after the hub failed (``hub``): the
     failover listener is dead."""
 
-    def __init__(self, hub, local):
+    def __init__(self, hub: object, local: object) -> None:
         super().__init__(
             "listenhub: local listener failed (%s) after hub failure (%s)" % (local, hub)
         )

@@ -2,20 +2,24 @@
 after its failure, and back to the hub once it returns. Same rules as the Go
 client's client.Failover."""
 
+from __future__ import annotations
+
 import concurrent.futures
 import logging
 import random
 import secrets
 import threading
+from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
 
 from . import _fork, _frame
-from ._events import DEFAULT_MAX_PENDING, Listener, Sink, SlowConsumerError, Status, Wake
+from ._events import DEFAULT_MAX_PENDING, Listener, Mode, Sink, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake
 from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
 from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
 
-HUB = "hub"
-LOCAL = "local"
+
+HUB = Mode.HUB
+LOCAL = Mode.LOCAL
 
 #: Least time on the local listener before the hub is tried again: a hub
 #: that keeps failing costs at most one hub -> local -> hub trip per this.
@@ -32,7 +36,7 @@ FAILBACK_PARALLEL = 64
 log = logging.getLogger("listenhub")
 
 
-def jitter(d):
+def jitter(d: float) -> float:
     return d * (1 - PROBE_JITTER + 2 * PROBE_JITTER * random.random())
 
 
@@ -76,38 +80,38 @@ class Failover(Listener):
 
     def __init__(
         self,
-        socket_path,
+        socket_path: str,
         *,
-        database_url=None,
-        channel_prefix="",
-        channel_suffix="",
-        application_name=DEFAULT_LOCAL_APPLICATION_NAME,
-        ack_timeout=DEFAULT_ACK_TIMEOUT,
-        write_timeout=DEFAULT_WRITE_TIMEOUT,
-        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
-        local_timeout=DEFAULT_LOCAL_TIMEOUT,
-        peer_check=True,
-        allowed_uids=(),
-        one_way=False,
-        min_local=DEFAULT_MIN_LOCAL,
-        probe_interval=DEFAULT_PROBE_INTERVAL,
-        probe_max_interval=DEFAULT_PROBE_MAX_INTERVAL,
-        on_wake=None,
-        on_status=None,
-        on_failover=None,
-        on_failback=None,
-        max_pending=DEFAULT_MAX_PENDING,
-    ):
+        database_url: Optional[str] = None,
+        channel_prefix: str = '',
+        channel_suffix: str = '',
+        application_name: str = DEFAULT_LOCAL_APPLICATION_NAME,
+        ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        local_timeout: float = DEFAULT_LOCAL_TIMEOUT,
+        peer_check: bool = True,
+        allowed_uids: Collection[int] = (),
+        one_way: bool = False,
+        min_local: float = DEFAULT_MIN_LOCAL,
+        probe_interval: float = DEFAULT_PROBE_INTERVAL,
+        probe_max_interval: float = DEFAULT_PROBE_MAX_INTERVAL,
+        on_wake: Optional[_OnWake] = None,
+        on_status: Optional[_OnStatus] = None,
+        on_failover: Optional[Callable[[BaseException], object]] = None,
+        on_failback: Optional[Callable[[], object]] = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+    ) -> None:
         self.socket_path = socket_path
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
-        self._hub_args = dict(
+        self._hub_args: Dict[str, Any] = dict(
             ack_timeout=self.ack_timeout,
             write_timeout=write_timeout,
             connect_timeout=connect_timeout,
             peer_check=peer_check,
             allowed_uids=allowed_uids,
         )
-        self._local_args = dict(
+        self._local_args: Dict[str, Any] = dict(
             database_url_=database_url,
             channel_prefix=channel_prefix,
             channel_suffix=channel_suffix,
@@ -127,20 +131,20 @@ class Failover(Listener):
         # Routing of wakes during a fail-back's cut (_Cut), taken before
         # _dispatch: what is delivered and in which order.
         self._route = threading.Lock()
-        self._cut = None
+        self._cut: Optional[_Cut] = None
         self._wrong_database = False
         self._mu = threading.Lock()
         self._mode = HUB
-        self.reason = None
-        self._hub = None
-        self._hub_state = None
-        self._local = None
-        self._cand = None  # a fail-back's hub client until swapped in or given up
-        self._subs = set()
+        self.reason: Optional[BaseException] = None
+        self._hub: Optional[Client] = None
+        self._hub_state: Optional[Dict[str, Any]] = None
+        self._local: Optional[Local] = None
+        self._cand: Optional[Client] = None  # a fail-back's hub client until swapped in or given up
+        self._subs: Set[str] = set()
         self._swapping = False
         self._settled = threading.Event()  # set while no failover runs
         self._settled.set()
-        self.err = None
+        self.err: Optional[BaseException] = None
         self.done = threading.Event()
         _fork.track(self)
 
@@ -154,14 +158,14 @@ class Failover(Listener):
                 raise FailoverError(e, le) from le
             with self._mu:
                 self._mode, self.reason, self._local = LOCAL, e, local
-            self._deliver(Status(local.healthy()))
+            self._deliver(Status(local.healthy))
             self._start_local(local)
             return
         with self._mu:
             self._hub, self._hub_state = hub, state
         self._watch(hub, self._hub_died)
 
-    def _after_fork_in_child(self, err):
+    def _after_fork_in_child(self, err: BaseException) -> None:
         """In a forked child (see _fork): dead with err, taking no lock a
         parent's thread may have held at fork."""
         self._mu = threading.Lock()
@@ -176,12 +180,13 @@ class Failover(Listener):
 
     # --- API -----------------------------------------------------------------
 
-    def mode(self):
-        """"hub" or "local": where wakes come from now."""
+    @property
+    def mode(self) -> Mode:
+        """Mode.HUB or Mode.LOCAL: where wakes come from now."""
         with self._mu:
             return self._mode
 
-    def subscribe(self, q, timeout=None):
+    def subscribe(self, q: str, timeout: Optional[float] = None) -> None:
         """Records q and subscribes the current listener. In hub mode a hub
         failure (anything but an invalid name or this caller's timeout)
         triggers the failover and the subscription is made locally. Raises
@@ -200,7 +205,8 @@ class Failover(Listener):
                 if not self._settled.wait(timeout):
                     raise TimeoutError("listenhub: failover not finished in time")
                 continue
-            cur = hub if mode == HUB else local
+            cur: Optional[Listener] = hub if mode == HUB else local
+            assert cur is not None  # set whenever no swap runs
             try:
                 cur.subscribe(q, timeout)
                 return
@@ -222,30 +228,32 @@ class Failover(Listener):
                 # Closed by a swap (a fail-back closing the local listener):
                 # subscribe the new current one.
 
-    def unsubscribe(self, q):
+    def unsubscribe(self, q: str) -> None:
         """Drops q from the recorded set and the current listener. Never
         blocks."""
         with self._mu:
             self._subs.discard(q)
-            cur = None
+            cur: Optional[Listener] = None
             if self.err is None and not self._swapping:
                 cur = self._hub if self._mode == HUB else self._local
         if cur is not None:
             cur.unsubscribe(q)
 
-    def healthy(self):
+    @property
+    def healthy(self) -> bool:
+        """Whether the current listener's Postgres connection is healthy."""
         with self._mu:
             if self.err is not None or self._swapping:
                 return False
-            cur = self._hub if self._mode == HUB else self._local
-        return cur.healthy()
+            cur: Optional[Listener] = self._hub if self._mode == HUB else self._local
+        return cur is not None and cur.healthy
 
-    def subscriptions(self):
+    def subscriptions(self) -> Set[str]:
         """The recorded set."""
         with self._mu:
             return set(self._subs)
 
-    def close(self):
+    def close(self) -> None:
         """Closes whichever listeners exist. Idempotent; safe from a
         callback."""
         with self._mu:
@@ -262,19 +270,19 @@ class Failover(Listener):
 
     # --- internals -----------------------------------------------------------
 
-    def _new_hub(self, current):
+    def _new_hub(self, current: bool) -> Tuple[Client, Dict[str, Any]]:
         """A hub client whose statuses are delivered only while it is the
         current one (state["current"]); state["healthy"] is set at its
         first healthy status."""
-        state = {"current": current, "healthy": threading.Event()}
+        state: Dict[str, Any] = {"current": current, "healthy": threading.Event()}
 
-        def on_status(h):
+        def on_status(h: bool) -> None:
             if h:
                 state["healthy"].set()
             if state["current"]:
                 self._deliver(Status(h))
 
-        holder = []
+        holder: List[Client] = []
         c = Client(self.socket_path, on_wake=lambda w: self._hub_wake(holder, state, w), on_status=on_status, **self._hub_args)
         holder.append(c)
         return c, state
@@ -288,11 +296,11 @@ class Failover(Listener):
     # listener has passed it): none twice, none lost. A marker the hub never
     # delivers means a hub on another database: the fail-back is refused.
 
-    def _cut_fits(self):
+    def _cut_fits(self) -> bool:
         a = self._local_args
         return len((a["channel_prefix"] or "").encode()) + len("lh.cut.") + 8 + len((a["channel_suffix"] or "").encode()) <= 63
 
-    def _hub_wake(self, holder, state, w):
+    def _hub_wake(self, holder: List[Client], state: Dict[str, Any], w: Wake) -> None:
         with self._route:
             cut = self._cut
             if cut is not None and holder and cut.hub is holder[0]:
@@ -310,7 +318,7 @@ class Failover(Listener):
                 return  # a candidate given up: the local listener delivered it
             self._deliver(w)
 
-    def _local_wake(self, w):
+    def _local_wake(self, w: Wake) -> None:
         with self._route:
             cut = self._cut
             if cut is not None:
@@ -326,11 +334,11 @@ class Failover(Listener):
                     return  # after the marker: the hub delivers it
             self._deliver(w)
 
-    def _set_cut(self, cut):
+    def _set_cut(self, cut: Optional[_Cut]) -> None:
         with self._route:
             self._cut = cut
 
-    def _send_marker(self, local, cut):
+    def _send_marker(self, local: Local, cut: _Cut) -> Optional[str]:
         """Commits the marker and waits until both listeners delivered it;
         None when they did, else why not."""
         try:
@@ -353,26 +361,26 @@ class Failover(Listener):
             log.error(msg)
         return msg
 
-    def _watch(self, listener, then):
-        def run():
+    def _watch(self, listener: Listener, then: Callable[[Any, Optional[BaseException]], None]) -> None:
+        def run() -> None:
             listener.done.wait()
             then(listener, listener.err)
 
         threading.Thread(target=run, name="listenhub-failover-watch", daemon=True).start()
 
-    def _hub_died(self, hub, err):
-        if not isinstance(err, ClosedError):
+    def _hub_died(self, hub: Client, err: Optional[BaseException]) -> None:
+        if err is not None and not isinstance(err, ClosedError):
             self._begin_failover(hub, err, in_thread=False)
 
-    def _local_died(self, local, err):
+    def _local_died(self, local: Local, err: Optional[BaseException]) -> None:
         if not isinstance(err, ClosedError):
             self._die(FailoverError(self.reason, err))
 
-    def _forget(self, q):
+    def _forget(self, q: str) -> None:
         with self._mu:
             self._subs.discard(q)
 
-    def _begin_failover(self, hub, reason, in_thread):
+    def _begin_failover(self, hub: Listener, reason: BaseException, in_thread: bool) -> None:
         """Starts the failover from hub (once: a concurrent caller, or a hub
         that is no longer current, does nothing)."""
         with self._mu:
@@ -385,12 +393,12 @@ class Failover(Listener):
         else:
             self._failover(reason)
 
-    def _end_swap(self):
+    def _end_swap(self) -> None:
         with self._mu:
             self._swapping = False
         self._settled.set()
 
-    def _failover(self, reason):
+    def _failover(self, reason: BaseException) -> None:
         log.warning("listenhub: hub failed (%s), failing over to a local listener", reason)
         self._deliver(Status(False))
         try:
@@ -399,7 +407,7 @@ class Failover(Listener):
             self._end_swap()
             self._die(FailoverError(reason, e))
             return
-        listened = set()
+        listened: Set[str] = set()
         while True:
             with self._mu:
                 todo = self._subs - listened
@@ -431,18 +439,18 @@ class Failover(Listener):
         log.info("listenhub: local listener active, %d subscriptions", len(recorded))
         if self._on_failover is not None:
             self._call(self._on_failover, reason)
-        self._deliver(Status(local.healthy()))
+        self._deliver(Status(local.healthy))
         for q in recorded:
             self._deliver(Wake(q, None, True))
         self._start_local(local)
 
-    def _start_local(self, local):
+    def _start_local(self, local: Local) -> None:
         """local is current: watch it, and try the hub again."""
         self._watch(local, self._local_died)
         if not self.one_way:
             threading.Thread(target=self._failback_loop, args=(local,), name="listenhub-failback", daemon=True).start()
 
-    def _failback_loop(self, local):
+    def _failback_loop(self, local: Local) -> None:
         wait, nxt, attempt = self.min_local, self.probe_interval, 0
         while True:
             if self.done.wait(wait):
@@ -453,7 +461,7 @@ class Failover(Listener):
             wait = jitter(nxt)
             nxt = min(2 * nxt, self.probe_max_interval)
 
-    def _failback(self, local, attempt):
+    def _failback(self, local: Local, attempt: int) -> bool:
         """One attempt to return to the hub; True means stop trying (back on
         the hub, local no longer current, or dead)."""
         with self._mu:
@@ -485,7 +493,7 @@ class Failover(Listener):
                     log.debug("listenhub: fail-back attempt %d: marker: %s", attempt, e)
                     return False
             marked_at = None
-            acked = set()
+            acked: Set[str] = set()
             drained = False
             while True:
                 with self._mu:
@@ -514,7 +522,7 @@ class Failover(Listener):
                         return True
                     todo = self._subs - acked
                     if not todo:
-                        if not cand.healthy():
+                        if not cand.healthy:
                             return False
                         if cut is not None and len(acked) != marked_at:
                             return False  # a name acked after the marker: start again
@@ -548,16 +556,16 @@ class Failover(Listener):
         log.info("listenhub: back on the hub, local listener closed (attempt %d)", attempt)
         if self._on_failback is not None:
             self._call(self._on_failback)
-        self._deliver(Status(cand.healthy()))
+        self._deliver(Status(cand.healthy))
         for q in recorded:
             self._deliver(Wake(q, None, True))
         return True
 
-    def _subscribe_all(self, c, todo, acked):
+    def _subscribe_all(self, c: Client, todo: Collection[str], acked: Set[str]) -> Optional[BaseException]:
         """Subscribes c to todo, FAILBACK_PARALLEL at a time; the acked names
         join acked, invalid ones are forgotten; the first other error is
         returned (c is dead then)."""
-        first = None
+        first: Optional[BaseException] = None
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(FAILBACK_PARALLEL, len(todo))) as ex:
             futs = [(q, ex.submit(c.subscribe, q)) for q in todo]
             for q, fut in futs:
@@ -570,7 +578,7 @@ class Failover(Listener):
                     first = first or e
         return first
 
-    def _die(self, err):
+    def _die(self, err: BaseException) -> None:
         with self._mu:
             if self.err is not None:
                 return
@@ -585,7 +593,7 @@ class Failover(Listener):
         self._deliver(Status(False), force=True)
         self._sink.end()
 
-    def _call(self, cb, *args):
+    def _call(self, cb: Callable[..., object], *args: Any) -> None:
         with self._dispatch:
             if self.err is not None:
                 return
@@ -594,7 +602,7 @@ class Failover(Listener):
             except Exception:
                 log.exception("listenhub: callback raised")
 
-    def _deliver(self, ev, force=False):
+    def _deliver(self, ev: _Event, force: bool = False) -> None:
         cb = self._sink.callback(ev)
         with self._dispatch:
             if isinstance(self.err, ClosedError) or (self.err is not None and not force):
@@ -612,7 +620,7 @@ class Failover(Listener):
             except Exception:
                 log.exception("listenhub: callback raised")
 
-    def _local_status(self, healthy):
+    def _local_status(self, healthy: bool) -> None:
         with self._mu:
             current = self._mode == LOCAL and self.err is None
         if current:  # before the swap, the swap reports the local health itself
@@ -624,14 +632,14 @@ class _Cut:
     (the marker), which listener has passed it, and the hub's wakes held
     until the local listener has."""
 
-    def __init__(self, hub):
+    def __init__(self, hub: Client) -> None:
         self.hub = hub
         token = secrets.token_hex(8)
         self.q, self.token = "lh.cut." + token[:8], token
         self.hub_past = self.local_past = False
-        self.buf = []
+        self.buf: List[Wake] = []
         self.both = threading.Event()
 
-    def passed(self):
+    def passed(self) -> None:
         if self.hub_past and self.local_past:
             self.both.set()

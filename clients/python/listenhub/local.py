@@ -2,6 +2,8 @@
 connection through psycopg 3 (imported lazily, so the hub client needs only
 the standard library)."""
 
+from __future__ import annotations
+
 import collections
 import logging
 import os
@@ -9,9 +11,21 @@ import secrets
 import select
 import threading
 import time
+from typing import Any, Deque, Dict, Optional, Set
 
 from . import _fork, _frame
-from ._events import DEFAULT_MAX_PENDING, Listener, Sink, SlowConsumerError, Status, Wake, make_wake
+from ._events import (
+    DEFAULT_MAX_PENDING,
+    Listener,
+    Sink,
+    SlowConsumerError,
+    Status,
+    Wake,
+    _Event,
+    _OnStatus,
+    _OnWake,
+    make_wake,
+)
 from .errors import ClosedError, InvalidNameError, ListenhubError
 
 #: Tags the local listener's backend in pg_stat_activity, distinct from the
@@ -26,18 +40,18 @@ _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 5.0
 log = logging.getLogger("listenhub")
 
 
-def database_url(url=None):
+def database_url(url: Optional[str] = None) -> str:
     """url, else LISTENHUB_DATABASE_URL, else DATABASE_URL, else "" (libpq's
     PG* variables alone)."""
     return url or os.environ.get("LISTENHUB_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
 
 
-def _connect(url, application_name, timeout):
+def _connect(url: str, application_name: str, timeout: float) -> Any:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
     params = conninfo_to_dict(url)
-    kwargs = {"autocommit": True}
+    kwargs: Dict[str, Any] = {"autocommit": True}
     if "application_name" not in params and not os.environ.get("PGAPPNAME"):
         kwargs["application_name"] = application_name
     if "connect_timeout" not in params and not os.environ.get("PGCONNECT_TIMEOUT"):
@@ -57,7 +71,12 @@ DELIVERY_CHECK_TIMEOUT = 2.0
 _POOLER_ADVICE = "a transaction-pooling PgBouncer? use a direct URL"
 
 
-def check_delivery(conn, url, application_name, timeout=DELIVERY_CHECK_TIMEOUT):
+def check_delivery(
+    conn: Any,
+    url: str,
+    application_name: str,
+    timeout: float = DELIVERY_CHECK_TIMEOUT,
+) -> None:
     """Proves that notifications arrive on conn (the hub's delivery check,
     docs/design.md rule 13), or raises ListenhubError saying what it most
     likely looks at.
@@ -75,7 +94,7 @@ def check_delivery(conn, url, application_name, timeout=DELIVERY_CHECK_TIMEOUT):
     payload = secrets.token_hex(8)
     got = []
 
-    def on_notify(n):
+    def on_notify(n: Any) -> None:
         if n.channel == ch:
             got.append(n.payload)
 
@@ -128,7 +147,7 @@ def check_delivery(conn, url, application_name, timeout=DELIVERY_CHECK_TIMEOUT):
         conn.remove_notify_handler(on_notify)
 
 
-def _connect_checked(url, application_name, timeout):
+def _connect_checked(url: str, application_name: str, timeout: float) -> Any:
     """_connect, then the delivery check; the connection is closed if it
     fails."""
     conn = _connect(url, application_name, timeout)
@@ -143,8 +162,11 @@ def _connect_checked(url, application_name, timeout):
 class _Op:
     __slots__ = ("q", "listen", "reply", "err", "payload")
 
-    def __init__(self, q, listen, reply, payload=None):
-        self.q, self.listen, self.reply, self.err = q, listen, reply, None
+    def __init__(
+        self, q: Optional[str], listen: Optional[bool], reply: Optional[threading.Event], payload: Optional[str] = None
+    ) -> None:
+        self.q, self.listen, self.reply = q, listen, reply
+        self.err: Optional[BaseException] = None
         self.payload = payload  # not None: a NOTIFY of q's channel
 
 
@@ -164,16 +186,16 @@ class Local(Listener):
 
     def __init__(
         self,
-        database_url_=None,
+        database_url_: Optional[str] = None,
         *,
-        channel_prefix="",
-        channel_suffix="",
-        application_name=DEFAULT_LOCAL_APPLICATION_NAME,
-        command_timeout=DEFAULT_LOCAL_TIMEOUT,
-        on_wake=None,
-        on_status=None,
-        max_pending=DEFAULT_MAX_PENDING,
-    ):
+        channel_prefix: str = '',
+        channel_suffix: str = '',
+        application_name: str = DEFAULT_LOCAL_APPLICATION_NAME,
+        command_timeout: float = DEFAULT_LOCAL_TIMEOUT,
+        on_wake: Optional[_OnWake] = None,
+        on_status: Optional[_OnStatus] = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+    ) -> None:
         self.url = database_url(database_url_)
         self.prefix, self.suffix = channel_prefix, channel_suffix
         self.application_name = application_name or DEFAULT_LOCAL_APPLICATION_NAME
@@ -183,8 +205,8 @@ class Local(Listener):
         self._conn.add_notify_handler(self._on_notify)
 
         self._mu = threading.Lock()
-        self._ops = collections.deque()
-        self._listening = set()
+        self._ops: Deque[_Op] = collections.deque()
+        self._listening: Set[str] = set()
         self.err = None
         self.done = threading.Event()
         self._healthy = True
@@ -198,7 +220,7 @@ class Local(Listener):
         self._thread.start()
         _fork.track(self)
 
-    def _after_fork_in_child(self, err):
+    def _after_fork_in_child(self, err: BaseException) -> None:
         """In a forked child (see _fork): dead with err. The child's copy of
         the Postgres socket is left alone: psycopg would send Terminate on
         it, ending the parent's session."""
@@ -211,14 +233,15 @@ class Local(Listener):
         self._sink = Sink(None, None, 1)
         self._sink.end()
 
-    def channel(self, q):
+    def channel(self, q: str) -> str:
         return self.prefix + q + self.suffix
 
-    def backend_pid(self):
+    def backend_pid(self) -> int:
         """The pid of the current Postgres backend (tests, diagnostics)."""
-        return self._conn.info.backend_pid
+        pid: int = self._conn.info.backend_pid
+        return pid
 
-    def subscribe(self, q, timeout=None):
+    def subscribe(self, q: str, timeout: Optional[float] = None) -> None:
         """LISTENs to q's channel; returns once Postgres confirmed it.
         InvalidNameError for a name no channel can carry. ``timeout``
         (default the command timeout) bounds the wait: TimeoutError, and the
@@ -242,7 +265,7 @@ class Local(Listener):
         if op.err is not None:
             raise op.err
 
-    def sync(self, timeout=None):
+    def sync(self, timeout: Optional[float] = None) -> None:
         """A round trip on the connection, in order after every LISTEN and
         UNLISTEN queued before it: every notification the server sent before
         it has been delivered when it returns (a fail-back drains the local
@@ -259,7 +282,7 @@ class Local(Listener):
         if op.err is not None:
             raise op.err
 
-    def _notify(self, q, payload, timeout=None):
+    def _notify(self, q: str, payload: str, timeout: Optional[float] = None) -> None:
         """Commits NOTIFY on q's channel with payload on this connection, in
         order after the LISTENs and UNLISTENs queued before it (a
         fail-back's marker: see Failover)."""
@@ -275,13 +298,13 @@ class Local(Listener):
         if op.err is not None:
             raise op.err
 
-    def _unlisten_queued(self, q):
+    def _unlisten_queued(self, q: str) -> bool:
         for op in reversed(self._ops):
             if op.q == q and op.payload is None:
                 return not op.listen
         return False
 
-    def unsubscribe(self, q):
+    def unsubscribe(self, q: str) -> None:
         """Queues an UNLISTEN of q's channel; never blocks."""
         with self._mu:
             if self.err is not None:
@@ -289,10 +312,11 @@ class Local(Listener):
             self._ops.append(_Op(q, False, None))
         self._kick()
 
-    def healthy(self):
+    @property
+    def healthy(self) -> bool:
         return not self.done.is_set() and self._healthy
 
-    def close(self):
+    def close(self) -> None:
         """Closes the connection. Waiting subscribes raise ClosedError; no
         new callback starts. Idempotent; safe from a callback."""
         self._closing = True
@@ -306,7 +330,7 @@ class Local(Listener):
 
     # --- internals -----------------------------------------------------------
 
-    def _die(self, err):
+    def _die(self, err: BaseException) -> bool:
         with self._mu:
             if self.err is not None:
                 return False
@@ -322,7 +346,7 @@ class Local(Listener):
         self._kick()
         return True
 
-    def _kick(self):
+    def _kick(self) -> None:
         with self._pipe_mu:
             if not self._pipe_open:
                 return
@@ -331,14 +355,14 @@ class Local(Listener):
             except OSError:
                 pass  # full: a kick is pending anyway
 
-    def _drain_kick(self):
+    def _drain_kick(self) -> None:
         try:
             while os.read(self._wake_r, 512):
                 pass
         except (BlockingIOError, OSError):
             pass
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             self._loop()
         except Exception as e:  # a bug here must not leave callers hanging
@@ -354,7 +378,7 @@ class Local(Listener):
                 os.close(self._wake_r)
                 os.close(self._wake_w)
 
-    def _loop(self):
+    def _loop(self) -> None:
         import psycopg
 
         last_traffic = time.monotonic()
@@ -379,7 +403,7 @@ class Local(Listener):
                 self._reconnect()
                 last_traffic = time.monotonic()
 
-    def _run_ops(self):
+    def _run_ops(self) -> None:
         import psycopg
 
         while True:
@@ -388,7 +412,7 @@ class Local(Listener):
                     return
                 op = self._ops[0]
                 skip = op.q is not None and op.payload is None and op.listen == (op.q in self._listening)
-            if op.payload is not None:
+            if op.payload is not None and op.q is not None:
                 try:
                     self._conn.execute("SELECT pg_notify(%s, %s)", (self.channel(op.q), op.payload))
                 except psycopg.OperationalError:
@@ -416,7 +440,7 @@ class Local(Listener):
             if op.reply is not None:
                 op.reply.set()
 
-    def _read_notifies(self):
+    def _read_notifies(self) -> None:
         import psycopg
 
         pg = self._conn.pgconn
@@ -430,18 +454,18 @@ class Local(Listener):
                 return
             self._on_channel(n.relname.decode(enc, "replace"), n.extra.decode(enc, "replace"))
 
-    def _on_notify(self, n):
+    def _on_notify(self, n: Any) -> None:
         # Notifications that arrived while a LISTEN ran.
         self._on_channel(n.channel, n.payload)
 
-    def _on_channel(self, ch, payload):
+    def _on_channel(self, ch: str, payload: str) -> None:
         if not (ch.startswith(self.prefix) and ch.endswith(self.suffix)) or len(ch) < len(self.prefix) + len(self.suffix):
             log.debug("listenhub local listener: notification outside the mapping: %r", ch)
             return
         q = ch[len(self.prefix) : len(ch) - len(self.suffix)]
         self._deliver(make_wake(q, payload))
 
-    def _deliver(self, ev):
+    def _deliver(self, ev: _Event) -> None:
         cb = self._sink.callback(ev)
         if cb is None:
             if not self._sink.put(ev):
@@ -460,7 +484,7 @@ class Local(Listener):
             finally:
                 self._in_handler = False
 
-    def _reconnect(self):
+    def _reconnect(self) -> None:
         """Replaces a lost connection, re-LISTENs the set, reports health and
         one durable wake per name. Returns when connected or closed."""
         self._healthy = False
@@ -493,6 +517,6 @@ class Local(Listener):
                 self._deliver(Wake(q, None, True))
             return
 
-    def _wait_kick(self, seconds):
+    def _wait_kick(self, seconds: Optional[float]) -> None:
         select.select([self._wake_r], [], [], seconds)
         self._drain_kick()

@@ -54,7 +54,7 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
         await asyncio.wait_for(collect(), TIMEOUT)
         self.assertEqual(got[0], Status(True))
         self.assertEqual([e for e in got if isinstance(e, Wake)], [Wake("orders", "hello", False), Wake("orders", None, True)])
-        self.assertTrue(c.healthy())
+        self.assertTrue(c.healthy)
 
     async def test_callbacks_sync_and_async(self):
         wakes, statuses = [], []
@@ -101,7 +101,7 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
         self.hub.kill()
         err = await asyncio.wait_for(c.wait(), TIMEOUT)
         self.assertIsInstance(err, listenhub.ConnError)
-        self.assertFalse(c.healthy())
+        self.assertFalse(c.healthy)
 
     async def test_ack_timeout_kills_the_client(self):
         fake = FakeHub("silent")
@@ -160,7 +160,7 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         f = await self.failover(hub.socket)
         await f.subscribe("jobs")
         await f.subscribe("more")
-        self.assertEqual(f.mode(), listenhub.HUB)
+        self.assertEqual(f.mode, listenhub.HUB)
         self.notify("jobs", "via-hub")
         await next_matching(f, lambda e: e == Wake("jobs", "via-hub", False), "a wake through the hub")
 
@@ -169,7 +169,7 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         seen = []
         while not durable <= set(seen):
             seen += await next_matching(f, lambda e: e in durable, "the durable wakes after the swap")
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         self.assertIsInstance(f.reason, listenhub.ConnError)
         self.assertIn(Status(False), seen)
         self.assertEqual(self.db.backends(self.app), 1)
@@ -188,11 +188,11 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         await f.subscribe("jobs")
         hub.kill()
         await next_matching(f, lambda e: e == Wake("jobs", None, True), "the durable wake of the failover")
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         hub2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=hub.socket)
         self.addCleanup(hub2.close)
         await next_matching(f, lambda e: e == Wake("jobs", None, True), "the durable wake of the fail-back")
-        self.assertEqual(f.mode(), listenhub.HUB)
+        self.assertEqual(f.mode, listenhub.HUB)
         self.assertEqual(failbacks, [True])
         self.notify("jobs", "via-new-hub")
         await next_matching(f, lambda e: e == Wake("jobs", "via-new-hub", False), "a wake through the new hub")
@@ -203,7 +203,7 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_no_hub_at_start_is_local_mode_at_once(self):
         f = await self.failover(os.path.join(scratch_dir(self), "absent.sock"))
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         await f.subscribe("jobs")
         self.notify("jobs", "x")
         await next_matching(f, lambda e: e == Wake("jobs", "x", False), "a local wake")
@@ -213,7 +213,7 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         self.addCleanup(fake.close)
         f = await self.failover(fake.socket, ack_timeout=0.3)
         await f.subscribe("jobs")
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         self.assertIsInstance(f.reason, listenhub.AckTimeoutError)
         self.notify("jobs", "y")
         await next_matching(f, lambda e: e == Wake("jobs", "y", False), "a local wake")

@@ -38,7 +38,7 @@ class ClientTest(unittest.TestCase):
         c = self.connect(on_status=col.on_status)
         col.wait("status", lambda s: s.statuses)
         self.assertEqual(col.statuses[0], True)
-        self.assertTrue(c.healthy())
+        self.assertTrue(c.healthy)
 
     def test_events_iterator_without_callbacks(self):
         c = self.connect()
@@ -85,7 +85,7 @@ class ClientTest(unittest.TestCase):
         self.hub.kill()
         err = c.wait(TIMEOUT)
         self.assertIsInstance(err, listenhub.ConnError)
-        self.assertFalse(c.healthy())
+        self.assertFalse(c.healthy)
         with self.assertRaises(listenhub.ConnError):
             c.subscribe("y")
 

@@ -54,13 +54,13 @@ class FailoverTest(unittest.TestCase):
         f = self.failover(h.socket, on_failover=reasons.append)
         f.subscribe("jobs")
         f.subscribe(ODD)
-        self.assertEqual(f.mode(), listenhub.HUB)
+        self.assertEqual(f.mode, listenhub.HUB)
         self.assertEqual(self.db.backends(self.app), 0)
         self.notify("jobs", "via-hub")
         self.col.wait("a wake through the hub", lambda s: Wake("jobs", "via-hub", False) in s.wakes)
 
         h.kill()
-        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        wait_for("local mode", lambda: f.mode == listenhub.LOCAL)
         # One durable wake per recorded name after the swap.
         self.col.wait(
             "a durable wake per name",
@@ -72,7 +72,7 @@ class FailoverTest(unittest.TestCase):
         self.assertIsInstance(reasons[0], listenhub.ConnError)
         self.assertIsInstance(f.reason, listenhub.ConnError)
         self.assertEqual(self.db.backends(self.app), 1)
-        self.assertTrue(f.healthy())
+        self.assertTrue(f.healthy)
 
         # Later NOTIFYs come through the local connection, mapped back.
         self.notify("jobs", "via-local")
@@ -100,7 +100,7 @@ class FailoverTest(unittest.TestCase):
         f = self.failover(h.socket, min_local=0.2, probe_interval=0.1, on_failback=lambda: failbacks.append(True))
         f.subscribe("jobs")
         h.kill()
-        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        wait_for("local mode", lambda: f.mode == listenhub.LOCAL)
         self.col.wait("the durable wake of the failover", lambda s: s.count(Wake("jobs", None, True)) == 1)
         self.assertEqual(self.db.backends(self.app), 1)
         f.subscribe("while-local")  # recorded: the fail-back subscribes it on the hub too
@@ -108,7 +108,7 @@ class FailoverTest(unittest.TestCase):
         # A new hub on the same socket (the old file is stale).
         h2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
         self.addCleanup(h2.close)
-        wait_for("back on the hub", lambda: f.mode() == listenhub.HUB)
+        wait_for("back on the hub", lambda: f.mode == listenhub.HUB)
         # on_failback runs on the fail-back thread just after the swap
         # (and the local listener's close): wait for it, not race it.
         wait_for("on_failback called", lambda: failbacks == [True])
@@ -123,11 +123,11 @@ class FailoverTest(unittest.TestCase):
         wait_for("the local backend gone", lambda: self.db.backends(self.app) == 0)
         self.notify("while-local", "via-new-hub")
         self.col.wait("a wake through the new hub", lambda s: Wake("while-local", "via-new-hub", False) in s.wakes)
-        self.assertTrue(f.healthy())
+        self.assertTrue(f.healthy)
 
         # The cycle repeats.
         h2.kill()
-        wait_for("local mode again", lambda: f.mode() == listenhub.LOCAL)
+        wait_for("local mode again", lambda: f.mode == listenhub.LOCAL)
         self.col.wait("the durable wake of the second failover", lambda s: s.count(Wake("jobs", None, True)) == 3)
 
     def test_failback_loses_no_notify(self):
@@ -135,7 +135,7 @@ class FailoverTest(unittest.TestCase):
         f = self.failover(h.socket, min_local=0.2, probe_interval=0.1)
         f.subscribe("stream")
         h.kill()
-        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        wait_for("local mode", lambda: f.mode == listenhub.LOCAL)
         # NOTIFYs committed back to back across the whole fail-back.
         stop = threading.Event()
         sent = []
@@ -156,7 +156,7 @@ class FailoverTest(unittest.TestCase):
         try:
             h2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
             self.addCleanup(h2.close)
-            wait_for("back on the hub", lambda: f.mode() == listenhub.HUB)
+            wait_for("back on the hub", lambda: f.mode == listenhub.HUB)
             n = len(sent)
             wait_for("NOTIFYs after the fail-back", lambda: len(sent) > n + 100)
         finally:
@@ -209,14 +209,14 @@ class FailoverTest(unittest.TestCase):
                     at = state["sent"]
                 upto(at)
                 h.kill()
-                wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+                wait_for("local mode", lambda: f.mode == listenhub.LOCAL)
                 with mu:
                     state["paused"] = False
                 upto(at + 10)
                 h = Hub(self.name + "-%d" % i, prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
                 self.addCleanup(h.close)
                 self.assertTrue(backs.acquire(timeout=TIMEOUT), "fail-back %d" % (i + 1))
-                self.assertEqual(f.mode(), listenhub.HUB)
+                self.assertEqual(f.mode, listenhub.HUB)
                 with mu:
                     n = state["sent"]
                 upto(n + 10)
@@ -236,13 +236,13 @@ class FailoverTest(unittest.TestCase):
         f = self.failover(h.socket, one_way=True, min_local=0.05, probe_interval=0.05)
         f.subscribe("jobs")
         h.kill()
-        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        wait_for("local mode", lambda: f.mode == listenhub.LOCAL)
         h2 = Hub(self.name + "-2", prefix=PREFIX, suffix=SUFFIX, socket_path=h.socket)
         self.addCleanup(h2.close)
         # Without one_way this fails back within about 0.1 s (the test
         # above); twenty times that without it is the one-way rule.
         time.sleep(2)
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         self.assertEqual(self.db.backends(self.app), 1)
 
     def test_eviction_fails_over(self):
@@ -280,14 +280,14 @@ class FailoverTest(unittest.TestCase):
         self.assertTrue(first.wait(TIMEOUT))
         wait_for("the eviction in the hub's log", lambda: "evict" in h.output().lower())
         release.set()
-        wait_for("local mode", lambda: f.mode() == listenhub.LOCAL)
+        wait_for("local mode", lambda: f.mode == listenhub.LOCAL)
         self.assertIsInstance(f.reason, listenhub.ConnError)
         self.col.wait("the durable wake of the failover", lambda s: Wake("flood", None, True) in s.wakes)
 
     def test_no_hub_at_start_is_local_mode_at_once(self):
         path = os.path.join(scratch_dir(self), "absent.sock")
         f = self.failover(path)
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         self.assertIsInstance(f.reason, listenhub.ConnError)
         f.subscribe("jobs")
         self.notify("jobs", "x")
@@ -302,8 +302,8 @@ class FailoverTest(unittest.TestCase):
         # Lost, reconnected and re-LISTENed, then one durable wake.
         self.col.wait("unhealthy then healthy", lambda s: s.statuses[-2:] == [False, True])
         self.col.wait("the durable wake after the reconnect", lambda s: Wake("jobs", None, True) in s.wakes)
-        self.assertTrue(f.healthy())
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertTrue(f.healthy)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         self.notify("jobs", "after")
         self.col.wait("a wake on the new connection", lambda s: Wake("jobs", "after", False) in s.wakes)
 
@@ -315,7 +315,7 @@ class FailoverTest(unittest.TestCase):
         # channel is 66 bytes: the hub nacks it as invalid.
         with self.assertRaises(listenhub.InvalidNameError):
             f.subscribe("n" * 60)
-        self.assertEqual(f.mode(), listenhub.HUB)
+        self.assertEqual(f.mode, listenhub.HUB)
         self.assertEqual(f.subscriptions(), {"ok"})
 
     def test_ack_timeout_fails_over(self):
@@ -323,7 +323,7 @@ class FailoverTest(unittest.TestCase):
         self.addCleanup(fake.close)
         f = self.failover(fake.socket, ack_timeout=0.3)
         f.subscribe("jobs")  # the ack never comes: answered by the local listener
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         self.assertIsInstance(f.reason, listenhub.AckTimeoutError)
         self.col.wait("the durable wake after the swap", lambda s: Wake("jobs", None, True) in s.wakes)
         self.notify("jobs", "y")
@@ -334,7 +334,7 @@ class FailoverTest(unittest.TestCase):
         self.addCleanup(fake.close)
         f = self.failover(fake.socket)
         f.subscribe("jobs")
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         self.assertIsInstance(f.reason, listenhub.NackError)
 
     def test_events_iterator(self):
@@ -351,7 +351,7 @@ class FailoverTest(unittest.TestCase):
             ev = f.get(TIMEOUT)
             self.assertIsNotNone(ev, "no event within the timeout; got %r" % got)
             got.append(ev)
-        self.assertEqual(f.mode(), listenhub.LOCAL)
+        self.assertEqual(f.mode, listenhub.LOCAL)
         self.assertIn(listenhub.Status(False), got)
 
 

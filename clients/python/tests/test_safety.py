@@ -320,7 +320,7 @@ class DeliveryCheckTest(unittest.TestCase):
     def test_direct_connection_passes(self):
         loc = listenhub.Local(DATABASE_URL)
         self.addCleanup(loc.close)
-        self.assertTrue(loc.healthy())
+        self.assertTrue(loc.healthy)
 
     def test_transaction_pooler_is_refused(self):
         # Before the check the listener "worked": its LISTEN was acked, and

@@ -23,6 +23,38 @@ class ClientTest < LHTestCase
     assert c.healthy?
   end
 
+  # Without on_wake, wakes wait for wait_for_wake (the pg gem's
+  # wait_for_notify style): a timeout is nil, a wake comes back whole, a
+  # block gets it, and at death the wakes still queued come out first.
+  def test_wait_for_wake_and_each
+    h = hub
+    c = Listenhub.connect(h.socket)
+    cleanup { c.close }
+    c.subscribe("pull")
+    t0 = Listenhub.monotonic
+    assert_nil c.wait_for_wake(0.2)
+    assert_operator Listenhub.monotonic - t0, :>=, 0.2
+    db.notify("pull", "one")
+    assert_equal Listenhub::Wake.new("pull", "one"), c.wait_for_wake(10)
+    db.notify("pull", "two")
+    assert_equal "two", c.wait_for_wake(10) { |w| w.payload }
+    db.notify("pull", "three")
+    db.notify("pull")
+    got = c.each.first(2)
+    assert_equal [Listenhub::Wake.new("pull", "three"), Listenhub::Wake.new("pull", nil)], got
+    db.notify("pull", "last")
+    LHTest.wait_for("the last wake queued") { c.instance_variable_get(:@wakes).instance_variable_get(:@q).any? }
+    c.close
+    assert_equal [Listenhub::Wake.new("pull", "last")], c.each.to_a
+    assert_nil c.wait_for_wake(0)
+  end
+
+  # A listener with on_wake has no queue to wait on.
+  def test_wait_for_wake_with_on_wake_is_an_error
+    c, = connect(hub)
+    assert_raises(ArgumentError) { c.wait_for_wake(0) }
+  end
+
   # The ack contract: once subscribe returned, every NOTIFY committed
   # afterwards arrives, while other sessions NOTIFY on the same channels
   # all along and several threads subscribe at once.

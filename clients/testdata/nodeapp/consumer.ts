@@ -22,7 +22,13 @@ export async function main(sock: string, url: string): Promise<void> {
     }
   }
   const f = await Failover.create(sock, { databaseUrl: url, oneWay: false, onFailover: (e: Error) => void e });
-  if (f.mode() === HUB) f.close();
+  f.on('wake', (w: Wake) => void w.q);
+  f.on('status', (healthy: boolean) => void healthy);
+  f.on('error', (err: Error) => void err.message);
+  f.on('failback', () => undefined);
+  if (f.mode() === HUB) await f.close();
+  const closed: Promise<void> = c.close();
+  await closed;
   try {
     await f.subscribe('x');
   } catch (e) {
@@ -31,6 +37,8 @@ export async function main(sock: string, url: string): Promise<void> {
   }
   // @ts-expect-error: names are strings
   await c.subscribe(42);
+  // @ts-expect-error: a wake handler takes a Wake
+  c.on('wake', (w: number) => void w);
   // @ts-expect-error: no such option
   await connect(sock, { ackTimeOut: 1 });
 }

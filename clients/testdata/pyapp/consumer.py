@@ -35,8 +35,8 @@ def main() -> None:
 
     f = listenhub.Failover(no_hub, database_url=url, one_way=True)
     try:
-        if f.mode() != listenhub.LOCAL:
-            raise SystemExit(f"mode {f.mode()}, want local")
+        if f.mode != listenhub.LOCAL:
+            raise SystemExit(f"mode {f.mode}, want local")
         f.subscribe(q)
         first_payload(f, "on the local listener")
     finally:

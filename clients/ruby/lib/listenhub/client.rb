@@ -174,6 +174,9 @@ module Listenhub
     sock&.close
     raise ConnError.new("dial", path, e.message)
   end
+  # The socket checks are the dial's, not an API: Client.new and
+  # Listenhub.connect are.
+  private_class_method :dir_problem, :sock_problem, :check_peer, :dial, :connect_unix
 
   # A connection to a listenhub hub. Thread-safe: Action Cable (or any
   # threaded server) may call it from many threads at once.
@@ -208,10 +211,10 @@ module Listenhub
       @ack_timeout = ack_timeout || DEFAULT_ACK_TIMEOUT
       @write_timeout = write_timeout || DEFAULT_WRITE_TIMEOUT
       @frame_timeout = frame_timeout || DEFAULT_FRAME_TIMEOUT
-      @on_wake = on_wake
+      @on_wake = wake_handler(on_wake)
       @on_status = on_status
       @on_death = on_death
-      @sock = Listenhub.dial(path, timeout: connect_timeout || DEFAULT_CONNECT_TIMEOUT,
+      @sock = Listenhub.send(:dial, path, timeout: connect_timeout || DEFAULT_CONNECT_TIMEOUT,
                                    peer_check: peer_check, allowed_uids: allowed_uids)
       @pid = Process.pid
       track_for_fork
@@ -443,6 +446,7 @@ module Listenhub
     # The reader sees EOF and ends (it closes the socket and calls
     # on_death).
     def after_death
+      finish_wakes
       @shut = true
       begin
         @sock.shutdown(Socket::SHUT_RDWR)

@@ -81,6 +81,13 @@ module Listenhub
     "listenhub: local listener failed (#{local}) after hub failure (#{hub})"
   end
 
+  # A listener made without on_wake held more than max wakes that
+  # wait_for_wake or each did not take: it is dead, as a worker that stops
+  # reading is evicted by the hub.
+  SlowConsumerError = error_class(Error, :max) do |max|
+    "listenhub: more than #{max} wakes not taken by wait_for_wake or each"
+  end
+
   # A subscribe's own wait (its timeout: argument) ran out; the listener is
   # fine and the subscription is abandoned.
   class TimeoutError < Error; end

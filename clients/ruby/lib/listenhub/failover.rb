@@ -71,7 +71,7 @@ module Listenhub
       @min_local = min_local
       @probe_interval = probe_interval
       @probe_max_interval = [probe_max_interval, probe_interval].max
-      @on_wake = on_wake
+      @on_wake = wake_handler(on_wake)
       @on_status = on_status
       @on_failover = on_failover
       @on_failback = on_failback
@@ -638,6 +638,7 @@ module Listenhub
         [@hub, @local, @cand]
       end
       Listenhub.logger.error("listenhub: no listener left: #{err.message}")
+      finish_wakes
       [hub, local, cand].compact.each(&:close)
       deliver(@on_status, false, force: true)
     end

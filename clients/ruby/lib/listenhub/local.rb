@@ -45,7 +45,7 @@ module Listenhub
       @timeout = timeout || DEFAULT_LOCAL_TIMEOUT
       @url = database_url || ENV["LISTENHUB_DATABASE_URL"] || ENV["DATABASE_URL"] || ""
       @connector = connect || -> { Local.connect(@url, @timeout) }
-      @on_wake = on_wake
+      @on_wake = wake_handler(on_wake)
       @on_status = on_status
       @on_death = on_death
       @pid = Process.pid
@@ -210,6 +210,7 @@ module Listenhub
         o
       end
       @healthy = false
+      finish_wakes
       kick
       ops
     end

@@ -36,6 +36,12 @@ func TestReferenceSizes(t *testing.T) {
 
 var (
 	issueRef = regexp.MustCompile(`(?i)\bissues? #?[0-9]+`)
+	// A date outside performance.md, whose figures carry the date of
+	// their run once: anywhere else a date is a diary's.
+	dateWord = regexp.MustCompile(`\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b`)
+	// A figure's former value ("2 ms (was 2 s)") or a remark on an
+	// earlier run: history, the CHANGELOG's to keep.
+	formerValue = regexp.MustCompile(`(?i)\(was\b|\b(previous|earlier|last) runs?\b|\bthan before\b`)
 	// A commit hash: 7 to 40 lowercase hex digits with a letter and a digit
 	// among them (so "deadbeef" and plain numbers pass).
 	hexWord  = regexp.MustCompile(`\b[0-9a-f]{7,40}\b`)
@@ -44,13 +50,18 @@ var (
 	datedHdr = regexp.MustCompile(`^#+ .*\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b`)
 )
 
-// TestNoNotebook: no page of docs/ names an issue, a commit or a dated run
-// in a heading. A figure carries its machine and date once, in a sentence.
+// TestNoNotebook is the one test of what the reference pages (docs/, the
+// README, the clients' READMEs) must not hold: an issue number, a commit
+// hash, a dated heading, a date outside performance.md, a former value or
+// a remark on an earlier run. A figure carries its machine and date once,
+// in performance.md's sentence about its run.
 func TestNoNotebook(t *testing.T) {
 	pages, err := filepath.Glob("*.md")
 	if err != nil || len(pages) == 0 {
 		t.Fatalf("no pages: %v", err)
 	}
+	more, _ := filepath.Glob("../clients/*/README.md")
+	pages = append(append(pages, "../README.md"), more...)
 	for _, page := range pages {
 		b := testutil.ReadFile(t, page)
 		for i, line := range strings.Split(string(b), "\n") {
@@ -64,6 +75,11 @@ func TestNoNotebook(t *testing.T) {
 			}
 			if datedHdr.MatchString(line) {
 				t.Errorf("%s:%d: a dated heading: the page is reference, not a diary", page, i+1)
+			} else if m := dateWord.FindString(line); m != "" && page != "performance.md" {
+				t.Errorf("%s:%d: %q: a date belongs to a run's figures (performance.md) or to the CHANGELOG", page, i+1, m)
+			}
+			if m := formerValue.FindString(line); m != "" {
+				t.Errorf("%s:%d: %q: former values and earlier runs are history, the CHANGELOG's", page, i+1, m)
 			}
 		}
 	}

@@ -273,44 +273,6 @@ func TestServeSIGHUP(t *testing.T) {
 	}
 }
 
-// The units shown in docs/operations.md are the ones in deploy/systemd,
-// comments and the descriptive [Unit] keys trimmed.
-func TestREADMEUnitsMatchDeploy(t *testing.T) {
-	doc := readmeSection(t, readDoc(t, opsPath), "## systemd")
-	for _, name := range []string{"listenhub.socket", "listenhub.service"} {
-		marker := "# deploy/systemd/" + name + " (comments trimmed)\n"
-		i := strings.Index(doc, marker)
-		if i < 0 {
-			t.Errorf("docs/operations.md shows no %q block", strings.TrimSpace(marker))
-			continue
-		}
-		block := doc[i+len(marker):]
-		block = block[:strings.Index(block, "```")]
-		b := testutil.ReadFile(t, filepath.Join("..", "..", "deploy", "systemd", name))
-		var kept []string
-		for _, line := range strings.Split(string(b), "\n") {
-			switch {
-			case line == "", strings.HasPrefix(line, "#"),
-				strings.HasPrefix(line, "Description="), strings.HasPrefix(line, "Documentation="):
-				continue
-			case strings.HasPrefix(line, "[") && len(kept) > 0 && strings.HasPrefix(kept[len(kept)-1], "["):
-				kept[len(kept)-1] = line // the section before was left empty
-				continue
-			}
-			kept = append(kept, line)
-		}
-		var shown []string
-		for _, line := range strings.Split(block, "\n") {
-			if line != "" {
-				shown = append(shown, line)
-			}
-		}
-		if want, got := strings.Join(kept, "\n"), strings.Join(shown, "\n"); got != want {
-			t.Errorf("docs/operations.md's %s differs from deploy/systemd/%s:\n--- docs/operations.md\n%s\n--- deploy/systemd (trimmed)\n%s", name, name, got, want)
-		}
-	}
-}
-
 // TestHubUnitsNoStartLimit: the shipped hub units restart a hub that
 // failed for as long as it takes and never stop at systemd's start limit
 // (5 starts in 10 s by default), which leaves the unit and its socket

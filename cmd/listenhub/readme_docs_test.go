@@ -175,34 +175,6 @@ func TestDocsCommandLines(t *testing.T) {
 	}
 }
 
-// reference are the pages written as a reference: no history in them.
-var reference = []string{readmePath, usagePath, opsPath, "../../docs/pgbus.md", "../../docs/robustness.md",
-	"../../docs/rails.md", "../../docs/relay.md"}
-
-// TestDocsNoHistory: the reference pages carry no issue numbers, dated
-// entries or commit hashes; the history is git's and the CHANGELOG's.
-func TestDocsNoHistory(t *testing.T) {
-	for _, re := range []*regexp.Regexp{
-		regexp.MustCompile(`(?i)\bissues? #?\d+`),
-		regexp.MustCompile(`\b20\d\d-\d\d-\d\d\b`),
-		regexp.MustCompile(`\b[0-9a-f]{7,40}\b`),
-		// A figure's former value ("2 ms (was 2 s)"): history, the
-		// CHANGELOG's to keep.
-		regexp.MustCompile(`\(was\b[^)]*\)?`),
-	} {
-		for _, path := range reference {
-			for i, line := range strings.Split(readDoc(t, path), "\n") {
-				for _, m := range re.FindAllString(line, -1) {
-					if hexWord.MatchString(m) && (!strings.ContainsAny(m, "0123456789") || !strings.ContainsAny(m, "abcdef")) {
-						continue // a word or a number, not a hash
-					}
-					t.Errorf("%s:%d: %q looks like history (an issue, a date or a commit): %s", path, i+1, m, line)
-				}
-			}
-		}
-	}
-}
-
 // TestREADMEShape: the README stays a first read: at most 12 KB, how to
 // point a worker at the hub within its first 200 lines, and each quick
 // start (a complete program with the commands around it, which
@@ -232,7 +204,6 @@ func TestREADMEShape(t *testing.T) {
 	}
 }
 
-var hexWord = regexp.MustCompile(`^[0-9a-f]+$`)
 
 func slicesIndex(lines []string, s string) int {
 	for i, l := range lines {

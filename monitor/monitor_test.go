@@ -16,6 +16,7 @@ import (
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
 	"github.com/listenhub/listenhub/internal/testutil"
+	"github.com/listenhub/listenhub/relay"
 )
 
 var db *pgtest.Cluster
@@ -134,5 +135,25 @@ func TestStartPortInUse(t *testing.T) {
 	if again, err := Start(context.Background(), srv.Addr().String(), h, Options{}); err == nil {
 		again.Close()
 		t.Fatalf("a second Start on %v succeeded", srv.Addr())
+	}
+}
+
+// A relay that is up says nothing on /healthz unless it has a warning; a
+// relay that is down says why.
+func TestRelayHealthLine(t *testing.T) {
+	for _, c := range []struct {
+		s    relay.Stats
+		want string
+	}{
+		{relay.Stats{State: relay.StateActive}, ""},
+		{relay.Stats{State: relay.StateStandby}, ""},
+		{relay.Stats{State: relay.StateStandby, Warning: "the active relay has not confirmed for 45s; to shorten that, run ALTER ROLE x"},
+			"relay standby: the active relay has not confirmed for 45s; to shorten that, run ALTER ROLE x"},
+		{relay.Stats{State: relay.StateActive, Warning: "lagging: 130s"}, "relay active: lagging: 130s"},
+		{relay.Stats{State: relay.StateDown, LastError: "wal_level is replica"}, "relay down: wal_level is replica"},
+	} {
+		if got := relayHealth(c.s); got != c.want {
+			t.Errorf("relayHealth(%+v) = %q, want %q", c.s, got, c.want)
+		}
 	}
 }

@@ -40,6 +40,10 @@ type RelayStatus struct {
 	// one is known, or what its set-up waits on; empty while it streams
 	// or stands by.
 	LastError string `json:"last_error,omitempty"`
+	// Warning is what is wrong while the relay is up, with the fix when
+	// one is known: lagging past --max-lag, or (on a standby) an active
+	// relay that is not confirming.
+	Warning string `json:"warning,omitempty"`
 }
 
 // registerRelay adds GET /relay to mux and, when the relay runs on its own
@@ -59,6 +63,7 @@ func registerRelay(mux *http.ServeMux, rl *relay.Relay, b build, alone bool) {
 			CommitToNotifyP99:   h.Quantile(0.99).Seconds(),
 			CommitToNotifyCount: h.Count,
 			LastError:           s.LastError,
+			Warning:             s.Warning,
 		})
 	})
 	if !alone {
@@ -74,8 +79,24 @@ func registerRelay(mux *http.ServeMux, rl *relay.Relay, b build, alone bool) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		switch s := rl.Stats(); s.State {
-		case relay.StateActive, relay.StateStandby:
+		case relay.StateStandby:
+			// A standby that sees the active relay stuck says so with a
+			// 503: every wake stalls, and restarting a standby costs
+			// nothing.
+			if s.Warning != "" {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintln(w, relayHealth(s))
+				return
+			}
 			fmt.Fprintf(w, "ok (%s)\n", s.State)
+		case relay.StateActive:
+			// A lagging active relay stays 200, the lag on a second
+			// line: a probe that restarted it would restart a long
+			// decode from its beginning.
+			fmt.Fprintf(w, "ok (%s)\n", s.State)
+			if s.Warning != "" {
+				fmt.Fprintln(w, relayHealth(s))
+			}
 		default:
 			// Why, too: a slot creation waiting on a transaction, a
 			// lost connection.
@@ -88,15 +109,20 @@ func registerRelay(mux *http.ServeMux, rl *relay.Relay, b build, alone bool) {
 // relayUp: the relay streams, or stands by for one that does.
 func relayUp(st relay.State) bool { return st == relay.StateActive || st == relay.StateStandby }
 
-// relayHealth is the relay's line in the hub's /healthz when it is not up:
-// the hub answers for itself, and says what is wrong with its guest.
+// relayHealth is the relay's line in /healthz when it is not up, or up
+// with a warning: the hub answers for itself, and says what is wrong with
+// its guest.
 func relayHealth(s relay.Stats) string {
+	why := s.LastError
 	if relayUp(s.State) {
-		return ""
+		if s.Warning == "" {
+			return ""
+		}
+		why = s.Warning
 	}
 	line := "relay " + s.State.String()
-	if s.LastError != "" {
-		line += ": " + s.LastError
+	if why != "" {
+		line += ": " + why
 	}
 	return line
 }

@@ -513,9 +513,13 @@ func TestRelayStandbySeesStuckActive(t *testing.T) {
 	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGCONT) })
 	f.insert("q_a")
 	var sawLag float64
+	var warning string
 	testutil.WaitFor(t, 20*time.Second, "the take-over", func() bool {
 		st := rn.r.Stats()
 		sawLag = max(sawLag, st.LagSeconds)
+		if st.State == StateStandby && st.Warning != "" {
+			warning = st.Warning
+		}
 		return st.State == StateActive
 	})
 	took := time.Since(frozen)
@@ -527,6 +531,48 @@ func TestRelayStandbySeesStuckActive(t *testing.T) {
 	if sawLag == 0 {
 		t.Error("the standby's lag never showed the stall")
 	}
+	// Its status says it too, with the SQL that bounds the stall.
+	if !strings.Contains(warning, "has not confirmed") || !strings.Contains(warning, "ALTER ROLE") || !strings.Contains(warning, "wal_sender_timeout = '1s'") {
+		t.Errorf("the standby's warning %q does not name the stall and the ALTER ROLE that shortens it", warning)
+	}
+	if !strings.Contains(rn.log.String(), "ALTER ROLE") {
+		t.Error("the standby's WARN does not give the ALTER ROLE line")
+	}
+	if w := rn.r.Stats().Warning; w != "" {
+		t.Errorf("the warning outlived the take-over: %q", w)
+	}
+}
+
+// TestRelayLongDecodeShowsAsLag: a transaction of many rows is decoded for
+// seconds before its commit reaches the relay, and no NOTIFY measures that
+// time; the relay's lag counts from its last progress, and a warning says
+// it is lagging, until the wake goes out.
+func TestRelayLongDecodeShowsAsLag(t *testing.T) {
+	pgtesting.RequireLocal(t, db)
+	f, ch, l := newListened(t, "q_a")
+	opts := f.options()
+	opts.StatusInterval = 200 * time.Millisecond
+	opts.MaxLag = time.Second
+	rn := f.runToWakes(opts, l, ch, 1, "resync")
+	f.exec("INSERT INTO " + f.schema + ".q_a (v) SELECT 'x' FROM generate_series(1, 600000)")
+	var lag float64
+	var warning string
+	testutil.WaitFor(t, 120*time.Second, "the wake of the big transaction", func() bool {
+		st := rn.r.Stats()
+		lag = max(lag, st.LagSeconds)
+		if st.Warning != "" {
+			warning = st.Warning
+		}
+		return l.count(ch) >= 2
+	})
+	t.Logf("600,000 rows in one transaction: the lag reached %.1fs before the wake; warning %q", lag, warning)
+	if lag <= opts.MaxLag.Seconds() {
+		t.Errorf("the lag reached %.2fs during the decode, want above --max-lag (%v)", lag, opts.MaxLag)
+	}
+	if !strings.Contains(warning, "lagging") {
+		t.Errorf("no lagging warning during the decode: %q", warning)
+	}
+	testutil.WaitFor(t, 20*time.Second, "the warning to clear once caught up", func() bool { return rn.r.Stats().Warning == "" })
 }
 
 // TestRelayDemotedClearsLag: a relay that loses the slot to another and

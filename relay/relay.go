@@ -232,6 +232,12 @@ type Stats struct {
 	// when one is known), or what its set-up waits on; "" while it
 	// streams or stands by.
 	LastError string
+	// Warning is what is wrong while the relay is up (one line, with the
+	// fix when one is known): an active relay lagging past MaxLag or
+	// MaxLagBytes (a long transaction being decoded counts from its last
+	// progress), or, on a standby, an active relay that is not
+	// confirming; "" otherwise.
+	Warning string
 }
 
 // Relay is one relay. Its methods are safe for concurrent use; Run is
@@ -254,6 +260,7 @@ type Relay struct {
 	lagSeconds                                          atomic.Int64 // nanoseconds
 	confirmed                                           atomic.Uint64
 	lastErr                                             atomic.Pointer[string]
+	warning                                             atomic.Pointer[string]
 	// walsender is the backend pid of the last session's replication
 	// connection: a slot still held by it after a reconnect is this
 	// relay's own, never another relay.
@@ -336,7 +343,23 @@ func (r *Relay) Stats() Stats {
 		LagSeconds:      time.Duration(r.lagSeconds.Load()).Seconds(),
 		ConfirmedLSN:    r.confirmed.Load(),
 		LastError:       r.lastError(),
+		Warning:         r.loadWarning(),
 	}
+}
+
+func (r *Relay) loadWarning() string {
+	if p := r.warning.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+func (r *Relay) setWarning(s string) {
+	if s == "" {
+		r.warning.Store(nil)
+		return
+	}
+	r.warning.Store(&s)
 }
 
 func (r *Relay) lastError() string {
@@ -365,7 +388,12 @@ func (r *Relay) CommitToNotify() Histogram { return Histogram(r.hist.Snapshot())
 // buckets.
 func (r *Relay) CommitToDecode() Histogram { return Histogram(r.decodeHist.Snapshot()) }
 
-func (r *Relay) setState(s State) { r.state.Store(int32(s)) }
+// setState sets the state; a warning belongs to the state it was found in.
+func (r *Relay) setState(s State) {
+	if State(r.state.Swap(int32(s))) != s {
+		r.setWarning("")
+	}
+}
 
 // Backoff of the reconnects after a lost connection: capped at a second,
 // since every second without a relay is a second of wakes late (an

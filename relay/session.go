@@ -614,6 +614,7 @@ func (s *session) watchActive() {
 		w.confirmed, w.since = s.confirmedLSN, now
 		r.lagSeconds.Store(0)
 		if lag <= r.opts.MaxLagBytes {
+			r.setWarning("")
 			return
 		}
 	}
@@ -624,10 +625,30 @@ func (s *session) watchActive() {
 	if stalled > bound {
 		r.lagSeconds.Store(int64(stalled))
 	}
-	if (stalled > bound || lag > r.opts.MaxLagBytes) && now.Sub(w.warned) >= time.Minute {
+	if stalled <= bound && lag <= r.opts.MaxLagBytes {
+		r.setWarning("")
+		return
+	}
+	fix := s.walSenderTimeoutFix()
+	r.setWarning(fmt.Sprintf("the active relay (walsender pid %s) has not confirmed for %v (lag %d bytes): wakes stall until the server ends its walsender after wal_sender_timeout (%s), then this relay takes over; to shorten that, %s",
+		s.activePID, stalled.Round(time.Second), lag, s.walSenderTimeout, fix))
+	if now.Sub(w.warned) >= time.Minute {
 		w.warned = now
 		r.log.Warn("relay standby: the active relay is not confirming; wakes stall until the server ends its walsender (wal_sender_timeout), then this relay takes over",
 			"slot", r.opts.Slot, "active_pid", s.activePID, "confirmed_lsn", s.confirmedLSN, "unchanged_for", stalled.Round(time.Millisecond),
-			"lag_bytes", lag, "max_lag", r.opts.MaxLag, "max_lag_bytes", r.opts.MaxLagBytes, "wal_sender_timeout", s.walSenderTimeout)
+			"lag_bytes", lag, "max_lag", r.opts.MaxLag, "max_lag_bytes", r.opts.MaxLagBytes, "wal_sender_timeout", s.walSenderTimeout,
+			"fix", fix)
 	}
+}
+
+// walSenderTimeoutFix is the SQL that bounds how long a stuck active relay
+// holds the slot: wal_sender_timeout for the relays' role (the active
+// relay's next connection takes it), at the relay's own --max-lag.
+func (s *session) walSenderTimeoutFix() string {
+	role := "CURRENT_USER"
+	if cc := s.r.opts.ConnConfig; cc != nil && cc.User != "" {
+		role = pgquote.Ident(cc.User)
+	}
+	d := max(s.r.opts.MaxLag, time.Second).Round(time.Second)
+	return fmt.Sprintf("run ALTER ROLE %s SET wal_sender_timeout = '%ds';", role, int(d.Seconds()))
 }

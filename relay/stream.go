@@ -371,7 +371,14 @@ func (s *session) stream(ctx context.Context) error {
 	// further back, and the server ignores a position behind its own).
 	var confirmed, sent uint64
 	var lastStatus time.Time
+	// lastProgress is when the position this session reports last
+	// advanced: a transaction decoded for minutes (millions of rows)
+	// moves nothing, and its lag counts from here.
+	lastProgress := time.Now()
 	sendStatus := func(reply bool) error {
+		if confirmed != sent {
+			lastProgress = time.Now()
+		}
 		msg := appendStandbyStatus(nil, confirmed, time.Now())
 		if reply {
 			msg[len(msg)-1] = 1
@@ -506,10 +513,23 @@ func (s *session) stream(ctx context.Context) error {
 					return err
 				}
 				lag, lagT := r.lagBytes.Load(), time.Duration(r.lagSeconds.Load())
-				if (lag > r.opts.MaxLagBytes || lagT > r.opts.MaxLag) && time.Since(lastLagWarn) >= time.Minute {
-					lastLagWarn = time.Now()
-					r.log.Warn("relay lagging", "lag_bytes", lag, "lag_seconds", lagT.Seconds(),
-						"max_lag", r.opts.MaxLag, "max_lag_bytes", r.opts.MaxLagBytes)
+				// WAL waits and the position has not moved for longer
+				// than an idle relay's keepalives allow: a decode
+				// in progress (or a stall) that no NOTIFY measured.
+				if stuck := time.Since(lastProgress); lag > 0 && stuck > max(r.opts.MaxLag, 3*r.opts.StatusInterval) && stuck > lagT {
+					lagT = stuck
+					r.lagSeconds.Store(int64(stuck))
+				}
+				if lag > r.opts.MaxLagBytes || lagT > r.opts.MaxLag {
+					r.setWarning(fmt.Sprintf("lagging: %v since the last NOTIFY or progress, %d bytes of WAL behind (--max-lag %v, --max-lag-bytes %d); a long transaction being decoded, or a slow NOTIFY connection",
+						lagT.Round(time.Second), lag, r.opts.MaxLag, r.opts.MaxLagBytes))
+					if time.Since(lastLagWarn) >= time.Minute {
+						lastLagWarn = time.Now()
+						r.log.Warn("relay lagging", "lag_bytes", lag, "lag_seconds", lagT.Seconds(),
+							"max_lag", r.opts.MaxLag, "max_lag_bytes", r.opts.MaxLagBytes)
+					}
+				} else {
+					r.setWarning("")
 				}
 			}
 			continue

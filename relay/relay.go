@@ -265,6 +265,9 @@ type Relay struct {
 	// connection: a slot still held by it after a reconnect is this
 	// relay's own, never another relay.
 	walsender atomic.Int32
+	// ownConfirmed is the position this relay's last active session
+	// confirmed; 0 at start and after standing by. Run's goroutine only.
+	ownConfirmed uint64
 	// resyncOwed: a session created the slot and was lost before it
 	// recorded the resync in it.
 	resyncOwed atomic.Bool
@@ -317,6 +320,12 @@ func New(opts Options) (*Relay, error) {
 	r := &Relay{opts: opts, tmpl: t, log: opts.Logger, hist: histogram.New(commitToNotifyBounds),
 		decodeHist: histogram.New(commitToNotifyBounds)}
 	r.tooLongLog = rateLimit{every: 10 * time.Second}
+	// A start owes a resync: the relay cannot vouch for a position it
+	// did not see confirmed itself (a start killed between the slot's
+	// creation and its resync, a slot advanced or read by another
+	// consumer while no relay ran). One durable wake per channel covers
+	// whatever that position skipped.
+	r.resyncOwed.Store(true)
 	return r, nil
 }
 
@@ -430,6 +439,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 		if res.active {
+			// The position this relay confirmed last: a next session
+			// that finds the slot further on knows it moved without
+			// this relay (movedSlot).
+			r.ownConfirmed = r.confirmed.Load()
 			everActive = true
 			if time.Since(res.streaming) >= stableSession {
 				backoff = minBackoff
@@ -496,9 +509,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (r *Relay) standBy(ctx context.Context, everActive bool, busy error) bool {
 	if State(r.state.Load()) != StateStandby {
 		// What this relay measured while it streamed is no longer its
-		// figure: a standby's lag is the active relay's stall (watch).
+		// figure: a standby's lag is the active relay's stall (watch),
+		// and the slot's position another relay's.
 		r.lagSeconds.Store(0)
 		r.stall = stallWatch{}
+		r.ownConfirmed = 0
 	}
 	r.setState(StateStandby)
 	r.setLastError("")

@@ -159,6 +159,16 @@ func (l *listener) count(ch string) int {
 	return l.got[ch]
 }
 
+// lastAt is when the last wake on ch arrived (the zero time if none).
+func (l *listener) lastAt(ch string) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a := l.at[ch]; len(a) > 0 {
+		return a[len(a)-1]
+	}
+	return time.Time{}
+}
+
 func (l *listener) total() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

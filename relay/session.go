@@ -211,12 +211,8 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	if err != nil {
 		return sessionResult{err: notReplication(err)}
 	}
-	if !created && s.owedInSlot() && r.resyncOwed.Load() {
-		// The session that created the slot was lost before it could
-		// record the resync.
-		if err := s.recordResync(ctx); err != nil {
-			return sessionResult{err: err}
-		}
+	if !created {
+		s.movedSlot()
 	}
 	// The previous session's walsender, which may still hold the slot.
 	prevWalsender := int(r.walsender.Swap(int32(s.walsender)))
@@ -276,13 +272,24 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 			"publication", r.opts.Publication, "tables", len(s.tables), "channel_template", r.opts.ChannelTemplate,
 			"ops", r.opts.Ops.String(), "window", r.opts.Window)
 	}
-	if created && !s.owedInSlot() {
-		// What was committed before the slot existed is covered by one
-		// wake per channel, sent now that every later commit is in
-		// the slot.
+	if r.resyncOwed.Load() && s.owedInSlot() {
+		// Owed since the start, since a session that created the slot
+		// was lost before it could record it, or since the slot moved
+		// without this relay: recorded in the slot, on the plain
+		// connection now that this relay streams (a standby records
+		// nothing), and owed again by the next start until sent.
+		if err := s.recordResyncPlain(ctx); err != nil {
+			return sessionResult{active: true, streaming: streaming, err: err}
+		}
+	}
+	if (created || r.resyncOwed.Load()) && !s.owedInSlot() {
+		// What was committed before the slot existed (or before the
+		// position this relay cannot vouch for) is covered by one wake
+		// per channel, sent now that every later commit is in the slot.
 		if err := s.resync(ctx); err != nil {
 			return sessionResult{active: true, streaming: streaming, err: err}
 		}
+		r.resyncOwed.Store(false)
 	}
 	// From here the stream closes the socket itself, after its last
 	// word on a stop (stream).

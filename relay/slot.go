@@ -84,6 +84,22 @@ type slotInfo struct {
 	plugin, typ, sameDB, walStatus string
 }
 
+// movedSlot finds a slot whose confirmed position is past the one this
+// relay confirmed last (pg_replication_slot_advance, or another consumer
+// reading it between two sessions): what lay between got no wake. It is
+// logged, and a resync is owed.
+func (s *session) movedSlot() {
+	r := s.r
+	own := r.ownConfirmed
+	at, err := parseLSN(s.confirmedLSN)
+	if own == 0 || err != nil || at <= own {
+		return
+	}
+	r.resyncOwed.Store(true)
+	r.log.Warn("relay: the slot moved without this relay (pg_replication_slot_advance, or another consumer read it); NOTIFYing every channel once",
+		"slot", r.opts.Slot, "confirmed_by_this_relay", formatLSN(own), "slot_confirmed", s.confirmedLSN)
+}
+
 // ensureSlot creates the slot when it is missing (or always, when
 // temporary), on the replication connection. created says the slot is new
 // (a resync is due). A slot name taken by another relay's temporary slot is
@@ -143,8 +159,24 @@ func (s *session) ensureSlot(ctx context.Context, slot slotInfo) (created bool, 
 
 // recordResync writes the logical message that records a resync owed, on
 // the replication connection (before START_REPLICATION).
+// resyncSQL records a resync in the slot: a transactional logical message
+// the stream delivers in commit order.
+func (s *session) resyncSQL() string {
+	return "SELECT pg_logical_emit_message(true, " + pgquote.Literal(resyncPrefix) + ", " + pgquote.Literal(s.r.opts.Slot) + ")"
+}
+
+// recordResyncPlain records a resync on the plain connection, once the
+// replication connection streams.
+func (s *session) recordResyncPlain(ctx context.Context) error {
+	if err := s.nc.Exec(ctx, s.resyncSQL()).Close(); err != nil {
+		return fmt.Errorf("record the resync: %w", err)
+	}
+	s.r.resyncOwed.Store(false)
+	return nil
+}
+
 func (s *session) recordResync(ctx context.Context) error {
-	if err := s.simpleQuery(ctx, "SELECT pg_logical_emit_message(true, "+pgquote.Literal(resyncPrefix)+", "+pgquote.Literal(s.r.opts.Slot)+")"); err != nil {
+	if err := s.simpleQuery(ctx, s.resyncSQL()); err != nil {
 		return fmt.Errorf("record the new slot's resync: %w", err)
 	}
 	s.r.resyncOwed.Store(false)

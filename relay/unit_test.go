@@ -216,3 +216,31 @@ func TestCommitToNotifyBoundsMinutes(t *testing.T) {
 		t.Errorf("p99 of 57 s delays: %v, want 1m0s", p)
 	}
 }
+
+// A slot found past the position this relay confirmed last moved without
+// it: logged, and a resync owed. At or before it, or with nothing
+// confirmed by this relay (a start, after standing by), nothing is said.
+func TestMovedSlot(t *testing.T) {
+	for _, c := range []struct {
+		own   uint64
+		slot  string
+		moved bool
+	}{
+		{0x1_00000100, "1/200", true},
+		{0x1_00000100, "1/100", false},
+		{0x1_00000100, "0/FFFFFFFF", false},
+		{0, "5/0", false},
+		{0x100, "", false},
+	} {
+		var buf bytes.Buffer
+		r := &Relay{opts: Options{Slot: "s"}, log: slog.New(slog.NewTextHandler(&buf, nil)), ownConfirmed: c.own}
+		s := &session{r: r, confirmedLSN: c.slot}
+		s.movedSlot()
+		if got := r.resyncOwed.Load(); got != c.moved {
+			t.Errorf("own %X, slot %q: resync owed %v, want %v", c.own, c.slot, got, c.moved)
+		}
+		if logged := strings.Contains(buf.String(), "moved without this relay"); logged != c.moved {
+			t.Errorf("own %X, slot %q: logged %v, want %v: %s", c.own, c.slot, logged, c.moved, buf.String())
+		}
+	}
+}

@@ -204,7 +204,6 @@ func TestREADMEShape(t *testing.T) {
 	}
 }
 
-
 func slicesIndex(lines []string, s string) int {
 	for i, l := range lines {
 		if l == s {

@@ -95,7 +95,7 @@ func tempBase(otherUser bool) string {
 // without Close (a test binary killed by its -timeout, SIGKILL). Their server
 // got the parent-death signal; if it is somehow still running it is sent
 // SIGQUIT and its directory is left for a later sweep. Directories whose
-// owner lives, or without an owner file yet, are not touched.
+// owner lives, or without an owner's pid yet, are not touched.
 func sweep(logf func(string, ...any)) {
 	bases := []string{os.TempDir()}
 	if bases[0] != "/tmp" {
@@ -104,10 +104,9 @@ func sweep(logf func(string, ...any)) {
 	for _, base := range bases {
 		dirs, _ := filepath.Glob(filepath.Join(base, dirPrefix+"*"))
 		for _, dir := range dirs {
-			if alive(readPID(filepath.Join(dir, ownerFile))) {
-				continue
-			}
-			if _, err := os.Stat(filepath.Join(dir, ownerFile)); err != nil {
+			// No pid yet (a file being written: 0) is an owner
+			// starting, as much as a live one is.
+			if owner := readPID(filepath.Join(dir, ownerFile)); owner == 0 || alive(owner) {
 				continue
 			}
 			dataDir := filepath.Join(dir, "data")

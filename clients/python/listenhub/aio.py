@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import secrets
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Collection, Dict, List, Optional, Set, TypeVar, Union, cast
@@ -433,10 +434,13 @@ class _AsyncLocal:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        on_event: Callable[[_Event], object],
+        on_event: Callable[[_AsyncLocal, _Event], object],
         on_dead: Callable[[Optional[BaseException]], object],
         local_args: Dict[str, Any],
     ) -> None:
+        # retired: a fail-back swapped it out; its events still queued for
+        # the loop are the hub's to deliver now.
+        self.retired = False
         self._loop = loop
         self._on_event = on_event
         args = dict(local_args)
@@ -448,7 +452,7 @@ class _AsyncLocal:
     @classmethod
     async def create(
         cls,
-        on_event: Callable[[_Event], object],
+        on_event: Callable[[_AsyncLocal, _Event], object],
         on_dead: Callable[[Optional[BaseException]], object],
         local_args: Dict[str, Any],
     ) -> _AsyncLocal:
@@ -457,7 +461,7 @@ class _AsyncLocal:
 
     def _from_thread(self, ev: _Event) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._on_event, ev)
+            self._loop.call_soon_threadsafe(self._on_event, self, ev)
         except RuntimeError:
             pass  # loop closed
 
@@ -521,6 +525,8 @@ class AsyncFailover(_AsyncListener):
         self.err: Optional[BaseException] = None
         self.done = asyncio.Event()
         self._cb_lock = asyncio.Lock()  # one callback at a time across hub and local
+        self._cut: Optional[_AsyncCut] = None  # a fail-back's switch point
+        self._wrong_database = False
 
     @classmethod
     async def create(
@@ -641,9 +647,10 @@ class AsyncFailover(_AsyncListener):
             if state["current"]:
                 await self._deliver(Status(h))
 
+        holder: List[AsyncClient] = []
         c = await connect(
             self.socket_path,
-            on_wake=self._deliver,
+            on_wake=lambda w: self._hub_wake(holder, state, w),
             on_status=on_status,
             ack_timeout=self.ack_timeout,
             write_timeout=kw["write_timeout"],
@@ -651,9 +658,50 @@ class AsyncFailover(_AsyncListener):
             peer_check=kw["peer_check"],
             allowed_uids=kw["allowed_uids"],
         )
+        holder.append(c)
         c._lh_state = state
         asyncio.get_running_loop().create_task(self._watch_hub(c))
         return c
+
+    # --- the cut of a fail-back (see failover.Failover) ----------------------
+
+    async def _hub_wake(self, holder: List[AsyncClient], state: Dict[str, Any], w: Wake) -> None:
+        cut = self._cut
+        if cut is not None and holder and cut.hub is holder[0]:
+            if w.q == cut.q:
+                if w.payload == cut.token and not cut.hub_past:
+                    cut.hub_past = True
+                    cut.passed()
+                return
+            if not cut.hub_past:
+                return  # before the marker: the local listener delivers it
+            if not cut.local_past:
+                cut.buf.append(w)
+                return
+            # In line behind the local listener's wakes (tasks, taken
+            # by _deliver's lock in the order they were made).
+            asyncio.get_running_loop().create_task(self._deliver(w))
+            return
+        elif not state["current"]:
+            return  # a candidate given up: the local listener delivered it
+        await self._deliver(w)
+
+    def _local_wake(self, w: Wake) -> bool:
+        """Routes a local wake through the cut; False when it is not to be
+        delivered."""
+        cut = self._cut
+        if cut is None:
+            return True
+        if w.q == cut.q:
+            if w.payload == cut.token and not cut.local_past:
+                cut.local_past = True
+                loop = asyncio.get_running_loop()
+                for b in cut.buf:
+                    loop.create_task(self._deliver(b))
+                cut.buf = []
+                cut.passed()
+            return False
+        return not cut.local_past  # after the marker: the hub delivers it
 
     async def _watch_hub(self, hub: AsyncClient) -> None:
         await hub.done.wait()
@@ -738,6 +786,7 @@ class AsyncFailover(_AsyncListener):
             return True
         self._cand = cand
         swapped = False
+        cut: Optional[_AsyncCut] = None
         try:
             try:
                 await asyncio.wait_for(cand._lh_state["healthy"].wait(), self.ack_timeout)
@@ -746,6 +795,16 @@ class AsyncFailover(_AsyncListener):
             if cand.err is not None:
                 return False
             log.info("listenhub: hub is back, subscribing it before leaving the local listener")
+            if self._cut_fits():
+                cut = _AsyncCut(cand)
+                self._cut = cut
+                try:
+                    await local.subscribe(cut.q)
+                    await cand.subscribe(cut.q)
+                except Exception as e:
+                    log.debug("listenhub: fail-back attempt %d: marker: %s", attempt, e)
+                    return False
+            marked_at: Optional[int] = None
             acked: Set[str] = set()
             drained = False
             while True:
@@ -761,9 +820,18 @@ class AsyncFailover(_AsyncListener):
                         log.debug("listenhub: local listener not drained before the fail-back: %s", e)
                     drained = True
                     continue
+                if not todo and cut is not None and marked_at is None:
+                    why = await self._send_marker(local, cut)
+                    if why is not None:
+                        log.debug("listenhub: fail-back attempt %d: %s", attempt, why)
+                        return False
+                    marked_at = len(acked)
+                    continue
                 if not todo:
                     if not cand.healthy:
                         return False
+                    if cut is not None and len(acked) != marked_at:
+                        return False  # a name acked after the marker: start again
                     for q in acked - self._subs:
                         cand.unsubscribe(q)
                     recorded = sorted(self._subs)
@@ -781,7 +849,14 @@ class AsyncFailover(_AsyncListener):
                 if self._cand is cand:
                     self._cand = None
                 cand.close()
+                if cut is not None:
+                    self._cut = None
+                    local.unsubscribe(cut.q)
+        local.retired = True
         local.close()  # break, after make
+        if cut is not None:
+            self._cut = None
+            cand.unsubscribe(cut.q)
         log.info("listenhub: back on the hub, local listener closed (attempt %d)", attempt)
         on_failback: Optional[Callable[[], object]] = self._kw.get("on_failback")
         if on_failback is not None:
@@ -791,6 +866,36 @@ class AsyncFailover(_AsyncListener):
         for q in recorded:
             await self._deliver(Wake(q, None, True))
         return True
+
+    def _cut_fits(self) -> bool:
+        a = self._local_args
+        return len((a["channel_prefix"] or "").encode()) + len("lh.cut.") + 8 + len((a["channel_suffix"] or "").encode()) <= 63
+
+    async def _send_marker(self, local: _AsyncLocal, cut: _AsyncCut) -> Optional[str]:
+        """Commits the marker on the local connection and waits until both
+        listeners delivered it; None when they did, else why not."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, local.local._notify, cut.q, cut.token, self.ack_timeout)
+        except Exception as e:
+            return str(e)
+        try:
+            await asyncio.wait_for(cut.both.wait(), self.ack_timeout)
+            return None
+        except asyncio.TimeoutError:
+            pass
+        if cut.hub_past:
+            return "the local listener did not deliver the fail-back marker in time"
+        msg = (
+            "listenhub: the hub at %s does not deliver this database's notifications (a marker did not come back "
+            "through it within %ss): it serves another database or cluster; staying on the local listener"
+            % (self.socket_path, self.ack_timeout)
+        )
+        if self._wrong_database:
+            log.debug(msg)
+        else:
+            self._wrong_database = True
+            log.error(msg)
+        return msg
 
     async def _subscribe_all(self, c: AsyncClient, todo: Collection[str], acked: Set[str]) -> Optional[BaseException]:
         sem = asyncio.Semaphore(FAILBACK_PARALLEL)
@@ -823,10 +928,14 @@ class AsyncFailover(_AsyncListener):
         await self._deliver(Status(False), force=True)
         self._sink.end()
 
-    def _local_event(self, ev: _Event) -> None:
+    def _local_event(self, local: _AsyncLocal, ev: _Event) -> None:
+        if local.retired:
+            return
         if isinstance(ev, Status) and not (self._mode == LOCAL and self.err is None):
             return  # before the swap, the swap reports the local health itself
         if self.err is not None:
+            return
+        if isinstance(ev, Wake) and not self._local_wake(ev):
             return
         asyncio.get_running_loop().create_task(self._deliver(ev))
 
@@ -849,3 +958,21 @@ class AsyncFailover(_AsyncListener):
 
 
 __all__ = ["AsyncClient", "AsyncFailover", "connect"]
+
+
+class _AsyncCut:
+    """A fail-back's switch point (failover._Cut, on the event loop): a
+    private name and a random payload (the marker), which listener has
+    passed it, and the hub's wakes held until the local listener has."""
+
+    def __init__(self, hub: AsyncClient) -> None:
+        self.hub = hub
+        token = secrets.token_hex(8)
+        self.q, self.token = "lh.cut." + token[:8], token
+        self.hub_past = self.local_past = False
+        self.buf: List[Wake] = []
+        self.both = asyncio.Event()
+
+    def passed(self) -> None:
+        if self.hub_past and self.local_past:
+            self.both.set()

@@ -2,6 +2,8 @@
 
 import asyncio
 import os
+import threading
+import time
 import unittest
 
 import listenhub
@@ -200,6 +202,76 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         while self.db.backends(self.app) != 0:
             self.assertLess(asyncio.get_running_loop().time(), deadline, "the local backend is still there")
             await asyncio.sleep(0.02)
+
+    async def test_failback_exact_through_20(self):
+        """Numbered NOTIFYs at 500 a second through 20 fail-backs (the hub
+        killed while the sender pauses, restarted while it sends): each
+        arrives once, in commit order (the marker cut, as the synchronous
+        Failover's)."""
+        hub = Hub(self.name, prefix=PREFIX, suffix=SUFFIX)
+        self.addCleanup(hub.close)
+        got = []
+        backs = asyncio.Queue()
+
+        def on_wake(w):
+            if w.q == "seq" and w.payload and w.payload.startswith("n"):
+                got.append(int(w.payload[1:]))
+
+        f = await self.failover(
+            hub.socket, min_local=0.1, probe_interval=0.05, probe_max_interval=0.2,
+            on_wake=on_wake, on_failback=lambda: backs.put_nowait(True),
+        )
+        await f.subscribe("seq")
+        loop = asyncio.get_running_loop()
+        state = {"sent": 0, "paused": False, "stop": False}
+
+        def pump():
+            db = DB()
+            try:
+                while not state["stop"]:
+                    if not state["paused"]:
+                        state["sent"] += 1
+                        db.notify(PREFIX + "seq" + SUFFIX, "n%d" % state["sent"])
+                    time.sleep(0.002)
+            finally:
+                db.close()
+
+        async def upto(n):
+            deadline = loop.time() + TIMEOUT
+            while max(got, default=0) < n:
+                self.assertLess(loop.time(), deadline, "seq %d never came" % n)
+                await asyncio.sleep(0.01)
+
+        t = threading.Thread(target=pump)
+        t.start()
+        try:
+            await upto(10)
+            for i in range(20):
+                state["paused"] = True
+                await asyncio.sleep(0.01)  # a notify in flight lands in sent first
+                at = state["sent"]
+                await upto(at)
+                hub.kill()
+                deadline = loop.time() + TIMEOUT
+                while f.mode != listenhub.LOCAL:
+                    self.assertLess(loop.time(), deadline, "local mode")
+                    await asyncio.sleep(0.01)
+                state["paused"] = False
+                await upto(at + 10)
+                hub = Hub(self.name + "-%d" % i, prefix=PREFIX, suffix=SUFFIX, socket_path=hub.socket)
+                self.addCleanup(hub.close)
+                await asyncio.wait_for(backs.get(), TIMEOUT)
+                self.assertEqual(f.mode, listenhub.HUB)
+                await upto(state["sent"] + 10)
+        finally:
+            state["stop"] = True
+            await loop.run_in_executor(None, t.join)
+        await upto(state["sent"])
+        dups = sorted({s for s in got if got.count(s) > 1})
+        lost = sorted(set(range(1, state["sent"] + 1)) - set(got))
+        self.assertEqual(dups, [], "delivered twice through 20 fail-backs")
+        self.assertEqual(lost, [], "lost through 20 fail-backs")
+        self.assertEqual(got, sorted(got), "out of commit order")
 
     async def test_no_hub_at_start_is_local_mode_at_once(self):
         f = await self.failover(os.path.join(scratch_dir(self), "absent.sock"))

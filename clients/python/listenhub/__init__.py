@@ -26,6 +26,7 @@ from .errors import (
     LimitError,
     ListenhubError,
     NackError,
+    OtherDatabaseError,
     RefusedError,
 )
 from .failover import HUB, LOCAL, Failover
@@ -54,6 +55,7 @@ __all__ = [
     "Local",
     "Mode",
     "NackError",
+    "OtherDatabaseError",
     "RefusedError",
     "SlowConsumerError",
     "Status",

@@ -94,6 +94,22 @@ class RefusedError(ListenhubError):
         self.reason = reason
 
 
+class OtherDatabaseError(ListenhubError):
+    """The hub does not deliver the notifications of the database the
+    failover listener was given: a NOTIFY committed on it did not come back
+    through the hub. It serves another database (or cluster); the failover
+    listener listens on its own connection instead."""
+
+    def __init__(self, path: str, database: str, timeout: float) -> None:
+        super().__init__(
+            "listenhub: the hub at %s does not deliver the notifications of %s (a NOTIFY committed there did not "
+            "come back through it within %ss): it serves another database; listening on this process's own "
+            "connection (run the hub with this database's URL)" % (path, database, timeout)
+        )
+        self.path = path
+        self.database = database
+
+
 class FailoverError(ListenhubError):
     """The local listener failed too, after the hub failed (``hub``): the
     failover listener is dead."""

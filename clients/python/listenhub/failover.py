@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 import random
 import secrets
 import threading
@@ -14,8 +15,8 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
 from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, Listener, Mode, Sink, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake
 from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
-from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError
-from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
+from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError, OtherDatabaseError
+from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local, _connect
 
 
 HUB = Mode.HUB
@@ -132,6 +133,9 @@ class Failover(Listener):
         # _dispatch: what is delivered and in which order.
         self._route = threading.Lock()
         self._cut: Optional[_Cut] = None
+        # The start's database check: name, token, and an event set when
+        # it came back through the hub.
+        self._probe: Optional[Tuple[str, str, threading.Event]] = None
         self._wrong_database = False
         self._mu = threading.Lock()
         self._mode = HUB
@@ -150,8 +154,12 @@ class Failover(Listener):
 
         try:
             hub, state = self._new_hub(current=True)
-        except ConnError as e:
-            log.warning("listenhub: hub unreachable (%s), listening locally", e)
+            self._check_database(hub, state)
+        except (ConnError, OtherDatabaseError) as e:
+            if isinstance(e, OtherDatabaseError):
+                log.error("%s", e)
+            else:
+                log.warning("listenhub: hub unreachable (%s), listening locally", e)
             try:
                 local = Local(**self._local_args)
             except Exception as le:
@@ -164,6 +172,49 @@ class Failover(Listener):
         with self._mu:
             self._hub, self._hub_state = hub, state
         self._watch(hub, self._hub_died)
+
+    def _check_database(self, hub: Client, state: Dict[str, Any]) -> None:
+        """At start: the hub must hear the database this listener was given.
+        A private name is subscribed through it, a NOTIFY of it committed on
+        a short connection of this process's own, and it must come back
+        through the hub within the ack timeout; if not, the hub is closed
+        and OtherDatabaseError raised. Whatever keeps the check from
+        running (a hub not yet healthy, a database not reachable, no room
+        for the name) leaves the hub trusted."""
+        if not self._cut_fits() or not state["healthy"].wait(self.ack_timeout) or hub.err is not None:
+            return
+        token = secrets.token_hex(8)
+        q = "lh.db." + token[:8]
+        came = threading.Event()
+        with self._route:
+            self._probe = (q, token, came)
+        try:
+            try:
+                hub.subscribe(q, self.ack_timeout)
+            except Exception:
+                return  # the hub's own failure shows elsewhere
+            a = self._local_args
+            url = a["database_url_"] or os.environ.get("LISTENHUB_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
+            try:
+                conn = _connect(url, a["application_name"], self.ack_timeout)
+            except Exception:
+                return
+            try:
+                conn.execute("SELECT pg_notify(%s, %s)", ((a["channel_prefix"] or "") + q + (a["channel_suffix"] or ""), token))
+                database = "%s at %s:%s" % (conn.info.dbname, conn.info.host, conn.info.port)
+            except Exception:
+                return
+            finally:
+                conn.close()
+            if came.wait(self.ack_timeout):
+                return
+            hub.close()
+            raise OtherDatabaseError(self.socket_path, database, self.ack_timeout)
+        finally:
+            with self._route:
+                self._probe = None
+            if hub.err is None:
+                hub.unsubscribe(q)
 
     def _after_fork_in_child(self, err: BaseException) -> None:
         """In a forked child (see _fork): dead with err, taking no lock a
@@ -302,6 +353,11 @@ class Failover(Listener):
 
     def _hub_wake(self, holder: List[Client], state: Dict[str, Any], w: Wake) -> None:
         with self._route:
+            probe = self._probe
+            if probe is not None and w.q == probe[0]:
+                if w.payload == probe[1]:
+                    probe[2].set()
+                return
             cut = self._cut
             if cut is not None and holder and cut.hub is holder[0]:
                 if w.q == cut.q:

@@ -231,6 +231,31 @@ class FailoverTest(unittest.TestCase):
         self.assertEqual(lost, [], "lost through 20 fail-backs")
         self.assertEqual(got, sorted(got), "out of commit order")
 
+    def test_hub_on_another_database_is_refused_at_start(self):
+        """A hub serving another database acks every subscribe and delivers
+        none of this one's NOTIFYs: the Failover finds out at start (a
+        NOTIFY of a private name that does not come back through the hub),
+        says so at ERROR, and listens on its own connection."""
+        import psycopg
+        from psycopg.conninfo import make_conninfo
+
+        other = "lhpy_other_%d" % os.getpid()
+        admin = psycopg.connect(DATABASE_URL, autocommit=True)
+        self.addCleanup(admin.close)
+        admin.execute("DROP DATABASE IF EXISTS %s" % other)
+        admin.execute("CREATE DATABASE %s" % other)
+        self.addCleanup(lambda: admin.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % other))
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", make_conninfo(DATABASE_URL, dbname=other)))
+        self.addCleanup(h.close)
+        with self.assertLogs("listenhub", level="ERROR") as logs:
+            f = self.failover(h.socket)
+        self.assertEqual(f.mode, listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.OtherDatabaseError)
+        self.assertIn("does not deliver the notifications of", "\n".join(logs.output))
+        f.subscribe("jobs")
+        DB().notify(PREFIX + "jobs" + SUFFIX, "through-our-own")
+        self.col.wait("the wake through the local listener", lambda s: Wake("jobs", "through-our-own", False) in s.wakes)
+
     def test_one_way_stays_local(self):
         h = self.hub()
         f = self.failover(h.socket, one_way=True, min_local=0.05, probe_interval=0.05)

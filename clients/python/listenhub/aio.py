@@ -38,7 +38,9 @@ from .failover import (
     FAILBACK_PARALLEL,
     HUB,
     LOCAL,
+    cut_fits,
     jitter,
+    wrong_database,
 )
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
 
@@ -795,7 +797,7 @@ class AsyncFailover(_AsyncListener):
             if cand.err is not None:
                 return False
             log.info("listenhub: hub is back, subscribing it before leaving the local listener")
-            if self._cut_fits():
+            if cut_fits(self._local_args):
                 cut = _AsyncCut(cand)
                 self._cut = cut
                 try:
@@ -867,10 +869,6 @@ class AsyncFailover(_AsyncListener):
             await self._deliver(Wake(q, None, True))
         return True
 
-    def _cut_fits(self) -> bool:
-        a = self._local_args
-        return len((a["channel_prefix"] or "").encode()) + len("lh.cut.") + 8 + len((a["channel_suffix"] or "").encode()) <= 63
-
     async def _send_marker(self, local: _AsyncLocal, cut: _AsyncCut) -> Optional[str]:
         """Commits the marker on the local connection and waits until both
         listeners delivered it; None when they did, else why not."""
@@ -885,16 +883,7 @@ class AsyncFailover(_AsyncListener):
             pass
         if cut.hub_past:
             return "the local listener did not deliver the fail-back marker in time"
-        msg = (
-            "listenhub: the hub at %s does not deliver this database's notifications (a marker did not come back "
-            "through it within %ss): it serves another database or cluster; staying on the local listener"
-            % (self.socket_path, self.ack_timeout)
-        )
-        if self._wrong_database:
-            log.debug(msg)
-        else:
-            self._wrong_database = True
-            log.error(msg)
+        msg, self._wrong_database = wrong_database(self.socket_path, self.ack_timeout, self._wrong_database)
         return msg
 
     async def _subscribe_all(self, c: AsyncClient, todo: Collection[str], acked: Set[str]) -> Optional[BaseException]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import random
 import secrets
 import threading
@@ -16,7 +15,7 @@ from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, Listener, Mode, Sink, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake
 from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
 from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError, OtherDatabaseError
-from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local, _connect
+from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local, _connect, database_url
 
 
 HUB = Mode.HUB
@@ -194,9 +193,8 @@ class Failover(Listener):
             except Exception:
                 return  # the hub's own failure shows elsewhere
             a = self._local_args
-            url = a["database_url_"] or os.environ.get("LISTENHUB_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
             try:
-                conn = _connect(url, a["application_name"], self.ack_timeout)
+                conn = _connect(database_url(a["database_url_"]), a["application_name"], self.ack_timeout)
             except Exception:
                 return
             try:
@@ -348,8 +346,7 @@ class Failover(Listener):
     # delivers means a hub on another database: the fail-back is refused.
 
     def _cut_fits(self) -> bool:
-        a = self._local_args
-        return len((a["channel_prefix"] or "").encode()) + len("lh.cut.") + 8 + len((a["channel_suffix"] or "").encode()) <= 63
+        return cut_fits(self._local_args)
 
     def _hub_wake(self, holder: List[Client], state: Dict[str, Any], w: Wake) -> None:
         with self._route:
@@ -405,16 +402,7 @@ class Failover(Listener):
             return None
         if cut.hub_past:
             return "the local listener did not deliver the fail-back marker in time"
-        msg = (
-            "listenhub: the hub at %s does not deliver this database's notifications (a marker did not come back "
-            "through it within %ss): it serves another database or cluster; staying on the local listener"
-            % (self.socket_path, self.ack_timeout)
-        )
-        if self._wrong_database:
-            log.debug(msg)
-        else:
-            self._wrong_database = True
-            log.error(msg)
+        msg, self._wrong_database = wrong_database(self.socket_path, self.ack_timeout, self._wrong_database)
         return msg
 
     def _watch(self, listener: Listener, then: Callable[[Any, Optional[BaseException]], None]) -> None:
@@ -681,6 +669,29 @@ class Failover(Listener):
             current = self._mode == LOCAL and self.err is None
         if current:  # before the swap, the swap reports the local health itself
             self._deliver(Status(healthy))
+
+
+def cut_fits(local_args: Dict[str, Any]) -> bool:
+    """Whether a marker's name (lh.cut. and 8 hex digits) fits in a channel
+    between the hub's prefix and suffix."""
+    prefix, suffix = local_args["channel_prefix"] or "", local_args["channel_suffix"] or ""
+    return len(prefix.encode()) + len("lh.cut.") + 8 + len(suffix.encode()) <= 63
+
+
+def wrong_database(socket_path: str, timeout: float, said: bool) -> Tuple[str, bool]:
+    """A fail-back marker that did not come back through the hub: the
+    reason, logged at ERROR the first time (said: already once) and at
+    DEBUG after; returns it and the new said."""
+    msg = (
+        "listenhub: the hub at %s does not deliver this database's notifications (a marker did not come back "
+        "through it within %ss): it serves another database or cluster; staying on the local listener"
+        % (socket_path, timeout)
+    )
+    if said:
+        log.debug(msg)
+    else:
+        log.error(msg)
+    return msg, True
 
 
 class _Cut:

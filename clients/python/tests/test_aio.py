@@ -223,15 +223,17 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         )
         await f.subscribe("seq")
         loop = asyncio.get_running_loop()
+        mu = threading.Lock()  # a NOTIFY and its count, or a pause, at a time
         state = {"sent": 0, "paused": False, "stop": False}
 
         def pump():
             db = DB()
             try:
                 while not state["stop"]:
-                    if not state["paused"]:
-                        state["sent"] += 1
-                        db.notify(PREFIX + "seq" + SUFFIX, "n%d" % state["sent"])
+                    with mu:
+                        if not state["paused"]:
+                            state["sent"] += 1
+                            db.notify(PREFIX + "seq" + SUFFIX, "n%d" % state["sent"])
                     time.sleep(0.002)
             finally:
                 db.close()
@@ -247,16 +249,17 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         try:
             await upto(10)
             for i in range(20):
-                state["paused"] = True
-                await asyncio.sleep(0.01)  # a notify in flight lands in sent first
-                at = state["sent"]
+                with mu:
+                    state["paused"] = True
+                    at = state["sent"]
                 await upto(at)
                 hub.kill()
                 deadline = loop.time() + TIMEOUT
                 while f.mode != listenhub.LOCAL:
                     self.assertLess(loop.time(), deadline, "local mode")
                     await asyncio.sleep(0.01)
-                state["paused"] = False
+                with mu:
+                    state["paused"] = False
                 await upto(at + 10)
                 hub = Hub(self.name + "-%d" % i, prefix=PREFIX, suffix=SUFFIX, socket_path=hub.socket)
                 self.addCleanup(hub.close)

@@ -499,6 +499,7 @@ func TestOneWritePerIteration(t *testing.T) {
 	for i := range 16 {
 		w.expect(wake("a", ptr(fmt.Sprint(i))))
 	}
+	e.sync() // the loop has accounted for the write the worker read
 	if after := writes.Load(); after-before != 1 {
 		t.Fatalf("%d writes for 16 frames of one iteration, want 1", after-before)
 	}

@@ -423,4 +423,31 @@ func TestServeRelayPublicationDropped(t *testing.T) {
 		t.Fatal("serve --relay exited")
 	default:
 	}
+	relayAgrees(t, addr, "down", "0")
+
+	// The fix: the guest streams again, and every view of it says so.
+	f.exec("CREATE PUBLICATION " + f.pub + " FOR TABLES IN SCHEMA " + f.schema)
+	testutil.WaitFor(t, 20*time.Second, "the relay active again", func() bool {
+		return strings.Contains(httpGet(t, "http://"+addr+"/relay"), `"state":"active"`)
+	})
+	relayAgrees(t, addr, "active", "1")
+}
+
+// relayAgrees checks that /relay, /metrics and /healthz say the same of a
+// relay in a settled state: one State behind all three.
+func relayAgrees(t *testing.T, addr, state, up string) {
+	t.Helper()
+	if r := httpGet(t, "http://"+addr+"/relay"); !strings.Contains(r, `"state":"`+state+`"`) {
+		t.Errorf("/relay does not say %s: %s", state, r)
+	}
+	m := httpGet(t, "http://"+addr+"/metrics")
+	active := map[bool]string{true: "1", false: "0"}[state == "active"]
+	for _, want := range []string{"\nlistenhub_relay_up " + up + "\n", "\nlistenhub_relay_active " + active + "\n"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/relay says %s; /metrics lacks %q", state, strings.TrimSpace(want))
+		}
+	}
+	if h := httpGet(t, "http://"+addr+"/healthz"); (state == "down") != strings.Contains(h, "relay down") {
+		t.Errorf("/relay says %s; /healthz %q", state, h)
+	}
 }

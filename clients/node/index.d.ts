@@ -225,6 +225,15 @@ export class RefusedError extends ListenhubError {
 }
 /** events() was not drained: more than maxPending events waited. */
 export class SlowConsumerError extends ListenhubError {}
+/**
+ * The hub does not deliver the notifications of the database the failover
+ * listener was given (checked at start); it listens locally instead.
+ */
+export class OtherDatabaseError extends ListenhubError {
+  constructor(path: string, database: string, timeoutMs: number);
+  readonly path: string;
+  readonly database: string;
+}
 /** The local listener failed too, after the hub failed. */
 export class FailoverError extends ListenhubError {
   constructor(hub: unknown, local: unknown);

@@ -26,6 +26,7 @@ export const {
   ConnError,
   RefusedError,
   SlowConsumerError,
+  OtherDatabaseError,
   FailoverError,
 } = cjs;
 

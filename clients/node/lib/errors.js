@@ -83,6 +83,22 @@ class RefusedError extends ListenhubError {
 // waiting. The listener is dead, as a worker that stops reading is evicted.
 class SlowConsumerError extends ListenhubError {}
 
+// The hub does not deliver the notifications of the database the failover
+// listener was given: a NOTIFY committed there did not come back through
+// the hub. It serves another database (or cluster); the failover listener
+// listens on its own connection instead.
+class OtherDatabaseError extends ListenhubError {
+  constructor(path, database, timeoutMs) {
+    super(
+      `listenhub: the hub at ${path} does not deliver the notifications of ${database} (a NOTIFY committed there did not ` +
+        `come back through it within ${timeoutMs} ms): it serves another database; listening on this process's own ` +
+        `connection (run the hub with this database's URL)`,
+    );
+    this.path = path;
+    this.database = database;
+  }
+}
+
 // The local listener failed too, after the hub failed.
 class FailoverError extends ListenhubError {
   constructor(hub, local) {
@@ -102,5 +118,6 @@ module.exports = {
   ConnError,
   RefusedError,
   SlowConsumerError,
+  OtherDatabaseError,
   FailoverError,
 };

@@ -6,9 +6,9 @@
 
 const frame = require('./frame');
 const { connect, DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT } = require('./client');
-const { Local, DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT } = require('./local');
+const { Local, DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, databaseUrl } = require('./local');
 const { Listener, wake, status } = require('./events');
-const { ClosedError, ConnError, FailoverError, InvalidNameError } = require('./errors');
+const { ClosedError, ConnError, FailoverError, InvalidNameError, OtherDatabaseError } = require('./errors');
 
 const HUB = 'hub';
 const LOCAL = 'local';
@@ -96,6 +96,7 @@ class Failover extends Listener {
     this._failbackTimer = null;
     this._cut = null; // a fail-back's switch point (see _hubWake)
     this._wrongDatabase = false;
+    this._probe = null; // the start's database check (see _checkDatabase)
   }
 
   // Options: databaseUrl (default LISTENHUB_DATABASE_URL, DATABASE_URL,
@@ -108,9 +109,16 @@ class Failover extends Listener {
   static async create(socketPath, opts = {}) {
     const f = new Failover(socketPath, opts);
     try {
-      f._hub = await f._newHub(true);
+      const hub = await f._newHub(true);
+      try {
+        await f._checkDatabase(hub);
+      } catch (e) {
+        hub.close();
+        throw e;
+      }
+      f._hub = hub;
     } catch (e) {
-      if (!(e instanceof ConnError)) throw e;
+      if (!(e instanceof ConnError) && !(e instanceof OtherDatabaseError)) throw e;
       let local;
       try {
         local = await Local.create(f._localOpts);
@@ -119,7 +127,10 @@ class Failover extends Listener {
       }
       // Never silent: the process's stderr (or its 'warning' listeners)
       // says why this worker holds a connection of its own.
-      process.emitWarning(`listenhub: hub unreachable (${e.message}), listening locally`, 'ListenhubWarning');
+      process.emitWarning(
+        e instanceof OtherDatabaseError ? e.message : `listenhub: hub unreachable (${e.message}), listening locally`,
+        'ListenhubWarning',
+      );
       f._mode = LOCAL;
       f.reason = e;
       f._local = local;
@@ -127,6 +138,67 @@ class Failover extends Listener {
       f._startLocal(local);
     }
     return f;
+  }
+
+  // At start: the hub must hear the database this listener was given. A
+  // private name is subscribed through it, a NOTIFY of it committed on a
+  // short connection of this process's own, and it must come back through
+  // the hub within the ack timeout; if not, OtherDatabaseError. Whatever
+  // keeps the check from running (a hub not yet healthy, a database not
+  // reachable, no room for the name) leaves the hub trusted.
+  async _checkDatabase(hub) {
+    const ms = hub.ackTimeout;
+    if (!this._cutFits()) return;
+    let timer;
+    const healthy = await Promise.race([
+      hub._lh.healthy,
+      hub.done.then(() => false),
+      new Promise((resolve) => {
+        timer = setTimeout(() => resolve(false), ms);
+      }),
+    ]);
+    clearTimeout(timer);
+    if (!healthy || hub.err) return;
+    const token = require('node:crypto').randomBytes(8).toString('hex');
+    const probe = { hub, q: 'lh.db.' + token.slice(0, 8), token };
+    probe.came = new Promise((resolve) => (probe.arrived = resolve));
+    this._probe = probe;
+    try {
+      try {
+        await hub.subscribe(probe.q);
+      } catch (e) {
+        return; // the hub's own failure shows elsewhere
+      }
+      const { Client: PgClient } = require('pg');
+      const o = this._localOpts;
+      const conn = new PgClient({
+        connectionString: databaseUrl(o.databaseUrl),
+        application_name: `${o.applicationName}-check`,
+        connectionTimeoutMillis: ms,
+      });
+      conn.on('error', () => {});
+      let database;
+      try {
+        await conn.connect();
+        const r = await conn.query('SELECT current_database() AS db, pg_notify($1, $2)', [o.channelPrefix + probe.q + o.channelSuffix, probe.token]);
+        database = `${r.rows[0].db} at ${conn.host}:${conn.port}`;
+      } catch (e) {
+        return;
+      } finally {
+        conn.end().catch(() => {});
+      }
+      const came = await Promise.race([
+        probe.came,
+        new Promise((resolve) => {
+          timer = setTimeout(() => resolve(false), ms);
+        }),
+      ]);
+      clearTimeout(timer);
+      if (!came) throw new OtherDatabaseError(this.socketPath, database, ms);
+    } finally {
+      this._probe = null;
+      if (!hub.err) hub.unsubscribe(probe.q);
+    }
   }
 
   // A hub client whose statuses are delivered only while it is the current
@@ -316,6 +388,11 @@ class Failover extends Listener {
   }
 
   _hubWake(c, state, w) {
+    const probe = this._probe;
+    if (probe && c && probe.hub === c && w.q === probe.q) {
+      if (w.payload === probe.token) probe.arrived(true);
+      return;
+    }
     const cut = this._cut;
     if (cut && c && cut.hub === c) {
       if (w.q === cut.q) {

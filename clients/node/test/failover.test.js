@@ -6,6 +6,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const path = require('node:path');
+const pg = require('pg');
 
 const listenhub = require('..');
 const { DATABASE_URL, skip, tmpDir, waitFor, Hub, DB, Collector, FakeHub } = require('./hubtest');
@@ -232,6 +233,41 @@ test('no hub at start: local mode at once', { skip }, async (t) => {
   await f.subscribe('jobs');
   await notify('jobs', 'x');
   await col.wait('a local wake', (s) => s.has('jobs', 'x', false));
+});
+
+test('a hub on another database is refused at start', { skip }, async (t) => {
+  // A hub serving another database acks every subscribe and delivers none
+  // of this one's NOTIFYs: the Failover finds out at start (a NOTIFY of a
+  // private name that does not come back through the hub), warns, and
+  // listens on its own connection.
+  const other = `lhnode_other_${process.pid}`;
+  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${other}`);
+  await admin.query(`CREATE DATABASE ${other}`);
+  let h = null;
+  // One hook, in this order: node:test runs a test's after hooks in the
+  // order they were added, and setup's close the listeners afterwards.
+  t.after(async () => {
+    if (h) await h.kill();
+    await admin.query(`DROP DATABASE IF EXISTS ${other} WITH (FORCE)`);
+    await admin.end();
+  });
+  const { col, failover, notify } = await setup(t);
+  const url = new URL(DATABASE_URL);
+  url.pathname = '/' + other;
+  h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, args: ['--database-url', url.toString()] });
+  const warnings = [];
+  const onWarning = (w) => warnings.push(w.message);
+  process.on('warning', onWarning);
+  t.after(() => process.off('warning', onWarning));
+  const f = await failover(h.socket);
+  assert.equal(f.mode(), listenhub.LOCAL);
+  assert.ok(f.reason instanceof listenhub.OtherDatabaseError, `reason ${f.reason}`);
+  await waitFor('the warning', () => warnings.some((m) => m.includes('does not deliver the notifications of')));
+  await f.subscribe('jobs');
+  await notify('jobs', 'through-our-own');
+  await col.wait('the wake through the local listener', (s) => s.has('jobs', 'through-our-own', false));
 });
 
 test('the local listener reconnects and resyncs', { skip }, async (t) => {

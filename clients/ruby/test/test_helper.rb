@@ -62,8 +62,9 @@ module LHTest
     w.close
     out = r.read
     r.close
-    Process.wait(pid)
-    out
+    _, status = Process.wait2(pid)
+    # A child that died before its block returned says how.
+    out.empty? && !status.success? ? "child died: #{status.inspect}" : out
   end
 
   def clean_env

@@ -17,8 +17,17 @@ module Listenhub
     # lets go of its copies of the parent's sockets (release_in_forked_child),
     # before the child can use them, and before its exit could finish the
     # parent's Postgres session with a Terminate.
+    # Nothing here may raise out of the fork: a listener that fails to
+    # let go is logged, and the others still are.
     def release_inherited_listeners
-      @live.keys.each { |l| l.send(:forked_child_close) }
+      @live.keys.each do |l|
+        # A weak map's keys can include an object being collected.
+        next unless l.is_a?(Listener)
+
+        l.send(:forked_child_close)
+      rescue StandardError => e
+        logger.error("listenhub: letting go of an inherited listener at fork raised: #{e.class}: #{e.message}")
+      end
     end
   end
 

@@ -9,7 +9,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Collection, Dict, List, Optional, Set, TypeVar, Union, cast
+from typing import Any, AsyncIterator, Callable, Collection, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
 
 from . import _fork, _frame, _subs
 from ._events import DEFAULT_MAX_PENDING, Mode, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake, make_wake
@@ -29,6 +29,7 @@ from .errors import (
     LimitError,
     ListenhubError,
     NackError,
+    OtherDatabaseError,
     RefusedError,
 )
 from .failover import (
@@ -40,6 +41,7 @@ from .failover import (
     LOCAL,
     cut_fits,
     jitter,
+    notify_probe,
     wrong_database,
 )
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local
@@ -528,6 +530,9 @@ class AsyncFailover(_AsyncListener):
         self.done = asyncio.Event()
         self._cb_lock = asyncio.Lock()  # one callback at a time across hub and local
         self._cut: Optional[_AsyncCut] = None  # a fail-back's switch point
+        # The start's database check: name, token, and an event set when
+        # it came back through the hub.
+        self._probe: Optional[Tuple[str, str, asyncio.Event]] = None
         self._wrong_database = False
 
     @classmethod
@@ -559,9 +564,18 @@ class AsyncFailover(_AsyncListener):
         del kw["cls"], kw["socket_path"]
         f = cls(socket_path, kw)
         try:
-            f._hub = await f._new_hub(current=True)
-        except ConnError as e:
-            log.warning("listenhub: hub unreachable (%s), listening locally", e)
+            hub = await f._new_hub(current=True)
+            try:
+                await f._check_database(hub)
+            except OtherDatabaseError:
+                hub.close()
+                raise
+            f._hub = hub
+        except (ConnError, OtherDatabaseError) as e:
+            if isinstance(e, OtherDatabaseError):
+                log.error("%s", e)
+            else:
+                log.warning("listenhub: hub unreachable (%s), listening locally", e)
             try:
                 local = await _AsyncLocal.create(f._local_event, f._local_died, f._local_args)
             except Exception as le:
@@ -665,9 +679,48 @@ class AsyncFailover(_AsyncListener):
         asyncio.get_running_loop().create_task(self._watch_hub(c))
         return c
 
+    async def _check_database(self, hub: AsyncClient) -> None:
+        """See Failover._check_database: a NOTIFY of a private name,
+        committed on a short connection of this process's own, must come
+        back through the hub within the ack timeout, or OtherDatabaseError."""
+        state = hub._lh_state
+        if not cut_fits(self._local_args) or hub.err is not None:
+            return
+        try:
+            await asyncio.wait_for(state["healthy"].wait(), self.ack_timeout)
+        except asyncio.TimeoutError:
+            return
+        token = secrets.token_hex(8)
+        q = "lh.db." + token[:8]
+        came = asyncio.Event()
+        self._probe = (q, token, came)
+        try:
+            try:
+                await hub.subscribe(q)
+            except Exception:
+                return  # the hub's own failure shows elsewhere
+            loop = asyncio.get_running_loop()
+            database = await loop.run_in_executor(None, notify_probe, self._local_args, q, token, self.ack_timeout)
+            if database is None:
+                return
+            try:
+                await asyncio.wait_for(came.wait(), self.ack_timeout)
+                return
+            except asyncio.TimeoutError:
+                raise OtherDatabaseError(self.socket_path, database, self.ack_timeout) from None
+        finally:
+            self._probe = None
+            if hub.err is None:
+                hub.unsubscribe(q)
+
     # --- the cut of a fail-back (see failover.Failover) ----------------------
 
     async def _hub_wake(self, holder: List[AsyncClient], state: Dict[str, Any], w: Wake) -> None:
+        probe = self._probe
+        if probe is not None and w.q == probe[0]:
+            if w.payload == probe[1]:
+                probe[2].set()
+            return
         cut = self._cut
         if cut is not None and holder and cut.hub is holder[0]:
             if w.q == cut.q:

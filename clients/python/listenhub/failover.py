@@ -192,19 +192,8 @@ class Failover(Listener):
                 hub.subscribe(q, self.ack_timeout)
             except Exception:
                 return  # the hub's own failure shows elsewhere
-            a = self._local_args
-            try:
-                conn = _connect(database_url(a["database_url_"]), a["application_name"], self.ack_timeout)
-            except Exception:
-                return
-            try:
-                conn.execute("SELECT pg_notify(%s, %s)", ((a["channel_prefix"] or "") + q + (a["channel_suffix"] or ""), token))
-                database = "%s at %s:%s" % (conn.info.dbname, conn.info.host, conn.info.port)
-            except Exception:
-                return
-            finally:
-                conn.close()
-            if came.wait(self.ack_timeout):
+            database = notify_probe(self._local_args, q, token, self.ack_timeout)
+            if database is None or came.wait(self.ack_timeout):
                 return
             hub.close()
             raise OtherDatabaseError(self.socket_path, database, self.ack_timeout)
@@ -676,6 +665,24 @@ def cut_fits(local_args: Dict[str, Any]) -> bool:
     between the hub's prefix and suffix."""
     prefix, suffix = local_args["channel_prefix"] or "", local_args["channel_suffix"] or ""
     return len(prefix.encode()) + len("lh.cut.") + 8 + len(suffix.encode()) <= 63
+
+
+def notify_probe(local_args: Dict[str, Any], q: str, token: str, timeout: float) -> Optional[str]:
+    """Commits a NOTIFY of q's channel with token on a short connection of
+    this process's own (a start's database check); returns the database it
+    went to ("name at host:port"), or None when it could not be sent."""
+    a = local_args
+    try:
+        conn = _connect(database_url(a["database_url_"]), a["application_name"], timeout)
+    except Exception:
+        return None
+    try:
+        conn.execute("SELECT pg_notify(%s, %s)", ((a["channel_prefix"] or "") + q + (a["channel_suffix"] or ""), token))
+        return "%s at %s:%s" % (conn.info.dbname, conn.info.host, conn.info.port)
+    except Exception:
+        return None
+    finally:
+        conn.close()
 
 
 def wrong_database(socket_path: str, timeout: float, said: bool) -> Tuple[str, bool]:

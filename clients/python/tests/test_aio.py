@@ -283,6 +283,29 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         self.notify("jobs", "x")
         await next_matching(f, lambda e: e == Wake("jobs", "x", False), "a local wake")
 
+    async def test_hub_on_another_database_is_refused_at_start(self):
+        """As the synchronous Failover: a hub serving another database is
+        found out at start, said at ERROR, and the listener is local."""
+        import psycopg
+        from psycopg.conninfo import make_conninfo
+
+        other = "lhpy_aother_%d" % os.getpid()
+        admin = psycopg.connect(DATABASE_URL, autocommit=True)
+        self.addCleanup(admin.close)
+        admin.execute("DROP DATABASE IF EXISTS %s" % other)
+        admin.execute("CREATE DATABASE %s" % other)
+        self.addCleanup(lambda: admin.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % other))
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", make_conninfo(DATABASE_URL, dbname=other)))
+        self.addCleanup(h.close)
+        with self.assertLogs("listenhub", level="ERROR") as logs:
+            f = await self.failover(h.socket)
+        self.assertEqual(f.mode, listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.OtherDatabaseError)
+        self.assertIn("does not deliver the notifications of", "\n".join(logs.output))
+        await f.subscribe("jobs")
+        self.notify("jobs", "through-our-own")
+        await next_matching(f, lambda e: e == Wake("jobs", "through-our-own", False), "the wake through the local listener")
+
     async def test_ack_timeout_fails_over(self):
         fake = FakeHub("silent")
         self.addCleanup(fake.close)

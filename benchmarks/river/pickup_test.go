@@ -64,8 +64,10 @@ func BenchmarkRiverPickup(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer cluster.Close()
-	defer testutil.RemoveBinaries()
+	// Cleanups run last first: the River clients (added below) stop
+	// before the hub, the hub before the cluster.
+	b.Cleanup(func() { cluster.Close() })
+	b.Cleanup(testutil.RemoveBinaries)
 	bin := testutil.Binary(b, "github.com/listenhub/listenhub/cmd/listenhub")
 	dir := b.TempDir()
 	sock := filepath.Join(dir, "hub.sock")
@@ -73,7 +75,7 @@ func BenchmarkRiverPickup(b *testing.B) {
 	if err := hub.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { hub.Process.Signal(syscall.SIGTERM); hub.Wait() }()
+	b.Cleanup(func() { hub.Process.Signal(syscall.SIGTERM); hub.Wait() })
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		c, err := client.Dial(ctx, client.Options{SocketPath: sock})

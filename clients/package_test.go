@@ -186,7 +186,8 @@ func TestNodePackage(t *testing.T) {
 	for _, f := range tarFiles(t, tarball) {
 		files = append(files, strings.TrimPrefix(f, "package/"))
 	}
-	for _, want := range []string{"package.json", "index.js", "index.mjs", "index.d.ts", "lib/client.js", "README.md", "LICENSE"} {
+	for _, want := range []string{"package.json", "index.js", "index.mjs", "index.d.ts", "lib/client.js", "pg-listen.js", "pg-listen.mjs", "pg-listen.d.ts",
+		"graphile-worker.js", "graphile-worker.mjs", "graphile-worker.d.ts", "README.md", "LICENSE"} {
 		if !slices.Contains(files, want) {
 			t.Errorf("the tarball lacks %s: %v", want, files)
 		}

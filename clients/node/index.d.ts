@@ -58,6 +58,8 @@ export interface ClientOptions {
 export interface LocalOptions {
   /** Default: LISTENHUB_DATABASE_URL, DATABASE_URL, then pg's PG* variables. */
   databaseUrl?: string;
+  /** A pg client config (host, user, password, ...); wins over databaseUrl. */
+  connectionConfig?: { connectionString?: string; [key: string]: unknown };
   /** The hub's --channel-prefix. */
   channelPrefix?: string;
   /** The hub's --channel-suffix. */

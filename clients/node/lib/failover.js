@@ -73,6 +73,7 @@ class Failover extends Listener {
     this._opts = opts;
     this._localOpts = {
       databaseUrl: opts.databaseUrl,
+      connectionConfig: opts.connectionConfig,
       channelPrefix: opts.channelPrefix || '',
       channelSuffix: opts.channelSuffix || '',
       applicationName: opts.applicationName || DEFAULT_LOCAL_APPLICATION_NAME,
@@ -100,7 +101,8 @@ class Failover extends Listener {
   }
 
   // Options: databaseUrl (default LISTENHUB_DATABASE_URL, DATABASE_URL,
-  // then pg's PG* variables), channelPrefix, channelSuffix (the hub's),
+  // then pg's PG* variables) or connectionConfig (a pg client config, which
+  // wins), channelPrefix, channelSuffix (the hub's),
   // applicationName ("listenhub-local"), ackTimeout, writeTimeout,
   // connectTimeout (ms), localTimeout (ms, 10000), peerCheck, allowedUids,
   // oneWay (false), minLocal (ms, 5000), probeInterval (ms, 1000),
@@ -172,7 +174,7 @@ class Failover extends Listener {
       const { Client: PgClient } = require('pg');
       const o = this._localOpts;
       const conn = new PgClient({
-        connectionString: databaseUrl(o.databaseUrl),
+        ...(o.connectionConfig || { connectionString: databaseUrl(o.databaseUrl) }),
         application_name: `${o.applicationName}-check`,
         connectionTimeoutMillis: ms,
       });

@@ -113,6 +113,8 @@ class Local extends Listener {
   constructor(opts) {
     super();
     this.url = databaseUrl(opts.databaseUrl);
+    // A pg client config (host, user, password, ...) instead of a URL.
+    this.pgConfig = opts.connectionConfig || null;
     this.prefix = opts.channelPrefix || '';
     this.suffix = opts.channelSuffix || '';
     this.applicationName = opts.applicationName || DEFAULT_LOCAL_APPLICATION_NAME;
@@ -147,10 +149,15 @@ class Local extends Listener {
     return this._conn && this._conn.processID;
   }
 
+  // Where to connect: the pg config given, else the URL.
+  _where() {
+    return this.pgConfig ? { ...this.pgConfig } : { connectionString: this.url };
+  }
+
   async _open() {
     const { Client: PgClient } = require('pg');
     const conn = new PgClient({
-      connectionString: this.url,
+      ...this._where(),
       application_name: process.env.PGAPPNAME ? undefined : this.applicationName,
       connectionTimeoutMillis: this.commandTimeout,
       keepAlive: true,
@@ -158,7 +165,7 @@ class Local extends Listener {
     });
     const second = () =>
       new PgClient({
-        connectionString: this.url,
+        ...this._where(),
         application_name: `${this.applicationName}-check`,
         connectionTimeoutMillis: this.commandTimeout,
       });

@@ -1,6 +1,8 @@
 // Type-checked (never run) against the installed package's declarations:
 // what a TypeScript user writes must compile, and misuse must not.
-import { connect, Failover, ConnError, InvalidNameError, HUB, type Wake, type Event } from 'listenhub';
+import { connect, Failover, ConnError, InvalidNameError, HUB, OtherDatabaseError, type Wake, type Event } from 'listenhub';
+import createSubscriber from 'listenhub/pg-listen';
+import { hubPool } from 'listenhub/graphile-worker';
 
 export async function main(sock: string, url: string): Promise<void> {
   const c = await connect(sock, {
@@ -41,4 +43,23 @@ export async function main(sock: string, url: string): Promise<void> {
   c.on('wake', (w: number) => void w);
   // @ts-expect-error: no such option
   await connect(sock, { ackTimeOut: 1 });
+  if (f.reason instanceof OtherDatabaseError) console.log(f.reason.database);
+
+  // pg-listen's surface, through the hub.
+  const sub = createSubscriber({ connectionString: url }, { socketPath: sock, paranoidChecking: false });
+  sub.notifications.on('jobs', (payload: unknown) => void payload);
+  sub.events.on('error', (e: Error) => console.error(e));
+  await sub.connect();
+  await sub.listenTo('jobs');
+  await sub.notify('jobs', { id: 1 });
+  const chans: string[] = sub.getSubscribedChannels();
+  void chans;
+  await sub.close();
+  // @ts-expect-error: no such option
+  createSubscriber({}, { socket: sock });
+
+  // graphile-worker's pgPool.
+  const fakePool = { connect: () => undefined, options: {} };
+  const same: typeof fakePool = hubPool(fakePool, { socketPath: sock });
+  void same;
 }

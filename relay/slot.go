@@ -66,7 +66,16 @@ func (s *session) endOwnWalsender(ctx context.Context, old int, first bool) bool
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	rows, err := query(cctx, s.nc, `SELECT coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0)::text`, s.r.opts.Slot)
-	if err != nil || rows[0][0] != strconv.Itoa(old) {
+	if err != nil {
+		return false
+	}
+	if rows[0][0] == "0" && !first {
+		// Released since START_REPLICATION found it busy: the old
+		// walsender, asked to end, has exited. Try again at once
+		// rather than stand by for it.
+		return true
+	}
+	if rows[0][0] != strconv.Itoa(old) {
 		return false
 	}
 	if first {

@@ -2,6 +2,7 @@ package riverhub_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -226,4 +227,40 @@ func TestListenerGapBecomesInsertNotifications(t *testing.T) {
 		t.Fatalf("got %v, want one insert notification for q1 and one for q2", got)
 	}
 	requireNoNotification(ctx, t, l)
+}
+
+// TestListenerDeadIsAnErrorRiverReconnectsOn: with the hub gone and no
+// local fallback possible, the listener is dead: WaitForNotification and
+// Ping return an error that is not a context's, on which River's notifier
+// closes and connects again; with the hub back, that works.
+func TestListenerDeadIsAnErrorRiverReconnectsOn(t *testing.T) {
+	h := startHub(t)
+	schema := newSchema(t, false)
+	ctx := context.Background()
+	opts := driverOptions(t, h, randName("lhriver-local-"))
+	opts.Failover.Local.DatabaseURL = "postgres://nobody@127.0.0.1:1/none?connect_timeout=1" // no fallback
+	d := riverhub.New(newPool(t, schema, ""), opts)
+	l := d.GetListener(&riverdriver.GetListenenerParams{Schema: schema})
+	mustf(t, l.Connect(ctx), "Connect")
+	mustf(t, l.Listen(ctx, "topic"), "Listen")
+	h.kill()
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	_, err := l.WaitForNotification(wctx)
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitForNotification after the hub and the fallback failed: %v, want the listener's error", err)
+	}
+	if perr := l.Ping(ctx); perr == nil {
+		t.Fatal("Ping on a dead listener returned nil")
+	}
+	t.Logf("the error River's notifier sees: %v", err)
+
+	// What River's notifier does next.
+	mustf(t, l.Close(ctx), "Close")
+	h.restart()
+	mustf(t, l.Connect(ctx), "Connect again")
+	mustf(t, l.Listen(ctx, "topic"), "Listen again")
+	mustf(t, d.GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{Payload: []string{"back"}, Schema: schema, Topic: "topic"}), "NotifyMany")
+	requireNotification(t, waitForNotification(ctx, t, l), "topic", "back")
+	mustf(t, l.Close(ctx), "Close")
 }

@@ -16,8 +16,10 @@ type Options struct {
 	// Failover configures each listener's hub client and its local
 	// fallback: Failover.Hub.SocketPath is required (the hub's --socket).
 	// Failover.Local's connection settings default to the pool's (its
-	// ApplicationName to "listenhub-local"). OnWake and OnStatus must be
-	// unset: the listener sets its own.
+	// ApplicationName to "listenhub-local"); set Failover.Local.DatabaseURL
+	// to a direct URL when the pool goes through a transaction pooler, whose
+	// connections cannot LISTEN. OnWake and OnStatus must be unset: the
+	// listener sets its own.
 	Failover client.FailoverOptions
 	// Logger defaults to Failover.Logger, then slog.Default().
 	Logger *slog.Logger

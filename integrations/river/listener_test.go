@@ -75,13 +75,11 @@ func notify(ctx context.Context, t *testing.T, b *listenerBundle, l riverdriver.
 }
 
 func TestListenerCloseNoOpIfNotConnected(t *testing.T) {
-	t.Parallel()
 	l, _ := setupListener(t)
 	mustf(t, l.Close(context.Background()), "Close")
 }
 
 func TestListenerDoesNotReplayBeforeSubscription(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	connectListener(ctx, t, l)
@@ -96,7 +94,6 @@ func TestListenerDoesNotReplayBeforeSubscription(t *testing.T) {
 // committed before this Listen reaches the hub all the same, and must not
 // reach this listener.
 func TestListenerDoesNotReplayWhatTheHubHeardForAnother(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	other := b.driver.GetListener(&riverdriver.GetListenenerParams{Schema: l.Schema()})
@@ -114,7 +111,6 @@ func TestListenerDoesNotReplayWhatTheHubHeardForAnother(t *testing.T) {
 }
 
 func TestListenerNewTopicPreservesOtherTopics(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	connectListener(ctx, t, l)
@@ -129,7 +125,6 @@ func TestListenerNewTopicPreservesOtherTopics(t *testing.T) {
 }
 
 func TestListenerRepeatedListenPreservesPendingNotifications(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	connectListener(ctx, t, l)
@@ -141,7 +136,6 @@ func TestListenerRepeatedListenPreservesPendingNotifications(t *testing.T) {
 }
 
 func TestListenerResubscribeSkipsGap(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	connectListener(ctx, t, l)
@@ -155,7 +149,6 @@ func TestListenerResubscribeSkipsGap(t *testing.T) {
 }
 
 func TestListenerRoundTrip(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	connectListener(ctx, t, l)
@@ -179,7 +172,6 @@ func TestListenerRoundTrip(t *testing.T) {
 }
 
 func TestListenerSchemaFromParameter(t *testing.T) {
-	t.Parallel()
 	_, b := setupListener(t)
 	l := b.driver.GetListener(&riverdriver.GetListenenerParams{Schema: "my_custom_schema"})
 	if got := l.Schema(); got != "my_custom_schema" {
@@ -188,7 +180,6 @@ func TestListenerSchemaFromParameter(t *testing.T) {
 }
 
 func TestListenerSchemaFromSearchPath(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	_, b := setupListener(t)
 	l := b.driver.GetListener(&riverdriver.GetListenenerParams{Schema: ""})
@@ -200,7 +191,6 @@ func TestListenerSchemaFromSearchPath(t *testing.T) {
 }
 
 func TestListenerEmptySchemaFromSearchPath(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	h := startHub(t)
 	// River's harness gives this case a pool whose search_path names no
@@ -214,7 +204,6 @@ func TestListenerEmptySchemaFromSearchPath(t *testing.T) {
 }
 
 func TestListenerTransactionGated(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	connectListener(ctx, t, l)
@@ -229,7 +218,6 @@ func TestListenerTransactionGated(t *testing.T) {
 }
 
 func TestListenerMultipleReuse(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, _ := setupListener(t)
 	connectListener(ctx, t, l)
@@ -242,7 +230,6 @@ func TestListenerMultipleReuse(t *testing.T) {
 }
 
 func TestListenerWaitForNotificationMultipleBatches(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	connectListener(ctx, t, l)
@@ -260,7 +247,6 @@ func TestListenerWaitForNotificationMultipleBatches(t *testing.T) {
 }
 
 func TestListenerReconnectDiscardsBufferedNotifications(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, b := setupListener(t)
 	connectListener(ctx, t, l)
@@ -278,7 +264,6 @@ func TestListenerReconnectDiscardsBufferedNotifications(t *testing.T) {
 // River's notifier cancels WaitForNotification to run Listen and Unlisten:
 // the wait must return at once, with the context's error.
 func TestListenerWaitReturnsWhenCancelled(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	l, _ := setupListener(t)
 	connectListener(ctx, t, l)

@@ -31,7 +31,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -92,36 +91,12 @@ func findPython(t *testing.T) string {
 }
 
 // run runs a suite in dir with the hub binary and the database in its
-// environment. The suite runs in its own process group, which is killed at
-// the end, so that no hub it started outlives it.
+// environment (testutil.RunSuite: no hub it started outlives it).
 func run(t *testing.T, dir string, name string, args ...string) {
 	t.Helper()
 	bin := testutil.Binary(t, "github.com/listenhub/listenhub/cmd/listenhub")
-	ctx, cancel := context.WithTimeout(context.Background(), suiteTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "LHTEST_HUB_BIN="+bin, "LHTEST_DATABASE_URL="+db.URL())
-	cmd.Env = append(cmd.Env, pgbouncers(t)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out := &testutil.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.WaitDelay = 10 * time.Second
-	err := cmd.Run()
-	if cmd.Process != nil {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // leftovers (hubs of a crashed suite)
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("%s %s: no result within %v:\n%s", name, strings.Join(args, " "), suiteTimeout, out)
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		t.Fatalf("%s %s: %v:\n%s", name, strings.Join(args, " "), err, out)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := append([]string{"LHTEST_HUB_BIN=" + bin, "LHTEST_DATABASE_URL=" + db.URL()}, pgbouncers(t)...)
+	out := testutil.RunSuite(t, suiteTimeout, dir, env, name, args...)
 	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
 }
 

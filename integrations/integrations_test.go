@@ -14,13 +14,9 @@
 package integrations_test
 
 import (
-	"context"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,30 +49,8 @@ func runModule(t *testing.T, dir string) {
 		args = append(args, "-run", pat)
 	}
 	args = append(args, "./...")
-	ctx, cancel := context.WithTimeout(context.Background(), suiteTimeout+time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, gobin, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "LHTEST_HUB_BIN="+bin, "LHTEST_DATABASE_URL="+db.URL())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 10 * time.Second
-	out := &testutil.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	err = cmd.Run()
-	if cmd.Process != nil {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // hubs a crashed suite left
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("go %s in %s: no result in time:\n%s", strings.Join(args, " "), dir, out)
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		t.Fatalf("go %s in %s: %v:\n%s", strings.Join(args, " "), dir, err, out)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := testutil.RunSuite(t, suiteTimeout+time.Minute, dir,
+		[]string{"LHTEST_HUB_BIN=" + bin, "LHTEST_DATABASE_URL=" + db.URL()}, gobin, args...)
 	if testing.Verbose() {
 		t.Logf("%s", out)
 	}

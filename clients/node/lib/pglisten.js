@@ -104,6 +104,10 @@ function createPostgresSubscriber(connectionConfig, options = {}) {
           });
           return f;
         });
+        // A failed connect can be tried again, as pg-listen's can.
+        connecting.catch(() => {
+          if (!failover) connecting = null;
+        });
       }
       await connecting;
       events.emit('connected');

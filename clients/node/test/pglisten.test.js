@@ -270,3 +270,27 @@ test('census: K subscribers, K backends with pg-listen, 1 through the hub', { sk
   }
 });
 
+
+// Ours only: a connect that fails (no hub, no database) rejects, and a
+// later one, once they are there, succeeds.
+test('listenhub/pg-listen: a failed connect can be retried', { skip }, async (t) => {
+  const path = require('node:path');
+  const { tmpDir } = require('./hubtest');
+  const sock = path.join(tmpDir('lhnode-'), 'hub.sock');
+  const sub = createHubSubscriber(
+    { connectionString: 'postgres://nobody@127.0.0.1:1/none?connect_timeout=1' },
+    { socketPath: sock, failover: { localTimeout: 1000 } },
+  );
+  await assert.rejects(sub.connect());
+  const h = await Hub.start(t.name, { socket: sock });
+  t.after(() => h.kill());
+  await sub.connect();
+  const got = [];
+  sub.notifications.on('jobs', (p) => got.push(p));
+  await sub.listenTo('jobs');
+  const db = await DB.open();
+  t.after(() => db.close());
+  await db.notify('jobs', '{"n":1}');
+  await waitFor('the wake', () => got.length === 1);
+  await sub.close();
+});

@@ -120,6 +120,20 @@ func startFlow(t *testing.T, schema string, interval time.Duration) *jobFlow {
 	return fl
 }
 
+// more waits until k more jobs have been inserted: the flow goes on
+// through what the test does meanwhile.
+func (fl *jobFlow) more(t *testing.T, k int) {
+	t.Helper()
+	fl.mu.Lock()
+	want := fl.inserted + k
+	fl.mu.Unlock()
+	waitFor(t, timeout, "more jobs inserted", func() bool {
+		fl.mu.Lock()
+		defer fl.mu.Unlock()
+		return fl.inserted >= want || fl.err != nil
+	})
+}
+
 func (fl *jobFlow) end(t *testing.T) int {
 	t.Helper()
 	close(fl.stop)
@@ -158,7 +172,7 @@ func TestRiverCensus(t *testing.T) {
 	ws := startWorkers(t, workers, "plain", plainSchema, "", plainApp)
 	waitFor(t, timeout, "a LISTEN backend per worker", func() bool { return backends(t, db, plainApp) == workers })
 	fl := startFlow(t, plainSchema, 150*time.Millisecond)
-	time.Sleep(time.Second) // jobs flow for a while
+	fl.more(t, 6)
 	n := fl.end(t)
 	p50, worst := pickups(t, db, plainSchema, n)
 	plain := backends(t, db, plainApp)
@@ -167,7 +181,7 @@ func TestRiverCensus(t *testing.T) {
 	hubSchema, localApp := newSchema(t, true), randName("lhriver-local-")
 	ws = startWorkers(t, workers, "hub", hubSchema, h.socket, localApp)
 	fl = startFlow(t, hubSchema, 150*time.Millisecond)
-	time.Sleep(time.Second)
+	fl.more(t, 6)
 	n = fl.end(t)
 	hp50, hworst := pickups(t, db, hubSchema, n)
 	local, hubs := backends(t, db, localApp), backends(t, db, h.app)
@@ -197,13 +211,13 @@ func TestRiverHubKilledWhileJobsFlow(t *testing.T) {
 	schema, localApp := newSchema(t, true), randName("lhriver-local-")
 	ws := startWorkers(t, workers, "hub", schema, h.socket, localApp)
 	fl := startFlow(t, schema, 120*time.Millisecond)
-	time.Sleep(500 * time.Millisecond)
+	fl.more(t, 4)
 
 	h.kill()
 	killed := time.Now()
 	waitFor(t, timeout, "every worker on a LISTEN of its own", func() bool { return backends(t, db, localApp) == workers })
 	t.Logf("%d local LISTEN backends %v after the kill", workers, time.Since(killed).Round(time.Millisecond))
-	time.Sleep(500 * time.Millisecond)
+	fl.more(t, 4)
 
 	h.start()
 	restarted := time.Now()
@@ -211,7 +225,7 @@ func TestRiverHubKilledWhileJobsFlow(t *testing.T) {
 		return backends(t, db, localApp) == 0 && backends(t, db, h.app) == 1
 	})
 	t.Logf("census back to 1 %v after the restart", time.Since(restarted).Round(time.Millisecond))
-	time.Sleep(500 * time.Millisecond)
+	fl.more(t, 4)
 	n := fl.end(t)
 	p50, worst := pickups(t, db, schema, n)
 	t.Logf("%d jobs through a hub kill and restart: pick-up p50 %v, max %v", n, p50.Round(time.Millisecond), worst.Round(time.Millisecond))

@@ -32,6 +32,18 @@ function withTimeout(promise, ms) {
   );
 }
 
+// Resolves with what promise resolves to, or false after ms.
+function within(promise, ms) {
+  let timer;
+  return Promise.race([promise, new Promise((resolve) => (timer = setTimeout(() => resolve(false), ms)))]).finally(() =>
+    clearTimeout(timer),
+  );
+}
+
+// Whether hub client c reported healthy within its ack timeout (false once
+// it is dead).
+const healthyInTime = (c) => within(Promise.race([c._lh.healthy, c.done.then(() => false)]), c.ackTimeout);
+
 const jitter = (ms) => ms * (1 - PROBE_JITTER + 2 * PROBE_JITTER * Math.random());
 
 // A listener that uses the hub while it can and its own Postgres connection
@@ -150,17 +162,7 @@ class Failover extends Listener {
   // reachable, no room for the name) leaves the hub trusted.
   async _checkDatabase(hub) {
     const ms = hub.ackTimeout;
-    if (!this._cutFits()) return;
-    let timer;
-    const healthy = await Promise.race([
-      hub._lh.healthy,
-      hub.done.then(() => false),
-      new Promise((resolve) => {
-        timer = setTimeout(() => resolve(false), ms);
-      }),
-    ]);
-    clearTimeout(timer);
-    if (!healthy || hub.err) return;
+    if (!this._cutFits() || !(await healthyInTime(hub)) || hub.err) return;
     const token = require('node:crypto').randomBytes(8).toString('hex');
     const probe = { hub, q: 'lh.db.' + token.slice(0, 8), token };
     probe.came = new Promise((resolve) => (probe.arrived = resolve));
@@ -189,14 +191,7 @@ class Failover extends Listener {
       } finally {
         conn.end().catch(() => {});
       }
-      const came = await Promise.race([
-        probe.came,
-        new Promise((resolve) => {
-          timer = setTimeout(() => resolve(false), ms);
-        }),
-      ]);
-      clearTimeout(timer);
-      if (!came) throw new OtherDatabaseError(this.socketPath, database, ms);
+      if (!(await within(probe.came, ms))) throw new OtherDatabaseError(this.socketPath, database, ms);
     } finally {
       this._probe = null;
       if (!hub.err) hub.unsubscribe(probe.q);
@@ -440,15 +435,7 @@ class Failover extends Listener {
     } catch (e) {
       return e.message;
     }
-    let timer;
-    const both = await Promise.race([
-      cut.both,
-      new Promise((resolve) => {
-        timer = setTimeout(() => resolve(false), ms);
-      }),
-    ]);
-    clearTimeout(timer);
-    if (both) return null;
+    if (await within(cut.both, ms)) return null;
     if (cut.hubPast) return 'the local listener did not deliver the fail-back marker in time';
     const msg =
       `listenhub: the hub at ${this.socketPath} does not deliver this database's notifications (a marker did not ` +
@@ -480,16 +467,7 @@ class Failover extends Listener {
     let recorded;
     let cut = null;
     try {
-      let timer;
-      const healthy = await Promise.race([
-        cand._lh.healthy,
-        cand.done.then(() => false),
-        new Promise((resolve) => {
-          timer = setTimeout(() => resolve(false), cand.ackTimeout);
-        }),
-      ]);
-      clearTimeout(timer);
-      if (!healthy || cand.err) return false;
+      if (!(await healthyInTime(cand)) || cand.err) return false;
       if (this._cutFits()) {
         cut = newCut(cand);
         this._cut = cut;

@@ -124,14 +124,19 @@ test('graphile-worker: K processes, 1 LISTEN backend through the hub, woken jobs
       await new Promise((r) => setTimeout(r, 100));
     }
   })();
-  await new Promise((r) => setTimeout(r, 300));
+  // The flow goes on through each step: a few more jobs added each time.
+  const more = async (k) => {
+    const want = n + k;
+    await waitFor('more jobs added', () => n >= want);
+  };
+  await more(3);
   await h.kill();
   await waitFor('every process on a LISTEN of its own', async () => (await db.backends(localApp)) === K);
-  await new Promise((r) => setTimeout(r, 300));
+  await more(3);
   const h2 = await Hub.start(t.name, { socket: h.socket, args: ['--metrics-addr', metrics] });
   t.after(() => h2.kill());
   await waitFor('every process back on the hub', async () => (await db.backends(localApp)) === 0 && (await hubSubscribers(metrics)) === K);
-  await new Promise((r) => setTimeout(r, 300));
+  await more(3);
   adding = false;
   await adder;
   const want = n - first;

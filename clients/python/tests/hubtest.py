@@ -163,6 +163,20 @@ class DB:
         self.conn.close()
 
 
+def other_database_url(test, name):
+    """A database of its own (dropped at the test's end), beside the
+    test's: the URL of a hub that serves another database."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    admin = psycopg.connect(DATABASE_URL, autocommit=True)
+    test.addCleanup(admin.close)
+    admin.execute("DROP DATABASE IF EXISTS %s" % name)
+    admin.execute("CREATE DATABASE %s" % name)
+    test.addCleanup(lambda: admin.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name))
+    return make_conninfo(DATABASE_URL, dbname=name)
+
+
 def start_hub_and_db(test):
     """Sets test.hub, a hub named after the test, and test.db; both are
     closed at the test's cleanup."""

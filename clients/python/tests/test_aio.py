@@ -10,7 +10,7 @@ import listenhub
 from listenhub import Status, Wake
 from listenhub import aio
 
-from hubtest import DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, require_env, scratch_dir, start_hub_and_db
+from hubtest import DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, other_database_url, require_env, scratch_dir, start_hub_and_db
 
 PREFIX, SUFFIX = "lh.", ".ev"
 
@@ -286,16 +286,8 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
     async def test_hub_on_another_database_is_refused_at_start(self):
         """As the synchronous Failover: a hub serving another database is
         found out at start, said at ERROR, and the listener is local."""
-        import psycopg
-        from psycopg.conninfo import make_conninfo
-
-        other = "lhpy_aother_%d" % os.getpid()
-        admin = psycopg.connect(DATABASE_URL, autocommit=True)
-        self.addCleanup(admin.close)
-        admin.execute("DROP DATABASE IF EXISTS %s" % other)
-        admin.execute("CREATE DATABASE %s" % other)
-        self.addCleanup(lambda: admin.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % other))
-        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", make_conninfo(DATABASE_URL, dbname=other)))
+        url = other_database_url(self, "lhpy_aother_%d" % os.getpid())
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", url))
         self.addCleanup(h.close)
         with self.assertLogs("listenhub", level="ERROR") as logs:
             f = await self.failover(h.socket)

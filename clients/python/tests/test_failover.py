@@ -9,7 +9,7 @@ import unittest
 import listenhub
 from listenhub import Wake
 
-from hubtest import DATABASE_URL, TIMEOUT, DB, Collector, FakeHub, Hub, require_env, scratch_dir, wait_for
+from hubtest import DATABASE_URL, TIMEOUT, DB, Collector, FakeHub, Hub, other_database_url, require_env, scratch_dir, wait_for
 
 PREFIX, SUFFIX = "lh.", ".ev"
 # Needs quoting (a dot, a capital, a double quote): the local LISTEN must
@@ -236,16 +236,8 @@ class FailoverTest(unittest.TestCase):
         none of this one's NOTIFYs: the Failover finds out at start (a
         NOTIFY of a private name that does not come back through the hub),
         says so at ERROR, and listens on its own connection."""
-        import psycopg
-        from psycopg.conninfo import make_conninfo
-
-        other = "lhpy_other_%d" % os.getpid()
-        admin = psycopg.connect(DATABASE_URL, autocommit=True)
-        self.addCleanup(admin.close)
-        admin.execute("DROP DATABASE IF EXISTS %s" % other)
-        admin.execute("CREATE DATABASE %s" % other)
-        self.addCleanup(lambda: admin.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % other))
-        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", make_conninfo(DATABASE_URL, dbname=other)))
+        url = other_database_url(self, "lhpy_other_%d" % os.getpid())
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", url))
         self.addCleanup(h.close)
         with self.assertLogs("listenhub", level="ERROR") as logs:
             f = self.failover(h.socket)

@@ -364,6 +364,13 @@ func (s *session) stream(ctx context.Context) error {
 		<-readErr
 	}()
 
+	// A NOTIFY begun before a stop runs to its end, bounded: cut short,
+	// it may have committed all the same, unconfirmed, and the next start
+	// would NOTIFY its transactions again.
+	nctx, ncancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer ncancel()
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(stopFlushTimeout, ncancel) })()
+
 	var b batch
 	// confirmed is what this session has NOTIFYed (or needed not to):
 	// it starts at 0, never at a previous session's position, which a
@@ -398,7 +405,7 @@ func (s *session) stream(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	flush := func() error {
-		if err := s.flush(ctx, &b); err != nil {
+		if err := s.flush(nctx, &b); err != nil {
 			return err
 		}
 		confirmed = max(confirmed, b.end)

@@ -39,9 +39,10 @@ var (
 	// A date outside performance.md, whose figures carry the date of
 	// their run once: anywhere else a date is a diary's.
 	dateWord = regexp.MustCompile(`\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b`)
-	// A figure's former value ("2 ms (was 2 s)") or a remark on an
-	// earlier run: history, the CHANGELOG's to keep.
-	formerValue = regexp.MustCompile(`(?i)\(was\b|\b(previous|earlier|last) runs?\b|\bthan before\b`)
+	// A figure's former value ("2 ms (was 2 s)"), a remark on an earlier
+	// run or on the machine's load at the time: history, the CHANGELOG's
+	// to keep.
+	formerValue = regexp.MustCompile(`(?i)\(was\b|\b(previous|earlier|last) runs?\b|\bthan before\b|\bthe run before\b|\bload (average )?[0-9]`)
 	// A commit hash: 7 to 40 lowercase hex digits with a letter and a digit
 	// among them (so "deadbeef" and plain numbers pass).
 	hexWord  = regexp.MustCompile(`\b[0-9a-f]{7,40}\b`)

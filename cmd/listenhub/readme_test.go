@@ -176,10 +176,11 @@ func relayFlagNames() map[string]bool {
 
 // TestUsageFlags fails when a flag table of docs/usage.md and the
 // command's -h disagree, for every command with flags: a flag missing from
-// either side, a wrong environment variable, a wrong default, or a meaning
-// that does not say what -h says (markdown aside; the environment and
-// default remarks of -h are the table's other columns). The relay flags
-// serve shares are in relay's table.
+// either side, a wrong default, or a meaning that does not say what -h
+// says (markdown aside; the default remarks of -h are the table's other
+// column). The LISTENHUB_ variables follow one rule, said once above the
+// tables, as -h says it. The relay flags serve shares are in relay's
+// table.
 func TestUsageFlags(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("docs/usage.md's tables are the Linux build's -h (it says what differs elsewhere)")
@@ -200,21 +201,9 @@ func TestUsageFlags(t *testing.T) {
 	}
 }
 
-// fromEnv reports whether cmd reads its flags from LISTENHUB_ variables
-// too, as its -h says.
-func fromEnv(t *testing.T, cmd string) bool {
-	var out, errw bytes.Buffer
-	run(context.Background(), []string{cmd, "-h"}, &out, &errw)
-	return strings.Contains(out.String(), "each also read from "+envPrefix)
-}
-
 func checkFlagTable(t *testing.T, doc, cmd string, flags map[string]helpFlag, elsewhere map[string]bool) {
 	t.Helper()
-	env := fromEnv(t, cmd)
 	header := []string{"flag", "default", "meaning"}
-	if env {
-		header = []string{"flag", "environment", "default", "meaning"}
-	}
 	rows := markdownTable(t, readmeSection(t, doc, "## `listenhub "+cmd+"`"), header)
 	seen := map[string]bool{}
 	markdown := strings.NewReplacer("`", "", "**", "")
@@ -231,12 +220,6 @@ func checkFlagTable(t *testing.T, doc, cmd string, flags map[string]helpFlag, el
 			continue
 		}
 		def, meaning := r[1], r[2]
-		if env {
-			if got := firstCode(r[1]); got != envName(name) {
-				t.Errorf("usage.md: %s --%s is read from %s, the table says %q", cmd, name, envName(name), got)
-			}
-			def, meaning = r[2], r[3]
-		}
 		// A non-zero default must appear as the cell's first code span;
 		// a zero default must not look like a value (the cell says
 		// "empty", "off", "none" or what the command does instead).
@@ -341,9 +324,9 @@ func TestUsageMetrics(t *testing.T) {
 }
 
 // TestUsageCommands holds docs/usage.md's command list, the README's
-// command table, the usage and every command's -h to the same synopses:
-// the list is the usage's, word for word; the README names every command
-// with its summary; each command's -h starts with its synopsis; and the
+// commands section, the usage and every command's -h to the same
+// synopses: the list is the usage's, word for word; the README names every
+// command, in order; each command's -h starts with its synopsis; and the
 // flags a synopsis names are exactly the flags the command has (serve's and
 // relay's are in their tables, checked above).
 func TestUsageCommands(t *testing.T) {
@@ -356,16 +339,17 @@ func TestUsageCommands(t *testing.T) {
 	if !strings.Contains(help, commandList()) {
 		t.Errorf("listenhub help does not list every command:\n%s", help)
 	}
-	rows := markdownTable(t, readmeSection(t, readREADME(t), "## The commands"), []string{"command", "what it does"})
-	var doc, code []string
-	for _, r := range rows {
-		doc = append(doc, firstCode(r[0])+": "+r[1])
+	// The README names every command, in the usage's order.
+	var named []string
+	for _, m := range backticked.FindAllStringSubmatch(readmeSection(t, readREADME(t), "## The commands"), -1) {
+		named = append(named, strings.TrimPrefix(m[1], "listenhub "))
 	}
+	var names []string
 	for _, c := range commands {
-		code = append(code, "listenhub "+c.name+": "+c.summary)
+		names = append(names, c.name)
 	}
-	if !slices.Equal(doc, code) {
-		t.Errorf("README's command table\n  %q\nthe commands are\n  %q", doc, code)
+	if !slices.Equal(named, names) {
+		t.Errorf("README's commands section names\n  %q\nthe commands are\n  %q", named, names)
 	}
 	flagRE := regexp.MustCompile(`--([a-z0-9-]+)`)
 	for _, c := range commands {

@@ -21,7 +21,23 @@ var maxSize = map[string]int{
 	"relay.md":       12 << 10,
 }
 
+// docsBudget is what the README and docs/*.md may hold together: a
+// reference a user can read through, each fact said once.
+const docsBudget = 150 << 10
+
 func TestReferenceSizes(t *testing.T) {
+	pages, _ := filepath.Glob("*.md")
+	total := int64(0)
+	for _, page := range append(pages, "../README.md") {
+		fi, err := os.Stat(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += fi.Size()
+	}
+	if total > docsBudget {
+		t.Errorf("README.md and docs/*.md hold %d bytes together, over %d: say each fact once, where a user looks for it", total, docsBudget)
+	}
 	for name, max := range maxSize {
 		fi, err := os.Stat(name)
 		if err != nil {

@@ -118,18 +118,18 @@ func (f *serveFlags) define() {
 	f.metricsToken = fs.String("metrics-token-file", "", "require \"Authorization: Bearer TOKEN\" on the metrics address (all but /healthz), TOKEN read from this file (not readable by other users)")
 	f.logFormat = fs.String("log-format", "text", "log format: text or json")
 	f.logLevel = fs.String("log-level", "info", "log level: debug, info, warn or error")
-	f.pidFile = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically, never through a link; in a directory others can write to, only if it is sticky, else exit 1; removed on a normal stop)")
+	f.pidFile = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically, never through a link; a directory others can write to must be sticky; removed on a normal stop)")
 	f.upTimeout = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, upgradeTimeoutHelp)
-	f.pgConns = fs.Int("postgres-connections", 1, "LISTEN connections the channel union is spread over (by a hash of each name), at most 64; more than 1 only for tens of thousands of channels")
-	f.writeThreads = fs.Int("write-threads", 0, "threads writing a large fanout (32 or more workers in one loop iteration) while the loop has been idle more than busy lately; 1 keeps every write on the loop's thread; 0 means min(GOMAXPROCS, 4)")
+	f.pgConns = fs.Int("postgres-connections", 1, "LISTEN connections the channels are spread over (by a hash of the name), at most 64; more than 1 only for tens of thousands of channels")
+	f.writeThreads = fs.Int("write-threads", 0, "threads writing a fanout to 32 or more workers while the loop has lately been idle more than busy; 1: every write on the loop's thread; 0: min(GOMAXPROCS, 4)")
 	f.relayOn = fs.Bool("relay", false, "also run the relay (listenhub relay) in this process, on connections of its own; the relay flags (see relay -h) apply")
 	f.configPath = fs.String("config", "", configHelp)
 	f.rf.register(fs)
 	f.socketMode = modeValue(hub.DefaultSocketMode)
-	fs.Var(&f.socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still decides whom the hub serves)")
+	fs.Var(&f.socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still applies)")
 	f.socketGroup = fs.String("socket-group", "", "group (name or gid) given to the socket file before it accepts (default: the hub's)")
 	fs.Var(&f.allowUIDs, "allow-uid", allowUIDHelp)
-	f.allowRefusable = fs.Bool("allow-refusable-socket", false, "serve a socket whose directories the clients refuse (owned by another uid than root, the hub's and --allow-uid's, or writable by others without the sticky bit), warning every minute and with listenhub_socket_refusable 1, instead of exiting 1; for clients that name the directory's owner in their own allowed uids")
+	f.allowRefusable = fs.Bool("allow-refusable-socket", false, "serve a socket whose directories the clients refuse (another uid's than root's, the hub's and --allow-uid's, or writable by others without the sticky bit), with a WARN every minute and listenhub_socket_refusable 1, instead of exiting 1")
 }
 
 // server is one run of `listenhub serve`: what configure builds from the

@@ -592,26 +592,26 @@ func TestRelayDemotedClearsLag(t *testing.T) {
 	pgtesting.RequireLocal(t, db)
 	f, ch, l := newListened(t, "q_a")
 	opts := f.options()
-	opts.StatusInterval = time.Minute // no keepalive asked for: the lag stays
+	opts.StatusInterval = 100 * time.Millisecond
+	opts.MaxLag = 300 * time.Millisecond
 	a := f.run(opts)
 	waitActive(t, a.r)
 	testutil.WaitFor(t, 10*time.Second, "resync", func() bool { return l.count(ch) == 1 })
-	// A commit the walsender sends a second late: a lag of a second.
+	// A walsender frozen with a commit to send: the relay's position
+	// stops while WAL waits, and it reports the stall as its lag for as
+	// long as it lasts (a lag measured at a NOTIFY would be cleared by
+	// the next keepalive, whenever the server sends one).
 	pid := f.slotActivePID()
 	pgtesting.Must(t, db.Freeze(pid))
+	thawed := false
+	defer func() {
+		if !thawed {
+			db.Thaw(pid)
+		}
+	}()
 	f.insert("q_a")
-	time.Sleep(time.Second) // the lag being made, not a wait for a condition
-	pgtesting.Must(t, db.Thaw(pid))
-	// The lag is measured as the wake goes out, and a keepalive may
-	// clear it soon after: watched all along.
-	var lag float64
-	testutil.WaitFor(t, 10*time.Second, "the late wake", func() bool {
-		lag = max(lag, a.r.Stats().LagSeconds)
-		return l.count(ch) == 2
-	})
-	testutil.WaitFor(t, 5*time.Second, "the lag measured", func() bool {
-		lag = max(lag, a.r.Stats().LagSeconds)
-		return lag >= 0.9
+	testutil.WaitFor(t, 15*time.Second, "the stall reported as lag", func() bool {
+		return a.r.Stats().LagSeconds >= opts.MaxLag.Seconds()
 	})
 	bopts := f.options()
 	bopts.StandbyRetry = 10 * time.Millisecond
@@ -622,12 +622,15 @@ func TestRelayDemotedClearsLag(t *testing.T) {
 	if err := db.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 		t.Fatal(err)
 	}
+	pgtesting.Must(t, db.Thaw(pid)) // the frozen walsender gets its SIGTERM
+	thawed = true
 	testutil.WaitFor(t, 10*time.Second, "b active, a standing by", func() bool {
 		return b.r.Stats().State == StateActive && a.r.Stats().State == StateStandby
 	})
 	if lag := a.r.Stats().LagSeconds; lag != 0 {
 		t.Errorf("the demoted relay reports a lag of %.2fs, want 0", lag)
 	}
+	testutil.WaitFor(t, 10*time.Second, "the commit woken by b", func() bool { return l.count(ch) >= 2 })
 }
 
 // TestRelayUnitNoStartLimit: the shipped relay unit restarts a relay that

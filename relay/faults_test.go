@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -584,6 +585,41 @@ func TestRelayLongDecodeShowsAsLag(t *testing.T) {
 		t.Errorf("no lagging warning during the decode: %q", warning)
 	}
 	testutil.WaitFor(t, 20*time.Second, "the warning to clear once caught up", func() bool { return rn.r.Stats().Warning == "" })
+}
+
+// TestRelayStopDuringNotifyConfirmsIt: a stop that arrives as a batch's
+// NOTIFY goes out lets it finish and confirms it, so the next start
+// decodes nothing of it. A NOTIFY cut short by the stop may have committed
+// all the same, unconfirmed: the next start NOTIFYed it again.
+func TestRelayStopDuringNotifyConfirmsIt(t *testing.T) {
+	f, ch, l := newListened(t, "q_a")
+	var cut atomic.Pointer[context.CancelFunc]
+	beforeNotify = func() {
+		if stop := cut.Swap(nil); stop != nil {
+			(*stop)()
+		}
+	}
+	t.Cleanup(func() { beforeNotify = nil }) // after the relays' own cleanups
+	a := f.runToWakes(f.options(), l, ch, 1, "the resync")
+	cut.Store(&a.stop)
+	f.insert("q_a")
+	select {
+	case err := <-a.done:
+		a.done <- err
+	case <-time.After(15 * time.Second):
+		t.Fatal("the relay did not stop")
+	}
+	if cut.Load() != nil {
+		t.Fatal("the relay stopped before it NOTIFYed the insert")
+	}
+	testutil.WaitFor(t, 5*time.Second, "the insert's wake, sent during the stop", func() bool { return l.count(ch) == 2 })
+
+	b := f.runToWakes(f.options(), l, ch, 3, "the restart's resync")
+	f.insert("q_a")
+	testutil.WaitFor(t, 10*time.Second, "the second insert's wake", func() bool { return l.count(ch) == 4 })
+	if n := b.r.Stats().Transactions; n != 1 {
+		t.Errorf("the restart decoded %d transactions, want 1 (the second insert): the stop did not confirm the NOTIFY it let finish", n)
+	}
 }
 
 // TestRelayDemotedClearsLag: a relay that loses the slot to another and

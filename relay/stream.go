@@ -330,6 +330,10 @@ func (b *batch) reset() {
 	b.more, b.resync, b.ownTxs = false, false, 0
 }
 
+// beforeNotify, when set, runs as a batch's NOTIFY is about to go out (a
+// test stops the relay there, as a SIGTERM in the round trip would).
+var beforeNotify func()
+
 // stopFlushTimeout bounds the last NOTIFY and status update on a stop.
 const stopFlushTimeout = 2 * time.Second
 
@@ -611,6 +615,9 @@ func (s *session) flush(ctx context.Context, b *batch) error {
 		params := [][]byte{chans, xids}
 		var waited time.Time
 		for {
+			if beforeNotify != nil {
+				beforeNotify()
+			}
 			tag, err := s.nc.ExecPrepared(ctx, notifyStmt, params, nil, nil).Close()
 			if err != nil {
 				return fmt.Errorf("NOTIFY: %w", err)

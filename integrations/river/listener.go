@@ -360,12 +360,11 @@ func (l *listener) resyncInserts(c *conn) {
 		table = pgx.Identifier{l.schema, "river_job"}
 	}
 	l.mu.Unlock()
+	var queues []string
 	rows, err := l.pool.Query(ctx, "SELECT DISTINCT queue FROM "+table.Sanitize()+" WHERE state = 'available'")
-	if err != nil {
-		l.log.Warn("listenhub river listener: after a gap in notifications, the queues with available jobs could not be read; River's producers fetch at their next poll", "err", err)
-		return
+	if err == nil {
+		queues, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	queues, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		l.log.Warn("listenhub river listener: after a gap in notifications, the queues with available jobs could not be read; River's producers fetch at their next poll", "err", err)
 		return

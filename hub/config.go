@@ -26,6 +26,7 @@ const (
 	DefaultMaxSubscriptions    = 10000
 	DefaultMaxChannels         = 50000
 	DefaultFrameTimeout        = 10 * time.Second
+	DefaultStallTimeout        = 2 * time.Second
 
 	// maxInboundFrame (64 KiB) is the largest frame body the hub reads
 	// from a worker. A worker only ever sends sub and unsub, a few hundred
@@ -114,14 +115,22 @@ type Config struct {
 	// frames of one worker; a durable wake beyond it is dropped and
 	// counted, never a reason to evict. Default 256.
 	DurableQueueLimit int
-	// HardQueueLimit caps the pending frames of one worker other than
-	// durable wakes (those have DurableQueueLimit); an ephemeral wake,
-	// ack, nack or status beyond it evicts the worker. Default 1024.
+	// HardQueueLimit bounds the pending frames of one worker other than
+	// durable wakes (those have DurableQueueLimit) and answers. A worker
+	// past it is evicted once its socket took nothing for StallTimeout:
+	// one that keeps reading stays through a burst of any number of
+	// frames, as its own LISTEN connection would. Default 1024.
 	HardQueueLimit int
 	// HardQueueBytes caps the pending bytes of one worker, durable wakes
-	// again not counted, with the same consequences as HardQueueLimit.
-	// Default DefaultHardQueueBytes.
+	// and answers again not counted: past it the worker is evicted at
+	// once, reading or not. It is what bounds the hub's memory for one
+	// worker. Default DefaultHardQueueBytes.
 	HardQueueBytes int
+	// StallTimeout is how long a worker past HardQueueLimit may go
+	// without its socket taking a byte before it is evicted. Default 2s:
+	// a worker that reads takes bytes every few milliseconds, even on a
+	// loaded machine.
+	StallTimeout time.Duration
 
 	// MaxOutboundBytes bounds the bytes queued for all workers together
 	// (wakes, answers, status) and not yet taken by the kernel. Past it
@@ -298,6 +307,7 @@ func (c Config) withDefaults() (Config, error) {
 		defInt(&c.MaxSubscriptions, DefaultMaxSubscriptions, "MaxSubscriptions"),
 		defInt(&c.MaxChannels, DefaultMaxChannels, "MaxChannels"),
 		defDur(&c.FrameTimeout, DefaultFrameTimeout, "FrameTimeout"),
+		defDur(&c.StallTimeout, DefaultStallTimeout, "StallTimeout"),
 		defInt(&c.PostgresConnections, 1, "PostgresConnections"),
 		defInt(&c.ReservedFDs, 0, "ReservedFDs"),
 		defInt(&c.WriteThreads, defaultWriteThreads(), "WriteThreads"),

@@ -3,6 +3,9 @@ package hub
 import (
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/listenhub/listenhub/internal/testutil"
 )
 
 // Rule 4 ("durable wakes never cause eviction") against rule 3 when the hard
@@ -14,7 +17,9 @@ import (
 // wakes since its socket filled.)
 func TestDurableWakesDoNotUseTheHardLimit(t *testing.T) {
 	const hard, channels = 8, 20
-	e := newEnv(t, func(c *Config) { c.HardQueueLimit = hard; c.HardQueueBytes = 64 << 10 })
+	e := newEnv(t, func(c *Config) {
+		c.HardQueueLimit, c.HardQueueBytes, c.StallTimeout = hard, 64<<10, 50*time.Millisecond
+	})
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
 	for i := range channels {
@@ -57,19 +62,22 @@ func TestDurableWakesDoNotUseTheHardLimit(t *testing.T) {
 	e.sync()
 	w.none()
 	// Full again, durable wakes again: past the hard limit in other
-	// frames it is evicted, as ever.
-	fills = e.fill(1)
+	// frames, and not reading, it is evicted, as ever.
+	e.fill(1)
 	e.do(func() {
 		for i := range channels {
 			e.h.onNotification([]byte(fmt.Sprint("c", i)), nil)
 		}
 	})
-	for i := 0; e.h.Stats().Evictions == 0; i++ {
-		if i == hard {
-			t.Fatalf("not evicted after %d more frames over a hard limit of %d", i, hard)
-		}
+	for range hard {
 		e.notify("c1", "eph")
 	}
+	var behind bool
+	e.do(func() { _, behind = e.h.behind[e.h.workers.byID(1)] })
+	if !behind {
+		t.Fatalf("not past the hard limit of %d after %d more frames", hard, hard)
+	}
+	testutil.WaitFor(t, timeout, "the stalled worker evicted", func() bool { return e.h.Stats().Evictions == 1 })
 	w.eof()
 }
 

@@ -161,6 +161,13 @@ type Hub struct {
 	// bounds.
 	partialBytes int
 
+	// behind are the workers whose backlog is past HardQueueLimit
+	// frames, with where each last made progress; the stall timer evicts
+	// those whose socket took nothing for StallTimeout (stall.go). nil
+	// while nobody is behind.
+	behind     map[*worker]stallMark
+	stallTimer *loop.Timer
+
 	workers  workerSet
 	nextID   uint64
 	channels map[string]*channel // by Postgres channel name (prefix+Q+suffix)
@@ -494,6 +501,9 @@ func (h *Hub) shutdown() {
 	}
 	if h.frameTimer != nil {
 		h.frameTimer.Stop()
+	}
+	if h.stallTimer != nil {
+		h.stallTimer.Stop()
 	}
 	for w := range h.workers.all() {
 		// One last try for frames already produced; never wait for it.

@@ -20,6 +20,7 @@ type Live struct {
 	MaxSubscriptions  int
 	MaxChannels       int
 	FrameTimeout      time.Duration
+	StallTimeout      time.Duration
 	StatusInterval    time.Duration
 	AllowUIDs         []int
 }
@@ -57,7 +58,7 @@ func (h *Hub) setLive(l Live) error {
 	c := h.cfg
 	c.DurableQueueLimit, c.HardQueueLimit, c.HardQueueBytes = l.DurableQueueLimit, l.HardQueueLimit, l.HardQueueBytes
 	c.MaxOutboundBytes, c.MaxWorkers, c.MaxSubscriptions, c.MaxChannels = l.MaxOutboundBytes, l.MaxWorkers, l.MaxSubscriptions, l.MaxChannels
-	c.FrameTimeout, c.StatusInterval, c.AllowUIDs = l.FrameTimeout, l.StatusInterval, slices.Clone(l.AllowUIDs)
+	c.FrameTimeout, c.StallTimeout, c.StatusInterval, c.AllowUIDs = l.FrameTimeout, l.StallTimeout, l.StatusInterval, slices.Clone(l.AllowUIDs)
 	c, err := c.withDefaults()
 	if err != nil {
 		return err
@@ -83,6 +84,6 @@ func (h *Hub) setLive(l Live) error {
 	h.log.Info("settings changed", "max_workers", h.fds.maxWorkers, "max_subscriptions", c.MaxSubscriptions,
 		"max_channels", c.MaxChannels, "hard_queue_limit", c.HardQueueLimit, "hard_queue_bytes", c.HardQueueBytes,
 		"durable_queue_limit", c.DurableQueueLimit, "max_outbound_bytes", c.MaxOutboundBytes,
-		"frame_timeout", c.FrameTimeout, "status_interval", c.StatusInterval, "allow_uids", c.AllowUIDs)
+		"frame_timeout", c.FrameTimeout, "stall_timeout", c.StallTimeout, "status_interval", c.StatusInterval, "allow_uids", c.AllowUIDs)
 	return nil
 }

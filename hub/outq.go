@@ -82,16 +82,26 @@ func (w *worker) backlog() (frames, bytes int) {
 	return w.out.Frames() - n, w.out.Len() - eb
 }
 
-// enqueue queues an ephemeral wake, which must not be dropped. Past either
-// hard limit the worker is evicted: a wedged worker degrades itself, never
-// its siblings, and never the Postgres reader. It reports whether the frame
-// was queued.
+// enqueue queues an ephemeral wake, which must not be dropped. Past the
+// byte limit the worker is evicted at once: a wedged worker degrades
+// itself, never its siblings, and never the Postgres reader. Past the frame
+// limit it stays as long as it keeps reading (stall.go): a burst a direct
+// LISTEN would deliver must not cost a reading worker its connection. It
+// reports whether the frame was queued.
 func (h *Hub) enqueue(w *worker, b []byte) bool {
 	if w.closed || w.hold == holdDoomed {
 		return false
 	}
-	if !h.fits(w, len(b)) {
-		h.evict(w, h.overLimit(w))
+	switch h.fits(w, len(b)) {
+	case pastFrames:
+		if w.closed {
+			return false
+		}
+		h.overFrames(w)
+	case pastBytes:
+		if !w.closed {
+			h.evict(w, "bytes")
+		}
 		return false
 	}
 	if !h.roomFor(w, len(b)) {
@@ -108,44 +118,50 @@ func (h *Hub) enqueue(w *worker, b []byte) bool {
 	return true
 }
 
-// fits reports whether a frame of n bytes can be queued under both hard
-// limits. The limits bound what the kernel refused, not what one iteration
-// produced: one read of the Postgres socket can carry thousands of
-// NOTIFYs, so before saying no, fits writes out what is pending (unless the
-// socket is known to be full) and looks again. In the common case nothing
-// is near a limit and the single end-of-iteration write stays single.
+// hardLimit says which hard limit a frame would pass.
+type hardLimit uint8
+
+const (
+	withinHard hardLimit = iota
+	pastFrames           // HardQueueLimit: the worker must keep reading (stall.go)
+	pastBytes            // HardQueueBytes: the ceiling, evicts at once
+)
+
+// fits says which hard limit a frame of n bytes would pass. The limits
+// bound what the kernel refused, not what one iteration produced: one read
+// of the Postgres socket can carry thousands of NOTIFYs, so before saying
+// no, fits writes out what is pending (unless the socket is known to be
+// full) and looks again. In the common case nothing is near a limit and
+// the single end-of-iteration write stays single. The write may close w;
+// the caller checks.
 //
 // Durable wakes pending among the frames do not count: DurableQueueLimit
 // bounds them, and a durable wake must never be the reason a worker is
 // evicted (rule 4), which it would be if a hard limit below the durable one
 // filled up with them and the next status evicted.
-func (h *Hub) fits(w *worker, n int) bool {
-	if h.underHard(w, n) {
-		return true
-	}
-	if w.armed {
-		return false
+func (h *Hub) fits(w *worker, n int) hardLimit {
+	if l := h.underHard(w, n); l == withinHard || w.armed {
+		return l
 	}
 	h.write(w)
 	if w.closed {
-		return false
+		return pastBytes
 	}
 	return h.underHard(w, n)
 }
 
-func (h *Hub) underHard(w *worker, n int) bool {
+func (h *Hub) underHard(w *worker, n int) hardLimit {
 	if w.out.Frames() < h.cfg.HardQueueLimit && w.out.Len()+n <= h.cfg.HardQueueBytes {
-		return true // well under: no need to tell durable wakes apart
+		return withinHard // well under: no need to tell durable wakes apart
 	}
 	frames, bytes := w.backlog()
-	return frames < h.cfg.HardQueueLimit && bytes+n <= h.cfg.HardQueueBytes
-}
-
-func (h *Hub) overLimit(w *worker) string {
-	if frames, _ := w.backlog(); frames >= h.cfg.HardQueueLimit {
-		return "frames"
+	switch {
+	case bytes+n > h.cfg.HardQueueBytes:
+		return pastBytes
+	case frames >= h.cfg.HardQueueLimit:
+		return pastFrames
 	}
-	return "bytes"
+	return withinHard
 }
 
 // bufferMax is the byte cap of a worker's ring: the hard byte limit for
@@ -263,12 +279,15 @@ func (h *Hub) sendStatus(w *worker) {
 	}
 }
 
-func (h *Hub) evict(w *worker, limit string) {
+// evict closes w for its backlog; limit names the limit it passed, more
+// adds log attributes (how long a stalled worker took nothing).
+func (h *Hub) evict(w *worker, limit string, more ...any) {
 	h.stats.evictions.Add(1)
 	if h.logOK(logEvicted, slog.LevelWarn) {
-		h.logLine(logEvicted, slog.LevelWarn, "worker evicted: outbound backlog over the hard limit", append(w.logAttrs(),
+		attrs := append(w.logAttrs(),
 			"limit", limit, "frames", w.out.Frames(), "bytes", w.out.Len(),
-			"hard_queue_limit", h.cfg.HardQueueLimit, "hard_queue_bytes", h.cfg.HardQueueBytes)...)
+			"hard_queue_limit", h.cfg.HardQueueLimit, "hard_queue_bytes", h.cfg.HardQueueBytes)
+		h.logLine(logEvicted, slog.LevelWarn, "worker evicted: outbound backlog over the hard limit", append(attrs, more...)...)
 	}
 	h.closeWorker(w, reasonEvicted, nil)
 }

@@ -337,6 +337,7 @@ func TestPGWedgedWorkerEphemeral(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
+	testutil.WaitFor(t, timeout, "the wedged worker evicted", func() bool { return e.h.Stats().Evictions == 1 })
 	wedged.eof()
 	if s := e.h.Stats(); s.Evictions != 1 || s.Workers != 1 {
 		t.Fatalf("stats %+v, want 1 eviction and the sibling left", s)

@@ -377,10 +377,11 @@ func TestWedgedWorkerDurable(t *testing.T) {
 }
 
 // Rule 3: ephemeral wakes are never dropped; a worker whose backlog passes
-// the frame limit is evicted (counted, logged once with worker and pid),
-// and its sibling gets every wake, in order.
+// the frame limit and whose socket then takes nothing for StallTimeout is
+// evicted (counted, logged once with worker and pid), and its sibling gets
+// every wake, in order.
 func TestEvictionByFrames(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.HardQueueLimit = 16 })
+	e := newEnv(t, func(c *Config) { c.HardQueueLimit = 16; c.StallTimeout = 100 * time.Millisecond })
 	e.do(func() { e.pg.auto = true })
 	wedged, sib := e.dial(), e.dial()
 	for _, w := range []*tw{wedged, sib} {
@@ -401,10 +402,11 @@ func TestEvictionByFrames(t *testing.T) {
 		}
 	}()
 	payload := strings.Repeat("p", 1000)
+	behind := func() (n int) { e.do(func() { n = len(e.h.behind) }); return n }
 	sent := 0
-	for e.h.Stats().Evictions == 0 {
+	for behind() == 0 {
 		if sent > 5000 {
-			t.Fatal("never evicted")
+			t.Fatal("never past the frame limit")
 		}
 		// The sibling keeps up, if a little behind (less than its own
 		// limit): a descheduled test goroutine must not look wedged.
@@ -412,6 +414,7 @@ func TestEvictionByFrames(t *testing.T) {
 		e.notify("e", fmt.Sprintf("%d:%s", sent, payload))
 		sent++
 	}
+	testutil.WaitFor(t, timeout, "the stalled worker evicted", func() bool { return e.h.Stats().Evictions == 1 })
 	e.notify("e", "end")
 	got := <-done
 	if len(got) != sent {
@@ -433,10 +436,81 @@ func TestEvictionByFrames(t *testing.T) {
 	line := e.logs.String()
 	line = line[strings.Index(line, "worker evicted"):]
 	line = line[:strings.IndexByte(line, '\n')]
-	for _, want := range []string{"worker=1", fmt.Sprintf("pid=%d", osPid()), "limit=frames", "hard_queue_limit=16"} {
+	for _, want := range []string{"worker=1", fmt.Sprintf("pid=%d", osPid()), "limit=frames", "hard_queue_limit=16", "stall_timeout=100ms", "stalled="} {
 		if !strings.Contains(line, want) {
 			t.Fatalf("eviction log %q lacks %q", line, want)
 		}
+	}
+	if n := behind(); n != 0 {
+		t.Fatalf("%d workers still behind after the eviction", n)
+	}
+}
+
+// Rule 3 for a worker that reads: one burst of 20,000 wakes in a single
+// loop iteration, far past the frame limit, reaches a worker that keeps
+// reading in full and in order, and it is not evicted. (Before the stall
+// timeout, the frame limit alone evicted it once its socket was full.)
+func TestReadingWorkerKeepsABurst(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.HardQueueLimit = 16 })
+	e.do(func() { e.pg.auto = true })
+	w := e.dial()
+	w.subscribe("e")
+	const n = 20000
+	e.do(func() {
+		for i := range n {
+			e.h.onNotification([]byte("e"), []byte(fmt.Sprintf(`{"queue":"q%d"}`, i)))
+		}
+	})
+	for i := range n {
+		m, err := w.read(timeout)
+		if err != nil {
+			t.Fatalf("wake %d of %d: %v (stats %+v)", i, n, err, e.h.Stats())
+		}
+		if want := fmt.Sprintf(`{"queue":"q%d"}`, i); m.P != want {
+			t.Fatalf("wake %d is %q, want %q", i, m.P, want)
+		}
+	}
+	if s := e.h.Stats(); s.Evictions != 0 || s.Workers != 1 {
+		t.Fatalf("a reading worker was evicted: %+v", s)
+	}
+}
+
+// The stall timer judges progress, not speed: a worker that reads a
+// little at a time, pausing between reads for a tenth of the stall
+// timeout, stays through a backlog far past the frame limit for many
+// stall timeouts.
+func TestSlowReaderNotEvicted(t *testing.T) {
+	const stall = 300 * time.Millisecond
+	e := newEnv(t, func(c *Config) { c.HardQueueLimit = 16; c.StallTimeout = stall })
+	e.do(func() { e.pg.auto = true })
+	w := e.dial()
+	w.subscribe("e")
+	payload := strings.Repeat("s", 2000)
+	const n = 3000 // about 6 MB: under the 8 MiB byte ceiling
+	e.do(func() {
+		for i := range n {
+			e.h.onNotification([]byte("e"), []byte(fmt.Sprintf("%d:%s", i, payload)))
+		}
+	})
+	var behindSeen bool
+	e.do(func() { behindSeen = len(e.h.behind) == 1 })
+	if !behindSeen {
+		t.Fatal("the worker is not past the frame limit: the test proves nothing")
+	}
+	for i := range n {
+		m, err := w.read(timeout)
+		if err != nil {
+			t.Fatalf("wake %d of %d: %v (stats %+v)", i, n, err, e.h.Stats())
+		}
+		if !strings.HasPrefix(m.P, fmt.Sprintf("%d:", i)) {
+			t.Fatalf("wake %d out of order: %.10q", i, m.P)
+		}
+		if i%100 == 99 {
+			time.Sleep(stall / 10) // the slow reader's pace, not a wait for anything
+		}
+	}
+	if s := e.h.Stats(); s.Evictions != 0 {
+		t.Fatalf("a slow reader was evicted: %+v", s)
 	}
 }
 

@@ -394,6 +394,7 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 	}
 	w.closed = true
 	h.frameDone(w)
+	h.forgetBehind(w)
 	for w.subs.len() > 0 {
 		h.dropSub(w, w.subs.list[w.subs.len()-1].ch)
 	}

@@ -449,6 +449,49 @@ func TestBlackboxEviction(t *testing.T) {
 	subscribedWorker(t, path, "ev") // a new worker is still accepted and acked
 }
 
+// Rule 3 for a worker that reads, through the binary: one transaction of
+// 20,000 NOTIFYs, twenty times the frame limit, reaches a worker that keeps
+// reading in full and in order, as its own LISTEN would have; a worker that
+// stopped reading, beside it, is evicted once its socket took nothing for
+// --stall-timeout.
+func TestBlackboxBurstReachesAReadingWorker(t *testing.T) {
+	path := sockPath(t)
+	_, addr := serveMetrics(t, path, "--status-interval", "1h", "--stall-timeout", "500ms")
+	n := notifier(t)
+	reader := subscribedWorker(t, path, "burst")
+	wedged := subscribedWorker(t, path, "burst")
+	const total = 20000
+	pgExec(t, n, fmt.Sprintf(`SELECT pg_notify('burst', '{"queue":"q' || i || '"}') FROM generate_series(1, %d) i`, total))
+	for i := 1; i <= total; i++ {
+		b, err := reader.body(timeout)
+		if err != nil {
+			t.Fatalf("reading worker at wake %d of %d: %v (metrics %v)", i, total, err, scrape(t, addr))
+		}
+		if want := bbWake("burst", sp(fmt.Sprintf(`{"queue":"q%d"}`, i))); b != want {
+			t.Fatalf("wake %d: %.60s, want %.60s", i, b, want)
+		}
+	}
+	waitMetric(t, addr, "listenhub_evictions_total", 1)
+	m := scrape(t, addr)
+	if m["listenhub_workers"] != 1 {
+		t.Fatalf("metrics after the burst: %v, want the reader left", m)
+	}
+	// The wedged one reads what was written before its close, then EOF.
+	for i := 0; ; i++ {
+		if _, err := wedged.body(timeout); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal("the wedged worker's connection is still open")
+			}
+			if i >= total {
+				t.Fatalf("the wedged worker got all %d wakes", i)
+			}
+			break
+		}
+	}
+	pgExec(t, n, "NOTIFY burst, 'after'")
+	reader.expectBodies(bbWake("burst", sp("after")))
+}
+
 // Rules 4 and 5 through the binary: to a worker whose socket is full,
 // durable wakes for one channel coalesce into the pending one (keeping its
 // place), past --durable-queue-limit pending durable frames they are

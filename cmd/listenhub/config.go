@@ -162,7 +162,7 @@ func visited(fs *flag.FlagSet) map[string]bool {
 // reads the file afresh.
 var liveKeys = []string{"log-level", "log-format", "max-workers", "max-subscriptions", "max-channels",
 	"hard-queue-limit", "hard-queue-bytes", "durable-queue-limit", "max-outbound-bytes", "frame-timeout",
-	"status-interval", "allow-uid"}
+	"stall-timeout", "status-interval", "allow-uid"}
 
 // restartKeys are the settings an upgrade refuses to change: the channel
 // mapping, which the workers handed over are subscribed under.
@@ -190,6 +190,7 @@ func checkLiveFlags(fs *flag.FlagSet) error {
 		positiveInt("max-subscriptions", num("max-subscriptions")),
 		positiveInt("max-channels", num("max-channels")),
 		positiveDuration("frame-timeout", dur("frame-timeout")),
+		positiveDuration("stall-timeout", dur("stall-timeout")),
 		positiveDuration("status-interval", dur("status-interval")),
 	} {
 		if err != nil {
@@ -349,6 +350,7 @@ func (r *configReloader) applyLive(ctx context.Context, keys []string, want map[
 		MaxSubscriptions:  num("max-subscriptions"),
 		MaxChannels:       num("max-channels"),
 		FrameTimeout:      dur("frame-timeout"),
+		StallTimeout:      dur("stall-timeout"),
 		StatusInterval:    dur("status-interval"),
 		AllowUIDs:         *r.fs.Lookup("allow-uid").Value.(*uidList),
 	})

@@ -63,17 +63,17 @@ type serveFlags struct {
 	fromArgs    map[string]bool // set by flag or environment (the file cannot change them)
 	confEntries []configEntry   // what --config said
 
-	databaseURL, socket, prefix, suffix, appName            *string
-	durableLimit, hardLimit, hardBytes, maxOutbound         *int
-	statusIvl, hcInterval, hcTimeout, frameTimeout          *time.Duration
-	maxWorkers, maxSubs, maxChannels, pgConns, writeThreads *int
-	metricsAddr, metricsToken, logFormat, logLevel, pidFile *string
-	upTimeout                                               *time.Duration
-	relayOn, allowRefusable                                 *bool
-	configPath, socketGroup                                 *string
-	socketMode                                              modeValue
-	allowUIDs                                               uidList
-	rf                                                      relayFlags
+	databaseURL, socket, prefix, suffix, appName                 *string
+	durableLimit, hardLimit, hardBytes, maxOutbound              *int
+	statusIvl, hcInterval, hcTimeout, frameTimeout, stallTimeout *time.Duration
+	maxWorkers, maxSubs, maxChannels, pgConns, writeThreads      *int
+	metricsAddr, metricsToken, logFormat, logLevel, pidFile      *string
+	upTimeout                                                    *time.Duration
+	relayOn, allowRefusable                                      *bool
+	configPath, socketGroup                                      *string
+	socketMode                                                   modeValue
+	allowUIDs                                                    uidList
+	rf                                                           relayFlags
 }
 
 // parseServe parses serve's flags and reads --config; nil and the exit
@@ -104,8 +104,9 @@ func (f *serveFlags) define() {
 	f.suffix = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
 	f.appName = fs.String("application-name", hub.DefaultApplicationName, "application_name of the hub's backend, counted by census")
 	f.durableLimit = fs.Int("durable-queue-limit", hub.DefaultDurableQueueLimit, "pending durable wakes per worker before new ones are dropped")
-	f.hardLimit = fs.Int("hard-queue-limit", hub.DefaultHardQueueLimit, "pending frames per worker, durable wakes aside, before it is evicted")
-	f.hardBytes = fs.Int("hard-queue-bytes", hub.DefaultHardQueueBytes, "pending bytes per worker, durable wakes aside, before it is evicted")
+	f.hardLimit = fs.Int("hard-queue-limit", hub.DefaultHardQueueLimit, "pending frames per worker, durable wakes aside, past which it must keep reading: it is evicted once its socket takes nothing for --stall-timeout")
+	f.hardBytes = fs.Int("hard-queue-bytes", hub.DefaultHardQueueBytes, "pending bytes per worker, durable wakes aside, past which it is evicted at once, reading or not")
+	f.stallTimeout = durationFlag(fs, "stall-timeout", hub.DefaultStallTimeout, "a worker past --hard-queue-limit whose socket takes nothing this long is evicted")
 	f.maxOutbound = fs.Int("max-outbound-bytes", 0, "bytes queued for all workers together; past it the worker holding the most is evicted (default: an eighth of the memory, physical or the cgroup's limit, 64 MiB to 4 GiB)")
 	f.statusIvl = durationFlag(fs, "status-interval", hub.DefaultStatusInterval, "status is re-sent to every worker every 5 intervals")
 	f.hcInterval = durationFlag(fs, "health-check-interval", hub.DefaultHealthCheckInterval, "probe an idle Postgres connection this often")
@@ -311,6 +312,7 @@ func (s *server) hubConfig() hub.Config {
 		MaxSubscriptions:     *s.maxSubs,
 		MaxChannels:          *s.maxChannels,
 		FrameTimeout:         *s.frameTimeout,
+		StallTimeout:         *s.stallTimeout,
 		ReleaseMemory:        true,
 		AllowUIDs:            s.allowUIDs,
 		Logger:               s.log,

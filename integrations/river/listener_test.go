@@ -246,6 +246,29 @@ func TestListenerWaitForNotificationMultipleBatches(t *testing.T) {
 	requireNoNotification(ctx, t, l)
 }
 
+// Not one of River's cases: one transaction of 20,000 notifications (what
+// InsertMany over 5,000 queues sends) reaches a listener that keeps
+// waiting for them, every one in order, as riverpgxv5's own LISTEN
+// connection delivers them. The hub's frame limit (1,024) is far below.
+func TestListenerBurstInOneTransactionArrivesInFull(t *testing.T) {
+	ctx := context.Background()
+	l, b := setupListener(t)
+	connectListener(ctx, t, l)
+	mustf(t, l.Listen(ctx, "topic"), "Listen")
+	payloads := make([]string, 20000)
+	for i := range payloads {
+		payloads[i] = fmt.Sprintf(`{"queue":"queue_%d"}`, i)
+	}
+	notify(ctx, t, b, l, "topic", payloads...)
+	for i, p := range payloads {
+		got := waitForNotification(ctx, t, l)
+		if got.Topic != "topic" || got.Payload != p {
+			t.Fatalf("notification %d of %d: %+v, want %q", i, len(payloads), *got, p)
+		}
+	}
+	requireNoNotification(ctx, t, l)
+}
+
 func TestListenerReconnectDiscardsBufferedNotifications(t *testing.T) {
 	ctx := context.Background()
 	l, b := setupListener(t)

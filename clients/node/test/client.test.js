@@ -39,6 +39,31 @@ test('subscribe acks, then wakes with payload and durable', { skip }, async (t) 
   ]);
 });
 
+test('a burst of 20,000 NOTIFYs in one transaction reaches a reading client in full', { skip }, async (t) => {
+  // Far past the hub's 1,024-frame limit (River's InsertMany over 5,000
+  // queues sends as many): a client that reads is not evicted, as its own
+  // LISTEN would not have dropped them.
+  const n = 20000;
+  const { hub, db, open } = await setup(t);
+  const col = new Collector();
+  const c = await open({ onWake: col.onWake });
+  await c.subscribe('burst');
+  await db.conn.query("SELECT pg_notify('burst', 'q' || i) FROM generate_series(1, $1::int) i", [n]);
+  try {
+    await col.wait('the whole burst', (s) => s.wakes.length >= n);
+  } catch (err) {
+    throw new Error(`${col.wakes.length} of ${n} wakes arrived; hub log:\n${hub.output.slice(-3000)}`);
+  }
+  for (let i = 0; i < n; i++) {
+    assert.equal(col.wakes[i].payload, `q${i + 1}`, `wake ${i}`);
+  }
+  // Still connected: a NOTIFY after the burst arrives.
+  await db.notify('burst', 'after');
+  await col.wait('the wake after the burst', (s) => s.wakes.length > n);
+  assert.equal(col.wakes[n].payload, 'after');
+  assert.doesNotMatch(hub.output, /worker evicted/);
+});
+
 test('status on connect and healthy()', { skip }, async (t) => {
   const { open } = await setup(t);
   const col = new Collector();

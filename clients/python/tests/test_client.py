@@ -33,6 +33,29 @@ class ClientTest(unittest.TestCase):
         col.wait("both wakes", lambda s: len(s.wakes) >= 2)
         self.assertEqual(col.wakes[:2], [Wake("orders", "hello", False), Wake("orders", None, True)])
 
+    def test_burst_in_one_transaction_reaches_a_reading_client_in_full(self):
+        # 20,000 NOTIFYs in one transaction (River's InsertMany over 5,000
+        # queues sends as many): far past the hub's 1,024-frame limit, but
+        # a client that reads is not evicted, as its own LISTEN would not
+        # have dropped them.
+        n = 20000
+        col = Collector()
+        c = self.connect(on_wake=col.on_wake)
+        c.subscribe("burst")
+        self.db.conn.execute(
+            "SELECT pg_notify('burst', 'q' || i) FROM generate_series(1, %s) i", (n,)
+        )
+        with col.cond:
+            if not col.cond.wait_for(lambda: len(col.wakes) >= n, TIMEOUT):
+                self.fail("%d of %d wakes arrived; hub log:\n%s" % (len(col.wakes), n, self.hub.output()[-3000:]))
+            got = [w.payload for w in col.wakes[:n]]
+        self.assertEqual(got, ["q%d" % i for i in range(1, n + 1)])
+        # Still connected: a NOTIFY after the burst arrives.
+        self.db.notify("burst", "after")
+        col.wait("the wake after the burst", lambda s: len(s.wakes) > n)
+        self.assertEqual(col.wakes[n], Wake("burst", "after", False))
+        self.assertNotIn("worker evicted", self.hub.output())
+
     def test_status_on_connect_and_healthy(self):
         col = Collector()
         c = self.connect(on_status=col.on_status)

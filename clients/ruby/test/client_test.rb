@@ -23,6 +23,27 @@ class ClientTest < LHTestCase
     assert c.healthy?
   end
 
+  # 20,000 NOTIFYs in one transaction (River's InsertMany over 5,000 queues
+  # sends as many): far past the hub's 1,024-frame limit, but a client that
+  # reads is not evicted, as its own LISTEN would not have dropped them.
+  def test_burst_in_one_transaction_reaches_a_reading_client_in_full
+    n = 20_000
+    h = hub
+    c, col = connect(h)
+    c.subscribe("burst")
+    db.conn.exec_params("SELECT pg_notify('burst', 'q' || i) FROM generate_series(1, $1::int) i", [n])
+    begin
+      col.wait("the whole burst") { |s| s.wakes.size >= n }
+    rescue Minitest::Assertion
+      flunk "#{col.wakes.size} of #{n} wakes arrived; hub log:\n#{h.output[-3000..]}"
+    end
+    assert_equal (1..n).map { |i| "q#{i}" }, col.wakes.first(n).map(&:payload)
+    db.notify("burst", "after")
+    col.wait("the wake after the burst") { |s| s.wakes.size > n }
+    assert_equal "after", col.wakes[n].payload
+    refute_match(/worker evicted/, h.output)
+  end
+
   # Without on_wake, wakes wait for wait_for_wake (the pg gem's
   # wait_for_notify style): a timeout is nil, a wake comes back whole, a
   # block gets it, and at death the wakes still queued come out first.

@@ -1,13 +1,10 @@
 package relay
 
 import (
-	"bufio"
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"regexp"
 	"strconv"
@@ -28,7 +25,7 @@ type session struct {
 	r  *Relay
 	nc *pgconn.PgConn // NOTIFYs, checks, lag; batcher goroutine only
 	rc net.Conn       // the replication connection, hijacked
-	br *bufio.Reader  // over rc; reader goroutine only
+	mr *msgReader     // over rc; reader goroutine only
 
 	tables [][2]string // schema, table of the publication at start
 	// seen: the publication's tables and their row filters at the last
@@ -196,7 +193,7 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 	// Closing the replication socket is what ends a read in progress.
 	stop := context.AfterFunc(ctx, func() { s.rc.Close() })
 	defer stop()
-	s.br = bufioReader(s.rc)
+	s.mr = newMsgReader(s.rc)
 	var created bool
 	for {
 		created, err = s.ensureSlot(ctx, slot)
@@ -570,40 +567,12 @@ func (s *session) startReplication(ctx context.Context) error {
 	}
 }
 
-// bufioReader is the replication connection's reader: large enough that
-// a burst of small messages is one read(2).
-func bufioReader(c net.Conn) *bufio.Reader { return bufio.NewReaderSize(c, 256<<10) }
-
 // maxMessage bounds one message from the server: a walsender message
 // carries one row, and a row is at most 1 GB.
 const maxMessage = 1<<30 + 1<<20
 
 // readMsg reads one backend message. body is valid until the next call.
-func (s *session) readMsg() (byte, []byte, error) {
-	hdr, err := s.br.Peek(5)
-	if err != nil {
-		return 0, nil, err
-	}
-	typ := hdr[0]
-	n := int(binary.BigEndian.Uint32(hdr[1:])) - 4
-	if n < 0 || n > maxMessage {
-		return 0, nil, fmt.Errorf("relay: bad message length %d", n)
-	}
-	s.br.Discard(5)
-	if n <= s.br.Size() {
-		body, err := s.br.Peek(n)
-		if err != nil {
-			return 0, nil, err
-		}
-		s.br.Discard(n)
-		return typ, body, nil
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(s.br, body); err != nil {
-		return 0, nil, err
-	}
-	return typ, body, nil
-}
+func (s *session) readMsg() (byte, []byte, error) { return s.mr.Next() }
 
 // watchActive is a standby's watch of the active relay, after each look at
 // the slot: when the slot's confirmed position has not moved for longer

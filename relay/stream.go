@@ -125,12 +125,19 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 		return rel, nil
 	}
 	for {
-		// On a stop the deadline is endStream's.
-		if s.br.Buffered() == 0 && ctx.Err() == nil {
+		// The deadline is reset for every message, whatever is
+		// buffered: a message cut short waits for its rest under a
+		// fresh one (msgReader keeps its place). On a stop the deadline
+		// is endStream's.
+		if ctx.Err() == nil {
 			s.rc.SetReadDeadline(time.Now().Add(idle))
 		}
+		taken := s.mr.Taken()
 		typ, body, err := s.readMsg()
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil && s.mr.Taken() != taken {
+				continue // bytes came: a message is arriving, not silence
+			}
 			if probeSilence && errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
 				// Silence is not death: a walsender decoding a large
 				// transaction of unpublished tables sends nothing,
@@ -175,7 +182,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			// nothing: it may be what follows a commit in the buffer
 			// (PostgreSQL sends one after a transaction it skipped),
 			// and its more says whether anything else does.
-			ev := event{kind: evKeepalive, reply: ka.reply, more: s.br.Buffered() > 0}
+			ev := event{kind: evKeepalive, reply: ka.reply, more: s.mr.Buffered() > 0}
 			if !inTx {
 				ev.end = ka.walEnd
 			}
@@ -211,7 +218,7 @@ func (s *session) read(ctx context.Context, events chan<- event) error {
 			}
 			cur.end = c.endLSN
 			cur.commit = c.commitTime
-			cur.more = s.br.Buffered() > 0
+			cur.more = s.mr.Buffered() > 0
 			r.decodeHist.Observe(time.Since(c.commitTime), 1)
 			inTx = false
 			if err := send(cur); err != nil {

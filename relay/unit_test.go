@@ -153,7 +153,7 @@ func TestReaderDecodes(t *testing.T) {
 	st.tx(102, 3000, 1, 2, []byte("row"))
 	r := newTestRelay(t, OpInsert)
 	s := &session{r: r, rc: fakeConn{r: &st}}
-	s.br = bufioReader(s.rc)
+	s.mr = newMsgReader(s.rc)
 	events := make(chan event, 10)
 	err := s.read(t.Context(), events)
 	if err != io.EOF {
@@ -189,7 +189,7 @@ func BenchmarkReaderInsert(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		s := &session{r: r, rc: fakeConn{r: bytes.NewReader(data)}}
-		s.br = bufioReader(s.rc)
+		s.mr = newMsgReader(s.rc)
 		s.read(b.Context(), events)
 		for len(events) > 0 {
 			<-events

@@ -28,6 +28,14 @@ import (
 // and suffix (63 bytes), the fail-back goes without a cut: make before
 // break, over-delivering in the overlap.
 //
+// A fail-back that does not happen loses nothing either: the local
+// listener's wakes after its marker wait in held until the hub passes its
+// own (then the hub delivers them); when the fail-back is given up first
+// (a hub on another database never passes it), abandon delivers them. A
+// fail-back given up after both passed, when the hub was already
+// delivering, ends with one durable wake per name: the wakes in flight at
+// that instant may have reached neither side.
+//
 // The cut is exact when the hub's stream to this worker is in commit
 // order: with one hub Postgres connection (--postgres-connections 1, the
 // default). Durable wakes the hub coalesced across the marker are covered
@@ -38,6 +46,7 @@ type cut struct {
 	hubPast   bool   // the hub delivered the marker
 	localPast bool   // the local listener delivered the marker
 	buf       []Wake // the hub's wakes after its marker, before local passed
+	held      []Wake // the local listener's wakes after its marker, before the hub passed
 	both      chan struct{}
 }
 
@@ -173,6 +182,7 @@ func (f *Failover) onHubWake(hc *hubConn, w Wake) {
 		case w.Name == c.q:
 			if w.Payload == c.token && !c.hubPast {
 				c.hubPast = true
+				c.held = nil // the hub delivers them from here on
 				c.passed()
 			}
 			return
@@ -210,6 +220,9 @@ func (f *Failover) onLocalWake(w Wake) {
 				c.passed()
 			}
 			return
+		case c.localPast && !c.hubPast:
+			c.held = append(c.held, w) // the hub's, once it passes; ours if it never does
+			return
 		case c.localPast:
 			return // after the marker: the hub delivers it
 		}
@@ -224,4 +237,26 @@ func (f *Failover) setCut(c *cut) {
 	f.dispatch.Lock()
 	f.cut = c
 	f.dispatch.Unlock()
+}
+
+// abandon removes c, the cut of a fail-back given up, so that the local
+// listener delivers everything again, and makes up for what the cut held
+// back: the local listener's wakes after its marker when the hub never
+// passed its own, in order, before any later one; otherwise, when both
+// passed, it reports that a durable wake per name is owed (see cut).
+func (f *Failover) abandon(c *cut) (owed bool) {
+	h := f.opts.OnWake
+	f.dispatch.Lock()
+	defer f.dispatch.Unlock()
+	if f.cut != c {
+		return false
+	}
+	f.cut = nil
+	if c.localPast && !c.hubPast && h != nil {
+		for _, w := range c.held {
+			h(w)
+		}
+	}
+	c.held = nil
+	return c.localPast && c.hubPast
 }

@@ -131,7 +131,12 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 		f.setCut(mark)
 		defer func() {
 			if !swapped {
-				f.setCut(nil)
+				if f.abandon(mark) {
+					f.mu.Lock()
+					names := keys(f.subs)
+					f.mu.Unlock()
+					f.durableWakes(names)
+				}
 				local.Unsubscribe(mark.q)
 			}
 		}()

@@ -350,6 +350,67 @@ func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 	}
 }
 
+// A fail-back that does not happen loses nothing: with a hub on another
+// database on the socket, every attempt's marker passes the local
+// listener and never the hub, and the local wakes held after the marker
+// are delivered when the attempt is given up. Numbered NOTIFYs at 200 a
+// second through 10 refused attempts: every one arrives exactly once, in
+// commit order.
+func TestPGRefusedFailbacksLoseNothing(t *testing.T) {
+	const attempts = 10
+	e := newPGEnv(t)
+	logs := &logBuf{}
+	rec := &recorder{}
+	f := e.failover(rec, func(o *FailoverOptions) {
+		o.MinLocal = 50 * time.Millisecond
+		o.ProbeInterval = 50 * time.Millisecond
+		o.ProbeMaxInterval = 100 * time.Millisecond
+		o.Hub.AckTimeout = 500 * time.Millisecond
+		o.Logger = logs.logger()
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("client log:\n%s", logs.String())
+		}
+	})
+	mustSubscribe(t, f, "a")
+	n := e.startNotifierAt("a", 200)
+	first := n.sent() + 2 // sent after the ack (see TestPGFailbackHubKilledAndRestarted)
+	e.startHubOnOtherDatabase("lhc_refused_")
+	refused := func() int {
+		return strings.Count(logs.String(), "the hub does not deliver this database's notifications")
+	}
+	testutil.WaitFor(t, 2*waitLong, fmt.Sprintf("%d refused fail-back attempts", attempts), func() bool { return refused() >= attempts })
+	n.halt()
+	last := n.sent()
+	testutil.WaitFor(t, waitLong, "the last NOTIFY", func() bool { return rec.maxSeq("a") >= last })
+	if f.Mode() != ModeLocal {
+		t.Fatalf("mode %v: failed back to a hub on another database", f.Mode())
+	}
+	counts := rec.seqCounts("a")
+	var lost, dups []int
+	for s := first; s <= last; s++ {
+		switch {
+		case counts[s] == 0:
+			lost = append(lost, s)
+		case counts[s] > 1:
+			dups = append(dups, s)
+		}
+	}
+	if len(lost) > 0 || len(dups) > 0 {
+		t.Fatalf("seqs %d..%d through %d refused fail-backs: %d lost %v, %d duplicated %v", first, last, refused(),
+			len(lost), lost[:min(len(lost), 20)], len(dups), dups[:min(len(dups), 20)])
+	}
+	prev := 0
+	for _, s := range rec.seqOrder("a") {
+		if s < prev {
+			t.Fatalf("seq %d arrived after seq %d: out of commit order", s, prev)
+		}
+		prev = s
+	}
+	t.Logf("seqs %d..%d through %d refused fail-backs: none lost, none twice, in order", first, last, refused())
+}
+
 // A hub on another database at the start: the Failover's check NOTIFY
 // never comes back through it, so it listens on its own connection from
 // the start (Reason wraps ErrOtherDatabase), says so once at ERROR, and

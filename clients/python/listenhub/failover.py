@@ -332,7 +332,9 @@ class Failover(Listener):
     # is at the same place in both streams: the local listener's wakes are
     # delivered up to it and the hub's after it (held until the local
     # listener has passed it): none twice, none lost. A marker the hub never
-    # delivers means a hub on another database: the fail-back is refused.
+    # delivers means a hub on another database: the fail-back is refused,
+    # and the local listener's wakes held after its marker are delivered
+    # then (_abandon), so a refused fail-back loses nothing either.
 
     def _cut_fits(self) -> bool:
         return cut_fits(self._local_args)
@@ -349,6 +351,7 @@ class Failover(Listener):
                 if w.q == cut.q:
                     if w.payload == cut.token and not cut.hub_past:
                         cut.hub_past = True
+                        cut.held = []  # the hub delivers them from here on
                         cut.passed()
                     return
                 if not cut.hub_past:
@@ -372,6 +375,9 @@ class Failover(Listener):
                         cut.buf = []
                         cut.passed()
                     return
+                if cut.local_past and not cut.hub_past:
+                    cut.held.append(w)  # the hub's, once it passes; ours if it never does
+                    return
                 if cut.local_past:
                     return  # after the marker: the hub delivers it
             self._deliver(w)
@@ -379,6 +385,28 @@ class Failover(Listener):
     def _set_cut(self, cut: Optional[_Cut]) -> None:
         with self._route:
             self._cut = cut
+
+    def _abandon(self, cut: _Cut) -> None:
+        """Removes the cut of a fail-back given up and makes up for what it
+        held back: the local listener's wakes after its marker when the hub
+        never passed its own (a hub on another database), in order, before
+        any later one; when both had passed, a durable wake per name (the
+        wakes in flight as the hub stopped delivering may have reached
+        neither side)."""
+        with self._route:
+            if self._cut is not cut:
+                return
+            self._cut = None
+            if cut.local_past and not cut.hub_past:
+                for w in cut.held:
+                    self._deliver(w)
+            cut.held = []
+            owed = cut.local_past and cut.hub_past
+        if owed:
+            with self._mu:
+                names = sorted(self._subs)
+            for q in names:
+                self._deliver(Wake(q, None, True))
 
     def _send_marker(self, local: Local, cut: _Cut) -> Optional[str]:
         """Commits the marker and waits until both listeners delivered it;
@@ -579,7 +607,7 @@ class Failover(Listener):
                         self._cand = None
                 cand.close()
                 if cut is not None:
-                    self._set_cut(None)
+                    self._abandon(cut)
                     local.unsubscribe(cut.q)
         self._watch(cand, self._hub_died)
         local.close()  # break, after make
@@ -711,7 +739,8 @@ class _Cut:
         token = secrets.token_hex(8)
         self.q, self.token = "lh.cut." + token[:8], token
         self.hub_past = self.local_past = False
-        self.buf: List[Wake] = []
+        self.buf: List[Wake] = []  # the hub's wakes after its marker, before local passed
+        self.held: List[Wake] = []  # the local listener's wakes after its marker, before the hub passed
         self.both = threading.Event()
 
     def passed(self) -> None:

@@ -248,6 +248,65 @@ class FailoverTest(unittest.TestCase):
         DB().notify(PREFIX + "jobs" + SUFFIX, "through-our-own")
         self.col.wait("the wake through the local listener", lambda s: Wake("jobs", "through-our-own", False) in s.wakes)
 
+    def test_refused_failbacks_lose_nothing(self):
+        """A hub on another database on the socket: every fail-back
+        attempt's marker passes the local listener and never the hub, and
+        the local wakes held after the marker are delivered when the
+        attempt is given up. Numbered NOTIFYs through 10 refused attempts:
+        each arrives once, in commit order."""
+        import logging
+
+        refused = []
+
+        class Count(logging.Handler):
+            def emit(self, record):
+                if "does not deliver this database's notifications" in record.getMessage():
+                    refused.append(record)
+
+        lg = logging.getLogger("listenhub")
+        handler, level = Count(level=logging.DEBUG), lg.level
+        lg.addHandler(handler)
+        lg.setLevel(logging.DEBUG)
+        self.addCleanup(lambda: (lg.removeHandler(handler), lg.setLevel(level)))
+        sock = os.path.join(scratch_dir(self), "hub.sock")
+        f = self.failover(sock, min_local=0.05, probe_interval=0.05, probe_max_interval=0.1, ack_timeout=0.5)
+        f.subscribe("seq")
+        self.assertEqual(f.mode, listenhub.LOCAL)
+        state = {"sent": 0, "stop": False}
+
+        def pump():
+            db = DB()
+            try:
+                while not state["stop"]:
+                    state["sent"] += 1
+                    db.notify(PREFIX + "seq" + SUFFIX, "n%d" % state["sent"])
+                    time.sleep(0.003)
+            finally:
+                db.close()
+
+        t = threading.Thread(target=pump)
+        t.start()
+        try:
+            url = other_database_url(self, "lhpy_refused_%d" % os.getpid())
+            h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, socket_path=sock, args=("--database-url", url))
+            self.addCleanup(h.close)
+            wait_for("10 refused fail-back attempts", lambda: len(refused) >= 10, timeout=3 * TIMEOUT)
+        finally:
+            state["stop"] = True
+            t.join()
+
+        def seqs(s):
+            return [int(w.payload[1:]) for w in s.wakes if w.q == "seq" and w.payload and w.payload.startswith("n")]
+
+        self.col.wait("the last NOTIFY", lambda s: max(seqs(s), default=0) >= state["sent"])
+        self.assertEqual(f.mode, listenhub.LOCAL)
+        got = seqs(self.col)
+        dups = sorted({s for s in got if got.count(s) > 1})
+        lost = sorted(set(range(1, state["sent"] + 1)) - set(got))
+        self.assertEqual(lost, [], "lost through %d refused fail-backs" % len(refused))
+        self.assertEqual(dups, [], "delivered twice through refused fail-backs")
+        self.assertEqual(got, sorted(got), "out of commit order")
+
     def test_one_way_stays_local(self):
         h = self.hub()
         f = self.failover(h.socket, one_way=True, min_local=0.05, probe_interval=0.05)

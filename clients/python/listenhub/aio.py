@@ -726,6 +726,7 @@ class AsyncFailover(_AsyncListener):
             if w.q == cut.q:
                 if w.payload == cut.token and not cut.hub_past:
                     cut.hub_past = True
+                    cut.held = []  # the hub delivers them from here on
                     cut.passed()
                 return
             if not cut.hub_past:
@@ -756,7 +757,27 @@ class AsyncFailover(_AsyncListener):
                 cut.buf = []
                 cut.passed()
             return False
+        if cut.local_past and not cut.hub_past:
+            cut.held.append(w)  # the hub's, once it passes; ours if it never does
+            return False
         return not cut.local_past  # after the marker: the hub delivers it
+
+    def _abandon(self, cut: "_AsyncCut") -> None:
+        """Removes the cut of a fail-back given up and makes up for what it
+        held back (as Failover._abandon): the local listener's wakes after
+        its marker when the hub never passed its own, in order; when both
+        had passed, a durable wake per name."""
+        if self._cut is not cut:
+            return
+        self._cut = None
+        loop = asyncio.get_running_loop()
+        if cut.local_past and not cut.hub_past:
+            for w in cut.held:
+                loop.create_task(self._deliver(w))
+        elif cut.local_past and cut.hub_past:
+            for q in sorted(self._subs):
+                loop.create_task(self._deliver(Wake(q, None, True)))
+        cut.held = []
 
     async def _watch_hub(self, hub: AsyncClient) -> None:
         await hub.done.wait()
@@ -905,7 +926,7 @@ class AsyncFailover(_AsyncListener):
                     self._cand = None
                 cand.close()
                 if cut is not None:
-                    self._cut = None
+                    self._abandon(cut)
                     local.unsubscribe(cut.q)
         local.retired = True
         local.close()  # break, after make
@@ -1012,7 +1033,8 @@ class _AsyncCut:
         token = secrets.token_hex(8)
         self.q, self.token = "lh.cut." + token[:8], token
         self.hub_past = self.local_past = False
-        self.buf: List[Wake] = []
+        self.buf: List[Wake] = []  # the hub's wakes after its marker, before local passed
+        self.held: List[Wake] = []  # the local listener's wakes after its marker, before the hub passed
         self.both = asyncio.Event()
 
     def passed(self) -> None:

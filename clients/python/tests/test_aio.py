@@ -276,6 +276,72 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(lost, [], "lost through 20 fail-backs")
         self.assertEqual(got, sorted(got), "out of commit order")
 
+    async def test_refused_failbacks_lose_nothing(self):
+        """As the synchronous Failover: through 10 fail-back attempts
+        refused by a hub on another database, the local wakes each
+        attempt's cut held back are delivered; none lost, none twice."""
+        import logging
+
+        refused = []
+
+        class Count(logging.Handler):
+            def emit(self, record):
+                if "does not deliver this database's notifications" in record.getMessage():
+                    refused.append(record)
+
+        lg = logging.getLogger("listenhub")
+        handler, level = Count(level=logging.DEBUG), lg.level
+        lg.addHandler(handler)
+        lg.setLevel(logging.DEBUG)
+        self.addCleanup(lambda: (lg.removeHandler(handler), lg.setLevel(level)))
+        got = []
+
+        def on_wake(w):
+            if w.q == "seq" and w.payload and w.payload.startswith("n"):
+                got.append(int(w.payload[1:]))
+
+        sock = os.path.join(scratch_dir(self), "hub.sock")
+        f = await self.failover(sock, min_local=0.05, probe_interval=0.05, probe_max_interval=0.1,
+                                ack_timeout=0.5, on_wake=on_wake)
+        await f.subscribe("seq")
+        self.assertEqual(f.mode, listenhub.LOCAL)
+        loop = asyncio.get_running_loop()
+        state = {"sent": 0, "stop": False}
+
+        def pump():
+            db = DB()
+            try:
+                while not state["stop"]:
+                    state["sent"] += 1
+                    db.notify(PREFIX + "seq" + SUFFIX, "n%d" % state["sent"])
+                    time.sleep(0.003)
+            finally:
+                db.close()
+
+        t = threading.Thread(target=pump)
+        t.start()
+        try:
+            url = other_database_url(self, "lhpy_arefused_%d" % os.getpid())
+            h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, socket_path=sock, args=("--database-url", url))
+            self.addCleanup(h.close)
+            deadline = loop.time() + 3 * TIMEOUT
+            while len(refused) < 10:
+                self.assertLess(loop.time(), deadline, "10 refused fail-back attempts")
+                await asyncio.sleep(0.01)
+        finally:
+            state["stop"] = True
+            await loop.run_in_executor(None, t.join)
+        deadline = loop.time() + TIMEOUT
+        while max(got, default=0) < state["sent"]:
+            self.assertLess(loop.time(), deadline, "the last NOTIFY")
+            await asyncio.sleep(0.01)
+        self.assertEqual(f.mode, listenhub.LOCAL)
+        dups = sorted({s for s in got if got.count(s) > 1})
+        lost = sorted(set(range(1, state["sent"] + 1)) - set(got))
+        self.assertEqual(lost, [], "lost through %d refused fail-backs" % len(refused))
+        self.assertEqual(dups, [], "delivered twice through refused fail-backs")
+        self.assertEqual(got, sorted(got), "out of commit order")
+
     async def test_no_hub_at_start_is_local_mode_at_once(self):
         f = await self.failover(os.path.join(scratch_dir(self), "absent.sock"))
         self.assertEqual(f.mode, listenhub.LOCAL)

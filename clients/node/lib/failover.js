@@ -395,6 +395,7 @@ class Failover extends Listener {
       if (w.q === cut.q) {
         if (w.payload === cut.token && !cut.hubPast) {
           cut.hubPast = true;
+          cut.held = []; // the hub delivers them from here on
           cut.passed();
         }
         return;
@@ -422,9 +423,29 @@ class Failover extends Listener {
         }
         return;
       }
+      if (cut.localPast && !cut.hubPast) {
+        cut.held.push(w); // the hub's, once it passes; ours if it never does
+        return;
+      }
       if (cut.localPast) return; // after the marker: the hub delivers it
     }
     this._deliver(w);
+  }
+
+  // _abandon removes the cut of a fail-back given up and makes up for what
+  // it held back: the local listener's wakes after its marker when the hub
+  // never passed its own (a hub on another database), in order, before any
+  // later one; when both had passed, a durable wake per name (the wakes in
+  // flight as the hub stopped delivering may have reached neither side).
+  _abandon(cut) {
+    if (this._cut !== cut) return;
+    this._cut = null;
+    if (cut.localPast && !cut.hubPast) {
+      for (const w of cut.held) this._deliver(w);
+    } else if (cut.localPast && cut.hubPast) {
+      for (const q of [...this._subs].sort()) this._deliver(wake(q, null));
+    }
+    cut.held = [];
   }
 
   // Commits the marker and waits until both listeners delivered it; null
@@ -519,7 +540,7 @@ class Failover extends Listener {
         if (this._cand === cand) this._cand = null;
         cand.close();
         if (cut) {
-          if (this._cut === cut) this._cut = null;
+          this._abandon(cut);
           local.unsubscribe(cut.q);
         }
       }
@@ -592,7 +613,7 @@ class Failover extends Listener {
 // random payload (the marker).
 function newCut(c) {
   const token = require('node:crypto').randomBytes(8).toString('hex');
-  const cut = { hub: c, q: 'lh.cut.' + token.slice(0, 8), token, hubPast: false, localPast: false, buf: [] };
+  const cut = { hub: c, q: 'lh.cut.' + token.slice(0, 8), token, hubPast: false, localPast: false, buf: [], held: [] };
   cut.both = new Promise((resolve) => {
     cut.passed = () => {
       if (cut.hubPast && cut.localPast) resolve(true);

@@ -210,6 +210,62 @@ test('fail-back is exact through 20 fail-backs', { skip }, async (t) => {
   assert.deepEqual(got, [...got].sort((a, b) => a - b), 'out of commit order');
 });
 
+test('refused fail-backs lose nothing', { skip }, async (t) => {
+  // A hub on another database on the socket: every fail-back attempt's
+  // marker passes the local listener and never the hub, and the local
+  // wakes held after the marker are delivered when the attempt is given
+  // up. Numbered NOTIFYs through 10 refused attempts (one hub connection
+  // each): every one arrives once, in commit order.
+  const other = `lhnode_refused_${process.pid}`;
+  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${other}`);
+  await admin.query(`CREATE DATABASE ${other}`);
+  let h = null;
+  t.after(async () => {
+    if (h) await h.kill();
+    await admin.query(`DROP DATABASE IF EXISTS ${other} WITH (FORCE)`);
+    await admin.end();
+  });
+  const { col, failover } = await setup(t);
+  const socket = path.join(tmpDir('lhnode-'), 'hub.sock');
+  const f = await failover(socket, { minLocal: 50, probeInterval: 50, probeMaxInterval: 100, ackTimeout: 500 });
+  await f.subscribe('seq');
+  assert.equal(f.mode(), listenhub.LOCAL);
+  const pumpDb = await DB.open();
+  t.after(() => pumpDb.close());
+  let sent = 0;
+  let stop = false;
+  const pump = (async () => {
+    while (!stop) {
+      sent++;
+      await pumpDb.notify(PREFIX + 'seq' + SUFFIX, 'n' + sent);
+      await new Promise((r) => setTimeout(r, 3));
+    }
+  })();
+  const url = new URL(DATABASE_URL);
+  url.pathname = '/' + other;
+  const attempts = () => (h ? (h.output.match(/worker connected/g) || []).length : 0);
+  try {
+    h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, socket, args: ['--database-url', url.toString()] });
+    await waitFor('10 refused fail-back attempts', () => attempts() >= 13, 60000);
+  } finally {
+    stop = true;
+    await pump;
+  }
+  const seqs = (s) => s.wakes.filter((w) => w.q === 'seq' && /^n\d+$/.test(w.payload || '')).map((w) => Number(w.payload.slice(1)));
+  await col.wait('the last NOTIFY', (s) => Math.max(0, ...seqs(s)) >= sent);
+  assert.equal(f.mode(), listenhub.LOCAL);
+  const got = seqs(col);
+  const seen = new Set();
+  const dups = got.filter((n) => (seen.has(n) ? true : (seen.add(n), false)));
+  const lost = [];
+  for (let n = 1; n <= sent; n++) if (!seen.has(n)) lost.push(n);
+  assert.deepEqual(lost, [], `lost through ${attempts() - 1} refused fail-backs`);
+  assert.deepEqual(dups, [], 'delivered twice through refused fail-backs');
+  assert.deepEqual(got, [...got].sort((a, b) => a - b), 'out of commit order');
+});
+
 test('oneWay stays local', { skip }, async (t) => {
   const { db, app, failover, hub } = await setup(t);
   const h = await hub();

@@ -241,6 +241,59 @@ class FailoverTest < LHTestCase
   # fail-backs (the hub killed while the sender pauses, so that the
   # failover's own gap is not counted; restarted while it sends), and each
   # one arrives once, in commit order.
+  # A hub on another database on the socket: every fail-back attempt's
+  # marker passes the local listener and never the hub, and the local
+  # wakes held after the marker are delivered when the attempt is given
+  # up. Numbered NOTIFYs through 10 refused attempts (one hub connection
+  # each, beside the test's readiness probes): every one arrives once, in
+  # commit order.
+  def test_refused_failbacks_lose_nothing
+    other = "lhrb_refused_#{Process.pid}"
+    admin = PG.connect(DATABASE_URL)
+    admin.exec("SET client_min_messages = warning")
+    admin.exec("DROP DATABASE IF EXISTS #{other}")
+    admin.exec("CREATE DATABASE #{other}")
+    dir = tmpdir
+    sock = File.join(dir, "hub.sock")
+    f = failover(sock, min_local: 0.05, probe_interval: 0.05, probe_max_interval: 0.1, ack_timeout: 0.5)
+    f.subscribe("seq")
+    assert_equal :local, f.mode
+    sent = 0
+    stop = false
+    sender = Thread.new do
+      conn = PG.connect(DATABASE_URL)
+      until stop
+        sent += 1
+        conn.exec_params("SELECT pg_notify($1, $2)", [PREFIX + "seq" + SUFFIX, "n#{sent}"])
+        sleep 0.003
+      end
+      conn.close
+    end
+    url = DATABASE_URL.sub(%r{/postgres(\?|\z)}, "/#{other}\\1")
+    refute_equal DATABASE_URL, url, "the other database's URL"
+    h = nil
+    begin
+      h = Hub.new(name, prefix: PREFIX, suffix: SUFFIX, socket: sock, dir: dir, args: ["--database-url", url])
+      attempts = -> { h.output.scan("worker connected").size }
+      LHTest.wait_for("10 refused fail-back attempts", 3 * TIMEOUT) { attempts.() >= 13 }
+    ensure
+      stop = true
+      sender.join
+      h&.close
+      admin.exec("DROP DATABASE IF EXISTS #{other} WITH (FORCE)")
+      admin.close
+    end
+    seqs = ->(s) { s.payloads("seq").grep(/\An\d+\z/).map { |p| p[1..].to_i } }
+    @col.wait("the last NOTIFY") { |s| seqs.(s).max.to_i >= sent }
+    assert_equal :local, f.mode
+    got = seqs.(@col)
+    lost = (1..sent).to_a - got
+    dups = got.tally.select { |_, c| c > 1 }.keys
+    assert_empty lost, "lost through refused fail-backs"
+    assert_empty dups, "delivered twice through refused fail-backs"
+    assert_equal got.sort, got, "out of commit order"
+  end
+
   def test_failback_exact_through_20
     h = hub
     backs = Queue.new

@@ -283,8 +283,11 @@ module Listenhub
     # streams: the local listener's wakes are delivered up to it, the
     # hub's after it (held in buf until the local listener has passed
     # it), and none twice or lost. A marker the hub never delivers means a
-    # hub on another database, and the fail-back is refused.
-    Cut = Struct.new(:hub, :q, :token, :hub_past, :local_past, :buf, :mu, :cv) do
+    # hub on another database, and the fail-back is refused; the local
+    # listener's wakes after its marker wait in held until the hub passes
+    # its own, and are delivered when the fail-back is given up first
+    # (abandon), so a refused fail-back loses nothing either.
+    Cut = Struct.new(:hub, :q, :token, :hub_past, :local_past, :buf, :mu, :cv, :held) do
       def both? = hub_past && local_past
 
       def passed
@@ -309,6 +312,7 @@ module Listenhub
           if w.q == cut.q
             if w.payload == cut.token && !cut.hub_past
               cut.hub_past = true
+              cut.held.clear # the hub delivers them from here on
               cut.passed
             end
             return
@@ -340,6 +344,10 @@ module Listenhub
             end
             return
           end
+          if cut.local_past && !cut.hub_past
+            cut.held << w # the hub's, once it passes; ours if it never does
+            return
+          end
           return if cut.local_past
         end
         deliver(@on_wake, w)
@@ -348,6 +356,26 @@ module Listenhub
 
     def set_cut(cut)
       @dispatch.synchronize { @cut = cut }
+    end
+
+    # Removes the cut of a fail-back given up and makes up for what it held
+    # back: the local listener's wakes after its marker when the hub never
+    # passed its own (a hub on another database), in order, before any
+    # later one; when both had passed, a durable wake per name (the wakes
+    # in flight as the hub stopped delivering may have reached neither
+    # side).
+    def abandon(cut)
+      owed = @dispatch.synchronize do
+        next false unless @cut.equal?(cut)
+
+        @cut = nil
+        cut.held.each { |w| deliver(@on_wake, w) } if cut.local_past && !cut.hub_past
+        cut.held.clear
+        cut.local_past && cut.hub_past
+      end
+      return unless owed
+
+      @mu.synchronize { @subs.to_a.sort }.each { |q| deliver(@on_wake, Wake.new(q, nil)) }
     end
 
     # Commits the marker and waits until both listeners delivered it; nil
@@ -530,7 +558,7 @@ module Listenhub
         Listenhub.logger.info("listenhub: hub is back, subscribing it before leaving the local listener")
         if cut_fits?
           b = SecureRandom.hex(8)
-          cut = Cut.new(cand, "lh.cut.#{b[0, 8]}", b, false, false, [], Mutex.new, ConditionVariable.new)
+          cut = Cut.new(cand, "lh.cut.#{b[0, 8]}", b, false, false, [], Mutex.new, ConditionVariable.new, [])
           set_cut(cut)
           begin
             local.subscribe(cut.q, timeout: @ack_timeout)
@@ -611,7 +639,7 @@ module Listenhub
           @mu.synchronize { @cand = nil if @cand.equal?(cand) }
           cand.close
           if cut
-            set_cut(nil)
+            abandon(cut)
             local.unsubscribe(cut.q) rescue nil # rubocop:disable Style/RescueModifier
           end
         end

@@ -19,10 +19,12 @@ import (
 
 // Defaults for the zero fields of Options.
 const (
-	// defaultAckTimeout bounds the wait for an ack. The hub acks once
-	// Postgres has confirmed the LISTEN, a round trip of a millisecond or
-	// so; a hub whose Postgres is down nacks after its own command timeout.
-	// Two seconds without either means a wedged hub.
+	// defaultAckTimeout bounds the wait for an ack from a hub that says
+	// its Postgres is healthy. Such a hub acks once Postgres has confirmed
+	// the LISTEN, a round trip of a millisecond or so: two seconds without
+	// an answer means a wedged hub. A hub that says its Postgres is down
+	// acks once Postgres is back and LISTEN ran, however long that takes,
+	// so the wait does not count then (see Options.AckTimeout).
 	defaultAckTimeout = 2 * time.Second
 	// defaultWriteTimeout bounds one write of queued frames. Frames to the
 	// hub are tiny, so a write that cannot finish within it means the hub
@@ -65,8 +67,13 @@ type Wake struct {
 type Options struct {
 	// SocketPath is the hub's Unix socket (the hub's --socket).
 	SocketPath string
-	// AckTimeout bounds Subscribe's wait for the hub's answer. Default 2s.
-	// A timeout kills the client.
+	// AckTimeout bounds Subscribe's wait for the hub's answer while the
+	// hub says its Postgres is healthy (or has said nothing yet). Default
+	// 2s. A timeout kills the client. While the hub's last status says
+	// healthy:false (Postgres down, at the start or later), a sub waits
+	// for Postgres to come back, as the hub does, and its AckTimeout
+	// starts afresh at the next healthy:true: a worker started while
+	// Postgres is down stays on the hub and works once Postgres is back.
 	AckTimeout time.Duration
 	// WriteTimeout bounds each write to the hub socket. Default 2s.
 	// A stalled write kills the client.
@@ -148,6 +155,9 @@ type Client struct {
 
 	kick    chan struct{} // cap 1: out is non-empty
 	healthy atomic.Bool   // last status frame; false until the first
+	// sawStatus: a status frame arrived. Until then a hub that says
+	// nothing is not one whose Postgres is down (see ackTimeout).
+	sawStatus atomic.Bool
 
 	// Close's guarantee that no new handler call starts once it was
 	// called: the reader holds dispatch around every handler call and
@@ -434,6 +444,14 @@ func (c *Client) ackTimeout(cl *call, q string) {
 		c.mu.Unlock()
 		return
 	}
+	if c.sawStatus.Load() && !c.healthy.Load() {
+		// The hub's Postgres is down: the ack comes once it is back.
+		// The status that says so restarts the timer; until then,
+		// look again one AckTimeout later.
+		cl.timer.Reset(c.opts.AckTimeout)
+		c.mu.Unlock()
+		return
+	}
 	err := &AckTimeoutError{Name: q, Timeout: c.opts.AckTimeout}
 	c.dieLocked(err)
 	c.mu.Unlock()
@@ -620,7 +638,19 @@ func (c *Client) handle(m frame.Message) bool {
 			return c.call(func() { h(w) })
 		}
 	case "status":
-		c.healthy.Store(m.Healthy)
+		was := c.healthy.Swap(m.Healthy)
+		c.sawStatus.Store(true)
+		if m.Healthy && !was {
+			// Postgres is back: every sub still waiting gets a whole
+			// AckTimeout from now.
+			c.mu.Lock()
+			for _, s := range c.subs {
+				if cl := s.call; cl != nil && !cl.resolved {
+					cl.timer.Reset(c.opts.AckTimeout)
+				}
+			}
+			c.mu.Unlock()
+		}
 		if h := c.opts.OnStatus; h != nil {
 			return c.call(func() { h(m.Healthy) })
 		}

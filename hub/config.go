@@ -150,8 +150,12 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the reconnect backoff.
 	// Zero leaves the listener's defaults.
 	ReconnectMin, ReconnectMax time.Duration
-	// CommandTimeout bounds a LISTEN or UNLISTEN issued while Postgres is
-	// down: after it the sub is nacked. Default 5s.
+	// CommandTimeout, when set, bounds a LISTEN or UNLISTEN issued while
+	// Postgres is down: after it the sub is nacked. Zero, the default,
+	// waits for Postgres however long: the sub is acked once Postgres is
+	// back and LISTEN ran, which is what a worker started during an
+	// outage needs (its client does not time the ack out while the hub
+	// says healthy:false).
 	CommandTimeout time.Duration
 
 	// AllowUIDs lists the peer uids allowed to connect. Empty means the
@@ -314,7 +318,7 @@ func (c Config) withDefaults() (Config, error) {
 		defDur(&c.StatusInterval, DefaultStatusInterval, "StatusInterval"),
 		defDur(&c.HealthCheckInterval, DefaultHealthCheckInterval, "HealthCheckInterval"),
 		defDur(&c.HealthCheckTimeout, DefaultHealthCheckTimeout, "HealthCheckTimeout"),
-		defDur(&c.CommandTimeout, 5*time.Second, "CommandTimeout"),
+		defDur(&c.CommandTimeout, 0, "CommandTimeout"),
 		defDur(&c.ReconnectMin, 0, "ReconnectMin"),
 		defDur(&c.ReconnectMax, 0, "ReconnectMax"),
 		defDur(&c.ReportInterval, 0, "ReportInterval"),

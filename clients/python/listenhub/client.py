@@ -227,6 +227,9 @@ class Client(Listener):
         self.err = None
         self.done = threading.Event()
         self._healthy = False
+        # A status arrived: until then a hub that says nothing is not one
+        # whose Postgres is down (see _write_loop's ack deadlines).
+        self._saw_status = False
         self._greeted = False  # a frame other than a refusal arrived
 
         # close(): no new callback starts once it was called (see _call).
@@ -386,9 +389,13 @@ class Client(Listener):
                         break
                     now = time.monotonic()
                     expired, next_deadline = None, None
+                    # While the hub says its Postgres is down, a sub waits
+                    # for it to come back, as the hub does; the healthy
+                    # status after restarts every deadline.
+                    paused = self._saw_status and not self._healthy
                     for q, s in self._subs.items():
                         c = s.call
-                        if c is None or c.done.is_set():
+                        if c is None or c.done.is_set() or paused:
                             continue
                         if c.deadline <= now:
                             expired = q
@@ -516,8 +523,18 @@ class Client(Listener):
                 p = m.get("p")
                 return self._deliver(make_wake(q, p if isinstance(p, str) else None))
         elif t == "status":
-            self._healthy = bool(m.get("healthy"))
-            return self._deliver(Status(self._healthy))
+            healthy = bool(m.get("healthy"))
+            with self._mu:
+                was, self._healthy, self._saw_status = self._healthy, healthy, True
+                if healthy and not was:
+                    # Postgres is back: every sub still waiting gets a
+                    # whole ack timeout from now.
+                    deadline = time.monotonic() + self.ack_timeout
+                    for s in self._subs.values():
+                        if s.call is not None and not s.call.done.is_set():
+                            s.call.deadline = deadline
+                self._cond.notify_all()
+            return self._deliver(Status(healthy))
         else:
             log.debug("listenhub client: skipping unknown frame type %r", t)
         return not self.done.is_set()

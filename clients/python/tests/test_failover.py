@@ -307,6 +307,89 @@ class FailoverTest(unittest.TestCase):
         self.assertEqual(dups, [], "delivered twice through refused fail-backs")
         self.assertEqual(got, sorted(got), "out of commit order")
 
+    def test_postgres_down_at_start_worker_stays(self):
+        """The hub up, its Postgres not (a port where nothing listens yet):
+        a Failover stays on the hub, is told healthy false, and its
+        subscribe waits past its ack timeout and the hub's old 5 s command
+        timeout, instead of failing over to a local listener that cannot
+        connect either. Once Postgres is up the sub is acked and a NOTIFY
+        arrives through the hub."""
+        import socket as socketlib
+        from urllib.parse import urlsplit, urlunsplit
+
+        ln = socketlib.socket()
+        ln.bind(("127.0.0.1", 0))
+        port = ln.getsockname()[1]
+        ln.close()  # refused until the proxy listens
+        u = urlsplit(DATABASE_URL)
+        target = (u.hostname, u.port)
+        down = urlunsplit(u._replace(netloc=("%s@" % u.username if u.username else "") + "127.0.0.1:%d" % port))
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", down), ready=False)
+        self.addCleanup(h.close)
+        self.app = ("lhpy-local-" + self.name)[:60]
+        f = listenhub.Failover(
+            h.socket, database_url=down, channel_prefix=PREFIX, channel_suffix=SUFFIX,
+            application_name=self.app, on_wake=self.col.on_wake, on_status=self.col.on_status, ack_timeout=1.0,
+        )
+        self.addCleanup(f.close)
+        self.assertEqual(f.mode, listenhub.HUB)
+        result = {}
+
+        def sub():
+            try:
+                f.subscribe("a")
+                result["ok"] = True
+            except BaseException as e:  # noqa: BLE001 - reported below
+                result["err"] = e
+
+        t = threading.Thread(target=sub, daemon=True)
+        t.start()
+        t.join(7.0)  # seven ack timeouts: the sub must still be waiting
+        self.assertTrue(t.is_alive(), "subscribe returned %r while Postgres is down" % result)
+        self.assertEqual(f.mode, listenhub.HUB)
+        self.assertIsNone(f.err)
+        self.assertIn(False, self.col.statuses)
+        self.assertNotIn(True, self.col.statuses)
+
+        srv = socketlib.socket()
+        srv.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", port))
+        srv.listen(16)
+        self.addCleanup(srv.close)
+
+        def pipe(a, b):
+            try:
+                while True:
+                    data = a.recv(65536)
+                    if not data:
+                        break
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (a, b):
+                    try:
+                        s.shutdown(socketlib.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        def accept():
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                s = socketlib.create_connection(target)
+                threading.Thread(target=pipe, args=(c, s), daemon=True).start()
+                threading.Thread(target=pipe, args=(s, c), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        t.join(TIMEOUT)
+        self.assertEqual(result, {"ok": True})
+        self.notify("a", "after")
+        self.col.wait("the wake through the hub", lambda s: Wake("a", "after", False) in s.wakes)
+        self.assertEqual(f.mode, listenhub.HUB)
+
     def test_one_way_stays_local(self):
         h = self.hub()
         f = self.failover(h.socket, one_way=True, min_local=0.05, probe_interval=0.05)

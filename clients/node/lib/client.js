@@ -156,6 +156,7 @@ class Client extends Listener {
     this._sockClosed = new Promise((resolve) => socket.once('close', resolve));
     this._subs = new Map(); // q -> {active, call, wantUnsub}
     this._healthy = false;
+    this._sawStatus = false; // a status arrived (see _ackTimeout)
     this._closing = false;
     this._writeTimer = null;
     this._dec = new frame.Decoder();
@@ -290,7 +291,14 @@ class Client extends Listener {
   }
 
   _ackTimeout(c, q) {
-    if (!c.settled && !this.err) this._die(new AckTimeoutError(q, this.ackTimeout));
+    if (c.settled || this.err) return;
+    if (this._sawStatus && !this._healthy) {
+      // The hub's Postgres is down: the ack comes once it is back (the
+      // healthy status restarts the timer); look again later.
+      c.timer = setTimeout(() => this._ackTimeout(c, q), this.ackTimeout);
+      return;
+    }
+    this._die(new AckTimeoutError(q, this.ackTimeout));
   }
 
   _settle(c, err) {
@@ -395,10 +403,24 @@ class Client extends Listener {
       case 'wake':
         if (s) this._deliver(wake(q, typeof m.p === 'string' ? m.p : null));
         return;
-      case 'status':
+      case 'status': {
+        const was = this._healthy;
         this._healthy = !!m.healthy;
+        this._sawStatus = true;
+        if (this._healthy && !was) {
+          // Postgres is back: every sub still waiting gets a whole ack
+          // timeout from now.
+          for (const [q, s] of this._subs) {
+            const c = s.call;
+            if (c && !c.settled) {
+              clearTimeout(c.timer);
+              c.timer = setTimeout(() => this._ackTimeout(c, q), this.ackTimeout);
+            }
+          }
+        }
         this._deliver(status(this._healthy));
         return;
+      }
       default:
       // Unknown types are skipped: a newer hub may send them.
     }

@@ -266,6 +266,54 @@ test('refused fail-backs lose nothing', { skip }, async (t) => {
   assert.deepEqual(got, [...got].sort((a, b) => a - b), 'out of commit order');
 });
 
+test('Postgres down at start: the worker stays on the hub and works once it is up', { skip }, async (t) => {
+  // The hub up, its Postgres not (a port where nothing listens yet): the
+  // Failover stays on the hub, is told healthy false, and its subscribe
+  // waits past its ack timeout and the hub's old 5 s command timeout,
+  // instead of failing over to a local listener that cannot connect
+  // either. Once Postgres is up the sub is acked and a NOTIFY arrives.
+  const net = require('node:net');
+  const port = await new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+  const real = new URL(DATABASE_URL);
+  const down = new URL(DATABASE_URL);
+  down.hostname = '127.0.0.1';
+  down.port = String(port);
+  const { col, failover, notify } = await setup(t);
+  const h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, args: ['--database-url', down.toString()], ready: false });
+  t.after(() => h.kill());
+  const f = await failover(h.socket, { databaseUrl: down.toString(), ackTimeout: 1000 });
+  assert.equal(f.mode(), listenhub.HUB);
+  let result = null;
+  const sub = f.subscribe('a').then(() => (result = 'ok'), (e) => (result = e));
+  await new Promise((r) => setTimeout(r, 7000)); // seven ack timeouts: the sub must still wait
+  assert.equal(result, null, `subscribe settled while Postgres is down: ${result}`);
+  assert.equal(f.mode(), listenhub.HUB);
+  assert.ok(col.statuses.includes(false) && !col.statuses.includes(true), `statuses ${col.statuses}`);
+  const proxy = net.createServer((c) => {
+    const s = net.connect(Number(real.port || 5432), real.hostname);
+    c.pipe(s);
+    s.pipe(c);
+    const end = () => { c.destroy(); s.destroy(); };
+    c.on('error', end);
+    s.on('error', end);
+    c.on('close', end);
+    s.on('close', end);
+  });
+  await new Promise((r) => proxy.listen(port, '127.0.0.1', r));
+  t.after(() => new Promise((r) => proxy.close(r)));
+  await sub;
+  assert.equal(result, 'ok');
+  await notify('a', 'after');
+  await col.wait('the wake through the hub', (s) => s.has('a', 'after', false));
+  assert.equal(f.mode(), listenhub.HUB);
+});
+
 test('oneWay stays local', { skip }, async (t) => {
   const { db, app, failover, hub } = await setup(t);
   const h = await hub();

@@ -194,6 +194,7 @@ class AsyncClient(_AsyncListener):
         self.err: Optional[BaseException] = None
         self.done = asyncio.Event()
         self._healthy = False
+        self._saw_status = False  # a status arrived (see _ack_timeout)
         self._closing = False
         self._drainer: Optional[asyncio.Task[None]] = None
         self._lh_state: Dict[str, Any] = {}  # an AsyncFailover's view of this client
@@ -281,8 +282,14 @@ class AsyncClient(_AsyncListener):
             self._drainer = self._loop.create_task(self._drain())
 
     def _ack_timeout(self, c: _Call, q: str) -> None:
-        if not c.fut.done() and self.err is None:
-            self._die(AckTimeoutError(q, self.ack_timeout))
+        if c.fut.done() or self.err is not None:
+            return
+        if self._saw_status and not self._healthy:
+            # The hub's Postgres is down: the ack comes once it is back
+            # (the healthy status restarts the timer); look again later.
+            c.timer = self._loop.call_later(self.ack_timeout, self._ack_timeout, c, q)
+            return
+        self._die(AckTimeoutError(q, self.ack_timeout))
 
     def _die(self, err: BaseException) -> None:
         if self.err is not None:
@@ -378,8 +385,18 @@ class AsyncClient(_AsyncListener):
                 p = m.get("p")
                 await self._deliver(make_wake(q, p if isinstance(p, str) else None))
         elif t == "status":
-            self._healthy = bool(m.get("healthy"))
-            await self._deliver(Status(self._healthy))
+            healthy = bool(m.get("healthy"))
+            was, self._healthy, self._saw_status = self._healthy, healthy, True
+            if healthy and not was:
+                # Postgres is back: every sub still waiting gets a whole
+                # ack timeout from now.
+                for q, s in self._subs.items():
+                    c = s.call
+                    if c is not None and not c.fut.done():
+                        if c.timer is not None:
+                            c.timer.cancel()
+                        c.timer = self._loop.call_later(self.ack_timeout, self._ack_timeout, c, q)
+            await self._deliver(Status(healthy))
         else:
             log.debug("listenhub client: skipping unknown frame type %r", t)
 

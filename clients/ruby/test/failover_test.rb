@@ -3,6 +3,8 @@
 # Failover against a real hub and a real Postgres: the hub is killed, the
 # client goes on with its own LISTEN connection, and returns to the hub.
 require_relative "test_helper"
+require "socket"
+require "uri"
 
 class FailoverTest < LHTestCase
   PREFIX = "lh."
@@ -292,6 +294,63 @@ class FailoverTest < LHTestCase
     assert_empty lost, "lost through refused fail-backs"
     assert_empty dups, "delivered twice through refused fail-backs"
     assert_equal got.sort, got, "out of commit order"
+  end
+
+  # The hub up, its Postgres not (a port where nothing listens yet): the
+  # Failover stays on the hub, is told healthy false, and its subscribe
+  # waits past its ack timeout and the hub's old 5 s command timeout,
+  # instead of failing over to a local listener that cannot connect
+  # either. Once Postgres is up the sub is acked and a NOTIFY arrives.
+  def test_postgres_down_at_start_worker_stays
+    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    real = URI(DATABASE_URL)
+    down = URI(DATABASE_URL)
+    down.host = "127.0.0.1"
+    down.port = port
+    h = hub(args: ["--database-url", down.to_s], ready: false)
+    f = failover(h.socket, database_url: down.to_s, ack_timeout: 1.0)
+    assert_equal :hub, f.mode
+    result = nil
+    sub = Thread.new do
+      f.subscribe("a")
+      result = :ok
+    rescue StandardError => e
+      result = e
+    end
+    refute sub.join(7), "subscribe returned #{result.inspect} while Postgres is down" # seven ack timeouts
+    assert_equal :hub, f.mode
+    assert_includes @col.statuses, false
+    refute_includes @col.statuses, true
+    srv = TCPServer.new("127.0.0.1", port)
+    pipes = []
+    acceptor = Thread.new do
+      loop do
+        c = srv.accept
+        s = TCPSocket.new(real.host, real.port || 5432)
+        pipes << c << s
+        [[c, s], [s, c]].each do |a, b|
+          Thread.new do
+            IO.copy_stream(a, b)
+          rescue IOError, SystemCallError
+            nil
+          ensure
+            [a, b].each { |x| x.close rescue nil } # rubocop:disable Style/RescueModifier
+          end
+        end
+      end
+    rescue IOError, SystemCallError
+      nil
+    end
+    cleanup do
+      srv.close
+      acceptor.join
+      pipes.each { |x| x.close rescue nil } # rubocop:disable Style/RescueModifier
+    end
+    assert sub.join(TIMEOUT), "no ack once Postgres is up"
+    assert_equal :ok, result
+    notify("a", "after")
+    @col.wait("the wake through the hub") { |s| s.wakes.include?(Listenhub::Wake.new("a", "after")) }
+    assert_equal :hub, f.mode
   end
 
   def test_failback_exact_through_20

@@ -75,7 +75,9 @@ module LHTest
   class Hub
     attr_reader :socket, :dir, :app, :prefix, :suffix, :pid
 
-    def initialize(name, prefix: "", suffix: "", socket: nil, args: [], dir: nil)
+    # ready: false returns once the socket exists, for a hub whose
+    # Postgres is down (it never says healthy).
+    def initialize(name, prefix: "", suffix: "", socket: nil, args: [], dir: nil, ready: true)
       @own_dir = dir.nil?
       @dir = dir || Dir.mktmpdir("lhrb-")
       @socket = socket || File.join(@dir, "hub.sock")
@@ -84,6 +86,7 @@ module LHTest
       @suffix = suffix
       @args = args
       @log = File.join(@dir, "hub-#{Process.pid}-#{object_id}.log")
+      @wait_ready = ready
       start
     end
 
@@ -94,7 +97,11 @@ module LHTest
       argv += ["--channel-suffix", @suffix] unless @suffix.empty?
       argv += @args
       @pid = Process.spawn(LHTest.clean_env, *argv, out: [@log, "a"], err: %i[child out], unsetenv_others: true)
-      ready
+      if @wait_ready
+        ready
+      else
+        LHTest.wait_for("the hub's socket") { File.socket?(@socket) }
+      end
       self
     end
 

@@ -226,6 +226,7 @@ module Listenhub
       @out = String.new(encoding: Encoding::BINARY)
       @err = nil
       @healthy = false
+      @saw_status = false # a status arrived (see ack_overdue_locked)
       @greeted = false # a frame other than a refusal arrived
       @closing = false
       @reader = Thread.new { read_loop }
@@ -404,9 +405,16 @@ module Listenhub
     end
 
     # Under @mu: whether the ack deadline of q's call c has passed at now;
-    # then the client is dead with AckTimeoutError.
+    # then the client is dead with AckTimeoutError. While the hub says its
+    # Postgres is down the deadline does not count: the ack comes once
+    # Postgres is back (the healthy status restarts every deadline).
     def ack_overdue_locked(q, c, now)
       return false if c.deadline > now
+
+      if @saw_status && !@healthy
+        c.deadline = now + @ack_timeout
+        return false
+      end
 
       die_locked(AckTimeoutError.new(q, @ack_timeout))
       true
@@ -594,8 +602,20 @@ module Listenhub
         held = q.is_a?(String) && @mu.synchronize { @subs.key?(q) }
         deliver(@on_wake, Wake.from(q, m["p"].is_a?(String) ? m["p"] : nil)) if held
       when "status"
-        @healthy = m["healthy"] == true
-        deliver(@on_status, @healthy)
+        healthy = m["healthy"] == true
+        @mu.synchronize do
+          was = @healthy
+          @healthy = healthy
+          @saw_status = true
+          if healthy && !was
+            # Postgres is back: every sub still waiting gets a whole ack
+            # timeout from now.
+            deadline = Listenhub.monotonic + @ack_timeout
+            @subs.each_value { |s| s.call.deadline = deadline if s.call && !s.call.done }
+          end
+          @cv.broadcast
+        end
+        deliver(@on_status, healthy)
       else
         Listenhub.logger.debug("listenhub client: skipping unknown frame type #{t.inspect}")
       end

@@ -89,7 +89,8 @@ type dbProbe struct {
 
 // probeWait bounds how long NewFailover waits for the hub's first healthy
 // status before it checks the database; a hub whose Postgres is down is
-// not checked then (the fail-back's marker checks it later, if ever).
+// checked later, once it says healthy (verifyLater), its wakes held until
+// then.
 const probeWait = 500 * time.Millisecond
 
 // checkDatabase makes sure, at the start, that the hub hears the database
@@ -98,13 +99,14 @@ const probeWait = 500 * time.Millisecond
 // connection of its own, and waits, up to the ack timeout, for the hub to
 // deliver it. A hub on another database acks every subscribe and delivers
 // nothing the application commits: that is ErrOtherDatabase, said once at
-// ERROR, and NewFailover listens locally instead. Anything that keeps the
-// check from running (no database configured, a hub not yet healthy, a
-// database not reachable) leaves the hub trusted.
-func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) error {
-	cc := f.localCfg.ConnConfig
-	if cc == nil || !cutFits(f.opts.Local.ChannelPrefix, f.opts.Local.ChannelSuffix) {
-		return nil
+// ERROR, and NewFailover listens locally instead. A hub not healthy within
+// probeWait is checked later: later is true, and hc is unverified until
+// verifyLater has checked it. Anything else that keeps the check from
+// running (no database configured, a database this process cannot reach)
+// leaves the hub trusted.
+func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) (later bool, err error) {
+	if f.localCfg.ConnConfig == nil || !cutFits(f.opts.Local.ChannelPrefix, f.opts.Local.ChannelSuffix) {
+		return false, nil
 	}
 	t := time.NewTimer(probeWait)
 	defer t.Stop()
@@ -112,13 +114,73 @@ func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) er
 		select {
 		case <-hc.status:
 		case <-c.Done():
-			return nil // the caller finds it dead
+			return false, nil // the caller finds it dead
 		case <-t.C:
-			return nil
+			hc.unverified.Store(true)
+			return true, nil
 		case <-ctx.Done():
-			return nil
+			return false, nil
 		}
 	}
+	return false, f.probeDatabase(ctx, c)
+}
+
+// verifyLater checks, once hc's hub first says healthy, what the start
+// could not: that it hears the Failover's database. Until then its wakes
+// wait in hc.held (onHubWake). Verified, they are delivered; a hub on
+// another database is left for a local listener (the reason wraps
+// ErrOtherDatabase) and its held wakes, another database's, are dropped.
+func (f *Failover) verifyLater(hc *hubConn) {
+	c := hc.c
+	for !c.Healthy() {
+		select {
+		case <-hc.status:
+		case <-c.Done():
+			f.releaseHeld(hc, false) // the failover resyncs with durable wakes
+			return
+		case <-f.done:
+			return
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // Close ends the check
+		select {
+		case <-f.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := f.probeDatabase(ctx, c)
+	if err == nil {
+		f.releaseHeld(hc, true)
+		return
+	}
+	f.releaseHeld(hc, false)
+	f.startFailover(hc, err)
+	c.Close()
+}
+
+// releaseHeld ends hc's unverified state: its held wakes are delivered
+// (deliver, and hc still current) or dropped.
+func (f *Failover) releaseHeld(hc *hubConn, deliver bool) {
+	h := f.opts.OnWake
+	f.dispatch.Lock()
+	defer f.dispatch.Unlock()
+	held := hc.held
+	hc.held = nil
+	hc.unverified.Store(false)
+	if deliver && h != nil && hc.current.Load() {
+		for _, w := range held {
+			h(w)
+		}
+	}
+}
+
+// probeDatabase is the check itself (see checkDatabase): nil when the hub
+// delivered the probe, or when the check could not run.
+func (f *Failover) probeDatabase(ctx context.Context, c *Client) error {
+	cc := f.localCfg.ConnConfig
 	b := make([]byte, 8)
 	rand.Read(b)
 	p := &dbProbe{q: "lh.db." + hex.EncodeToString(b[:4]), token: hex.EncodeToString(b), came: make(chan struct{})}
@@ -175,6 +237,10 @@ func (f *Failover) onHubWake(hc *hubConn, w Wake) {
 				close(p.came)
 			}
 		}
+		return
+	}
+	if hc.unverified.Load() {
+		hc.held = append(hc.held, w) // verifyLater delivers or drops them
 		return
 	}
 	if c := f.cut; c != nil && c.hc == hc {

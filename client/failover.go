@@ -200,6 +200,11 @@ type hubConn struct {
 	// current: its wakes are delivered (the hub of hub mode); a
 	// fail-back's candidate goes through the cut until it is swapped in.
 	current atomic.Bool
+	// unverified: the start could not check that this hub hears the
+	// Failover's database (it was not healthy yet); its wakes wait in
+	// held (under Failover.dispatch) until verifyLater has (cut.go).
+	unverified atomic.Bool
+	held       []Wake
 }
 
 // NewFailover dials the hub; if that fails it connects the local listener
@@ -251,10 +256,10 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	f.hub = hc // current before Dial returns: its first status counts
 	hc.current.Store(true)
 	hub, err := f.dialHub(ctx, hc)
+	later := false
 	if err == nil {
-		if werr := f.checkDatabase(ctx, hc, hub); werr != nil {
+		if later, err = f.checkDatabase(ctx, hc, hub); err != nil {
 			hub.Close()
-			err = werr
 		}
 	}
 	if err != nil {
@@ -288,6 +293,9 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	hc.c = hub
 	f.mu.Unlock()
 	go f.watchHub(hc)
+	if later {
+		go f.verifyLater(hc)
+	}
 	return f, nil
 }
 

@@ -2,12 +2,17 @@ package client
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/url"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/testutil"
@@ -129,5 +134,59 @@ func TestPGPostgresDownAtStartWorkerStays(t *testing.T) {
 	testutil.WaitFor(t, waitLong, "the wake through the hub", func() bool { return rec.has("wake a after") })
 	if f.Mode() != ModeHub {
 		t.Fatalf("mode %v, want hub", f.Mode())
+	}
+}
+
+// A hub on another database whose Postgres is down when the Failover
+// starts cannot be checked then: it is not trusted either. Its wakes wait
+// until it says healthy and the check runs; the check finds the other
+// database, so the Failover listens on its own connection (the reason
+// wraps ErrOtherDatabase), delivers this database's NOTIFYs and none of
+// the other's.
+func TestPGUnverifiedHubOnAnotherDatabaseRefusedOnceUp(t *testing.T) {
+	e := newPGEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	other := "lhc_unverified_" + strconv.Itoa(os.Getpid())
+	if err := e.db.Exec(ctx, "CREATE DATABASE "+other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.db.Exec(context.Background(), "DROP DATABASE IF EXISTS "+other+" WITH (FORCE)") })
+	u, err := url.Parse(e.db.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newLaterProxy(t, u.Host)
+	ou := *u
+	ou.Path = "/" + other
+	e.startHub(func(c *hub.Config) { c.DatabaseURL = p.via(ou.String()) })
+	rec := &recorder{}
+	f := e.failover(rec, func(o *FailoverOptions) { o.Hub.AckTimeout = time.Second })
+	if f.Mode() != ModeHub {
+		t.Fatalf("mode %v at start, want hub (unverified)", f.Mode())
+	}
+	subscribed := make(chan error, 1)
+	go func() { subscribed <- f.Subscribe(context.Background(), "a") }()
+	p.up()
+	testutil.WaitFor(t, waitLong, "local mode once the check ran", func() bool { return f.Mode() == ModeLocal })
+	if !errors.Is(f.Reason(), ErrOtherDatabase) {
+		t.Fatalf("reason %v, want ErrOtherDatabase", f.Reason())
+	}
+	if err := <-subscribed; err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	// The other database's NOTIFY is not ours: never delivered.
+	oc, err := pgconn.Connect(ctx, ou.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oc.Close(context.Background())
+	if _, err := oc.Exec(ctx, "NOTIFY \""+e.prefix+"a\", 'foreign'").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	e.notify("a", "ours")
+	testutil.WaitFor(t, waitLong, "our NOTIFY", func() bool { return rec.has("wake a ours") })
+	if rec.has("wake a foreign") {
+		t.Fatalf("the other database's NOTIFY was delivered: %v", rec.snapshot())
 	}
 }

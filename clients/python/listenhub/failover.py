@@ -171,17 +171,57 @@ class Failover(Listener):
         with self._mu:
             self._hub, self._hub_state = hub, state
         self._watch(hub, self._hub_died)
+        if state.get("unverified"):
+            threading.Thread(target=self._verify_later, args=(hub, state), name="listenhub-verify", daemon=True).start()
 
     def _check_database(self, hub: Client, state: Dict[str, Any]) -> None:
         """At start: the hub must hear the database this listener was given.
         A private name is subscribed through it, a NOTIFY of it committed on
         a short connection of this process's own, and it must come back
         through the hub within the ack timeout; if not, the hub is closed
-        and OtherDatabaseError raised. Whatever keeps the check from
-        running (a hub not yet healthy, a database not reachable, no room
-        for the name) leaves the hub trusted."""
-        if not self._cut_fits() or not state["healthy"].wait(self.ack_timeout) or hub.err is not None:
+        and OtherDatabaseError raised. A hub not healthy within the ack
+        timeout (its Postgres is down) is not trusted either: it is left
+        unverified, its wakes held, until _verify_later has checked it once
+        it says healthy. Whatever else keeps the check from running (a
+        database this process cannot reach, no room for the name) leaves
+        the hub trusted."""
+        if not self._cut_fits() or hub.err is not None:
             return
+        if not state["healthy"].wait(self.ack_timeout):
+            if hub.err is None:
+                with self._route:
+                    state["unverified"], state["held"] = True, []
+            return
+        self._probe_database(hub)
+
+    def _verify_later(self, hub: Client, state: Dict[str, Any]) -> None:
+        """The start's check, once the hub first says healthy: verified, the
+        held wakes are delivered; a hub on another database is left for a
+        local listener (reason OtherDatabaseError), its held wakes, another
+        database's, dropped."""
+        while not state["healthy"].wait(0.5):
+            if hub.err is not None or self.err is not None:
+                self._release_held(state, False)
+                return
+        try:
+            self._probe_database(hub)
+        except OtherDatabaseError as e:
+            log.error("%s", e)
+            self._release_held(state, False)
+            self._begin_failover(hub, e, in_thread=False)
+            return
+        self._release_held(state, True)
+
+    def _release_held(self, state: Dict[str, Any], deliver: bool) -> None:
+        with self._route:
+            held = state.get("held") or []
+            state["unverified"], state["held"] = False, []
+            if deliver and state["current"]:
+                for w in held:
+                    self._deliver(w)
+
+    def _probe_database(self, hub: Client) -> None:
+        """The check itself (see _check_database)."""
         token = secrets.token_hex(8)
         q = "lh.db." + token[:8]
         came = threading.Event()
@@ -345,6 +385,9 @@ class Failover(Listener):
             if probe is not None and w.q == probe[0]:
                 if w.payload == probe[1]:
                     probe[2].set()
+                return
+            if state.get("unverified"):
+                state["held"].append(w)  # _verify_later delivers or drops them
                 return
             cut = self._cut
             if cut is not None and holder and cut.hub is holder[0]:

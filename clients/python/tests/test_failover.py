@@ -17,6 +17,67 @@ PREFIX, SUFFIX = "lh.", ".ev"
 ODD = 'Mixed"Case.q'
 
 
+class LaterProxy:
+    """A TCP port where nothing listens yet (Postgres down, as a refused
+    connection); up() starts forwarding it to the test's server."""
+
+    def __init__(self, test):
+        import socket as socketlib
+        from urllib.parse import urlsplit
+
+        self._s = socketlib
+        ln = socketlib.socket()
+        ln.bind(("127.0.0.1", 0))
+        self.port = ln.getsockname()[1]
+        ln.close()
+        u = urlsplit(DATABASE_URL)
+        self.target = (u.hostname, u.port or 5432)
+        self.test = test
+
+    def via(self, url):
+        from urllib.parse import urlsplit, urlunsplit
+
+        u = urlsplit(url)
+        auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
+        return urlunsplit(u._replace(netloc=auth + "127.0.0.1:%d" % self.port))
+
+    def up(self):
+        s = self._s
+        srv = s.socket()
+        srv.setsockopt(s.SOL_SOCKET, s.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", self.port))
+        srv.listen(16)
+        self.test.addCleanup(srv.close)
+
+        def pipe(a, b):
+            try:
+                while True:
+                    data = a.recv(65536)
+                    if not data:
+                        break
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for x in (a, b):
+                    try:
+                        x.shutdown(s.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        def accept():
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                t = s.create_connection(self.target)
+                threading.Thread(target=pipe, args=(c, t), daemon=True).start()
+                threading.Thread(target=pipe, args=(t, c), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+
+
 class FailoverTest(unittest.TestCase):
     def setUp(self):
         require_env()
@@ -32,9 +93,9 @@ class FailoverTest(unittest.TestCase):
 
     def failover(self, socket_path, **kw):
         self.app = ("lhpy-local-" + self.name)[:60]
+        kw.setdefault("database_url", DATABASE_URL)
         f = listenhub.Failover(
             socket_path,
-            database_url=DATABASE_URL,
             channel_prefix=PREFIX,
             channel_suffix=SUFFIX,
             application_name=self.app,
@@ -314,24 +375,11 @@ class FailoverTest(unittest.TestCase):
         timeout, instead of failing over to a local listener that cannot
         connect either. Once Postgres is up the sub is acked and a NOTIFY
         arrives through the hub."""
-        import socket as socketlib
-        from urllib.parse import urlsplit, urlunsplit
-
-        ln = socketlib.socket()
-        ln.bind(("127.0.0.1", 0))
-        port = ln.getsockname()[1]
-        ln.close()  # refused until the proxy listens
-        u = urlsplit(DATABASE_URL)
-        target = (u.hostname, u.port)
-        down = urlunsplit(u._replace(netloc=("%s@" % u.username if u.username else "") + "127.0.0.1:%d" % port))
+        p = LaterProxy(self)
+        down = p.via(DATABASE_URL)
         h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", down), ready=False)
         self.addCleanup(h.close)
-        self.app = ("lhpy-local-" + self.name)[:60]
-        f = listenhub.Failover(
-            h.socket, database_url=down, channel_prefix=PREFIX, channel_suffix=SUFFIX,
-            application_name=self.app, on_wake=self.col.on_wake, on_status=self.col.on_status, ack_timeout=1.0,
-        )
-        self.addCleanup(f.close)
+        f = self.failover(h.socket, database_url=down, ack_timeout=1.0)
         self.assertEqual(f.mode, listenhub.HUB)
         result = {}
 
@@ -350,45 +398,42 @@ class FailoverTest(unittest.TestCase):
         self.assertIsNone(f.err)
         self.assertIn(False, self.col.statuses)
         self.assertNotIn(True, self.col.statuses)
-
-        srv = socketlib.socket()
-        srv.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", port))
-        srv.listen(16)
-        self.addCleanup(srv.close)
-
-        def pipe(a, b):
-            try:
-                while True:
-                    data = a.recv(65536)
-                    if not data:
-                        break
-                    b.sendall(data)
-            except OSError:
-                pass
-            finally:
-                for s in (a, b):
-                    try:
-                        s.shutdown(socketlib.SHUT_RDWR)
-                    except OSError:
-                        pass
-
-        def accept():
-            while True:
-                try:
-                    c, _ = srv.accept()
-                except OSError:
-                    return
-                s = socketlib.create_connection(target)
-                threading.Thread(target=pipe, args=(c, s), daemon=True).start()
-                threading.Thread(target=pipe, args=(s, c), daemon=True).start()
-
-        threading.Thread(target=accept, daemon=True).start()
+        p.up()
         t.join(TIMEOUT)
         self.assertEqual(result, {"ok": True})
         self.notify("a", "after")
         self.col.wait("the wake through the hub", lambda s: Wake("a", "after", False) in s.wakes)
         self.assertEqual(f.mode, listenhub.HUB)
+
+    def test_unverified_hub_on_another_database_refused_once_up(self):
+        """A hub on another database whose Postgres is down when the
+        Failover starts cannot be checked then, and is not trusted either:
+        its wakes wait until it says healthy and the check runs, which
+        finds the other database; the Failover listens on its own
+        connection and delivers this database's NOTIFYs, none of the
+        other's."""
+        import psycopg
+
+        from urllib.parse import urlsplit, urlunsplit
+
+        other = "lhpy_unverified_%d" % os.getpid()
+        conninfo = other_database_url(self, other)
+        url = urlunsplit(urlsplit(DATABASE_URL)._replace(path="/" + other))
+        p = LaterProxy(self)
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", p.via(url)), ready=False)
+        self.addCleanup(h.close)
+        f = self.failover(h.socket, ack_timeout=1.0)
+        self.assertEqual(f.mode, listenhub.HUB)
+        threading.Thread(target=f.subscribe, args=("a",), daemon=True).start()
+        p.up()
+        wait_for("local mode once the check ran", lambda: f.mode == listenhub.LOCAL)
+        self.assertIsInstance(f.reason, listenhub.OtherDatabaseError)
+        wait_for("subscribed", lambda: "a" in f.subscriptions())
+        with psycopg.connect(conninfo, autocommit=True) as oc:
+            oc.execute("SELECT pg_notify(%s, 'foreign')", (PREFIX + "a" + SUFFIX,))
+        self.notify("a", "ours")
+        self.col.wait("our NOTIFY", lambda s: Wake("a", "ours", False) in s.wakes)
+        self.assertNotIn(Wake("a", "foreign", False), self.col.wakes)
 
     def test_one_way_stays_local(self):
         h = self.hub()

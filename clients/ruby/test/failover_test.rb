@@ -353,6 +353,102 @@ class FailoverTest < LHTestCase
     assert_equal :hub, f.mode
   end
 
+  # A database beside the test's, dropped at the end; its URL.
+  def other_database(name)
+    admin = PG.connect(DATABASE_URL)
+    admin.exec("SET client_min_messages = warning")
+    admin.exec("DROP DATABASE IF EXISTS #{name}")
+    admin.exec("CREATE DATABASE #{name}")
+    cleanup do
+      admin.exec("DROP DATABASE IF EXISTS #{name} WITH (FORCE)")
+      admin.close
+    end
+    u = URI(DATABASE_URL)
+    u.path = "/#{name}"
+    u.to_s
+  end
+
+  # A port where nothing listens yet (Postgres down); the returned lambda
+  # starts forwarding it to the test's server.
+  def later_proxy
+    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    real = URI(DATABASE_URL)
+    up = lambda do
+      srv = TCPServer.new("127.0.0.1", port)
+      pipes = []
+      acceptor = Thread.new do
+        loop do
+          c = srv.accept
+          s = TCPSocket.new(real.host, real.port || 5432)
+          pipes << c << s
+          [[c, s], [s, c]].each do |a, b|
+            Thread.new do
+              IO.copy_stream(a, b)
+            rescue IOError, SystemCallError
+              nil
+            ensure
+              [a, b].each { |x| x.close rescue nil } # rubocop:disable Style/RescueModifier
+            end
+          end
+        end
+      rescue IOError, SystemCallError
+        nil
+      end
+      cleanup do
+        srv.close
+        acceptor.join
+        pipes.each { |x| x.close rescue nil } # rubocop:disable Style/RescueModifier
+      end
+    end
+    [port, up]
+  end
+
+  def via(url, port)
+    u = URI(url)
+    u.host = "127.0.0.1"
+    u.port = port
+    u.to_s
+  end
+
+  # A hub serving another database acks every subscribe and delivers none
+  # of this one's NOTIFYs: the Failover finds out at start (a NOTIFY of a
+  # private name that does not come back through the hub), says so at
+  # ERROR, and listens on its own connection.
+  def test_hub_on_another_database_is_refused_at_start
+    url = other_database("lhrb_other_#{Process.pid}")
+    h = hub(args: ["--database-url", url])
+    f = failover(h.socket)
+    assert_equal :local, f.mode
+    assert_kind_of Listenhub::OtherDatabaseError, f.reason
+    f.subscribe("jobs")
+    notify("jobs", "through-our-own")
+    @col.wait("the wake through the local listener") { |s| s.wakes.include?(Listenhub::Wake.new("jobs", "through-our-own")) }
+  end
+
+  # A hub on another database whose Postgres is down when the Failover
+  # starts cannot be checked then, and is not trusted either: its wakes
+  # wait until it says healthy and the check runs, which finds the other
+  # database; the Failover listens on its own connection and delivers this
+  # database's NOTIFYs, none of the other's.
+  def test_unverified_hub_on_another_database_refused_once_up
+    url = other_database("lhrb_unverified_#{Process.pid}")
+    port, up = later_proxy
+    h = hub(args: ["--database-url", via(url, port)], ready: false)
+    f = failover(h.socket, ack_timeout: 1.0)
+    assert_equal :hub, f.mode
+    sub = Thread.new { f.subscribe("a") }
+    up.()
+    LHTest.wait_for("local mode once the check ran") { f.mode == :local }
+    assert_kind_of Listenhub::OtherDatabaseError, f.reason
+    sub.join(TIMEOUT)
+    oc = PG.connect(url)
+    oc.exec_params("SELECT pg_notify($1, 'foreign')", [PREFIX + "a" + SUFFIX])
+    oc.close
+    notify("a", "ours")
+    @col.wait("our NOTIFY") { |s| s.wakes.include?(Listenhub::Wake.new("a", "ours")) }
+    refute_includes @col.wakes, Listenhub::Wake.new("a", "foreign")
+  end
+
   def test_failback_exact_through_20
     h = hub
     backs = Queue.new

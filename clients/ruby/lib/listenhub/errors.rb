@@ -23,6 +23,15 @@ module Listenhub
   end
   private_class_method :error_class
 
+  # The hub does not deliver the notifications of the database the
+  # Failover was given: it serves another database or cluster. The
+  # Failover's reason when it listens on its own connection for it.
+  OtherDatabaseError = error_class(Error, :socket_path, :database, :timeout) do |path, database, timeout|
+    "listenhub: the hub at #{path} does not deliver the notifications of #{database} (a NOTIFY committed there " \
+      "did not come back through it within #{timeout}s): it serves another database or cluster; listening on a " \
+      "connection of this process (run the hub with this database's URL)"
+  end
+
   # The client (or failover listener) was closed by its owner.
   class ClosedError < Error
     def initialize(msg = "listenhub: closed")

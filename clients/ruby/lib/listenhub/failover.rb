@@ -58,7 +58,7 @@ module Listenhub
                    write_timeout: DEFAULT_WRITE_TIMEOUT, connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                    local_timeout: DEFAULT_LOCAL_TIMEOUT, peer_check: true, allowed_uids: [], one_way: false,
                    min_local: DEFAULT_MIN_LOCAL, probe_interval: DEFAULT_PROBE_INTERVAL,
-                   probe_max_interval: DEFAULT_PROBE_MAX_INTERVAL,
+                   probe_max_interval: DEFAULT_PROBE_MAX_INTERVAL, check_database: true,
                    on_wake: nil, on_status: nil, on_failover: nil, on_failback: nil)
       @socket_path = socket_path || ENV.fetch("LISTENHUB_SOCKET", DEFAULT_SOCKET)
       @ack_timeout = ack_timeout || DEFAULT_ACK_TIMEOUT
@@ -89,12 +89,19 @@ module Listenhub
       @swapping = false
       @err = nil
       @cut = nil # a fail-back's switch point (Cut), under @dispatch
+      @probe = nil # the start's database check: [q, token, latch], under @dispatch
+      @check_database = check_database
       @wrong_database = false
 
       begin
-        hub, = new_hub(true)
-      rescue ConnError => e
-        Listenhub.logger.warn("listenhub: hub unreachable (#{e.message}), listening locally")
+        hub, state = new_hub(true)
+        check_database(hub, state)
+      rescue ConnError, OtherDatabaseError => e
+        if e.is_a?(OtherDatabaseError)
+          Listenhub.logger.error(e.message)
+        else
+          Listenhub.logger.warn("listenhub: hub unreachable (#{e.message}), listening locally")
+        end
         begin
           local = new_local
         rescue StandardError => le
@@ -111,6 +118,7 @@ module Listenhub
       end
       @mu.synchronize { @hub = hub }
       hub_died(hub, hub.err) if hub.err
+      Thread.new { verify_later(hub, state) } if state[:unverified]
     end
 
     # :hub or :local: where wakes come from now.
@@ -267,6 +275,140 @@ module Listenhub
       [c, state]
     end
 
+    # At start: the hub must hear the database this listener was given. A
+    # private name is subscribed through it, a NOTIFY of it committed on a
+    # short connection of this process's own, and it must come back
+    # through the hub within the ack timeout; if not, the hub is closed and
+    # OtherDatabaseError raised. A hub not healthy within the ack timeout
+    # (its Postgres is down) is not trusted either: it is left unverified,
+    # its wakes held, until verify_later has checked it once it says
+    # healthy. A database this process cannot reach leaves the hub trusted.
+    # check_database: false leaves the check to the owner (the Rails
+    # adapter probes through Active Record's connection itself).
+    def check_database(hub, state)
+      return unless @check_database && cut_fits? && hub.err.nil?
+
+      deadline = Listenhub.monotonic + @ack_timeout
+      healthy = @mu.synchronize do
+        until state[:healthy] || (left = deadline - Listenhub.monotonic) <= 0 || hub.err
+          @cv.wait(@mu, left)
+        end
+        state[:healthy]
+      end
+      unless healthy
+        @dispatch.synchronize { state[:unverified], state[:held] = true, [] } if hub.err.nil?
+        return
+      end
+      probe_database(hub)
+    end
+
+    # The start's check, once the hub first says healthy: verified, the held
+    # wakes are delivered; a hub on another database is left for a local
+    # listener (reason OtherDatabaseError), its held wakes, another
+    # database's, dropped.
+    def verify_later(hub, state)
+      @mu.synchronize do
+        @cv.wait(@mu, 0.5) until state[:healthy] || hub.err || @err
+      end
+      return release_held(state, false) if hub.err || @err
+
+      begin
+        probe_database(hub)
+      rescue OtherDatabaseError => e
+        Listenhub.logger.error(e.message)
+        release_held(state, false)
+        go = @mu.synchronize do
+          next false if @err || @mode != :hub || !@hub.equal?(hub) || @swapping
+
+          @swapping = true
+        end
+        failover(e) if go
+        return
+      end
+      release_held(state, true)
+    rescue StandardError => e
+      Listenhub.logger.error("listenhub: database check failed: #{e.class}: #{e.message}")
+      release_held(state, true)
+    end
+
+    def release_held(state, deliver_them)
+      @dispatch.synchronize do
+        held = state[:held] || []
+        state[:unverified] = false
+        state[:held] = []
+        held.each { |w| deliver(@on_wake, w) } if deliver_them && state[:current]
+      end
+      nil
+    end
+
+    # A one-shot event with a timed wait (Queue#pop takes no timeout before
+    # Ruby 3.2).
+    class Latch
+      def initialize
+        @mu = Mutex.new
+        @cv = ConditionVariable.new
+        @open = false
+      end
+
+      def open
+        @mu.synchronize do
+          @open = true
+          @cv.broadcast
+        end
+      end
+
+      # Whether it opened within timeout seconds.
+      def wait(timeout)
+        deadline = Listenhub.monotonic + timeout
+        @mu.synchronize do
+          until @open || (left = deadline - Listenhub.monotonic) <= 0
+            @cv.wait(@mu, left)
+          end
+          @open
+        end
+      end
+    end
+    private_constant :Latch
+
+    # The check itself (see check_database).
+    def probe_database(hub)
+      token = SecureRandom.hex(8)
+      q = "lh.db.#{token[0, 8]}"
+      came = Latch.new
+      @dispatch.synchronize { @probe = [q, token, came] }
+      begin
+        begin
+          hub.subscribe(q, timeout: @ack_timeout)
+        rescue StandardError
+          return # the hub's own failure shows elsewhere
+        end
+        database = begin
+          conn = @local_args[:connect] ? @local_args[:connect].call : Local.connect(local_url, @local_timeout)
+          begin
+            conn.exec_params("SELECT pg_notify($1, $2)",
+                             [@local_args[:channel_prefix].to_s + q + @local_args[:channel_suffix].to_s, token])
+            conn.db
+          ensure
+            conn.close
+          end
+        rescue StandardError
+          nil
+        end
+        return if database.nil? || came.wait(@ack_timeout)
+
+        @wrong_database = true
+        hub.close
+        raise OtherDatabaseError.new(@socket_path, database, @ack_timeout)
+      ensure
+        @dispatch.synchronize { @probe = nil }
+        hub.unsubscribe(q) if hub.err.nil?
+      end
+    end
+
+    def local_url
+      @local_args[:database_url] || ENV["LISTENHUB_DATABASE_URL"] || ENV["DATABASE_URL"] || ""
+    end
+
     def new_local
       holder = []
       local = Local.new(**@local_args,
@@ -307,6 +449,14 @@ module Listenhub
     # candidate given up: the local listener delivered the same).
     def hub_wake(c, state, w)
       @dispatch.synchronize do
+        if (probe = @probe) && w.q == probe[0]
+          probe[2].open if w.payload == probe[1]
+          return
+        end
+        if state[:unverified]
+          state[:held] << w # verify_later delivers or drops them
+          return
+        end
         cut = @cut
         if cut && cut.hub.equal?(c)
           if w.q == cut.q

@@ -103,6 +103,7 @@ module ActionCable
       def new_failover(on_wake:, on_status:) # :nodoc:
         ::Listenhub::Failover.new(@socket, channel_prefix: @hub_prefix, channel_suffix: @hub_suffix,
                                            connect: -> { subscriptions_connection },
+                                           check_database: false, # verify_database probes it
                                            on_wake: on_wake, on_status: on_status, **@options)
       end
 

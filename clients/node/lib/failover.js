@@ -131,6 +131,7 @@ class Failover extends Listener {
         throw e;
       }
       f._hub = hub;
+      if (hub._lh.unverified) f._verifyLater(hub).catch(() => {});
     } catch (e) {
       if (!(e instanceof ConnError) && !(e instanceof OtherDatabaseError)) throw e;
       let local;
@@ -157,12 +158,54 @@ class Failover extends Listener {
   // At start: the hub must hear the database this listener was given. A
   // private name is subscribed through it, a NOTIFY of it committed on a
   // short connection of this process's own, and it must come back through
-  // the hub within the ack timeout; if not, OtherDatabaseError. Whatever
-  // keeps the check from running (a hub not yet healthy, a database not
-  // reachable, no room for the name) leaves the hub trusted.
+  // the hub within the ack timeout; if not, OtherDatabaseError. A hub not
+  // healthy within the ack timeout (its Postgres is down) is not trusted
+  // either: it is left unverified, its wakes held, until _verifyLater has
+  // checked it once it says healthy. Whatever else keeps the check from
+  // running (a database not reachable, no room for the name) leaves the
+  // hub trusted.
   async _checkDatabase(hub) {
+    if (!this._cutFits() || hub.err) return;
+    if (!(await healthyInTime(hub))) {
+      if (!hub.err) {
+        hub._lh.unverified = true;
+        hub._lh.held = [];
+      }
+      return;
+    }
+    await this._probeDatabase(hub);
+  }
+
+  // The start's check, once the hub first says healthy: verified, the held
+  // wakes are delivered; a hub on another database is left for a local
+  // listener (reason OtherDatabaseError), its held wakes, another
+  // database's, dropped.
+  async _verifyLater(hub) {
+    const ok = await Promise.race([hub._lh.healthy, hub.done.then(() => false)]);
+    if (!ok || this.err) return this._releaseHeld(hub, false);
+    try {
+      await this._probeDatabase(hub);
+    } catch (e) {
+      if (!(e instanceof OtherDatabaseError)) return this._releaseHeld(hub, true); // the check could not run
+      process.emitWarning(e.message, 'ListenhubWarning');
+      this._releaseHeld(hub, false);
+      hub.close();
+      this._startFailover(hub, e);
+      return;
+    }
+    this._releaseHeld(hub, true);
+  }
+
+  _releaseHeld(hub, deliver) {
+    const held = hub._lh.held || [];
+    hub._lh.unverified = false;
+    hub._lh.held = [];
+    if (deliver && hub._lh.current) for (const w of held) this._deliver(w);
+  }
+
+  // The check itself (see _checkDatabase).
+  async _probeDatabase(hub) {
     const ms = hub.ackTimeout;
-    if (!this._cutFits() || !(await healthyInTime(hub)) || hub.err) return;
     const token = require('node:crypto').randomBytes(8).toString('hex');
     const probe = { hub, q: 'lh.db.' + token.slice(0, 8), token };
     probe.came = new Promise((resolve) => (probe.arrived = resolve));
@@ -388,6 +431,10 @@ class Failover extends Listener {
     const probe = this._probe;
     if (probe && c && probe.hub === c && w.q === probe.q) {
       if (w.payload === probe.token) probe.arrived(true);
+      return;
+    }
+    if (state.unverified) {
+      state.held.push(w); // _verifyLater delivers or drops them
       return;
     }
     const cut = this._cut;

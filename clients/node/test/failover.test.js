@@ -314,6 +314,73 @@ test('Postgres down at start: the worker stays on the hub and works once it is u
   assert.equal(f.mode(), listenhub.HUB);
 });
 
+test('an unverified hub on another database is refused once it is up', { skip }, async (t) => {
+  // A hub on another database whose Postgres is down when the Failover
+  // starts cannot be checked then, and is not trusted either: its wakes
+  // wait until it says healthy and the check runs, which finds the other
+  // database; the Failover listens on its own connection and delivers
+  // this database's NOTIFYs, none of the other's.
+  const net = require('node:net');
+  const other = `lhnode_unverified_${process.pid}`;
+  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${other}`);
+  await admin.query(`CREATE DATABASE ${other}`);
+  let h = null;
+  let proxy = null;
+  t.after(async () => {
+    if (h) await h.kill();
+    if (proxy) await new Promise((r) => proxy.close(r));
+    await admin.query(`DROP DATABASE IF EXISTS ${other} WITH (FORCE)`);
+    await admin.end();
+  });
+  const { col, failover, notify } = await setup(t);
+  const port = await new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+  const real = new URL(DATABASE_URL);
+  const otherUrl = new URL(DATABASE_URL);
+  otherUrl.pathname = '/' + other;
+  const via = new URL(otherUrl.toString());
+  via.hostname = '127.0.0.1';
+  via.port = String(port);
+  h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, args: ['--database-url', via.toString()], ready: false });
+  const warnings = [];
+  const onWarning = (w) => warnings.push(w.message);
+  process.on('warning', onWarning);
+  t.after(() => process.off('warning', onWarning));
+  const f = await failover(h.socket, { ackTimeout: 1000 });
+  assert.equal(f.mode(), listenhub.HUB);
+  const sub = f.subscribe('a').catch((e) => e);
+  proxy = net.createServer((c) => {
+    const s = net.connect(Number(real.port || 5432), real.hostname);
+    c.pipe(s);
+    s.pipe(c);
+    const end = () => { c.destroy(); s.destroy(); };
+    c.on('error', end);
+    s.on('error', end);
+    c.on('close', end);
+    s.on('close', end);
+  });
+  await new Promise((r) => proxy.listen(port, '127.0.0.1', r));
+  await waitFor('local mode once the check ran', () => f.mode() === listenhub.LOCAL);
+  assert.ok(f.reason instanceof listenhub.OtherDatabaseError, `reason ${f.reason}`);
+  assert.equal(await sub, undefined);
+  await waitFor('subscribed locally', () => f.subscriptions().has('a'));
+  const oc = new pg.Client({ connectionString: otherUrl.toString(), application_name: 'lhnode-other' });
+  await oc.connect();
+  await oc.query('SELECT pg_notify($1, $2)', [PREFIX + 'a' + SUFFIX, 'foreign']);
+  await oc.end();
+  await notify('a', 'ours');
+  await col.wait('our NOTIFY', (s) => s.has('a', 'ours', false));
+  assert.ok(!col.has('a', 'foreign', false), 'the other database\'s NOTIFY was delivered');
+  assert.ok(warnings.some((m) => m.includes('does not deliver the notifications of')));
+});
+
 test('oneWay stays local', { skip }, async (t) => {
   const { db, app, failover, hub } = await setup(t);
   const h = await hub();

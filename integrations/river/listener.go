@@ -92,6 +92,14 @@ func (l *listener) Connect(ctx context.Context) error {
 	if l.c != nil {
 		return errConnected
 	}
+	// riverpgxv5's listener takes its connection from the pool, so a
+	// closed pool fails its Connect, and River's notifier reports that
+	// from Start; this one must too, though it listens elsewhere.
+	pc, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("listenhub river listener: %w", err)
+	}
+	pc.Release()
 	if err := l.resolveSchema(ctx); err != nil {
 		return err
 	}

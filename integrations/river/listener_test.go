@@ -269,6 +269,22 @@ func TestListenerBurstInOneTransactionArrivesInFull(t *testing.T) {
 	requireNoNotification(ctx, t, l)
 }
 
+// Not one of the listener cases, but what River's notifier expects of
+// them (its StartErrorsOnImmediateProblem): Connect on a closed pool fails,
+// as riverpgxv5's listener does, although this one listens through the hub.
+func TestListenerConnectFailsOnAClosedPool(t *testing.T) {
+	h := startHub(t)
+	schema := newSchema(t, false)
+	pool := newPool(t, schema, "")
+	d := riverhub.New(pool, driverOptions(t, h, randName("lhriver-local-")))
+	l := d.GetListener(&riverdriver.GetListenenerParams{Schema: schema})
+	pool.Close()
+	if err := l.Connect(context.Background()); err == nil {
+		l.Close(context.Background())
+		t.Fatal("Connect on a closed pool succeeded")
+	}
+}
+
 func TestListenerReconnectDiscardsBufferedNotifications(t *testing.T) {
 	ctx := context.Background()
 	l, b := setupListener(t)

@@ -26,6 +26,9 @@ const (
 	// acks once Postgres is back and LISTEN ran, however long that takes,
 	// so the wait does not count then (see Options.AckTimeout).
 	defaultAckTimeout = 2 * time.Second
+	// defaultSilenceTimeout: three of the hub's status re-sends (every
+	// 5 s with its default --status-interval) missed in a row.
+	defaultSilenceTimeout = 15 * time.Second
 	// defaultWriteTimeout bounds one write of queued frames. Frames to the
 	// hub are tiny, so a write that cannot finish within it means the hub
 	// has stopped reading.
@@ -82,6 +85,14 @@ type Options struct {
 	// its last. Default 10s. A frame that stalls kills the
 	// client (a *ConnError, Op "read").
 	FrameTimeout time.Duration
+	// SilenceTimeout bounds the time without a single frame from the hub.
+	// Default 15s. The hub re-sends its status every 5 status intervals
+	// (5 s with its default --status-interval), so a hub silent for three
+	// of those is frozen (SIGSTOPped, a wedged loop) even though its
+	// socket is open: the client dies (a *ConnError, Op "read") and a
+	// Failover fails over, as for a hub that died. Raise it above 5 times
+	// the hub's --status-interval when that is over 3s.
+	SilenceTimeout time.Duration
 
 	// OnWake is called for every wake, in the order the hub sent them.
 	// OnStatus is called for every status frame with the hub's Postgres
@@ -118,6 +129,7 @@ type Options struct {
 
 func (o Options) withDefaults() Options {
 	defaults.Set(&o.AckTimeout, defaultAckTimeout)
+	defaults.Set(&o.SilenceTimeout, defaultSilenceTimeout)
 	defaults.Set(&o.WriteTimeout, defaultWriteTimeout)
 	defaults.Set(&o.FrameTimeout, defaultFrameTimeout)
 	if o.Logger == nil {
@@ -513,7 +525,8 @@ func (c *Client) readLoop() {
 	var dec frame.Decoder
 	buf := make([]byte, readBufferSize)
 	greeted := false // a frame arrived: a nack is no longer a refusal
-	partial := false // the read deadline is set
+	partial := false // the read deadline is the frame timeout's, else the silence timeout's
+	c.conn.SetReadDeadline(time.Now().Add(c.opts.SilenceTimeout))
 	for {
 		n, err := c.conn.Read(buf)
 		if n > 0 {
@@ -541,10 +554,8 @@ func (c *Client) readLoop() {
 			}
 			switch {
 			case dec.Buffered() == 0:
-				if partial {
-					partial = false
-					c.conn.SetReadDeadline(time.Time{})
-				}
+				partial = false
+				c.conn.SetReadDeadline(time.Now().Add(c.opts.SilenceTimeout))
 			case !partial || completed:
 				partial = true
 				c.conn.SetReadDeadline(time.Now().Add(c.opts.FrameTimeout))
@@ -560,6 +571,8 @@ func (c *Client) readLoop() {
 			}
 			if partial && errors.Is(err, os.ErrDeadlineExceeded) {
 				err = fmt.Errorf("a frame from the hub stalled: %d bytes of it in %v (frame timeout)", dec.Buffered(), c.opts.FrameTimeout)
+			} else if errors.Is(err, os.ErrDeadlineExceeded) {
+				err = fmt.Errorf("no frame from the hub for %v (silence timeout; it re-sends its status every few seconds): frozen or wedged", c.opts.SilenceTimeout)
 			}
 			if err == io.EOF && dec.Buffered() > 0 {
 				err = io.ErrUnexpectedEOF

@@ -131,11 +131,11 @@ func (e *pgEnv) startHub(mutate func(*hub.Config)) *hub.Hub {
 }
 
 // startHubProcess runs `listenhub serve` as a child process.
-func (e *pgEnv) startHubProcess() *exec.Cmd {
+func (e *pgEnv) startHubProcess(args ...string) *exec.Cmd {
 	e.t.Helper()
-	cmd := exec.Command(listenhubBinary(e.t), "serve",
+	cmd := exec.Command(listenhubBinary(e.t), append([]string{"serve",
 		"--database-url", e.db.URL(), "--socket", e.socket,
-		"--application-name", e.hubApp, "--channel-prefix", e.prefix, "--log-level", "debug")
+		"--application-name", e.hubApp, "--channel-prefix", e.prefix, "--log-level", "debug"}, args...)...)
 	cmd.Stdout, cmd.Stderr = e.logs, e.logs
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
+	"syscall"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -189,4 +191,32 @@ func TestPGUnverifiedHubOnAnotherDatabaseRefusedOnceUp(t *testing.T) {
 	if rec.has("wake a foreign") {
 		t.Fatalf("the other database's NOTIFY was delivered: %v", rec.snapshot())
 	}
+}
+
+// A frozen hub (SIGSTOPped: its socket open, nothing read or written) is a
+// dead hub: the Failover hears no frame for its SilenceTimeout, though the
+// hub re-sends its status every 5 status intervals, fails over to its own
+// connection, and a NOTIFY committed during the freeze arrives through it.
+func TestPGFrozenHubFailsOver(t *testing.T) {
+	e := newPGEnv(t)
+	proc := e.startHubProcess("--status-interval", "200ms") // status re-sent every second
+	e.waitBackends(1, 0)
+	rec := &recorder{}
+	f := e.failover(rec, func(o *FailoverOptions) { o.Hub.SilenceTimeout = 3 * time.Second })
+	mustSubscribe(t, f, "a")
+	if f.Mode() != ModeHub {
+		t.Fatalf("mode %v, want hub", f.Mode())
+	}
+	if err := proc.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proc.Process.Signal(syscall.SIGCONT) })
+	stopped := time.Now()
+	testutil.WaitFor(t, waitLong, "local mode after the hub froze", func() bool { return f.Mode() == ModeLocal })
+	t.Logf("failed over %v after SIGSTOP (silence timeout 3s)", time.Since(stopped).Round(time.Millisecond))
+	if r := f.Reason(); r == nil || !strings.Contains(r.Error(), "no frame from the hub") {
+		t.Fatalf("reason %v, want the silence named", r)
+	}
+	e.notify("a", "during the freeze")
+	testutil.WaitFor(t, waitLong, "the wake through the local listener", func() bool { return rec.has("wake a during the freeze") })
 }

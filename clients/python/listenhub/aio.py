@@ -17,6 +17,7 @@ from .client import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_FRAME_TIMEOUT,
+    DEFAULT_SILENCE_TIMEOUT,
     DEFAULT_WRITE_TIMEOUT,
     dial,
 )
@@ -179,11 +180,13 @@ class AsyncClient(_AsyncListener):
         write_timeout: float,
         max_pending: int,
         frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+        silence_timeout: float = DEFAULT_SILENCE_TIMEOUT,
     ) -> None:
         self.path = path
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
         self.write_timeout = write_timeout or DEFAULT_WRITE_TIMEOUT
         self.frame_timeout = frame_timeout or DEFAULT_FRAME_TIMEOUT
+        self.silence_timeout = silence_timeout or DEFAULT_SILENCE_TIMEOUT
         self._greeted = False
         self._held = bytearray()
         self._reader, self._writer = reader, writer
@@ -319,12 +322,15 @@ class AsyncClient(_AsyncListener):
         while True:
             try:
                 if dec.partial_since is None:
-                    data = await self._reader.read(64 << 10)
+                    data = await asyncio.wait_for(self._reader.read(64 << 10), self.silence_timeout)
                 else:
                     left = dec.partial_since + self.frame_timeout - time.monotonic()
                     data = await asyncio.wait_for(self._reader.read(64 << 10), max(left, 0))
             except asyncio.TimeoutError:
-                self._die(ConnError("read", self.path, "a frame from the hub stalled: %d bytes of it in %gs (frame timeout)" % (dec.buffered(), self.frame_timeout)))
+                if dec.partial_since is None:
+                    self._die(ConnError("read", self.path, "no frame from the hub for %gs (silence timeout; it re-sends its status every few seconds): frozen or wedged" % self.silence_timeout))
+                else:
+                    self._die(ConnError("read", self.path, "a frame from the hub stalled: %d bytes of it in %gs (frame timeout)" % (dec.buffered(), self.frame_timeout)))
                 return
             except (ConnectionError, OSError) as e:
                 self._die(ConnError("read", self.path, e))
@@ -420,6 +426,7 @@ async def connect(
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+    silence_timeout: float = DEFAULT_SILENCE_TIMEOUT,
     peer_check: bool = True,
     allowed_uids: Collection[int] = (),
     max_pending: int = DEFAULT_MAX_PENDING,
@@ -444,6 +451,7 @@ async def connect(
         write_timeout=write_timeout,
         max_pending=max_pending,
         frame_timeout=frame_timeout,
+        silence_timeout=silence_timeout,
     )
 
 
@@ -564,6 +572,7 @@ class AsyncFailover(_AsyncListener):
         ack_timeout: float = DEFAULT_ACK_TIMEOUT,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        silence_timeout: float = DEFAULT_SILENCE_TIMEOUT,
         local_timeout: float = DEFAULT_LOCAL_TIMEOUT,
         peer_check: bool = True,
         allowed_uids: Collection[int] = (),
@@ -688,6 +697,7 @@ class AsyncFailover(_AsyncListener):
             ack_timeout=self.ack_timeout,
             write_timeout=kw["write_timeout"],
             connect_timeout=kw["connect_timeout"],
+            silence_timeout=kw["silence_timeout"],
             peer_check=kw["peer_check"],
             allowed_uids=kw["allowed_uids"],
         )

@@ -49,6 +49,11 @@ DEFAULT_CONNECT_TIMEOUT = 2.0
 #: hub's own --frame-timeout default. A hub that stops in the middle of a
 #: frame is wedged; without it the client would wait forever.
 DEFAULT_FRAME_TIMEOUT = 10.0
+# No frame at all for this long means a frozen hub (SIGSTOPped, a wedged
+# loop): it re-sends its status every 5 status intervals (5 s by default),
+# so this is three of those missed. Raise it above 5 times the hub's
+# --status-interval when that is over 3 s.
+DEFAULT_SILENCE_TIMEOUT = 15.0
 
 _READ_SIZE = 64 << 10
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -208,6 +213,7 @@ class Client(Listener):
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+        silence_timeout: float = DEFAULT_SILENCE_TIMEOUT,
         peer_check: bool = True,
         allowed_uids: Collection[int] = (),
         max_pending: int = DEFAULT_MAX_PENDING,
@@ -217,6 +223,7 @@ class Client(Listener):
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
         self.write_timeout = write_timeout or DEFAULT_WRITE_TIMEOUT
         self.frame_timeout = frame_timeout or DEFAULT_FRAME_TIMEOUT
+        self.silence_timeout = silence_timeout or DEFAULT_SILENCE_TIMEOUT
         self._sink = Sink(on_wake, on_status, max_pending)
         self._sock = _sock or dial(path, connect_timeout, peer_check, allowed_uids)
 
@@ -446,6 +453,7 @@ class Client(Listener):
         dec = _frame.Decoder()
         poller = select.poll()
         poller.register(self._sock.fileno(), select.POLLIN)
+        heard = time.monotonic()
         try:
             while True:
                 if dec.partial_since is not None:
@@ -453,6 +461,12 @@ class Client(Listener):
                     if left <= 0 or not poller.poll(left * 1000):
                         if not self.done.is_set():
                             self._die(ConnError("read", self.path, "a frame from the hub stalled: %d bytes of it in %gs (frame timeout)" % (dec.buffered(), self.frame_timeout)))
+                        return
+                else:
+                    left = heard + self.silence_timeout - time.monotonic()
+                    if left <= 0 or not poller.poll(left * 1000):
+                        if not self.done.is_set():
+                            self._die(ConnError("read", self.path, "no frame from the hub for %gs (silence timeout; it re-sends its status every few seconds): frozen or wedged" % self.silence_timeout))
                         return
                 try:
                     data = self._sock.recv(_READ_SIZE)
@@ -465,6 +479,7 @@ class Client(Listener):
                         why = "unexpected EOF (inside a frame)" if dec.buffered() else "EOF: the hub closed the connection"
                         self._die(ConnError("read", self.path, why))
                     return
+                heard = time.monotonic()
                 dec.feed(data)
                 try:
                     for m in dec.messages():

@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
 
 from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, Listener, Mode, Sink, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake
-from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
+from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SILENCE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
 from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError, OtherDatabaseError
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local, _connect, database_url
 
@@ -89,6 +89,7 @@ class Failover(Listener):
         ack_timeout: float = DEFAULT_ACK_TIMEOUT,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        silence_timeout: float = DEFAULT_SILENCE_TIMEOUT,
         local_timeout: float = DEFAULT_LOCAL_TIMEOUT,
         peer_check: bool = True,
         allowed_uids: Collection[int] = (),
@@ -108,6 +109,7 @@ class Failover(Listener):
             ack_timeout=self.ack_timeout,
             write_timeout=write_timeout,
             connect_timeout=connect_timeout,
+            silence_timeout=silence_timeout,
             peer_check=peer_check,
             allowed_uids=allowed_uids,
         )

@@ -435,6 +435,25 @@ class FailoverTest(unittest.TestCase):
         self.col.wait("our NOTIFY", lambda s: Wake("a", "ours", False) in s.wakes)
         self.assertNotIn(Wake("a", "foreign", False), self.col.wakes)
 
+    def test_frozen_hub_fails_over(self):
+        """A frozen hub (SIGSTOPped: its socket open, nothing read or
+        written) is a dead hub: no frame for silence_timeout, though it
+        re-sends its status every 5 status intervals (1 s here), and the
+        Failover listens on its own connection; a NOTIFY committed during
+        the freeze arrives through it."""
+        import signal
+
+        h = self.hub()
+        f = self.failover(h.socket, silence_timeout=3.0)
+        f.subscribe("a")
+        self.assertEqual(f.mode, listenhub.HUB)
+        os.kill(h.proc.pid, signal.SIGSTOP)
+        self.addCleanup(lambda: h.proc.poll() is None and os.kill(h.proc.pid, signal.SIGCONT))
+        wait_for("local mode after the hub froze", lambda: f.mode == listenhub.LOCAL)
+        self.assertIn("no frame from the hub", str(f.reason))
+        self.notify("a", "during the freeze")
+        self.col.wait("the wake through the local listener", lambda s: Wake("a", "during the freeze", False) in s.wakes)
+
     def test_one_way_stays_local(self):
         h = self.hub()
         f = self.failover(h.socket, one_way=True, min_local=0.05, probe_interval=0.05)

@@ -45,6 +45,12 @@ export interface ClientOptions {
   /** ms a frame from the hub may take from its first byte to its last (10000). */
   frameTimeout?: number;
   /**
+   * ms without a single frame from the hub before it counts as frozen
+   * (15000): it re-sends its status every 5 status intervals (5 s by
+   * default). Raise it above 5 times the hub's --status-interval.
+   */
+  silenceTimeout?: number;
+  /**
    * Check the socket's identity (true): its directory (owner, mode), the
    * socket file (lstat: a socket, its owner), the same file after connect.
    */

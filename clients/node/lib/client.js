@@ -29,6 +29,11 @@ const DEFAULT_CONNECT_TIMEOUT = 2000;
 // hub's own --frame-timeout default. A hub that stops in the middle of a
 // frame is wedged; without it the client would wait forever.
 const DEFAULT_FRAME_TIMEOUT = 10000;
+// No frame at all for this long means a frozen hub (SIGSTOPped, a wedged
+// loop): it re-sends its status every 5 status intervals (5 s by default),
+// so this is three of those missed. Raise it above 5 times the hub's
+// --status-interval when that is over 3 s.
+const DEFAULT_SILENCE_TIMEOUT = 15000;
 
 // O_PATH (Linux; not in fs.constants): opens the directory without needing
 // read permission on it, only to pin it.
@@ -169,6 +174,12 @@ class Client extends Listener {
     socket.on('error', (e) => this._die(new ConnError(e.code === 'EPIPE' ? 'write' : 'read', path, e)));
     socket.on('close', () => this._die(new ConnError('read', path, 'connection closed')));
     socket.on('drain', () => this._clearWriteTimer());
+    this.silenceTimeout = opts.silenceTimeout || DEFAULT_SILENCE_TIMEOUT;
+    this._silenceTimer = setTimeout(() => {
+      this._die(new ConnError('read', path,
+        `no frame from the hub for ${this.silenceTimeout} ms (silence timeout; it re-sends its status every few seconds): frozen or wedged`));
+    }, this.silenceTimeout);
+    if (this._silenceTimer.unref) this._silenceTimer.unref();
   }
 
   // Subscribes to q; resolves once the hub acked it: from then on every
@@ -317,12 +328,14 @@ class Client extends Listener {
     this._healthy = false;
     this._clearWriteTimer();
     if (this._frameTimer) clearTimeout(this._frameTimer);
+    clearTimeout(this._silenceTimer);
     this._sock.destroy();
     this._ended(err);
   }
 
   _onData(chunk) {
     if (this.err) return;
+    this._silenceTimer.refresh();
     this._dec.feed(chunk);
     for (;;) {
       let m;
@@ -445,7 +458,8 @@ class Client extends Listener {
 
 // Connects to the hub at path and resolves to a Client. Options:
 // onWake, onStatus, ackTimeout (ms, 2000), writeTimeout (ms, 2000),
-// connectTimeout (ms, 2000), frameTimeout (ms, 10000), peerCheck (true:
+// connectTimeout (ms, 2000), frameTimeout (ms, 10000), silenceTimeout (ms,
+// 15000: no frame for this long is a frozen hub), peerCheck (true:
 // the socket identity checks of pinSocket), allowedUids, maxPending.
 // Rejects with ConnError: op "dial" when there is no hub (ENOENT,
 // ECONNREFUSED), op "peer" when the socket is not our hub's.
@@ -505,4 +519,5 @@ module.exports = {
   DEFAULT_WRITE_TIMEOUT,
   DEFAULT_CONNECT_TIMEOUT,
   DEFAULT_FRAME_TIMEOUT,
+  DEFAULT_SILENCE_TIMEOUT,
 };

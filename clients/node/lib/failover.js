@@ -116,7 +116,8 @@ class Failover extends Listener {
   // then pg's PG* variables) or connectionConfig (a pg client config, which
   // wins), channelPrefix, channelSuffix (the hub's),
   // applicationName ("listenhub-local"), ackTimeout, writeTimeout,
-  // connectTimeout (ms), localTimeout (ms, 10000), peerCheck, allowedUids,
+  // connectTimeout (ms), silenceTimeout (ms, 15000), localTimeout (ms, 10000),
+  // peerCheck, allowedUids,
   // oneWay (false), minLocal (ms, 5000), probeInterval (ms, 1000),
   // probeMaxInterval (ms, 30000), onWake, onStatus, onFailover(reason),
   // onFailback(), maxPending.
@@ -259,6 +260,7 @@ class Failover extends Listener {
       ackTimeout: opts.ackTimeout || DEFAULT_ACK_TIMEOUT,
       writeTimeout: opts.writeTimeout || DEFAULT_WRITE_TIMEOUT,
       connectTimeout: opts.connectTimeout || DEFAULT_CONNECT_TIMEOUT,
+      silenceTimeout: opts.silenceTimeout,
       peerCheck: opts.peerCheck,
       allowedUids: opts.allowedUids,
     });

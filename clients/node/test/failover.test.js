@@ -381,6 +381,30 @@ test('an unverified hub on another database is refused once it is up', { skip },
   assert.ok(warnings.some((m) => m.includes('does not deliver the notifications of')));
 });
 
+test('a frozen hub fails over', { skip }, async (t) => {
+  // A frozen hub (SIGSTOPped: its socket open, nothing read or written) is
+  // a dead hub: no frame for silenceTimeout, though it re-sends its status
+  // every 5 status intervals (1 s here), and the Failover listens on its
+  // own connection; a NOTIFY committed during the freeze arrives through it.
+  const { col, failover, hub, notify } = await setup(t);
+  const h = await hub();
+  const f = await failover(h.socket, { silenceTimeout: 3000 });
+  await f.subscribe('a');
+  assert.equal(f.mode(), listenhub.HUB);
+  process.kill(h.proc.pid, 'SIGSTOP');
+  t.after(() => {
+    try {
+      process.kill(h.proc.pid, 'SIGCONT');
+    } catch (e) {
+      // already gone
+    }
+  });
+  await waitFor('local mode after the hub froze', () => f.mode() === listenhub.LOCAL);
+  assert.match(String(f.reason && (f.reason.message || f.reason)), /no frame from the hub/);
+  await notify('a', 'during the freeze');
+  await col.wait('the wake through the local listener', (s) => s.has('a', 'during the freeze', false));
+});
+
 test('oneWay stays local', { skip }, async (t) => {
   const { db, app, failover, hub } = await setup(t);
   const h = await hub();

@@ -449,6 +449,23 @@ class FailoverTest < LHTestCase
     refute_includes @col.wakes, Listenhub::Wake.new("a", "foreign")
   end
 
+  # A frozen hub (SIGSTOPped: its socket open, nothing read or written) is
+  # a dead hub: no frame for silence_timeout, though it re-sends its status
+  # every 5 status intervals (1 s here), and the Failover listens on its
+  # own connection; a NOTIFY committed during the freeze arrives through it.
+  def test_frozen_hub_fails_over
+    h = hub
+    f = failover(h.socket, silence_timeout: 3.0)
+    f.subscribe("a")
+    assert_equal :hub, f.mode
+    Process.kill("STOP", h.pid)
+    cleanup { Process.kill("CONT", h.pid) rescue nil } # rubocop:disable Style/RescueModifier
+    LHTest.wait_for("local mode after the hub froze") { f.mode == :local }
+    assert_match(/no frame from the hub/, f.reason.message)
+    notify("a", "during the freeze")
+    @col.wait("the wake through the local listener") { |s| s.wakes.include?(Listenhub::Wake.new("a", "during the freeze")) }
+  end
+
   def test_failback_exact_through_20
     h = hub
     backs = Queue.new

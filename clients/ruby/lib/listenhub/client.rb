@@ -18,6 +18,11 @@ module Listenhub
   # hub's own --frame-timeout default. A hub that stops in the middle of a
   # frame is wedged; without it the client would wait forever.
   DEFAULT_FRAME_TIMEOUT = 10.0
+  # No frame at all for this long means a frozen hub (SIGSTOPped, a wedged
+  # loop): it re-sends its status every 5 status intervals (5 s by
+  # default), so this is three of those missed. Raise it above 5 times the
+  # hub's --status-interval when that is over 3 s.
+  DEFAULT_SILENCE_TIMEOUT = 15.0
   # Where the hub listens unless told otherwise (LISTENHUB_SOCKET).
   DEFAULT_SOCKET = "/run/listenhub/listenhub.sock"
 
@@ -206,11 +211,12 @@ module Listenhub
     def initialize(path, on_wake: nil, on_status: nil, on_death: nil,
                    ack_timeout: DEFAULT_ACK_TIMEOUT, write_timeout: DEFAULT_WRITE_TIMEOUT,
                    connect_timeout: DEFAULT_CONNECT_TIMEOUT, frame_timeout: DEFAULT_FRAME_TIMEOUT,
-                   peer_check: true, allowed_uids: [])
+                   silence_timeout: DEFAULT_SILENCE_TIMEOUT, peer_check: true, allowed_uids: [])
       @path = path
       @ack_timeout = ack_timeout || DEFAULT_ACK_TIMEOUT
       @write_timeout = write_timeout || DEFAULT_WRITE_TIMEOUT
       @frame_timeout = frame_timeout || DEFAULT_FRAME_TIMEOUT
+      @silence_timeout = silence_timeout || DEFAULT_SILENCE_TIMEOUT
       @on_wake = wake_handler(on_wake)
       @on_status = on_status
       @on_death = on_death
@@ -512,16 +518,25 @@ module Listenhub
 
     def read_loop
       dec = Frame::Decoder.new
+      heard = Listenhub.monotonic
       loop do
-        if dec.partial_since
-          left = dec.partial_since + @frame_timeout - Listenhub.monotonic
-          unless left.positive? && @sock.wait_readable(left)
-            die(ConnError.new("read", @path, "a frame from the hub stalled: #{dec.buffered} bytes of it in #{@frame_timeout}s (frame timeout)"))
-            break
-          end
-        end
         begin
+          if dec.partial_since
+            left = dec.partial_since + @frame_timeout - Listenhub.monotonic
+            unless left.positive? && @sock.wait_readable(left)
+              die(ConnError.new("read", @path, "a frame from the hub stalled: #{dec.buffered} bytes of it in #{@frame_timeout}s (frame timeout)"))
+              break
+            end
+          else
+            left = heard + @silence_timeout - Listenhub.monotonic
+            unless left.positive? && @sock.wait_readable(left)
+              die(ConnError.new("read", @path, "no frame from the hub for #{@silence_timeout}s (silence timeout; " \
+                                               "it re-sends its status every few seconds): frozen or wedged"))
+              break
+            end
+          end
           data = @sock.readpartial(65_536)
+          heard = Listenhub.monotonic
         rescue EOFError
           why = dec.buffered.positive? ? "unexpected EOF (inside a frame)" : "EOF: the hub closed the connection"
           die(ConnError.new("read", @path, why))

@@ -59,10 +59,12 @@ module Listenhub
                    local_timeout: DEFAULT_LOCAL_TIMEOUT, peer_check: true, allowed_uids: [], one_way: false,
                    min_local: DEFAULT_MIN_LOCAL, probe_interval: DEFAULT_PROBE_INTERVAL,
                    probe_max_interval: DEFAULT_PROBE_MAX_INTERVAL, check_database: true,
+                   silence_timeout: DEFAULT_SILENCE_TIMEOUT,
                    on_wake: nil, on_status: nil, on_failover: nil, on_failback: nil)
       @socket_path = socket_path || ENV.fetch("LISTENHUB_SOCKET", DEFAULT_SOCKET)
       @ack_timeout = ack_timeout || DEFAULT_ACK_TIMEOUT
       @hub_args = { ack_timeout: @ack_timeout, write_timeout: write_timeout, connect_timeout: connect_timeout,
+                    silence_timeout: silence_timeout,
                     peer_check: peer_check, allowed_uids: allowed_uids }
       @local_args = { database_url: database_url, connect: connect, channel_prefix: channel_prefix,
                       channel_suffix: channel_suffix, application_name: application_name, timeout: local_timeout }

@@ -501,7 +501,7 @@ class FailoverTest(unittest.TestCase):
             "SELECT pg_notify(%s, i::text) FROM generate_series(1, 50000) i", (PREFIX + "flood" + SUFFIX,)
         )
         self.assertTrue(first.wait(TIMEOUT))
-        wait_for("the eviction in the hub's log", lambda: "evict" in h.output().lower())
+        wait_for("the eviction in the hub's log", lambda: "worker evicted" in h.output())
         release.set()
         wait_for("local mode", lambda: f.mode == listenhub.LOCAL)
         self.assertIsInstance(f.reason, listenhub.ConnError)

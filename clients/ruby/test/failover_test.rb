@@ -176,7 +176,7 @@ class FailoverTest < LHTestCase
     f.subscribe("flood")
     db.conn.exec_params("SELECT pg_notify($1, i::text) FROM generate_series(1, 50000) i", [PREFIX + "flood" + SUFFIX])
     first.pop
-    LHTest.wait_for("the eviction in the hub's log") { h.output.downcase.include?("evict") }
+    LHTest.wait_for("the eviction in the hub's log") { h.output.include?("worker evicted") }
     release << true
     LHTest.wait_for("local mode") { f.mode == :local }
     assert_kind_of Listenhub::ConnError, f.reason

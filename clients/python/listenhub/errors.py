@@ -120,3 +120,12 @@ class FailoverError(ListenhubError):
         )
         self.hub = hub
         self.local = local
+
+
+class ListenhubWarning(UserWarning):
+    """A Failover listening on a connection of its own, and why: the hub is
+    unreachable, failed, or serves another database. Issued with
+    warnings.warn, which a default interpreter prints to stderr (once per
+    place in the code), so that a fallback is never silent even when the
+    application configured no logging; filter it with the warnings module
+    once your logging shows the "listenhub" logger's lines."""

@@ -9,12 +9,13 @@ import logging
 import random
 import secrets
 import threading
+import warnings
 from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
 
 from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, Listener, Mode, Sink, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake
 from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SILENCE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
-from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError, OtherDatabaseError
+from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError, ListenhubWarning, OtherDatabaseError
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local, _connect, database_url
 
 
@@ -34,6 +35,13 @@ PROBE_JITTER = 0.2
 FAILBACK_PARALLEL = 64
 
 log = logging.getLogger("listenhub")
+
+
+def _say(msg: str) -> None:
+    """A fallback is never silent: besides the log line (which an
+    application without logging configured never sees), a warning a
+    default interpreter prints."""
+    warnings.warn(msg, ListenhubWarning, stacklevel=3)
 
 
 def jitter(d: float) -> float:
@@ -159,8 +167,10 @@ class Failover(Listener):
         except (ConnError, OtherDatabaseError) as e:
             if isinstance(e, OtherDatabaseError):
                 log.error("%s", e)
+                _say(str(e))
             else:
                 log.warning("listenhub: hub unreachable (%s), listening locally", e)
+                _say("listenhub: hub unreachable (%s), listening locally" % e)
             try:
                 local = Local(**self._local_args)
             except Exception as le:
@@ -506,6 +516,7 @@ class Failover(Listener):
 
     def _failover(self, reason: BaseException) -> None:
         log.warning("listenhub: hub failed (%s), failing over to a local listener", reason)
+        _say("listenhub: hub failed (%s), failing over to a local listener" % reason)
         self._deliver(Status(False))
         try:
             local = Local(**self._local_args)

@@ -454,6 +454,27 @@ class FailoverTest(unittest.TestCase):
         self.notify("a", "during the freeze")
         self.col.wait("the wake through the local listener", lambda s: Wake("a", "during the freeze", False) in s.wakes)
 
+    def test_fallback_is_said_without_logging_configured(self):
+        """A program that configured no logging still hears why a Failover
+        listens on its own connection: a ListenhubWarning on stderr, which
+        a default interpreter prints."""
+        import subprocess
+        import sys
+
+        path = os.path.join(scratch_dir(self), "absent.sock")
+        code = (
+            "import listenhub\n"
+            "f = listenhub.Failover(%r, database_url=%r)\n"
+            "assert f.mode == listenhub.LOCAL\n"
+            "f.close()\n" % (path, DATABASE_URL)
+        )
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        r = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=TIMEOUT)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ListenhubWarning", r.stderr)
+        self.assertIn("hub unreachable", r.stderr)
+        self.assertIn(path, r.stderr)
+
     def test_one_way_stays_local(self):
         h = self.hub()
         f = self.failover(h.socket, one_way=True, min_local=0.05, probe_interval=0.05)

@@ -3,6 +3,8 @@
 # Failover against a real hub and a real Postgres: the hub is killed, the
 # client goes on with its own LISTEN connection, and returns to the hub.
 require_relative "test_helper"
+require "open3"
+require "rbconfig"
 require "socket"
 require "uri"
 
@@ -464,6 +466,20 @@ class FailoverTest < LHTestCase
     assert_match(/no frame from the hub/, f.reason.message)
     notify("a", "during the freeze")
     @col.wait("the wake through the local listener") { |s| s.wakes.include?(Listenhub::Wake.new("a", "during the freeze")) }
+  end
+
+  # A program that set no logger still hears why a Failover listens on a
+  # connection of its own: the gem's default logger writes warnings to
+  # stderr.
+  def test_fallback_is_said_without_a_logger
+    path = File.join(tmpdir, "absent.sock")
+    code = "require 'listenhub'; f = Listenhub::Failover.new(#{path.inspect}, database_url: #{DATABASE_URL.inspect}); " \
+           "exit(f.mode == :local ? 0 : 3)"
+    lib = File.expand_path("../lib", __dir__)
+    out, err, st = Open3.capture3(RbConfig.ruby, "-I", lib, "-e", code)
+    assert st.success?, "#{out}#{err}"
+    assert_match(/hub unreachable/, err)
+    assert_includes err, path
   end
 
   def test_failback_exact_through_20

@@ -38,12 +38,14 @@ module Listenhub
   def self.logger
     @logger ||= begin
       require "logger"
-      Logger.new(nil)
+      Logger.new($stderr, level: Logger::WARN, progname: "listenhub")
     end
   end
 
-  # The gem logs through this logger (silent by default; the Action Cable
-  # adapter hands it Action Cable's logger unless one was set).
+  # The gem logs through this logger. By default it writes warnings and
+  # errors to stderr, so that a fallback to a connection of the process's
+  # own is never silent (the Action Cable adapter hands it Action Cable's
+  # logger unless one was set); set Logger.new(nil) to silence it.
   def self.logger=(logger)
     @logger_set = true
     @logger = logger

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -60,6 +62,9 @@ seen and, unless it passed, the fix. Exits 1 when any check failed.
                the LISTEN backends of hubs and fallen-back workers
   socket       (--socket) exists, is a socket, its mode and owner, and a
                live hub answers on it with its status
+  hub-database (--socket, a healthy hub) a NOTIFY of a private name
+               committed on the URL's database comes back through the hub
+               (--channel-prefix, --channel-suffix: the hub's)
   relay        (--publication, --slot) wal_level, the REPLICATION
                attribute, the publication and what it publishes, the
                slot and its lag
@@ -75,6 +80,8 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	appName := fs.String("application-name", hub.DefaultApplicationName, "the hubs' application_name `NAME`, counted as LISTEN backends (and NAME-local for fallen-back workers)")
 	publication := fs.String("publication", "", "the relay's publication `NAME` to check (relay checks off when this and --slot are empty)")
 	slot := fs.String("slot", "", "the relay's replication slot `NAME` to check")
+	prefix := fs.String("channel-prefix", "", "the hub's --channel-prefix, for the check that it hears the URL's database")
+	suffix := fs.String("channel-suffix", "", "the hub's --channel-suffix, for the check that it hears the URL's database")
 	asJSON := fs.Bool("json", false, "print the findings as a JSON array")
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -92,8 +99,8 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer cancel()
 
 	doctorDatabase(ctx, *databaseURL, *appName, *publication, *slot, add)
-	if *socket != "" {
-		doctorSocket(*socket, add)
+	if *socket != "" && doctorSocket(*socket, add) {
+		doctorHubDatabase(ctx, *socket, *databaseURL, *prefix, *suffix, add)
 	}
 
 	failed := false
@@ -363,7 +370,9 @@ func byteSize(n int64) string {
 
 // doctorSocket checks the hub's socket: the file (without following a
 // link), its mode and owner, and that a hub answers on it with a status.
-func doctorSocket(path string, add func(finding)) {
+// doctorSocket checks the socket and the hub on it; it reports whether a
+// healthy hub answered.
+func doctorSocket(path string, add func(finding)) bool {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(path, &st); err != nil {
 		fix := "start listenhub serve --socket " + path + ", or give the --socket it was started with"
@@ -371,7 +380,7 @@ func doctorSocket(path string, add func(finding)) {
 			fix = "install -d -m 0755 " + dir + " (owned by the hub's user), then start listenhub serve --socket " + path
 		}
 		add(finding{"socket", statusFail, fmt.Sprintf("%s: %v", path, err), fix})
-		return
+		return false
 	}
 	// What every client checks before it connects (internal/sockdir): a
 	// directory on the way that it refuses makes it fall back to a
@@ -382,7 +391,7 @@ func doctorSocket(path string, add func(finding)) {
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
 		add(finding{"socket", statusFail, fmt.Sprintf("%s is not a socket (%s)", path, fileType(uint32(st.Mode))), "give the path the hub listens on (serve --socket)"})
-		return
+		return false
 	}
 	mode := os.FileMode(st.Mode & 0o777)
 	desc := fmt.Sprintf("%s: socket, mode %04o, owner uid %d", path, mode, st.Uid)
@@ -401,6 +410,94 @@ func doctorSocket(path string, add func(finding)) {
 		add(finding{"socket", statusWarn, desc + "; the hub answers, healthy:false (its Postgres connection is down or does not deliver)", "see the hub's log, and this doctor's database checks against its URL"})
 	default:
 		add(finding{"socket", statusPass, desc + "; the hub answers, healthy:true", ""})
+		return true
+	}
+	return false
+}
+
+// doctorHubDatabase checks that the hub on path hears the database of url,
+// as the clients check at start: it subscribes a private name through the
+// hub, commits a NOTIFY of it on its own connection to url, and waits for
+// the hub to deliver it. A hub on another database (or cluster) acks every
+// sub and delivers nothing the application commits: every worker that
+// trusts it waits for wakes that never come.
+func doctorHubDatabase(ctx context.Context, path, url, prefix, suffix string, add func(finding)) {
+	if url == "" && !pgEnvNamesServer() {
+		return // no database to compare with: said by the database check
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	q := "lh.doctor." + hex.EncodeToString(b)
+	token := hex.EncodeToString(b) + "-" + strconv.Itoa(os.Getpid())
+	c, err := net.DialTimeout("unix", path, doctorTimeout)
+	if err != nil {
+		return // said by the socket check
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * doctorTimeout))
+	if _, err := c.Write(frame.AppendSub(nil, q)); err != nil {
+		return
+	}
+	var dec frame.Decoder
+	buf := make([]byte, 4096)
+	next := func() (frame.Message, error) {
+		for {
+			m, ok, err := dec.Next()
+			if err != nil || ok {
+				return m, err
+			}
+			n, err := c.Read(buf)
+			if n > 0 {
+				dec.Feed(buf[:n])
+				continue
+			}
+			if err != nil {
+				return m, err
+			}
+		}
+	}
+	for {
+		m, err := next()
+		if err != nil {
+			add(finding{"hub-database", statusFail, fmt.Sprintf("%s: no ack for a subscription: %v", path, err), "see the hub's log"})
+			return
+		}
+		if m.T == frame.TypeAck && m.Q == q {
+			break
+		}
+		if m.T == frame.TypeNack && m.Q == q {
+			add(finding{"hub-database", statusFail, fmt.Sprintf("%s: the hub refused a subscription: %s", path, m.Error), "see the hub's log"})
+			return
+		}
+	}
+	cc, err := listener.ParseConfig(url, doctorApp)
+	if err != nil {
+		return // said by the database check
+	}
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(cctx, cc)
+	if err != nil {
+		return // said by the database check
+	}
+	_, err = conn.ExecParams(cctx, "SELECT pg_notify($1, $2)", [][]byte{[]byte(prefix + q + suffix), []byte(token)}, nil, nil, nil).Close()
+	conn.Close(context.Background())
+	if err != nil {
+		return
+	}
+	for {
+		m, err := next()
+		if err != nil {
+			add(finding{"hub-database", statusFail,
+				fmt.Sprintf("the hub at %s does not deliver what is committed on %s at %s: a NOTIFY there did not come back through it within %v (it serves another database or cluster, or its --channel-prefix/--channel-suffix differ from the ones given here)",
+					path, cc.Database, hostPort(cc), 2*doctorTimeout),
+				"run the hub with this database's URL (or give doctor the hub's --channel-prefix and --channel-suffix)"})
+			return
+		}
+		if m.T == frame.TypeWake && m.Q == q && m.P == token {
+			add(finding{"hub-database", statusPass, fmt.Sprintf("the hub at %s delivers what is committed on %s at %s", path, cc.Database, hostPort(cc)), ""})
+			return
+		}
 	}
 }
 

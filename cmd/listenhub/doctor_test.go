@@ -79,6 +79,44 @@ func TestDoctorGoodSetup(t *testing.T) {
 	}
 }
 
+// TestDoctorHubOnAnotherDatabase: a healthy hub that serves another
+// database than the URL's acks every subscription and delivers nothing
+// committed on the URL's: the hub-database check fails, naming both, with
+// the fix, exit 1. The same hub and its own database's URL pass.
+func TestDoctorHubOnAnotherDatabase(t *testing.T) {
+	c := needDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	other := "lh_doctor_other"
+	if err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+other); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Exec(ctx, "CREATE DATABASE "+other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+other+" WITH (FORCE)") })
+	otherURL := strings.Replace(c.URL(), "/postgres?", "/"+other+"?", 1)
+	if otherURL == c.URL() {
+		t.Fatalf("cannot name another database in %s", c.URL())
+	}
+	sock := sockPath(t)
+	p := serve(t, sock, nil, "--database-url", otherURL, "--channel-prefix", "pre.")
+	p.ready()
+	code, by, out := doctor(t, "--database-url", c.URL(), "--socket", sock, "--channel-prefix", "pre.")
+	if code != 1 {
+		t.Fatalf("exit %d for a hub on another database, want 1:\n%s", code, out)
+	}
+	f := only(t, by, "hub-database", statusFail)
+	if !strings.Contains(f.Message, "does not deliver what is committed on postgres") || !strings.Contains(f.Fix, "this database's URL") {
+		t.Fatalf("hub-database: %+v", f)
+	}
+	code, by, out = doctor(t, "--database-url", otherURL, "--socket", sock, "--channel-prefix", "pre.")
+	if code != 0 {
+		t.Fatalf("exit %d for the hub's own database, want 0:\n%s", code, out)
+	}
+	only(t, by, "hub-database", statusPass)
+}
+
 // TestDoctorTransactionPooler: through a transaction-pooling PgBouncer the
 // delivery check fails with the pooler named and the fix, exit 1.
 func TestDoctorTransactionPooler(t *testing.T) {

@@ -43,7 +43,7 @@ var commands = []command{
 		"turn committed row changes into NOTIFYs (logical replication), so writers need no NOTIFY trigger"},
 	{"census", "census --database-url URL [--application-name NAME] [--json]",
 		"count the hub's backends (pg_stat_activity by application_name)"},
-	{"doctor", "doctor --database-url URL [--socket PATH] [--application-name NAME] [--publication NAME] [--slot NAME] [--json]",
+	{"doctor", "doctor --database-url URL [--socket PATH] [--channel-prefix P] [--channel-suffix S] [--application-name NAME] [--publication NAME] [--slot NAME] [--json]",
 		"check a set-up: notifications arrive on the URL (no transaction pooler), connection headroom, the hub's socket, the relay's prerequisites (and, for a local server, the kernel's autogroup); exit 1 on a failure"},
 	{"demo", "demo [--workers N] [--rate N] [--duration D] [--database-url URL] [--relay [--writers N]]",
 		"hub, N worker processes and a notifier; a throwaway cluster without a URL; --relay: writers with a NOTIFY trigger vs the relay"},

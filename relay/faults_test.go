@@ -788,6 +788,31 @@ func TestRelayTablesLeavingThePublicationSaid(t *testing.T) {
 	}
 }
 
+// TestRelayDroppedAndRenamedTablesSaidAsSuch: a table dropped or renamed
+// did not leave the publication: the relay says it was dropped or renamed
+// (naming the new tables, whose channels a renamed table's changes now
+// wake), at INFO, and never asks for ALTER PUBLICATION ... ADD TABLE.
+func TestRelayDroppedAndRenamedTablesSaidAsSuch(t *testing.T) {
+	f := newFixture(t, "q_a", "q_b", "q_c")
+	rn := f.run(f.options())
+	waitActive(t, rn.r)
+	testutil.WaitFor(t, 10*time.Second, "3 tables counted", func() bool { return rn.r.Stats().Tables == 3 })
+	f.exec(fmt.Sprintf("DROP TABLE %s.q_b", f.schema))
+	f.exec(fmt.Sprintf("ALTER TABLE %s.q_c RENAME TO q_renamed", f.schema))
+	testutil.WaitFor(t, 10*time.Second, "the dropped and renamed tables, logged", func() bool {
+		log := rn.log.String()
+		return strings.Contains(log, "published tables were dropped or renamed") && strings.Contains(log, f.schema+".q_c") &&
+			strings.Contains(log, f.schema+".q_renamed")
+	})
+	log := rn.log.String()
+	if strings.Contains(log, "tables left the publication") || strings.Contains(log, "ADD TABLE") {
+		t.Fatalf("a dropped or renamed table taken for one that left the publication:\n%s", log)
+	}
+	if !strings.Contains(log, f.schema+".q_b") {
+		t.Fatalf("the dropped table is not named:\n%s", log)
+	}
+}
+
 // TestRelayKilledAtEachStartStepLosesNoWake: a relay SIGKILLed at any step
 // of its start (connected; waiting on the slot's creation, with a row
 // committed meanwhile; the slot just created; streaming) leaves no row

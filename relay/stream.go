@@ -776,22 +776,62 @@ func (s *session) watchTables(ctx context.Context) error {
 			s.seen[t] = ""
 		}
 	}
-	var left, newFilters []string
+	var left, arrived, newFilters []string
+	quoted := map[string]string{} // a left table's name as to_regclass reads it
 	for t := range s.seen {
 		if _, ok := now[t]; !ok {
-			left = append(left, t[0]+"."+t[1])
+			name := t[0] + "." + t[1]
+			left = append(left, name)
+			quoted[pgquote.Ident(t[0])+"."+pgquote.Ident(t[1])] = name
 		}
 	}
 	for t, f := range now {
+		if _, ok := s.seen[t]; !ok {
+			arrived = append(arrived, t[0]+"."+t[1])
+		}
 		if f != "" && s.seen[t] != f {
 			newFilters = append(newFilters, t[0]+"."+t[1]+" WHERE "+f)
 		}
 	}
 	sort.Strings(left)
+	sort.Strings(arrived)
 	sort.Strings(newFilters)
 	if len(left) > 0 {
-		r.log.Warn("relay: tables left the publication: their changes get no wake", "publication", r.opts.Publication,
-			"tables", strings.Join(left, ", "), "fix", fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE ..., or leave them off on purpose", pgquote.Ident(r.opts.Publication)))
+		// A table that no longer exists did not leave the publication:
+		// it was dropped (nothing left to wake for) or renamed (its
+		// changes now wake the new name's channel).
+		names := make([]string, 0, len(quoted))
+		for q := range quoted {
+			names = append(names, q)
+		}
+		gone, err := query(ctx, s.nc, `SELECT n FROM unnest($1::text[]) n WHERE to_regclass(n) IS NULL`, string(textArray(names)))
+		if err != nil {
+			return fmt.Errorf("look up the tables gone from the publication: %w", err)
+		}
+		goneSet := make(map[string]bool, len(gone))
+		var goneNames []string
+		for _, g := range gone {
+			goneSet[quoted[g[0]]] = true
+			goneNames = append(goneNames, quoted[g[0]])
+		}
+		sort.Strings(goneNames)
+		var still []string
+		for _, t := range left {
+			if !goneSet[t] {
+				still = append(still, t)
+			}
+		}
+		if len(goneNames) > 0 {
+			attrs := []any{"publication", r.opts.Publication, "tables", strings.Join(goneNames, ", ")}
+			if len(arrived) > 0 {
+				attrs = append(attrs, "new_tables", strings.Join(arrived, ", "), "note", "a renamed table's changes wake the channel of its new name")
+			}
+			r.log.Info("relay: published tables were dropped or renamed", attrs...)
+		}
+		if len(still) > 0 {
+			r.log.Warn("relay: tables left the publication: their changes get no wake", "publication", r.opts.Publication,
+				"tables", strings.Join(still, ", "), "fix", fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE ..., or leave them off on purpose", pgquote.Ident(r.opts.Publication)))
+		}
 	}
 	if len(newFilters) > 0 {
 		r.log.Warn("relay: row filters on published tables: changes outside them get no wake", "publication", r.opts.Publication,

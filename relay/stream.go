@@ -409,7 +409,8 @@ func (s *session) stream(ctx context.Context) error {
 		}
 		return err
 	}
-	ticker := time.NewTicker(min(r.opts.StatusInterval, 2*time.Second))
+	tick := min(r.opts.StatusInterval, 2*time.Second)
+	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
 	var lastRefresh time.Time = time.Now()
 	var lastLagWarn time.Time
@@ -532,9 +533,11 @@ func (s *session) stream(ctx context.Context) error {
 				}
 				lag, lagT := r.lagBytes.Load(), time.Duration(r.lagSeconds.Load())
 				// WAL waits and the position has not moved for longer
-				// than an idle relay's keepalives allow: a decode
-				// in progress (or a stall) that no NOTIFY measured.
-				if stuck := time.Since(lastProgress); lag > 0 && stuck > max(r.opts.MaxLag, 3*r.opts.StatusInterval) && stuck > lagT {
+				// than MaxLag: a decode in progress (or a stall) that
+				// no NOTIFY measured. An idle relay's position follows
+				// the walsender's keepalives within a tick or two, so
+				// MaxLag has a floor of two looks (maxLagFloor).
+				if stuck := time.Since(lastProgress); lag > 0 && stuck > max(r.opts.MaxLag, maxLagFloor(tick)) && stuck > lagT {
 					lagT = stuck
 					r.lagSeconds.Store(int64(stuck))
 				}
@@ -875,3 +878,8 @@ func (s *session) watchPublication(ctx context.Context) error {
 	}
 	return perr
 }
+
+// maxLagFloor is the least lag the relay can tell from an idle one's: two
+// looks at the server (every tick, at most 2 s apart) and the keepalive in
+// between. A --max-lag below it is said at the floor instead.
+func maxLagFloor(tick time.Duration) time.Duration { return 2*tick + time.Second }

@@ -121,7 +121,7 @@ func (f *serveFlags) define() {
 	f.logLevel = fs.String("log-level", "info", "log level: debug, info, warn or error")
 	f.pidFile = fs.String("pid-file", "", "file holding the pid of the process serving, which changes with every upgrade (written atomically, never through a link; a directory others can write to must be sticky; removed on a normal stop)")
 	f.upTimeout = durationFlag(fs, "upgrade-timeout", defaultUpgradeTimeout, upgradeTimeoutHelp)
-	f.pgConns = fs.Int("postgres-connections", 1, "LISTEN connections the channels are spread over (by a hash of the name), at most 64; more than 1 only for tens of thousands of channels")
+	f.pgConns = fs.Int("postgres-connections", 1, "LISTEN connections the channels are spread over (by a hash of the name), at most 64; more than 1 only for tens of thousands of channels; a client's fail-back is exact with 1 only")
 	f.writeThreads = fs.Int("write-threads", 0, "threads writing a fanout to 32 or more workers while the loop has lately been idle more than busy; 1: every write on the loop's thread; 0: min(GOMAXPROCS, 4)")
 	f.relayOn = fs.Bool("relay", false, "also run the relay (listenhub relay) in this process, on connections of its own; the relay flags (see relay -h) apply")
 	f.configPath = fs.String("config", "", configHelp)
@@ -404,6 +404,14 @@ func (s *server) start(ctx context.Context) (int, bool) {
 		"socket_activated", s.listenFile != nil, "host", s.cc.Host,
 		"port", s.cc.Port, "database", s.cc.Database, "user", s.cc.User, "application_name", s.app,
 		"channel_prefix", *s.prefix, "channel_suffix", *s.suffix)
+	if *s.pgConns > 1 {
+		// A client's fail-back switches from its own LISTEN to the hub at
+		// a marker both deliver at one place in commit order; spread over
+		// several connections, the hub's stream to a worker is in commit
+		// order per connection only.
+		s.log.Warn("fail-backs are not exact with more than one Postgres connection: a worker returning to the hub may get a wake twice or miss one committed during the switch (use --postgres-connections 1 unless tens of thousands of channels need more)",
+			"postgres_connections", *s.pgConns)
+	}
 	if *s.pidFile != "" && s.inherited == nil {
 		if err := writePIDFile(*s.pidFile); err != nil {
 			s.log.Error("pid file", "reason", err)

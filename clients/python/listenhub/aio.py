@@ -40,6 +40,7 @@ from .failover import (
     FAILBACK_PARALLEL,
     HUB,
     LOCAL,
+    _say,
     cut_fits,
     jitter,
     notify_probe,
@@ -597,11 +598,15 @@ class AsyncFailover(_AsyncListener):
                 hub.close()
                 raise
             f._hub = hub
+            if hub._lh_state.get("unverified"):
+                asyncio.get_running_loop().create_task(f._verify_later(hub))
         except (ConnError, OtherDatabaseError) as e:
             if isinstance(e, OtherDatabaseError):
                 log.error("%s", e)
+                _say(str(e))
             else:
                 log.warning("listenhub: hub unreachable (%s), listening locally", e)
+                _say("listenhub: hub unreachable (%s), listening locally" % e)
             try:
                 local = await _AsyncLocal.create(f._local_event, f._local_died, f._local_args)
             except Exception as le:
@@ -716,7 +721,50 @@ class AsyncFailover(_AsyncListener):
         try:
             await asyncio.wait_for(state["healthy"].wait(), self.ack_timeout)
         except asyncio.TimeoutError:
+            # Not healthy yet (its Postgres is down): not trusted either;
+            # its wakes wait until _verify_later has checked it.
+            if hub.err is None:
+                state["unverified"], state["held"] = True, []
             return
+        await self._probe_database(hub)
+
+    async def _verify_later(self, hub: AsyncClient) -> None:
+        """As Failover._verify_later: the start's check once the hub first
+        says healthy; its held wakes delivered if it hears this database,
+        dropped (another database's) if not, then a local listener."""
+        state = hub._lh_state
+        healthy = asyncio.ensure_future(state["healthy"].wait())
+        dead = asyncio.ensure_future(hub.done.wait())
+        try:
+            await asyncio.wait({healthy, dead}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            healthy.cancel()
+            dead.cancel()
+        if hub.err is not None or self.err is not None:
+            self._release_held(state, False)
+            return
+        try:
+            await self._probe_database(hub)
+        except OtherDatabaseError as e:
+            log.error("%s", e)
+            self._release_held(state, False)
+            self._start_failover(hub, e)
+            hub.close()
+            return
+        except Exception:  # noqa: BLE001 - the check could not run: trusted, as at start
+            pass
+        self._release_held(state, True)
+
+    def _release_held(self, state: Dict[str, Any], deliver: bool) -> None:
+        held = state.get("held") or []
+        state["unverified"], state["held"] = False, []
+        if deliver and state["current"]:
+            loop = asyncio.get_running_loop()
+            for w in held:
+                loop.create_task(self._deliver(w))
+
+    async def _probe_database(self, hub: AsyncClient) -> None:
+        """The check itself (see _check_database)."""
         token = secrets.token_hex(8)
         q = "lh.db." + token[:8]
         came = asyncio.Event()
@@ -747,6 +795,9 @@ class AsyncFailover(_AsyncListener):
         if probe is not None and w.q == probe[0]:
             if w.payload == probe[1]:
                 probe[2].set()
+            return
+        if state.get("unverified"):
+            state["held"].append(w)  # _verify_later delivers or drops them
             return
         cut = self._cut
         if cut is not None and holder and cut.hub is holder[0]:
@@ -818,6 +869,7 @@ class AsyncFailover(_AsyncListener):
 
     async def _failover(self, reason: Optional[BaseException]) -> None:
         log.warning("listenhub: hub failed (%s), failing over to a local listener", reason)
+        _say("listenhub: hub failed (%s), failing over to a local listener" % reason)
         await self._deliver(Status(False))
         try:
             local = await _AsyncLocal.create(self._local_event, self._local_died, self._local_args)

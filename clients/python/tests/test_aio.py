@@ -342,6 +342,42 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(dups, [], "delivered twice through refused fail-backs")
         self.assertEqual(got, sorted(got), "out of commit order")
 
+    async def test_unverified_hub_on_another_database_refused_once_up(self):
+        """As the synchronous Failover: a hub on another database whose
+        Postgres is down at the start is checked once it says healthy, its
+        wakes held until then; found out, the AsyncFailover listens locally
+        and delivers this database's NOTIFYs, none of the other's."""
+        from urllib.parse import urlsplit, urlunsplit
+
+        import psycopg
+        from test_failover import LaterProxy
+
+        other = "lhpy_aunverified_%d" % os.getpid()
+        conninfo = other_database_url(self, other)
+        url = urlunsplit(urlsplit(DATABASE_URL)._replace(path="/" + other))
+        p = LaterProxy(self)
+        h = Hub(self.name, prefix=PREFIX, suffix=SUFFIX, args=("--database-url", p.via(url)), ready=False)
+        self.addCleanup(h.close)
+        got = []
+        f = await self.failover(h.socket, ack_timeout=1.0, on_wake=got.append)
+        self.assertEqual(f.mode, listenhub.HUB)
+        sub = asyncio.ensure_future(f.subscribe("a"))
+        p.up()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT
+        while f.mode != listenhub.LOCAL:
+            self.assertLess(loop.time(), deadline, "local mode once the check ran")
+            await asyncio.sleep(0.01)
+        self.assertIsInstance(f.reason, listenhub.OtherDatabaseError)
+        await asyncio.wait_for(sub, TIMEOUT)
+        with psycopg.connect(conninfo, autocommit=True) as oc:
+            oc.execute("SELECT pg_notify(%s, 'foreign')", (PREFIX + "a" + SUFFIX,))
+        self.notify("a", "ours")
+        while Wake("a", "ours", False) not in got:
+            self.assertLess(loop.time(), deadline + TIMEOUT, "our NOTIFY")
+            await asyncio.sleep(0.01)
+        self.assertNotIn(Wake("a", "foreign", False), got)
+
     async def test_no_hub_at_start_is_local_mode_at_once(self):
         f = await self.failover(os.path.join(scratch_dir(self), "absent.sock"))
         self.assertEqual(f.mode, listenhub.LOCAL)

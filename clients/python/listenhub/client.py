@@ -93,6 +93,27 @@ def dir_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
     return None
 
 
+def _ancestors_problem(d: str, trusted: Collection[int]) -> Optional[str]:
+    """Why a directory above the socket's cannot be trusted, up to / (None
+    if none): any of them writable by another user could swap the socket's
+    directory for one of its own. The same rule as the hub's and the Go
+    client's, with the fix."""
+    cur = os.path.realpath(d)
+    while True:
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return None
+        cur = parent
+        st = os.stat(cur)
+        problem = dir_problem(st, trusted)
+        if problem:
+            if st.st_uid not in trusted:
+                fix = "chown %d %s (or root)" % (os.getuid(), cur)
+            else:
+                fix = "chmod go-w %s (or chmod +t %s)" % (cur, cur)
+            return "%s above the socket: %s (fix: %s)" % (cur, problem, fix)
+
+
 def sock_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
     """Why the file at the socket path (lstat: a symlink is not followed)
     is not our hub's socket (None if it may be)."""
@@ -143,7 +164,7 @@ def dial(
                     "%s: the socket's directory is missing: start the hub, or create it "
                     "(install -d -m 0755 %s, owned by the hub's user)" % (e, d),
                 ) from e
-            problem = dir_problem(os.fstat(dfd), trusted)
+            problem = dir_problem(os.fstat(dfd), trusted) or _ancestors_problem(d or ".", trusted)
             if problem:
                 raise ConnError("peer", path, problem)
             before = os.stat(name, dir_fd=dfd, follow_symlinks=False)

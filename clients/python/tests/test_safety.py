@@ -80,6 +80,17 @@ class IdentityTest(unittest.TestCase):
             os.chmod(d, mode)
             self.refused(h.socket, "writable by group or other")
 
+    def test_directory_above_writable_by_others_is_refused(self):
+        # Every directory up to / counts: one above the socket's that
+        # another user can write to lets them swap the socket's directory.
+        top = tmpdir(self)
+        d = os.path.join(top, "run")
+        os.mkdir(d, 0o700)
+        h = fake(self, "ack", dir=d)
+        os.chmod(top, 0o777)
+        self.refused(h.socket, top + " above the socket: directory mode 0777 is writable by group or other")
+        self.refused(h.socket, "chmod go-w " + top)
+
     def test_sticky_directory_is_accepted(self):
         # Like /tmp: only an entry's owner can replace it.
         d = sticky_dir()

@@ -54,6 +54,25 @@ function dirProblem(st, trusted) {
   return null;
 }
 
+// Why a directory above the socket's cannot be trusted, up to / (null if
+// none): one that another user can write to lets them swap the socket's
+// directory for one of their own. The hub's and the Go client's rule, with
+// the fix.
+function ancestorsProblem(dir, trusted) {
+  let cur = fs.realpathSync(dir);
+  for (;;) {
+    const parent = pathlib.dirname(cur);
+    if (parent === cur) return null;
+    cur = parent;
+    const st = fs.statSync(cur);
+    const problem = dirProblem(st, trusted);
+    if (problem) {
+      const fix = trusted.has(st.uid) ? `chmod go-w ${cur} (or chmod +t ${cur})` : `chown ${process.getuid()} ${cur} (or root)`;
+      return `${cur} above the socket: ${problem} (fix: ${fix})`;
+    }
+  }
+}
+
 // Why the file at the socket path (lstat: a symlink is not followed) is not
 // our hub's socket (null if it may be).
 function sockProblem(st, trusted) {
@@ -99,7 +118,7 @@ function pinSocket(path, trusted) {
     throw new ConnError('dial', path, e);
   }
   try {
-    let problem = dirProblem(fs.fstatSync(fd), trusted);
+    let problem = dirProblem(fs.fstatSync(fd), trusted) || ancestorsProblem(dir, trusted);
     if (problem) throw new ConnError('peer', path, problem);
     let via = `/proc/self/fd/${fd}/${name}`;
     if (!fs.existsSync(`/proc/self/fd/${fd}`) || Buffer.byteLength(via) >= 108) via = path;

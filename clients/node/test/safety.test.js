@@ -64,6 +64,18 @@ test('identity: a directory writable by group or other is refused', async (t) =>
   }
 });
 
+test('identity: a directory above the socket writable by others is refused', async (t) => {
+  // Every directory up to / counts: one above the socket's that another
+  // user can write to lets them swap the socket's directory.
+  const top = dir(t);
+  const d = path.join(top, 'run');
+  fs.mkdirSync(d, 0o700);
+  const h = await fake(t, 'ack', d);
+  fs.chmodSync(top, 0o777);
+  await refused(h.socket, new RegExp(`${top} above the socket: directory mode 0777 is writable by group or other`));
+  await refused(h.socket, new RegExp(`chmod go-w ${top}`));
+});
+
 test('identity: a sticky directory (like /tmp) is accepted', async (t) => {
   const d = stickyDir();
   t.after(() => fs.rmSync(d, { recursive: true, force: true }));

@@ -36,6 +36,18 @@ class SafetyTest < LHTestCase
     refused(File.join(d, "hub.sock"), "not a socket")
   end
 
+  # Every directory up to / counts: one above the socket's that another
+  # user can write to lets them swap the socket's directory.
+  def test_directory_above_writable_by_others_is_refused
+    top = tmpdir
+    d = File.join(top, "run")
+    Dir.mkdir(d, 0o700)
+    f = fake(:ack, dir: d)
+    File.chmod(0o777, top)
+    refused(f.socket, "#{top} above the socket: directory mode 0777 is writable by group or other")
+    refused(f.socket, "chmod go-w #{top}")
+  end
+
   def test_directory_writable_by_group_or_other_is_refused
     d = tmpdir
     f = fake(:ack, dir: d)

@@ -59,6 +59,26 @@ module Listenhub
   # StrictModes rule: owned by us, root or an allowed uid, and not writable
   # by group or other unless sticky (like /tmp: there only an entry's owner
   # can rename or remove it, and the socket's own owner is checked too).
+  # Why a directory above the socket's cannot be trusted, up to / (nil if
+  # none): one that another user can write to lets them swap the socket's
+  # directory for one of their own. The hub's and the Go client's rule,
+  # with the fix.
+  def self.ancestors_problem(dir, trusted)
+    cur = File.realpath(dir)
+    loop do
+      parent = File.dirname(cur)
+      return nil if parent == cur
+
+      cur = parent
+      st = File.stat(cur)
+      problem = dir_problem(st, trusted)
+      next unless problem
+
+      fix = trusted.include?(st.uid) ? "chmod go-w #{cur} (or chmod +t #{cur})" : "chown #{Process.uid} #{cur} (or root)"
+      return "#{cur} above the socket: #{problem} (fix: #{fix})"
+    end
+  end
+
   def self.dir_problem(st, trusted)
     unless trusted.include?(st.uid)
       return "directory owned by uid #{st.uid}, not ours (#{Process.uid}), root or an allowed uid"
@@ -126,7 +146,7 @@ module Listenhub
       st = dfd.stat
       raise ConnError.new("dial", path, "#{dir} is not a directory") unless st.directory?
 
-      problem = dir_problem(st, trusted)
+      problem = dir_problem(st, trusted) || ancestors_problem(dir, trusted)
       raise ConnError.new("peer", path, problem) if problem
 
       via = "/proc/self/fd/#{dfd.fileno}/#{name}"

@@ -23,6 +23,24 @@ class ClientTest < LHTestCase
     assert c.healthy?
   end
 
+  # A name in a binary String (read from a socket or a file) whose bytes
+  # are UTF-8 is the hub's name: its ack matches, the client lives, and
+  # its wakes arrive, named in UTF-8.
+  def test_binary_encoded_name_is_acked_and_woken
+    h = hub
+    c, col = connect(h)
+    name = "caf\u00e9-\u00fc".b
+    assert_equal Encoding::BINARY, name.encoding
+    assert_nil c.subscribe(name)
+    db.notify(name.dup.force_encoding(Encoding::UTF_8), "x")
+    col.wait("the wake") { |s| s.wakes.any? { |w| w.payload == "x" } }
+    w = col.wakes.find { |x| x.payload == "x" }
+    assert_equal "caf\u00e9-\u00fc", w.q
+    assert_nil c.err
+    c.unsubscribe(name)
+    assert_empty c.subscriptions
+  end
+
   # 20,000 NOTIFYs in one transaction (River's InsertMany over 5,000 queues
   # sends as many): far past the hub's 1,024-frame limit, but a client that
   # reads is not evicted, as its own LISTEN would not have dropped them.

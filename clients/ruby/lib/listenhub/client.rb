@@ -279,6 +279,7 @@ module Listenhub
       problem = Frame.name_problem(q)
       raise InvalidNameError.new(q, problem) if problem
 
+      q = Frame.wire_name(q)
       c, mine = @mu.synchronize do
         raise @err if @err
 
@@ -323,6 +324,7 @@ module Listenhub
             res[q] = InvalidNameError.new(q, problem)
             next
           end
+          q = Frame.wire_name(q)
           if @err
             res[q] = @err
             next
@@ -356,6 +358,7 @@ module Listenhub
     # client unsubscribes. Unknown names and dead clients: nothing.
     def unsubscribe(q)
       check_fork!
+      q = Frame.wire_name(q)
       queued = @mu.synchronize do
         next false if @err
 

@@ -144,6 +144,7 @@ module Listenhub
       problem = Frame.name_problem(q)
       raise InvalidNameError.new(q, problem) if problem
 
+      q = Frame.wire_name(q)
       deadline = timeout && Listenhub.monotonic + timeout
       loop do
         mode, hub, local = @mu.synchronize do
@@ -183,6 +184,7 @@ module Listenhub
     # Drops q from the recorded set and the current listener. Never blocks.
     def unsubscribe(q)
       check_fork!
+      q = Frame.wire_name(q)
       cur = @mu.synchronize do
         @subs.delete(q)
         next nil if @err || @swapping

@@ -45,6 +45,15 @@ module Listenhub
       nil
     end
 
+    # q as the hub names it: the same bytes as UTF-8, whatever q's own
+    # encoding (a binary String from a socket or a file, say), so that the
+    # hub's ack and wakes, UTF-8, match it. Call after name_problem.
+    def wire_name(q)
+      return q if !q.is_a?(String) || q.encoding == Encoding::UTF_8
+
+      q.dup.force_encoding(Encoding::UTF_8).freeze
+    end
+
     # Why the mapped channel is refused (nil if fine): empty, too long, NUL.
     def channel_problem(channel)
       return "invalid channel: empty" if channel.empty?

@@ -91,6 +91,7 @@ module Listenhub
       problem = Frame.name_problem(q) || Frame.channel_problem(channel(q))
       raise InvalidNameError.new(q, problem) if problem
 
+      q = Frame.wire_name(q)
       op = @mu.synchronize do
         raise @err if @err
         return if @listening[q] && !unlisten_queued?(q)
@@ -130,6 +131,7 @@ module Listenhub
     # Queues an UNLISTEN of q's channel; never blocks.
     def unsubscribe(q)
       check_fork!
+      q = Frame.wire_name(q)
       @mu.synchronize do
         return if @err
 

@@ -25,9 +25,11 @@ const PROBE_JITTER = 0.2;
 // Sub frames a fail-back has in flight at once.
 const FAILBACK_PARALLEL = 64;
 
+// The timers of withTimeout and within bound a wait: they never keep the
+// process alive on their own (a close() meanwhile leaves the wait pending).
 function withTimeout(promise, ms) {
   let timer;
-  return Promise.race([promise, new Promise((_, reject) => (timer = setTimeout(() => reject(new Error('timed out')), ms)))]).finally(() =>
+  return Promise.race([promise, new Promise((_, reject) => (timer = setTimeout(() => reject(new Error('timed out')), ms).unref()))]).finally(() =>
     clearTimeout(timer),
   );
 }
@@ -35,7 +37,7 @@ function withTimeout(promise, ms) {
 // Resolves with what promise resolves to, or false after ms.
 function within(promise, ms) {
   let timer;
-  return Promise.race([promise, new Promise((resolve) => (timer = setTimeout(() => resolve(false), ms)))]).finally(() =>
+  return Promise.race([promise, new Promise((resolve) => (timer = setTimeout(() => resolve(false), ms).unref()))]).finally(() =>
     clearTimeout(timer),
   );
 }
@@ -406,6 +408,9 @@ class Failover extends Listener {
     const top = Math.max(o.probeMaxInterval || DEFAULT_PROBE_MAX_INTERVAL, next);
     let attempt = 0;
     const schedule = () => {
+      // Not once closed: an attempt that close() cut short returns false,
+      // and a timer set then would keep the process alive for the wait.
+      if (this.err) return;
       this._failbackTimer = setTimeout(async () => {
         attempt++;
         if (await this._failback(local, attempt)) return;

@@ -97,7 +97,7 @@ function withTimeout(promise, ms, what) {
   return Promise.race([
     promise,
     new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new ListenhubError(`listenhub: ${what} not done within ${ms} ms`)), ms);
+      timer = setTimeout(() => reject(new ListenhubError(`listenhub: ${what} not done within ${ms} ms`)), ms).unref();
     }),
   ]).finally(() => clearTimeout(timer));
 }

@@ -405,6 +405,38 @@ test('a frozen hub fails over', { skip }, async (t) => {
   await col.wait('the wake through the local listener', (s) => s.has('a', 'during the freeze', false));
 });
 
+test('close() during a fail-back attempt leaves no timer behind', { skip }, async (t) => {
+  // A fail-back attempt waits (up to the ack timeout) for a marker a hub on
+  // another database never delivers; close() meanwhile must leave nothing
+  // that keeps the process alive: no timer of the attempt, no next attempt.
+  const other = `lhnode_close_${process.pid}`;
+  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${other}`);
+  await admin.query(`CREATE DATABASE ${other}`);
+  let h = null;
+  t.after(async () => {
+    if (h) await h.kill();
+    await admin.query(`DROP DATABASE IF EXISTS ${other} WITH (FORCE)`);
+    await admin.end();
+  });
+  const socket = path.join(tmpDir('lhnode-'), 'hub.sock');
+  const url = new URL(DATABASE_URL);
+  url.pathname = '/' + other;
+  const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+  const baseline = timers();
+  const f = await listenhub.Failover.create(socket, {
+    databaseUrl: DATABASE_URL, minLocal: 50, probeInterval: 50, probeMaxInterval: 100, ackTimeout: 5000,
+  });
+  assert.equal(f.mode(), listenhub.LOCAL);
+  h = await Hub.start(t.name, { socket, args: ['--database-url', url.toString()] });
+  const readiness = (h.output.match(/worker connected/g) || []).length;
+  await waitFor('a fail-back attempt connected', () => (h.output.match(/worker connected/g) || []).length > readiness);
+  await f.close();
+  await new Promise((r) => setImmediate(r));
+  assert.ok(timers() <= baseline, `${timers()} timers left after close(), ${baseline} before: ${process.getActiveResourcesInfo()}`);
+});
+
 test('oneWay stays local', { skip }, async (t) => {
   const { db, app, failover, hub } = await setup(t);
   const h = await hub();

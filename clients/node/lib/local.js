@@ -291,15 +291,29 @@ class Local extends Listener {
     this._ended(err);
   }
 
+  // The health check of an idle connection: a round trip in the command
+  // chain, never beside a LISTEN or UNLISTEN (pg runs one query at a time;
+  // a second one while the first runs is queued by pg 8 with a deprecation
+  // warning and refused by pg 9).
   _check() {
-    if (this.err || this._connected || Date.now() - this._lastTraffic < HEALTH_CHECK_INTERVAL) return;
+    if (this.err || this._connected || this._checking || Date.now() - this._lastTraffic < HEALTH_CHECK_INTERVAL) return;
     const conn = this._conn;
-    withTimeout(conn.query('SELECT 1'), this.commandTimeout, 'health check').then(
-      () => {
-        this._lastTraffic = Date.now();
+    this._checking = true;
+    const run = async () => {
+      if (this.err || this._connected || conn !== this._conn) return false;
+      await withTimeout(conn.query('SELECT 1'), this.commandTimeout, 'health check');
+      return true;
+    };
+    const p = this._chain.then(run);
+    this._chain = p.catch(() => {});
+    p.then(
+      (ran) => {
+        if (ran) this._lastTraffic = Date.now();
       },
       (e) => this._lost(conn, e),
-    );
+    ).finally(() => {
+      this._checking = false;
+    });
   }
 
   _onChannel(ch, payload) {

@@ -437,6 +437,36 @@ test('close() during a fail-back attempt leaves no timer behind', { skip }, asyn
   assert.ok(timers() <= baseline, `${timers()} timers left after close(), ${baseline} before: ${process.getActiveResourcesInfo()}`);
 });
 
+test('the local listener runs one command at a time, its health check included', { skip }, async (t) => {
+  // pg runs one query at a time on a client: the health check's round
+  // trip must wait for the LISTENs and UNLISTENs queued before it, never
+  // run beside them.
+  const l = await listenhub.Local.create({ databaseUrl: DATABASE_URL, channelPrefix: PREFIX, channelSuffix: SUFFIX });
+  t.after(() => l.close());
+  const conn = l._conn;
+  const query = conn.query.bind(conn);
+  let inFlight = 0;
+  let overlaps = 0;
+  conn.query = (...args) => {
+    inFlight++;
+    if (inFlight > 1) overlaps++;
+    const p = query(...args);
+    p.then(() => inFlight--, () => inFlight--);
+    return p;
+  };
+  const subs = [];
+  for (let i = 0; i < 50; i++) {
+    subs.push(l.subscribe(`c${i}`));
+    if (i % 10 === 0) {
+      l._lastTraffic = 0; // due now
+      l._check();
+    }
+  }
+  await Promise.all(subs);
+  await l.sync();
+  assert.equal(overlaps, 0, 'a query ran beside another on the local connection');
+});
+
 test('oneWay stays local', { skip }, async (t) => {
   const { db, app, failover, hub } = await setup(t);
   const h = await hub();

@@ -480,7 +480,7 @@ func TestReadingWorkerKeepsABurst(t *testing.T) {
 // timeout, stays through a backlog far past the frame limit for many
 // stall timeouts.
 func TestSlowReaderNotEvicted(t *testing.T) {
-	const stall = 300 * time.Millisecond
+	const stall = time.Second
 	e := newEnv(t, func(c *Config) { c.HardQueueLimit = 16; c.StallTimeout = stall })
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()

@@ -63,6 +63,16 @@ func (h *Hub) onStallTimer() {
 			delete(h.behind, w)
 			continue
 		}
+		if w.out.Written() == m.written {
+			// Offer the socket what is pending before judging: a loop
+			// busy with a long burst wrote nothing to anyone meanwhile,
+			// and a worker that read in that time takes bytes now.
+			h.write(w)
+			if w.closed {
+				delete(h.behind, w)
+				continue
+			}
+		}
 		if wr := w.out.Written(); wr != m.written {
 			h.behind[w] = stallMark{written: wr, at: now}
 			continue

@@ -456,7 +456,7 @@ func TestBlackboxEviction(t *testing.T) {
 // --stall-timeout.
 func TestBlackboxBurstReachesAReadingWorker(t *testing.T) {
 	path := sockPath(t)
-	_, addr := serveMetrics(t, path, "--status-interval", "1h", "--stall-timeout", "500ms")
+	_, addr := serveMetrics(t, path, "--status-interval", "1h")
 	n := notifier(t)
 	reader := subscribedWorker(t, path, "burst")
 	wedged := subscribedWorker(t, path, "burst")

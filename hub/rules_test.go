@@ -475,6 +475,51 @@ func TestReadingWorkerKeepsABurst(t *testing.T) {
 	}
 }
 
+// A loop busy with one long iteration (a read of the Postgres socket with
+// thousands of NOTIFYs) writes to nobody meanwhile: the stall timer that
+// runs right after it, in the same iteration, must not take a worker that
+// read what it had for one that stopped. Here the iteration that queues the
+// burst lasts ten stall timeouts; the worker reads throughout, and gets
+// every wake.
+func TestBusyLoopIsNotAStalledWorker(t *testing.T) {
+	const stall = 50 * time.Millisecond
+	e := newEnv(t, func(c *Config) { c.HardQueueLimit = 16; c.StallTimeout = stall })
+	e.do(func() { e.pg.auto = true })
+	w := e.dial()
+	w.subscribe("e")
+	const n = 5000
+	done := make(chan error, 1)
+	go func() {
+		for i := range n {
+			m, err := w.read(timeout)
+			if err != nil {
+				done <- fmt.Errorf("wake %d of %d: %w", i, n, err)
+				return
+			}
+			if want := fmt.Sprint(i); m.P != want {
+				done <- fmt.Errorf("wake %d is %q", i, m.P)
+				return
+			}
+		}
+		done <- nil
+	}()
+	e.do(func() {
+		for i := range n {
+			e.h.onNotification([]byte("e"), []byte(fmt.Sprint(i)))
+		}
+		time.Sleep(10 * stall) // the long iteration itself, not a wait for anything
+		// Timers run right after the events of an iteration, before the
+		// next wait could report the socket writable again.
+		e.h.onStallTimer()
+	})
+	if err := <-done; err != nil {
+		t.Fatalf("%v (stats %+v)", err, e.h.Stats())
+	}
+	if s := e.h.Stats(); s.Evictions != 0 {
+		t.Fatalf("a reading worker was evicted after a busy iteration: %+v", s)
+	}
+}
+
 // The stall timer judges progress, not speed: a worker that reads a
 // little at a time, pausing between reads for a tenth of the stall
 // timeout, stays through a backlog far past the frame limit for many

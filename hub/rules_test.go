@@ -487,7 +487,8 @@ func TestBusyLoopIsNotAStalledWorker(t *testing.T) {
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
 	w.subscribe("e")
-	const n = 5000
+	const n = 20000
+	pad := strings.Repeat("p", 100) // 2 MB in all: far past the socket's buffer, under the byte ceiling
 	done := make(chan error, 1)
 	go func() {
 		for i := range n {
@@ -496,7 +497,7 @@ func TestBusyLoopIsNotAStalledWorker(t *testing.T) {
 				done <- fmt.Errorf("wake %d of %d: %w", i, n, err)
 				return
 			}
-			if want := fmt.Sprint(i); m.P != want {
+			if want := fmt.Sprintf("%d:%s", i, pad); m.P != want {
 				done <- fmt.Errorf("wake %d is %q", i, m.P)
 				return
 			}
@@ -505,7 +506,7 @@ func TestBusyLoopIsNotAStalledWorker(t *testing.T) {
 	}()
 	e.do(func() {
 		for i := range n {
-			e.h.onNotification([]byte("e"), []byte(fmt.Sprint(i)))
+			e.h.onNotification([]byte("e"), []byte(fmt.Sprintf("%d:%s", i, pad)))
 		}
 		time.Sleep(10 * stall) // the long iteration itself, not a wait for anything
 		// Timers run right after the events of an iteration, before the

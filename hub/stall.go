@@ -27,7 +27,7 @@ func (h *Hub) overFrames(w *worker) {
 	if h.behind == nil {
 		h.behind = make(map[*worker]stallMark)
 	}
-	h.behind[w] = stallMark{written: w.out.Written(), at: h.loop.Now().UnixNano()}
+	h.behind[w] = stallMark{written: w.out.Written(), at: time.Now().UnixNano()}
 	if h.stallTimer == nil && !h.stopping {
 		h.stallTimer = h.loop.AfterFunc(h.stallSweep(), h.onStallTimer)
 	}
@@ -53,7 +53,9 @@ func (h *Hub) onStallTimer() {
 		h.stallTimer = h.loop.AfterFunc(h.stallSweep(), h.onStallTimer)
 		return
 	}
-	now := h.loop.Now().UnixNano()
+	// The clock, not the loop's iteration time: an iteration may have
+	// run long, and progress seen at its end is progress now.
+	now := time.Now().UnixNano()
 	for w, m := range h.behind {
 		if w.closed {
 			delete(h.behind, w)

@@ -71,8 +71,11 @@ func dialSocket(ctx context.Context, path string, allow []int) (net.Conn, error)
 	dfd, err := unix.Open(dir, dirOpenFlags|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		var perr error = &os.PathError{Op: "open", Path: dir, Err: err}
-		if err == unix.ENOENT {
+		switch err {
+		case unix.ENOENT:
 			perr = fmt.Errorf("%w: the socket's directory is missing: start the hub, or create it (install -d -m 0755 %s, owned by the hub's user)", perr, dir)
+		case unix.EACCES:
+			perr = fmt.Errorf("%w: %s", perr, unsearchableFix(dir))
 		}
 		return nil, &ConnError{Op: "dial", Path: path, Err: perr}
 	}
@@ -113,6 +116,9 @@ func dialSocket(ctx context.Context, path string, allow []int) (net.Conn, error)
 			// Name the path the caller gave, not the /proc one.
 			oe.Addr = &net.UnixAddr{Name: path, Net: "unix"}
 		}
+		if errors.Is(err, unix.EACCES) {
+			err = fmt.Errorf("%w: %s", err, unsearchableFix(dir))
+		}
 		return nil, &ConnError{Op: "dial", Path: path, Err: err}
 	}
 	if !pinned {
@@ -123,6 +129,13 @@ func dialSocket(ctx context.Context, path string, allow []int) (net.Conn, error)
 		}
 	}
 	return conn, nil
+}
+
+// unsearchableFix says what to do about EACCES on the way to a socket in
+// dir: this uid may not search a directory of the path, or not write the
+// socket.
+func unsearchableFix(dir string) string {
+	return fmt.Sprintf("uid %d may not reach the socket: every directory of %s needs search (x) permission for it and the socket write permission (the hub's --socket-mode 0660 with --socket-group, this user in that group, and chmod o+x or g+x on the directories)", os.Geteuid(), dir)
 }
 
 // procFD reports whether /proc/self/fd is there to connect through.

@@ -277,6 +277,7 @@ type Relay struct {
 	// Run's goroutine only:
 	started       time.Time // when Run started
 	standbyLogged bool      // "standing by" logged since the last active session
+	againLogged   time.Time // the last "streaming again" at INFO (at most one a minute)
 	stall         stallWatch
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"regexp"
 	"strconv"
@@ -263,7 +264,16 @@ func (r *Relay) session(ctx context.Context, everActive bool) (res sessionResult
 		r.log.Info("relay took over the slot", "slot", r.opts.Slot)
 	case everActive:
 		r.reconnects.Add(1)
-		r.log.Info("relay streaming again", "slot", r.opts.Slot)
+		// Once a minute at most: a relay that is down streams again for
+		// a moment at every retry (each second) before it finds what is
+		// still wrong, which its "relay down" line says.
+		level := slog.LevelInfo
+		if time.Since(r.againLogged) < time.Minute {
+			level = slog.LevelDebug
+		} else {
+			r.againLogged = time.Now()
+		}
+		r.log.Log(context.Background(), level, "relay streaming again", "slot", r.opts.Slot)
 	default:
 		r.log.Info("relay streaming", "slot", r.opts.Slot, "temporary", r.opts.TemporarySlot,
 			"publication", r.opts.Publication, "tables", len(s.tables), "channel_template", r.opts.ChannelTemplate,

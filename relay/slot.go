@@ -105,7 +105,7 @@ func (s *session) movedSlot() {
 		return
 	}
 	r.resyncOwed.Store(true)
-	r.log.Warn("relay: the slot moved without this relay (pg_replication_slot_advance, or another consumer read it); NOTIFYing every channel once",
+	r.log.Warn("relay: the slot moved past what this relay confirmed (another relay took over meanwhile, its standby say, or pg_replication_slot_advance, or another consumer read it); NOTIFYing every channel once",
 		"slot", r.opts.Slot, "confirmed_by_this_relay", formatLSN(own), "slot_confirmed", s.confirmedLSN)
 }
 

@@ -239,7 +239,7 @@ func TestMovedSlot(t *testing.T) {
 		if got := r.resyncOwed.Load(); got != c.moved {
 			t.Errorf("own %X, slot %q: resync owed %v, want %v", c.own, c.slot, got, c.moved)
 		}
-		if logged := strings.Contains(buf.String(), "moved without this relay"); logged != c.moved {
+		if logged := strings.Contains(buf.String(), "the slot moved past what this relay confirmed"); logged != c.moved {
 			t.Errorf("own %X, slot %q: logged %v, want %v: %s", c.own, c.slot, logged, c.moved, buf.String())
 		}
 	}

@@ -1,5 +1,5 @@
 // ESM entry point of listenhub/graphile-worker.
-import cjs from './graphile-worker.js';
+import graphile from './lib/graphile.js'; // not ./graphile-worker.js: see lib/api.js
 
-export const { hubPool } = cjs;
-export default cjs;
+export const { hubPool } = graphile;
+export default { hubPool };

@@ -189,6 +189,7 @@ export function connect(path: string, opts?: ClientOptions): Promise<Client>;
 export const DEFAULT_ACK_TIMEOUT: number;
 export const DEFAULT_WRITE_TIMEOUT: number;
 export const DEFAULT_FRAME_TIMEOUT: number;
+export const DEFAULT_SILENCE_TIMEOUT: number;
 
 /** Everything the client throws. */
 export class ListenhubError extends Error {

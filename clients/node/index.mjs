@@ -5,7 +5,7 @@
 //
 // works. The CommonJS module is the one implementation: both entry points
 // hand out the very same classes, so instanceof holds across them.
-import cjs from './index.js';
+import cjs from './lib/api.js'; // not ./index.js: see lib/api.js
 
 export const {
   connect,
@@ -17,6 +17,7 @@ export const {
   DEFAULT_ACK_TIMEOUT,
   DEFAULT_WRITE_TIMEOUT,
   DEFAULT_FRAME_TIMEOUT,
+  DEFAULT_SILENCE_TIMEOUT,
   ListenhubError,
   ClosedError,
   InvalidNameError,

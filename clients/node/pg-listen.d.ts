@@ -1,5 +1,4 @@
 // listenhub/pg-listen: pg-listen's API (1.7), through the hub.
-import { EventEmitter } from 'node:events';
 import type { FailoverOptions } from './index';
 
 export interface PgParsedNotification {
@@ -25,20 +24,60 @@ export interface Options {
   retryTimeout?: number;
 }
 
-export interface Subscriber {
+/** The type-safe emitter pg-listen declares (typed-emitter's shape). */
+export interface TypedEventEmitter<Events> {
+  addListener<E extends keyof Events>(event: E, listener: Events[E]): this;
+  on<E extends keyof Events>(event: E, listener: Events[E]): this;
+  once<E extends keyof Events>(event: E, listener: Events[E]): this;
+  prependListener<E extends keyof Events>(event: E, listener: Events[E]): this;
+  prependOnceListener<E extends keyof Events>(event: E, listener: Events[E]): this;
+  off<E extends keyof Events>(event: E, listener: Events[E]): this;
+  removeAllListeners<E extends keyof Events>(event?: E): this;
+  removeListener<E extends keyof Events>(event: E, listener: Events[E]): this;
+  emit<E extends keyof Events>(event: E, ...args: Events[E] extends (...a: infer A) => any ? A : never): boolean;
+  eventNames(): (keyof Events)[];
+  listeners<E extends keyof Events>(event: E): Function[];
+  listenerCount<E extends keyof Events>(event: E): number;
+  getMaxListeners(): number;
+  setMaxListeners(maxListeners: number): this;
+}
+
+export interface PgListenEvents {
+  connected: () => void;
+  error: (error: Error) => void;
+  notification: (notification: PgParsedNotification) => void;
+  reconnect: (attempt: number) => void;
+}
+
+type EventsToEmitterHandlers<Events extends Record<string, any>> = {
+  [channelName in keyof Events]: (payload: Events[channelName]) => void;
+};
+
+/**
+ * pg-listen's Subscriber, with its type parameter: Events maps each
+ * channel to its payload's type (void: no payload).
+ */
+export interface Subscriber<Events extends Record<string, any> = { [channel: string]: any }> {
   /** Events: "connected", "error", "notification", "reconnect". */
-  events: EventEmitter;
+  events: TypedEventEmitter<PgListenEvents>;
   /** One event per channel, with the parsed payload. */
-  notifications: EventEmitter;
+  notifications: TypedEventEmitter<EventsToEmitterHandlers<Events>>;
   connect(): Promise<void>;
   close(): Promise<void>;
   getSubscribedChannels(): string[];
-  listenTo(channelName: string): Promise<void> | undefined;
-  notify(channelName: string, payload?: any): Promise<unknown>;
-  unlisten(channelName: string): Promise<void> | undefined;
-  unlistenAll(): Promise<void>;
+  listenTo(channelName: string): Promise<unknown> | undefined;
+  notify<EventName extends keyof Events>(
+    channelName: any extends Events[EventName] ? EventName : void extends Events[EventName] ? never : EventName,
+    payload: Events[EventName] extends void ? never : Events[EventName],
+  ): Promise<unknown>;
+  notify<EventName extends keyof Events>(channelName: void extends Events[EventName] ? EventName : never): Promise<unknown>;
+  unlisten(channelName: string): Promise<unknown> | undefined;
+  unlistenAll(): Promise<unknown>;
 }
 
-declare function createPostgresSubscriber(connectionConfig?: { connectionString?: string; [key: string]: unknown }, options?: Options): Subscriber;
+declare function createPostgresSubscriber<Events extends Record<string, any> = { [channel: string]: any }>(
+  connectionConfig?: { connectionString?: string; [key: string]: unknown },
+  options?: Options,
+): Subscriber<Events>;
 export { createPostgresSubscriber };
 export default createPostgresSubscriber;

@@ -1,6 +1,8 @@
 // ESM entry point of listenhub/pg-listen (the CommonJS module is the one
 // implementation).
-import createPostgresSubscriber from './pg-listen.js';
+import pglisten from './lib/pglisten.js'; // not ./pg-listen.js: see lib/api.js
+
+const { createPostgresSubscriber } = pglisten;
 
 export { createPostgresSubscriber };
 export default createPostgresSubscriber;

@@ -37,3 +37,27 @@ test('package.json exports point at files the package ships', () => {
     assert.ok(pkg.files.includes(f), `${k}: ${f} is not in "files"`);
   }
 });
+
+test('no ESM entry can resolve to itself, whatever the resolver prefers', () => {
+  // A common jest set-up for ESM maps './x.js' to './x' and tries .mjs
+  // before .js: an entry that imported './index.js' then imported itself.
+  // Each entry's relative imports, resolved that way, must name another
+  // file.
+  const resolve = (from, spec) => {
+    const base = path.resolve(path.dirname(from), spec.replace(/\.js$/, ''));
+    for (const ext of ['.mjs', '.js', '.cjs', '']) {
+      if (fs.existsSync(base + ext) && fs.statSync(base + ext).isFile()) return base + ext;
+    }
+    return null;
+  };
+  for (const entry of ['index.mjs', 'pg-listen.mjs', 'graphile-worker.mjs']) {
+    const file = path.join(root, entry);
+    const specs = [...fs.readFileSync(file, 'utf8').matchAll(/from\s+'(\.[^']+)'/g)].map((m) => m[1]);
+    assert.ok(specs.length > 0, `${entry} imports nothing`);
+    for (const spec of specs) {
+      const got = resolve(file, spec);
+      assert.ok(got, `${entry}: ${spec} resolves to nothing`);
+      assert.notStrictEqual(got, file, `${entry}: ${spec} resolves to the entry itself`);
+    }
+  }
+});

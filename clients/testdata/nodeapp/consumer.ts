@@ -57,6 +57,15 @@ export async function main(sock: string, url: string): Promise<void> {
   await sub.close();
   // @ts-expect-error: no such option
   createSubscriber({}, { socket: sock });
+  // pg-listen's type parameter: a payload type per channel.
+  const typed = createSubscriber<{ greeting: { hello: string }; ping: void }>({ connectionString: url });
+  typed.notifications.on('greeting', (p) => void p.hello.toUpperCase());
+  await typed.notify('greeting', { hello: 'world' });
+  await typed.notify('ping');
+  // @ts-expect-error: the payload's type is the channel's
+  await typed.notify('greeting', { hola: 'mundo' });
+  // @ts-expect-error: no such channel
+  typed.notifications.on('nope', () => undefined);
 
   // graphile-worker's pgPool.
   const fakePool = { connect: () => undefined, options: {} };

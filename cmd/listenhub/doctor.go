@@ -373,6 +373,14 @@ func byteSize(n int64) string {
 // doctorSocket checks the socket and the hub on it; it reports whether a
 // healthy hub answered.
 func doctorSocket(path string, add func(finding)) bool {
+	// What every client checks before it connects (internal/sockdir): a
+	// directory on the way that it refuses makes it fall back to a
+	// connection of its own, however well the hub runs. Checked before
+	// the socket, so that a set-up is checked before its first serve.
+	trusted := func(uid uint32) bool { return uid == 0 || int(uid) == os.Geteuid() }
+	if u, err := sockdir.Chain(filepath.Dir(path), trusted); err == nil && u != nil {
+		add(finding{"socket", statusFail, fmt.Sprintf("%s: clients refuse it: %v", path, u), u.Fix})
+	}
 	var st syscall.Stat_t
 	if err := syscall.Lstat(path, &st); err != nil {
 		fix := "start listenhub serve --socket " + path + ", or give the --socket it was started with"
@@ -381,13 +389,6 @@ func doctorSocket(path string, add func(finding)) bool {
 		}
 		add(finding{"socket", statusFail, fmt.Sprintf("%s: %v", path, err), fix})
 		return false
-	}
-	// What every client checks before it connects (internal/sockdir): a
-	// directory on the way that it refuses makes it fall back to a
-	// connection of its own, however well the hub runs.
-	trusted := func(uid uint32) bool { return uid == 0 || int(uid) == os.Geteuid() }
-	if u, err := sockdir.Chain(filepath.Dir(path), trusted); err == nil && u != nil {
-		add(finding{"socket", statusFail, fmt.Sprintf("%s: clients refuse it: %v", path, u), u.Fix})
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
 		add(finding{"socket", statusFail, fmt.Sprintf("%s is not a socket (%s)", path, fileType(uint32(st.Mode))), "give the path the hub listens on (serve --socket)"})

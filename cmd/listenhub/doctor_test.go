@@ -117,6 +117,35 @@ func TestDoctorHubOnAnotherDatabase(t *testing.T) {
 	only(t, by, "hub-database", statusPass)
 }
 
+// TestDoctorChecksDirectoriesBeforeTheFirstServe: no hub has served yet
+// (no socket file), and a directory above the socket is writable by
+// others: doctor names that directory and its fix, not only the missing
+// socket.
+func TestDoctorChecksDirectoriesBeforeTheFirstServe(t *testing.T) {
+	c := needDB(t)
+	top := t.TempDir()
+	dir := filepath.Join(top, "run")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(top, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	code, by, out := doctor(t, "--database-url", c.URL(), "--socket", filepath.Join(dir, "hub.sock"))
+	if code != 1 {
+		t.Fatalf("exit %d, want 1:\n%s", code, out)
+	}
+	found := false
+	for _, f := range by["socket"] {
+		if strings.Contains(f.Message, "clients refuse it") && strings.Contains(f.Message, top) && strings.Contains(f.Fix, "chmod go-w "+top) {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no finding names %s and its fix:\n%s", top, out)
+	}
+}
+
 // TestDoctorTransactionPooler: through a transaction-pooling PgBouncer the
 // delivery check fails with the pooler named and the fix, exit 1.
 func TestDoctorTransactionPooler(t *testing.T) {

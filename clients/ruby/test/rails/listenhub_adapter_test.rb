@@ -162,6 +162,35 @@ class ListenhubAdapterTest < ActionCable::TestCase
     adapter.shutdown
   end
 
+  # A hub refused for serving another database is tried again: once one on
+  # the app's database serves the socket, the adapter returns to it (its
+  # own LISTEN connection closed) and broadcasts arrive through the hub.
+  def test_returns_to_the_hub_once_it_hears_the_database
+    other = "lhrb_back_#{Process.pid}"
+    ActiveRecord::Base.connection.execute("CREATE DATABASE #{other}")
+    @extra << -> { ActiveRecord::Base.connection.execute("DROP DATABASE IF EXISTS #{other} WITH (FORCE)") }
+    kv = PG::Connection.conninfo_parse(LHTest::DATABASE_URL).each_with_object({}) { |o, h| h[o[:keyword]] = o[:val] if o[:val] }
+    url = kv.merge("dbname" => other).map { |k, v| "#{k}=#{PG::Connection.quote_connstr(v)}" }.join(" ")
+    wrong = LHTest::Hub.new("rails-back-wrong", args: ["--database-url", url])
+    @extra << -> { wrong.close }
+    app = "lhrb-cable-back"
+    adapter = adapter_for({ adapter: "listenhub", socket: wrong.socket, id: app, probe_max_interval: 1 })
+    queue = Queue.new
+    subscribed = Concurrent::Event.new
+    adapter.subscribe("back", ->(m) { queue << m }, -> { subscribed.set })
+    assert subscribed.wait(20), "no success callback"
+    assert_equal 1, census(app), "not listening on a connection of its own"
+    wrong.kill
+    right = LHTest::Hub.new("rails-back-right", socket: wrong.socket, dir: wrong.dir)
+    @extra << -> { right.close }
+    LHTest.wait_for("back on the hub: no connection of its own") { census(app).zero? }
+    @tx_adapter.broadcast("back", "through the hub")
+    Timeout.timeout(10) do
+      loop { break if queue.pop == "through the hub" }
+    end
+    adapter.shutdown
+  end
+
   # Without a hub the adapter LISTENs on a connection of its own (taken out
   # of Active Record's pool), and returns to the hub once one is there.
   def test_no_hub_then_hub_fails_back

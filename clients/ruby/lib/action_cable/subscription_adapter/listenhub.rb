@@ -56,6 +56,12 @@ module ActionCable
         ::Listenhub.logger = logger if logger && !::Listenhub.logger_set?
       end
 
+      # How often a hub refused for serving another database is tried
+      # again (cable.yml probe_max_interval, default 30 s).
+      def hub_recheck_interval # :nodoc:
+        (@options[:probe_max_interval] || 30).to_f
+      end
+
       def broadcast(channel, payload)
         with_broadcast_connection do |pg_conn|
           pg_conn.exec("NOTIFY #{pg_conn.escape_identifier(pg_channel(channel))}, '#{pg_conn.escape_string(payload)}'")
@@ -250,7 +256,10 @@ module ActionCable
               @cv.wait(@mu, 1) if @ops.empty?
               @ops.shift
             end
-            next unless op # once a second: is the Failover still alive?
+            unless op # once a second: is the Failover still alive? a refused hub back?
+              retry_hub
+              next
+            end
 
             case op[0]
             when :listen
@@ -323,12 +332,32 @@ module ActionCable
         def verify_database(failover, just_subscribed)
           return failover if @verified.equal?(failover) || !failover.respond_to?(:mode) || failover.mode != :hub
 
+          return (@verified = failover) if probe_hub(failover)
+
+          @logger.error("listenhub adapter: the hub at #{@adapter.socket} does not deliver what this app " \
+                        "broadcasts on #{@adapter.database_description} (a probe NOTIFY did not come back " \
+                        "within #{PROBE_TIMEOUT.to_i}s): it serves another database; not using it, listening " \
+                        "on a connection of this process (run the hub with this app's database URL)")
+          failover.close
+          local = @adapter.new_local(on_wake: ->(w) { on_wake(w) }, on_status: ->(h) { on_status(h) })
+          @verified = local
+          @failover = local
+          @hub_refused_at = ::Listenhub.monotonic
+          channels = @sync.synchronize { @subscribers.keys }
+          channels.each { |ch| local.subscribe(ch) }
+          local.subscribe(just_subscribed) unless channels.include?(just_subscribed)
+          local
+        end
+
+        # Whether the probe came back through failover's hub (or failover
+        # is not on a hub, where its own connection is right).
+        def probe_hub(failover)
           name = "listenhub.probe.#{Process.pid}.#{SecureRandom.hex(4)}"
           token = SecureRandom.hex(8)
           @probe_mu.synchronize { @probe = [name, token, false] }
           begin
             failover.subscribe(name)
-            return (@verified = failover) if failover.mode != :hub # failed over meanwhile: local is right
+            return true if failover.mode != :hub # failed over meanwhile: local is right
 
             deadline = ::Listenhub.monotonic + PROBE_TIMEOUT
             came = false
@@ -343,22 +372,37 @@ module ActionCable
               end
             end
             failover.unsubscribe(name)
-            return (@verified = failover) if came || failover.mode != :hub
+            came || failover.mode != :hub
           ensure
             @probe_mu.synchronize { @probe = nil }
           end
-          @logger.error("listenhub adapter: the hub at #{@adapter.socket} does not deliver what this app " \
-                        "broadcasts on #{@adapter.database_description} (a probe NOTIFY did not come back " \
-                        "within #{PROBE_TIMEOUT.to_i}s): it serves another database; not using it, listening " \
-                        "on a connection of this process (run the hub with this app's database URL)")
-          failover.close
-          local = @adapter.new_local(on_wake: ->(w) { on_wake(w) }, on_status: ->(h) { on_status(h) })
-          @verified = local
-          @failover = local
-          channels = @sync.synchronize { @subscribers.keys }
-          channels.each { |ch| local.subscribe(ch) }
-          local.subscribe(just_subscribed) unless channels.include?(just_subscribed)
-          local
+        end
+
+        # After a hub was refused (another database), it is tried again
+        # every hub_recheck_interval: a hub restarted with the app's URL is
+        # used again once the probe comes back through it. Every channel is
+        # subscribed there before the process's own connection is closed
+        # (a message in the overlap may come twice, none is lost).
+        def retry_hub
+          return unless @hub_refused_at && ::Listenhub.monotonic - @hub_refused_at >= @adapter.hub_recheck_interval
+
+          @hub_refused_at = ::Listenhub.monotonic
+          cand = @adapter.new_failover(on_wake: ->(w) { on_wake(w) }, on_status: ->(h) { on_status(h) })
+          unless cand.mode == :hub && probe_hub(cand)
+            cand.close
+            return
+          end
+          @sync.synchronize { @subscribers.keys }.each { |ch| cand.subscribe(ch) }
+          old = @failover
+          @failover = cand
+          @verified = cand
+          @hub_refused_at = nil
+          old&.close
+          @logger.info("listenhub adapter: the hub at #{@adapter.socket} now delivers what this app broadcasts; " \
+                       "back on it, the process's own connection closed")
+        rescue StandardError => e
+          cand&.close
+          @logger.debug("listenhub adapter: the hub is still not usable: #{e.message}")
         end
 
         # The hub repeats its status every few seconds: log changes only.

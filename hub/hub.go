@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,8 +119,11 @@ const readSize = 4 << 10
 // Hub is one listenhub. Create it with New, and run it with Run (or Start,
 // then Stop). Stats and Done are safe from any goroutine.
 type Hub struct {
-	cfg   Config
-	log   *slog.Logger
+	// cfg is the loop's configuration (SetLive replaces it on the loop);
+	// published is a copy of it for Config, safe from any goroutine.
+	cfg       Config
+	published atomic.Pointer[Config]
+	log       *slog.Logger
 	stats counters
 	// fanoutLatency and ackLatency are the latency histograms
 	// (histogram.go): written on the loop, read from anywhere.
@@ -259,12 +263,27 @@ func New(cfg Config) (*Hub, error) {
 			return nil, err
 		}
 	}
+	h.publishConfig()
 	h.initSnapshots()
 	return h, nil
 }
 
-// Config returns the configuration in force, defaults filled in.
-func (h *Hub) Config() Config { return h.cfg }
+// publishConfig makes h.cfg what Config returns. On the loop (or before it
+// runs).
+func (h *Hub) publishConfig() {
+	c := h.cfg
+	c.AllowUIDs = slices.Clone(c.AllowUIDs)
+	h.published.Store(&c)
+}
+
+// Config returns the configuration in force, defaults filled in. It is safe
+// from any goroutine at any time, SetLive included: it returns a copy made
+// when the configuration last changed.
+func (h *Hub) Config() Config {
+	c := *h.published.Load()
+	c.AllowUIDs = slices.Clone(c.AllowUIDs)
+	return c
+}
 
 // Start binds the socket (or takes over Config.Listener), starts the loop
 // goroutine and returns: from then on workers are accepted and told the
@@ -296,6 +315,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	if h.cfg.Listener != nil {
 		sock, err = adoptSocket(h.cfg.Listener, h.cfg.SocketPath)
 		h.cfg.SocketPath = sock.path
+		h.publishConfig()
 	} else if u := h.checkSocketDirs(); u != nil && !h.cfg.ServeRefusableSocket {
 		err = h.refusableSocketError(u)
 	} else {

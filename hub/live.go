@@ -33,8 +33,8 @@ type Live struct {
 // lowered cap is not cut (only new subs are refused). A lowered hard limit
 // applies from the next frame queued; a budget lowered below what the hub
 // holds is enforced at the end of the iteration, as always: the workers
-// holding the most are evicted until the rest fits. It must not run
-// concurrently with Config.
+// holding the most are evicted until the rest fits. Config, from any
+// goroutine, returns the new values once SetLive has returned.
 func (h *Hub) SetLive(ctx context.Context, l Live) error {
 	if !h.started.Load() || h.loop == nil {
 		return errors.New("hub: SetLive before Start")
@@ -65,6 +65,7 @@ func (h *Hub) setLive(l Live) error {
 	}
 	old := h.cfg
 	h.cfg = c
+	h.publishConfig()
 	if c.MaxWorkers != old.MaxWorkers {
 		h.fds.maxWorkers = min(c.MaxWorkers, h.fds.fdWorkers)
 	}

@@ -47,3 +47,38 @@ func TestSetLive(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// Config is safe from any goroutine while SetLive replaces the settings on
+// the loop (run under -race: a plain read of the loop's copy was a data
+// race), and it returns the new values once SetLive returned.
+func TestConfigWhileSetLive(t *testing.T) {
+	e := newEnv(t, nil)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c := e.h.Config()
+			if c.HardQueueLimit < 1 {
+				t.Errorf("Config().HardQueueLimit = %d mid-SetLive", c.HardQueueLimit)
+				return
+			}
+		}
+	}()
+	for i := 1; i <= 50; i++ {
+		if err := e.h.SetLive(context.Background(), Live{HardQueueLimit: 100 + i, AllowUIDs: []int{1000 + i}}); err != nil {
+			t.Fatal(err)
+		}
+		c := e.h.Config()
+		if c.HardQueueLimit != 100+i || len(c.AllowUIDs) != 1 || c.AllowUIDs[0] != 1000+i {
+			t.Fatalf("after SetLive %d: Config() %d %v", i, c.HardQueueLimit, c.AllowUIDs)
+		}
+	}
+	close(stop)
+	<-done
+}

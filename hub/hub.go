@@ -124,7 +124,7 @@ type Hub struct {
 	cfg       Config
 	published atomic.Pointer[Config]
 	log       *slog.Logger
-	stats counters
+	stats     counters
 	// fanoutLatency and ackLatency are the latency histograms
 	// (histogram.go): written on the loop, read from anywhere.
 	fanoutLatency, ackLatency *histogram.Recorder

@@ -28,10 +28,23 @@ var ErrRefusableSocket = errors.New("its clients would refuse it")
 // directories again, and repeats its warning while they are wrong.
 const socketCheckEvery = time.Minute
 
-// socketTrusted reports whether the clients the hub serves trust a
-// directory owned by uid: root, the hub's uid and the uids it admits.
+// socketTrusted reports whether every client the hub serves trusts a
+// directory owned by uid. A client trusts root, its own uid and the uids
+// it is told to (the hub's, when the hub runs as another user: the socket
+// is the hub's). So root and the hub's uid, and an admitted uid only when
+// it is the one uid the hub admits: the clients of a second admitted uid
+// refuse a directory of the first's.
 func (h *Hub) socketTrusted(uid uint32) bool {
-	return uid == 0 || int(uid) == os.Geteuid() || slices.Contains(h.cfg.AllowUIDs, int(uid))
+	if uid == 0 || int(uid) == os.Geteuid() {
+		return true
+	}
+	others := 0
+	for _, u := range h.cfg.AllowUIDs {
+		if u != 0 && u != os.Geteuid() {
+			others++
+		}
+	}
+	return others == 1 && slices.Contains(h.cfg.AllowUIDs, int(uid))
 }
 
 // checkSocketDirs returns what is wrong with the socket's directories (nil

@@ -94,3 +94,35 @@ func TestTrustedSocketNotRefusable(t *testing.T) {
 		t.Errorf("a warning for a trusted socket:\n%s", e.logs.String())
 	}
 }
+
+// A directory owned by an admitted uid is trusted by that uid's clients
+// only: with one admitted uid the hub serves there, with two it refuses it
+// (the second uid's clients would), naming the directory.
+func TestDirectoryOfAnAdmittedUID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 12345, -1); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "hub.sock")
+	one, err := New(Config{SocketPath: path, AllowUIDs: []int{12345}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := one.checkSocketDirs(); u != nil {
+		t.Fatalf("one admitted uid, its directory: refused (%v)", u)
+	}
+	two, err := New(Config{SocketPath: path, AllowUIDs: []int{12345, 12346}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := two.checkSocketDirs()
+	if u == nil || u.Dir != dir || !strings.Contains(u.Problem, "owned by uid 12345") {
+		t.Fatalf("two admitted uids, the first's directory: %v, want it refused", u)
+	}
+}

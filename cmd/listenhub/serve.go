@@ -130,7 +130,7 @@ func (f *serveFlags) define() {
 	fs.Var(&f.socketMode, "socket-mode", "permission bits of the socket file the hub creates, in octal; 0660 with --socket-group lets that group connect (--allow-uid still applies)")
 	f.socketGroup = fs.String("socket-group", "", "group (name or gid) given to the socket file before it accepts (default: the hub's)")
 	fs.Var(&f.allowUIDs, "allow-uid", allowUIDHelp)
-	f.allowRefusable = fs.Bool("allow-refusable-socket", false, "serve a socket whose directories the clients refuse (another uid's than root's, the hub's and --allow-uid's, or writable by others without the sticky bit), with a WARN every minute and listenhub_socket_refusable 1, instead of exiting 1")
+	f.allowRefusable = fs.Bool("allow-refusable-socket", false, "serve a socket whose directories the clients refuse (another uid's than root's and the hub's, or than the --allow-uid when it is the only one, or writable by others without the sticky bit), with a WARN every minute and listenhub_socket_refusable 1, instead of exiting 1")
 }
 
 // server is one run of `listenhub serve`: what configure builds from the

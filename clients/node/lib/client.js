@@ -40,6 +40,11 @@ const DEFAULT_SILENCE_TIMEOUT = 15000;
 const O_PATH = 0o10000000;
 const S_ISVTX = 0o1000;
 
+// What to do about EACCES on the way to a socket in dir.
+function unsearchableFix(dir) {
+  return `uid ${process.getuid()} may not reach the socket: every directory of ${dir} needs search (x) permission for it and the socket write permission (the hub's --socket-mode 0660 with --socket-group, this user in that group, and chmod o+x or g+x on the directories)`;
+}
+
 // Why a socket directory cannot be trusted (null if it can), OpenSSH's
 // StrictModes rule: owned by us, root or an allowed uid, and not writable by
 // group or other unless sticky (like /tmp: there only an entry's owner can
@@ -115,6 +120,7 @@ function pinSocket(path, trusted) {
     if (e.code === 'ENOENT') {
       throw new ConnError('dial', path, `${e.message}: the socket's directory is missing: start the hub, or create it (install -d -m 0755 ${dir}, owned by the hub's user)`);
     }
+    if (e.code === 'EACCES') throw new ConnError('dial', path, `${e.message}: ${unsearchableFix(dir)}`);
     throw new ConnError('dial', path, e);
   }
   try {
@@ -127,6 +133,7 @@ function pinSocket(path, trusted) {
     try {
       before = fs.lstatSync(lpath);
     } catch (e) {
+      if (e.code === 'EACCES') throw new ConnError('dial', path, `${e.message}: ${unsearchableFix(dir)}`);
       throw new ConnError('dial', path, e);
     }
     problem = sockProblem(before, trusted);

@@ -4,6 +4,7 @@ a reader thread and a writer thread."""
 from __future__ import annotations
 
 import logging
+import errno
 import os
 import select
 import socket
@@ -114,6 +115,15 @@ def _ancestors_problem(d: str, trusted: Collection[int]) -> Optional[str]:
             return "%s above the socket: %s (fix: %s)" % (cur, problem, fix)
 
 
+def _unsearchable_fix(path: str) -> str:
+    """What to do about EACCES on the way to the socket at path."""
+    return (
+        "uid %d may not reach the socket: every directory of %s needs search (x) permission for it and the "
+        "socket write permission (the hub's --socket-mode 0660 with --socket-group, this user in that group, "
+        "and chmod o+x or g+x on the directories)" % (os.getuid(), os.path.dirname(path) or ".")
+    )
+
+
 def sock_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
     """Why the file at the socket path (lstat: a symlink is not followed)
     is not our hub's socket (None if it may be)."""
@@ -188,6 +198,8 @@ def dial(
         raise
     except OSError as e:
         sock.close()
+        if e.errno == errno.EACCES:
+            raise ConnError("dial", path, "%s: %s" % (e, _unsearchable_fix(path))) from e
         raise ConnError("dial", path, e) from e
     finally:
         if dfd >= 0:

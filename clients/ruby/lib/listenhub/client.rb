@@ -139,6 +139,11 @@ module Listenhub
     rescue Errno::ENOENT => e
       raise ConnError.new("dial", path, "#{e.message}: the socket's directory is missing: start the hub, or create " \
                                         "it (install -d -m 0755 #{dir}, owned by the hub's user)")
+    rescue Errno::EACCES => e
+      raise ConnError.new("dial", path, "#{e.message}: uid #{Process.uid} may not reach the socket: every directory of " \
+                                        "#{dir} needs search (x) permission for it and the socket write permission " \
+                                        "(the hub's --socket-mode 0660 with --socket-group, this user in that group, " \
+                                        "and chmod o+x or g+x on the directories)")
     rescue SystemCallError => e
       raise ConnError.new("dial", path, e.message)
     end
@@ -153,6 +158,9 @@ module Listenhub
       via = path unless File.directory?("/proc/self/fd") && via.bytesize < 108
       begin
         before = File.lstat(via)
+      rescue Errno::EACCES => e
+        raise ConnError.new("dial", path, "#{e.message}: uid #{Process.uid} may not reach the socket: #{dir} needs " \
+                                          "search (x) permission for it (chmod o+x or g+x, this user in the group)")
       rescue SystemCallError => e
         raise ConnError.new("dial", path, e.message)
       end

@@ -484,3 +484,34 @@ func TestBigFrameInSmallPieces(t *testing.T) {
 		t.Logf("4 MiB in 128-byte pieces: %v of CPU (writer and reader)", used)
 	}
 }
+
+// A uid that may not search the way to the socket gets the fix, not a bare
+// "permission denied": this test binary, copied where nobody can run it,
+// dials as nobody (root may search anything).
+func TestUnreachableDirectoryNamesThePermission(t *testing.T) {
+	if sock := os.Getenv("LISTENHUB_TEST_DIAL_AS"); sock != "" {
+		_, err := Dial(context.Background(), Options{SocketPath: sock})
+		fmt.Println(err)
+		return
+	}
+	runuser, err := exec.LookPath("runuser")
+	if os.Geteuid() != 0 || err != nil {
+		t.Skip("needs root and runuser to dial as nobody")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(os.TempDir(), fmt.Sprintf("lh-dial-as-nobody-%d", os.Getpid()))
+	if err := os.WriteFile(bin, testutil.ReadFile(t, self), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(bin) })
+	top := t.TempDir() // 0700, root's
+	sock := filepath.Join(top, "run", "hub.sock")
+	out, _ := exec.Command(runuser, "-u", "nobody", "--", "env", "LISTENHUB_TEST_DIAL_AS="+sock, bin,
+		"-test.run", "^TestUnreachableDirectoryNamesThePermission$").CombinedOutput()
+	if !strings.Contains(string(out), "may not reach the socket") || !strings.Contains(string(out), "search (x) permission") {
+		t.Fatalf("dial as nobody said:\n%s", out)
+	}
+}

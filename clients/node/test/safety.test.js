@@ -76,6 +76,22 @@ test('identity: a directory above the socket writable by others is refused', asy
   await refused(h.socket, new RegExp(`chmod go-w ${top}`));
 });
 
+test('identity: an unreachable directory names the permission', async (t) => {
+  // A uid that may not search the way to the socket gets the fix, not a
+  // bare "permission denied" (run as nobody: root may search anything).
+  const { spawnSync } = require('node:child_process');
+  if (process.getuid() !== 0 || spawnSync('runuser', ['--help']).error) {
+    t.skip('needs root and runuser to run a client as nobody');
+    return;
+  }
+  const top = dir(t); // 0700, root's
+  const sock = path.join(top, 'run', 'hub.sock');
+  const code = `require(${JSON.stringify(path.join(__dirname, '..'))}).connect(${JSON.stringify(sock)}).catch((e) => console.log(e.message));`;
+  const r = spawnSync('runuser', ['-u', 'nobody', '--', process.execPath, '-e', code], { encoding: 'utf8', timeout: 30000 });
+  assert.match(r.stdout, /may not reach the socket/, r.stderr);
+  assert.match(r.stdout, /search \(x\) permission/);
+});
+
 test('identity: a sticky directory (like /tmp) is accepted', async (t) => {
   const d = stickyDir();
   t.after(() => fs.rmSync(d, { recursive: true, force: true }));

@@ -91,6 +91,31 @@ class IdentityTest(unittest.TestCase):
         self.refused(h.socket, top + " above the socket: directory mode 0777 is writable by group or other")
         self.refused(h.socket, "chmod go-w " + top)
 
+    def test_unreachable_directory_names_the_permission(self):
+        # A uid that may not search the way to the socket gets the fix,
+        # not a bare "permission denied" (run as nobody: root may search
+        # anything).
+        import subprocess
+        import sys
+
+        if os.geteuid() != 0 or shutil.which("runuser") is None:
+            self.skipTest("needs root and runuser to run a client as nobody")
+        top = tmpdir(self)  # 0700, root's
+        path = os.path.join(top, "run", "hub.sock")
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = (
+            "import sys; sys.path.insert(0, %r)\n"
+            "import listenhub\n"
+            "try:\n"
+            "    listenhub.connect(%r)\n"
+            "except listenhub.ConnError as e:\n"
+            "    print(e)\n" % (here, path)
+        )
+        r = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=30)
+        self.assertIn("may not reach the socket", r.stdout, r.stderr)
+        self.assertIn("search (x) permission", r.stdout)
+
     def test_sticky_directory_is_accepted(self):
         # Like /tmp: only an entry's owner can replace it.
         d = sticky_dir()

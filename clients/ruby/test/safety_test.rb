@@ -2,6 +2,8 @@
 
 # The peer checks on the socket path and its directory, and fork safety.
 require_relative "test_helper"
+require "open3"
+require "rbconfig"
 
 class SafetyTest < LHTestCase
   def fake(mode, dir: nil)
@@ -46,6 +48,19 @@ class SafetyTest < LHTestCase
     File.chmod(0o777, top)
     refused(f.socket, "#{top} above the socket: directory mode 0777 is writable by group or other")
     refused(f.socket, "chmod go-w #{top}")
+  end
+
+  # A uid that may not search the way to the socket gets the fix, not a
+  # bare "permission denied" (run as nobody: root may search anything).
+  def test_unreachable_directory_names_the_permission
+    skip "needs root and runuser to run a client as nobody" unless Process.uid.zero? && system("which runuser > /dev/null")
+    top = tmpdir # 0700, root's
+    sock = File.join(top, "run", "hub.sock")
+    lib = File.expand_path("../lib", __dir__)
+    code = "require 'listenhub'; begin; Listenhub.connect(#{sock.inspect}); rescue Listenhub::ConnError => e; puts e.message; end"
+    out, err, = Open3.capture3("runuser", "-u", "nobody", "--", RbConfig.ruby, "-I", lib, "-e", code)
+    assert_match(/may not reach the socket/, out, err)
+    assert_match(/search \(x\) permission/, out)
   end
 
   def test_directory_writable_by_group_or_other_is_refused

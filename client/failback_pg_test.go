@@ -263,31 +263,7 @@ func TestPGFailbackExactThrough20(t *testing.T) {
 	last := n.sent()
 	testutil.WaitFor(t, waitLong, "the last NOTIFY", func() bool { return rec.maxSeq("a") >= last })
 
-	counts := rec.seqCounts("a")
-	var lost, dups []int
-	for s := first; s <= last; s++ {
-		switch {
-		case counts[s] == 0:
-			lost = append(lost, s)
-		case counts[s] > 1:
-			dups = append(dups, s)
-		}
-	}
-	if len(lost) > 0 || len(dups) > 0 {
-		t.Errorf("seqs %d..%d through %d fail-backs: %d lost %v, %d duplicated %v", first, last, cycles,
-			len(lost), lost[:min(len(lost), 20)], len(dups), dups[:min(len(dups), 20)])
-	}
-	prev := 0
-	for _, s := range rec.seqOrder("a") {
-		if s < prev {
-			t.Errorf("seq %d arrived after seq %d: out of commit order", s, prev)
-			break
-		}
-		prev = s
-	}
-	if !t.Failed() {
-		t.Logf("seqs %d..%d through %d fail-backs: none lost, none twice, in order", first, last, cycles)
-	}
+	checkExactlyOnce(t, rec, "a", first, last, fmt.Sprintf("%d fail-backs", cycles))
 }
 
 // startHubOnOtherDatabase creates a database (name prefix + pid, dropped
@@ -359,20 +335,8 @@ func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 func TestPGRefusedFailbacksLoseNothing(t *testing.T) {
 	const attempts = 10
 	e := newPGEnv(t)
-	logs := &logBuf{}
 	rec := &recorder{}
-	f := e.failover(rec, func(o *FailoverOptions) {
-		o.MinLocal = 50 * time.Millisecond
-		o.ProbeInterval = 50 * time.Millisecond
-		o.ProbeMaxInterval = 100 * time.Millisecond
-		o.Hub.AckTimeout = 500 * time.Millisecond
-		o.Logger = logs.logger()
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("client log:\n%s", logs.String())
-		}
-	})
+	f, logs := e.probingFailover(rec)
 	mustSubscribe(t, f, "a")
 	n := e.startNotifierAt("a", 200)
 	first := n.sent() + 2 // sent after the ack (see TestPGFailbackHubKilledAndRestarted)
@@ -387,28 +351,7 @@ func TestPGRefusedFailbacksLoseNothing(t *testing.T) {
 	if f.Mode() != ModeLocal {
 		t.Fatalf("mode %v: failed back to a hub on another database", f.Mode())
 	}
-	counts := rec.seqCounts("a")
-	var lost, dups []int
-	for s := first; s <= last; s++ {
-		switch {
-		case counts[s] == 0:
-			lost = append(lost, s)
-		case counts[s] > 1:
-			dups = append(dups, s)
-		}
-	}
-	if len(lost) > 0 || len(dups) > 0 {
-		t.Fatalf("seqs %d..%d through %d refused fail-backs: %d lost %v, %d duplicated %v", first, last, refused(),
-			len(lost), lost[:min(len(lost), 20)], len(dups), dups[:min(len(dups), 20)])
-	}
-	prev := 0
-	for _, s := range rec.seqOrder("a") {
-		if s < prev {
-			t.Fatalf("seq %d arrived after seq %d: out of commit order", s, prev)
-		}
-		prev = s
-	}
-	t.Logf("seqs %d..%d through %d refused fail-backs: none lost, none twice, in order", first, last, refused())
+	checkExactlyOnce(t, rec, "a", first, last, fmt.Sprintf("%d refused fail-backs", refused()))
 }
 
 // A hub on another database at the start: the Failover's check NOTIFY
@@ -419,20 +362,8 @@ func TestPGFailoverRefusesHubOnAnotherDatabaseAtStart(t *testing.T) {
 	e := newPGEnv(t)
 	e.startHubOnOtherDatabase("lhc_start_")
 	e.waitBackends(1, 0)
-	logs := &logBuf{}
 	rec := &recorder{}
-	f := e.failover(rec, func(o *FailoverOptions) {
-		o.MinLocal = 50 * time.Millisecond
-		o.ProbeInterval = 50 * time.Millisecond
-		o.ProbeMaxInterval = 100 * time.Millisecond
-		o.Hub.AckTimeout = 500 * time.Millisecond
-		o.Logger = logs.logger()
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("client log:\n%s", logs.String())
-		}
-	})
+	f, logs := e.probingFailover(rec)
 	if f.Mode() != ModeLocal || !errors.Is(f.Reason(), ErrOtherDatabase) {
 		t.Fatalf("mode %v, reason %v: want local for a hub on another database", f.Mode(), f.Reason())
 	}
@@ -444,4 +375,53 @@ func TestPGFailoverRefusesHubOnAnotherDatabaseAtStart(t *testing.T) {
 	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || f.Mode() != ModeLocal {
 		t.Errorf("%d ERROR lines (want 1), mode %v (want local)", n, f.Mode())
 	}
+}
+
+// probingFailover is a Failover that probes the hub every 50-100 ms with a
+// 500 ms ack timeout, logging into the returned buffer (shown when the
+// test fails).
+func (e *pgEnv) probingFailover(rec *recorder) (*Failover, *logBuf) {
+	e.t.Helper()
+	logs := &logBuf{}
+	f := e.failover(rec, func(o *FailoverOptions) {
+		o.MinLocal = 50 * time.Millisecond
+		o.ProbeInterval = 50 * time.Millisecond
+		o.ProbeMaxInterval = 100 * time.Millisecond
+		o.Hub.AckTimeout = 500 * time.Millisecond
+		o.Logger = logs.logger()
+	})
+	e.t.Cleanup(func() {
+		if e.t.Failed() {
+			e.t.Logf("client log:\n%s", logs.String())
+		}
+	})
+	return f, logs
+}
+
+// checkExactlyOnce fails t unless every "seq N" payload on q from first to
+// last arrived once, in commit order.
+func checkExactlyOnce(t *testing.T, rec *recorder, q string, first, last int, through string) {
+	t.Helper()
+	counts := rec.seqCounts(q)
+	var lost, dups []int
+	for s := first; s <= last; s++ {
+		switch {
+		case counts[s] == 0:
+			lost = append(lost, s)
+		case counts[s] > 1:
+			dups = append(dups, s)
+		}
+	}
+	if len(lost) > 0 || len(dups) > 0 {
+		t.Fatalf("seqs %d..%d through %s: %d lost %v, %d duplicated %v", first, last, through,
+			len(lost), lost[:min(len(lost), 20)], len(dups), dups[:min(len(dups), 20)])
+	}
+	prev := 0
+	for _, s := range rec.seqOrder(q) {
+		if s < prev {
+			t.Fatalf("seq %d arrived after seq %d: out of commit order", s, prev)
+		}
+		prev = s
+	}
+	t.Logf("seqs %d..%d through %s: none lost, none twice, in order", first, last, through)
 }

@@ -44,6 +44,24 @@ async function setup(t) {
   return { db, col, app, failover, hub, notify };
 }
 
+// otherDatabase creates a database beside the test's and returns its name;
+// at the test's end before (a hub on it killed, say) runs, then the
+// database is dropped. One hook, in this order: node:test runs a test's
+// after hooks in the order they were added, and setup's close the
+// listeners afterwards.
+async function otherDatabase(t, name, before) {
+  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${name}`);
+  await admin.query(`CREATE DATABASE ${name}`);
+  t.after(async () => {
+    await before();
+    await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+    await admin.end();
+  });
+  return name;
+}
+
 test('hub killed: fails over to a local LISTEN', { skip }, async (t) => {
   const { db, col, app, failover, hub, notify } = await setup(t);
   const h = await hub();
@@ -216,16 +234,9 @@ test('refused fail-backs lose nothing', { skip }, async (t) => {
   // wakes held after the marker are delivered when the attempt is given
   // up. Numbered NOTIFYs through 10 refused attempts (one hub connection
   // each): every one arrives once, in commit order.
-  const other = `lhnode_refused_${process.pid}`;
-  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${other}`);
-  await admin.query(`CREATE DATABASE ${other}`);
   let h = null;
-  t.after(async () => {
+  const other = await otherDatabase(t, `lhnode_refused_${process.pid}`, async () => {
     if (h) await h.kill();
-    await admin.query(`DROP DATABASE IF EXISTS ${other} WITH (FORCE)`);
-    await admin.end();
   });
   const { col, failover } = await setup(t);
   const socket = path.join(tmpDir('lhnode-'), 'hub.sock');
@@ -321,18 +332,11 @@ test('an unverified hub on another database is refused once it is up', { skip },
   // database; the Failover listens on its own connection and delivers
   // this database's NOTIFYs, none of the other's.
   const net = require('node:net');
-  const other = `lhnode_unverified_${process.pid}`;
-  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${other}`);
-  await admin.query(`CREATE DATABASE ${other}`);
   let h = null;
   let proxy = null;
-  t.after(async () => {
+  const other = await otherDatabase(t, `lhnode_unverified_${process.pid}`, async () => {
     if (h) await h.kill();
     if (proxy) await new Promise((r) => proxy.close(r));
-    await admin.query(`DROP DATABASE IF EXISTS ${other} WITH (FORCE)`);
-    await admin.end();
   });
   const { col, failover, notify } = await setup(t);
   const port = await new Promise((resolve) => {
@@ -409,16 +413,9 @@ test('close() during a fail-back attempt leaves no timer behind', { skip }, asyn
   // A fail-back attempt waits (up to the ack timeout) for a marker a hub on
   // another database never delivers; close() meanwhile must leave nothing
   // that keeps the process alive: no timer of the attempt, no next attempt.
-  const other = `lhnode_close_${process.pid}`;
-  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${other}`);
-  await admin.query(`CREATE DATABASE ${other}`);
   let h = null;
-  t.after(async () => {
+  const other = await otherDatabase(t, `lhnode_close_${process.pid}`, async () => {
     if (h) await h.kill();
-    await admin.query(`DROP DATABASE IF EXISTS ${other} WITH (FORCE)`);
-    await admin.end();
   });
   const socket = path.join(tmpDir('lhnode-'), 'hub.sock');
   const url = new URL(DATABASE_URL);
@@ -497,18 +494,9 @@ test('a hub on another database is refused at start', { skip }, async (t) => {
   // of this one's NOTIFYs: the Failover finds out at start (a NOTIFY of a
   // private name that does not come back through the hub), warns, and
   // listens on its own connection.
-  const other = `lhnode_other_${process.pid}`;
-  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: 'lhnode-admin' });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${other}`);
-  await admin.query(`CREATE DATABASE ${other}`);
   let h = null;
-  // One hook, in this order: node:test runs a test's after hooks in the
-  // order they were added, and setup's close the listeners afterwards.
-  t.after(async () => {
+  const other = await otherDatabase(t, `lhnode_other_${process.pid}`, async () => {
     if (h) await h.kill();
-    await admin.query(`DROP DATABASE IF EXISTS ${other} WITH (FORCE)`);
-    await admin.end();
   });
   const { col, failover, notify } = await setup(t);
   const url = new URL(DATABASE_URL);

@@ -304,13 +304,10 @@ class FailoverTest < LHTestCase
   # instead of failing over to a local listener that cannot connect
   # either. Once Postgres is up the sub is acked and a NOTIFY arrives.
   def test_postgres_down_at_start_worker_stays
-    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
-    real = URI(DATABASE_URL)
-    down = URI(DATABASE_URL)
-    down.host = "127.0.0.1"
-    down.port = port
-    h = hub(args: ["--database-url", down.to_s], ready: false)
-    f = failover(h.socket, database_url: down.to_s, ack_timeout: 1.0)
+    port, up = later_proxy
+    down = via(DATABASE_URL, port)
+    h = hub(args: ["--database-url", down], ready: false)
+    f = failover(h.socket, database_url: down, ack_timeout: 1.0)
     assert_equal :hub, f.mode
     result = nil
     sub = Thread.new do
@@ -323,31 +320,7 @@ class FailoverTest < LHTestCase
     assert_equal :hub, f.mode
     assert_includes @col.statuses, false
     refute_includes @col.statuses, true
-    srv = TCPServer.new("127.0.0.1", port)
-    pipes = []
-    acceptor = Thread.new do
-      loop do
-        c = srv.accept
-        s = TCPSocket.new(real.host, real.port || 5432)
-        pipes << c << s
-        [[c, s], [s, c]].each do |a, b|
-          Thread.new do
-            IO.copy_stream(a, b)
-          rescue IOError, SystemCallError
-            nil
-          ensure
-            [a, b].each { |x| x.close rescue nil } # rubocop:disable Style/RescueModifier
-          end
-        end
-      end
-    rescue IOError, SystemCallError
-      nil
-    end
-    cleanup do
-      srv.close
-      acceptor.join
-      pipes.each { |x| x.close rescue nil } # rubocop:disable Style/RescueModifier
-    end
+    up.()
     assert sub.join(TIMEOUT), "no ack once Postgres is up"
     assert_equal :ok, result
     notify("a", "after")

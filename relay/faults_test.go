@@ -941,3 +941,36 @@ func openTx(t *testing.T) *pgx.Conn {
 	}
 	return c
 }
+
+// TestRelayReplicationRevokedSaid: REPLICATION revoked from the relay's
+// role while it streams changes nothing until the next connection, which
+// will be refused: the relay says so at once (an ERROR line and its
+// warning, with the fix), not only at that next connection.
+func TestRelayReplicationRevokedSaid(t *testing.T) {
+	pgtesting.RequireLocal(t, db)
+	f := newFixture(t, "q_a")
+	role := fmt.Sprintf("lh_repl_%d", testSeq.Add(1))
+	f.exec("CREATE ROLE " + role + " LOGIN REPLICATION")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		db.Exec(ctx, "DROP OWNED BY "+role)
+		db.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+	})
+	f.exec(fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s", f.schema, role))
+	f.exec(fmt.Sprintf("GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s", f.schema, role))
+	opts := f.options()
+	opts.ConnConfig.User = role
+	rn := f.run(opts)
+	testutil.WaitFor(t, 20*time.Second, "streaming as "+role, func() bool { return rn.r.Stats().State == StateActive })
+	f.exec("ALTER ROLE " + role + " NOREPLICATION")
+	testutil.WaitFor(t, 20*time.Second, "the loss said", func() bool {
+		return strings.Contains(rn.r.Stats().Warning, "lost its REPLICATION attribute")
+	})
+	if !strings.Contains(rn.log.String(), "ALTER ROLE") || !strings.Contains(rn.log.String(), "level=ERROR") {
+		t.Fatalf("no ERROR line with the fix:\n%s", rn.log.String())
+	}
+	if st := rn.r.Stats(); st.State != StateActive {
+		t.Fatalf("state %v: the stream should go on", st.State)
+	}
+}

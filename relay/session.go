@@ -42,6 +42,10 @@ type session struct {
 	// ("+insert,update"; "" when the publication is missing), confirmed
 	// and activePID the slot's (standby), walSenderTimeout the server's.
 	published, confirmedLSN, activePID, walSenderTimeout string
+	// replication is the role's REPLICATION (or superuser) attribute as
+	// last seen ("true"/"false"); revokedSaid: its loss was said.
+	replication string
+	revoked     string // the warning that says so, kept while streaming
 }
 
 type sessionResult struct {
@@ -506,6 +510,9 @@ func (s *session) setXidRef(row []string) error {
 	if len(row) >= 6 {
 		s.published, s.confirmedLSN, s.activePID, s.walSenderTimeout = row[2], row[3], row[4], row[5]
 	}
+	if len(row) >= 7 {
+		s.watchReplication(row[6])
+	}
 	if row[1] != "" {
 		if lag, err := strconv.ParseInt(row[1], 10, 64); err == nil {
 			s.r.lagBytes.Store(lag)
@@ -637,4 +644,26 @@ func (s *session) walSenderTimeoutFix() string {
 	}
 	d := max(s.r.opts.MaxLag, time.Second).Round(time.Second)
 	return fmt.Sprintf("run ALTER ROLE %s SET wal_sender_timeout = '%ds';", role, int(d.Seconds()))
+}
+
+// watchReplication says, once, that the role lost its REPLICATION
+// attribute while the relay streams: the stream goes on, but the next
+// connection (a restart, a lost connection, a takeover) will be refused.
+// Only a loss is said: on a managed service the attribute may be false
+// from the start, replication granted another way (rds_replication).
+func (s *session) watchReplication(now string) {
+	was := s.replication
+	s.replication = now
+	if was != "true" || now != "false" || s.revoked != "" {
+		return
+	}
+	r := s.r
+	user := ""
+	if cc := r.opts.ConnConfig; cc != nil {
+		user = cc.User
+	}
+	msg := "the role lost its REPLICATION attribute: streaming goes on, but the next connection will be refused; fix: " + relayfix.ReplicationRole(user)
+	s.revoked = msg
+	r.setWarning(msg)
+	r.log.Error("relay: "+msg, "slot", r.opts.Slot)
 }

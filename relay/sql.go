@@ -62,7 +62,8 @@ const xidRefSQL = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text,
 	` + publishedSQL + `,
 	coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $2), ''),
 	coalesce((SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = $2), ''),
-	current_setting('wal_sender_timeout')`
+	current_setting('wal_sender_timeout'),
+	(SELECT (rolreplication OR rolsuper)::text FROM pg_roles WHERE rolname = session_user)`
 
 // multi runs statements as one simple query (one round trip, one implicit
 // transaction), with $1 and $2 replaced by the publication and slot names

@@ -550,7 +550,7 @@ func (s *session) stream(ctx context.Context) error {
 							"max_lag", r.opts.MaxLag, "max_lag_bytes", r.opts.MaxLagBytes)
 					}
 				} else {
-					r.setWarning("")
+					r.setWarning(s.revoked) // "" but for a REPLICATION lost meanwhile
 				}
 			}
 			continue

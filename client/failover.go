@@ -165,7 +165,10 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // A Subscribe that meets the hub's failure waits for the swap and
 // subscribes the local listener; if the local listener cannot be built or
 // subscribed, Subscribe returns that error (the Failover is then dead, a
-// *FailoverError), bounded by AckTimeout plus LocalTimeout: it never hangs.
+// *FailoverError), bounded by AckTimeout plus LocalTimeout. While the hub
+// says its Postgres is down, a Subscribe on the hub waits for Postgres
+// (its ctx bounds it): failing over would not help, the local listener
+// could not reach Postgres either.
 type Failover struct {
 	opts     FailoverOptions
 	localCfg LocalOptions

@@ -12,8 +12,10 @@ import "context"
 // not block for long (see Options.OnWake).
 type Listener interface {
 	// Subscribe returns once every NOTIFY committed from now on for q
-	// will be delivered. It is bounded (ack timeout, command timeout) even
-	// with a context that never ends. A set, not a count: subscribing a
+	// will be delivered. It is bounded (ack timeout, command timeout,
+	// silence timeout) even with a context that never ends, but while the
+	// hub says its Postgres is down: then it waits for Postgres, as the
+	// hub does (ctx bounds it). A set, not a count: subscribing a
 	// subscribed name again is a no-op; errors.Is(err, ErrInvalidName)
 	// for a name no channel can carry.
 	Subscribe(ctx context.Context, q string) error

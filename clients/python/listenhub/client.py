@@ -299,7 +299,8 @@ class Client(Listener):
         (seconds) bounds this caller's wait only: TimeoutError, the client
         lives on and the subscription is abandoned (unsubscribed once acked
         unless another caller waits for it). Without it the wait is bounded
-        by the ack timeout anyway.
+        by the ack timeout anyway, but while the hub says its Postgres is
+        down: then the subscription waits for Postgres, as the hub does.
         """
         problem = _frame.name_problem(q)
         if problem:

@@ -340,3 +340,23 @@ def sticky_dir():
     d = tempfile.mkdtemp(prefix="lhpy-sticky-")
     os.chmod(d, 0o1777)
     return d
+
+
+def count_refused_failbacks(test):
+    """A list that grows by one record per fail-back refused for a hub on
+    another database (the "listenhub" logger at DEBUG), until test ends."""
+    import logging
+
+    refused = []
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            if "does not deliver this database's notifications" in record.getMessage():
+                refused.append(record)
+
+    lg = logging.getLogger("listenhub")
+    handler, level = Count(level=logging.DEBUG), lg.level
+    lg.addHandler(handler)
+    lg.setLevel(logging.DEBUG)
+    test.addCleanup(lambda: (lg.removeHandler(handler), lg.setLevel(level)))
+    return refused

@@ -10,7 +10,7 @@ import listenhub
 from listenhub import Status, Wake
 from listenhub import aio
 
-from hubtest import DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, other_database_url, require_env, scratch_dir, start_hub_and_db
+from hubtest import count_refused_failbacks, DATABASE_URL, TIMEOUT, DB, FakeHub, Hub, other_database_url, require_env, scratch_dir, start_hub_and_db
 
 PREFIX, SUFFIX = "lh.", ".ev"
 
@@ -280,20 +280,7 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         """As the synchronous Failover: through 10 fail-back attempts
         refused by a hub on another database, the local wakes each
         attempt's cut held back are delivered; none lost, none twice."""
-        import logging
-
-        refused = []
-
-        class Count(logging.Handler):
-            def emit(self, record):
-                if "does not deliver this database's notifications" in record.getMessage():
-                    refused.append(record)
-
-        lg = logging.getLogger("listenhub")
-        handler, level = Count(level=logging.DEBUG), lg.level
-        lg.addHandler(handler)
-        lg.setLevel(logging.DEBUG)
-        self.addCleanup(lambda: (lg.removeHandler(handler), lg.setLevel(level)))
+        refused = count_refused_failbacks(self)
         got = []
 
         def on_wake(w):

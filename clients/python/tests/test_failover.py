@@ -9,7 +9,7 @@ import unittest
 import listenhub
 from listenhub import Wake
 
-from hubtest import DATABASE_URL, TIMEOUT, DB, Collector, FakeHub, Hub, other_database_url, require_env, scratch_dir, wait_for
+from hubtest import count_refused_failbacks, DATABASE_URL, TIMEOUT, DB, Collector, FakeHub, Hub, other_database_url, require_env, scratch_dir, wait_for
 
 PREFIX, SUFFIX = "lh.", ".ev"
 # Needs quoting (a dot, a capital, a double quote): the local LISTEN must
@@ -315,20 +315,7 @@ class FailoverTest(unittest.TestCase):
         the local wakes held after the marker are delivered when the
         attempt is given up. Numbered NOTIFYs through 10 refused attempts:
         each arrives once, in commit order."""
-        import logging
-
-        refused = []
-
-        class Count(logging.Handler):
-            def emit(self, record):
-                if "does not deliver this database's notifications" in record.getMessage():
-                    refused.append(record)
-
-        lg = logging.getLogger("listenhub")
-        handler, level = Count(level=logging.DEBUG), lg.level
-        lg.addHandler(handler)
-        lg.setLevel(logging.DEBUG)
-        self.addCleanup(lambda: (lg.removeHandler(handler), lg.setLevel(level)))
+        refused = count_refused_failbacks(self)
         sock = os.path.join(scratch_dir(self), "hub.sock")
         f = self.failover(sock, min_local=0.05, probe_interval=0.05, probe_max_interval=0.1, ack_timeout=0.5)
         f.subscribe("seq")

@@ -522,11 +522,12 @@ func TestBusyLoopIsNotAStalledWorker(t *testing.T) {
 }
 
 // The stall timer judges progress, not speed: a worker that reads a
-// little at a time, pausing between reads for a tenth of the stall
-// timeout, stays through a backlog far past the frame limit for many
-// stall timeouts.
+// little at a time, pausing between reads for a thirtieth of the stall
+// timeout, stays through a backlog far past the frame limit for two stall
+// timeouts. (The timeout is long against a loaded machine's scheduling:
+// a reader kept off the CPU for it would be a stalled reader.)
 func TestSlowReaderNotEvicted(t *testing.T) {
-	const stall = time.Second
+	const stall = 3 * time.Second
 	e := newEnv(t, func(c *Config) { c.HardQueueLimit = 16; c.StallTimeout = stall })
 	e.do(func() { e.pg.auto = true })
 	w := e.dial()
@@ -551,8 +552,8 @@ func TestSlowReaderNotEvicted(t *testing.T) {
 		if !strings.HasPrefix(m.P, fmt.Sprintf("%d:", i)) {
 			t.Fatalf("wake %d out of order: %.10q", i, m.P)
 		}
-		if i%100 == 99 {
-			time.Sleep(stall / 10) // the slow reader's pace, not a wait for anything
+		if i%50 == 49 {
+			time.Sleep(stall / 30) // the slow reader's pace, not a wait for anything
 		}
 	}
 	if s := e.h.Stats(); s.Evictions != 0 {

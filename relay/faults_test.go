@@ -566,7 +566,7 @@ func TestRelayLongDecodeShowsAsLag(t *testing.T) {
 	opts := f.options()
 	opts.MaxLag = time.Second
 	rn := f.runToWakes(opts, l, ch, 1, "resync")
-	f.exec("INSERT INTO " + f.schema + ".q_a (v) SELECT 'x' FROM generate_series(1, 600000)")
+	f.exec("INSERT INTO " + f.schema + ".q_a (v) SELECT 'x' FROM generate_series(1, 2000000)") // about 90 MB of WAL
 	var lag float64
 	var warning string
 	testutil.WaitFor(t, 120*time.Second, "the wake of the big transaction", func() bool {
@@ -577,7 +577,7 @@ func TestRelayLongDecodeShowsAsLag(t *testing.T) {
 		}
 		return l.count(ch) >= 2
 	})
-	t.Logf("600,000 rows in one transaction: the lag reached %.1fs before the wake; warning %q", lag, warning)
+	t.Logf("2,000,000 rows in one transaction: the lag reached %.1fs before the wake; warning %q", lag, warning)
 	if lag <= opts.MaxLag.Seconds() {
 		t.Errorf("the lag reached %.2fs during the decode, want above --max-lag (%v)", lag, opts.MaxLag)
 	}

@@ -414,6 +414,11 @@ func (s *session) stream(ctx context.Context) error {
 	defer ticker.Stop()
 	var lastRefresh time.Time = time.Now()
 	var lastLagWarn time.Time
+	// behindSince is since when the slot has held more than
+	// behindBytes of WAL at every look (zero while it does not): a
+	// transaction being decoded moves the walsender's keepalives, so its
+	// position alone does not show it.
+	var behindSince time.Time
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	flush := func() error {
@@ -540,6 +545,17 @@ func (s *session) stream(ctx context.Context) error {
 				if stuck := time.Since(lastProgress); lag > 0 && stuck > max(r.opts.MaxLag, maxLagFloor(tick)) && stuck > lagT {
 					lagT = stuck
 					r.lagSeconds.Store(int64(stuck))
+				}
+				switch {
+				case lag < behindBytes:
+					behindSince = time.Time{}
+				case behindSince.IsZero():
+					behindSince = time.Now()
+				default:
+					if behind := time.Since(behindSince); behind > max(r.opts.MaxLag, maxLagFloor(tick)) && behind > lagT {
+						lagT = behind
+						r.lagSeconds.Store(int64(behind))
+					}
 				}
 				if lag > r.opts.MaxLagBytes || lagT > r.opts.MaxLag {
 					r.setWarning(fmt.Sprintf("lagging: %v since the last NOTIFY or progress, %d bytes of WAL behind (--max-lag %v, --max-lag-bytes %d); a long transaction being decoded, or a slow NOTIFY connection",
@@ -878,6 +894,11 @@ func (s *session) watchPublication(ctx context.Context) error {
 	}
 	return perr
 }
+
+// behindBytes is the WAL the slot may hold at every look for MaxLag
+// without the relay counting it as lag: more than a busy server writes
+// between two looks of an idle relay, less than one long transaction.
+const behindBytes = 16 << 20
 
 // maxLagFloor is the least lag the relay can tell from an idle one's: two
 // looks at the server (every tick, at most 2 s apart) and the keepalive in

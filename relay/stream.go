@@ -542,7 +542,8 @@ func (s *session) stream(ctx context.Context) error {
 				// no NOTIFY measured. An idle relay's position follows
 				// the walsender's keepalives within a tick or two, so
 				// MaxLag has a floor of two looks (maxLagFloor).
-				if stuck := time.Since(lastProgress); lag > 0 && stuck > max(r.opts.MaxLag, maxLagFloor(tick)) && stuck > lagT {
+				bound := max(r.opts.MaxLag, maxLagFloor(tick))
+				if stuck := time.Since(lastProgress); lag > 0 && stuck > bound && stuck > lagT {
 					lagT = stuck
 					r.lagSeconds.Store(int64(stuck))
 				}
@@ -552,7 +553,7 @@ func (s *session) stream(ctx context.Context) error {
 				case behindSince.IsZero():
 					behindSince = time.Now()
 				default:
-					if behind := time.Since(behindSince); behind > max(r.opts.MaxLag, maxLagFloor(tick)) && behind > lagT {
+					if behind := time.Since(behindSince); behind > bound && behind > lagT {
 						lagT = behind
 						r.lagSeconds.Store(int64(behind))
 					}

@@ -62,6 +62,50 @@ async function otherDatabase(t, name, before) {
   return name;
 }
 
+// laterProxy reserves a port where nothing listens yet (Postgres down, as
+// a refused connection); via(url) is url through it, and up() starts
+// forwarding it to the test's server. Closed at the test's end.
+async function laterProxy(t) {
+  const net = require('node:net');
+  const port = await new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+  const real = new URL(DATABASE_URL);
+  let server = null;
+  const conns = new Set();
+  t.after(() => {
+    if (!server) return undefined;
+    for (const c of conns) c.destroy(); // a hub's connection would hold close() open
+    return new Promise((r) => server.close(r));
+  });
+  return {
+    via(url) {
+      const u = new URL(url);
+      u.hostname = '127.0.0.1';
+      u.port = String(port);
+      return u.toString();
+    },
+    async up() {
+      server = net.createServer((c) => {
+        const s = net.connect(Number(real.port || 5432), real.hostname);
+        conns.add(c).add(s);
+        c.pipe(s);
+        s.pipe(c);
+        const end = () => { c.destroy(); s.destroy(); conns.delete(c); conns.delete(s); };
+        c.on('error', end);
+        s.on('error', end);
+        c.on('close', end);
+        s.on('close', end);
+      });
+      await new Promise((r) => server.listen(port, '127.0.0.1', r));
+    },
+  };
+}
+
 test('hub killed: fails over to a local LISTEN', { skip }, async (t) => {
   const { db, col, app, failover, hub, notify } = await setup(t);
   const h = await hub();
@@ -283,22 +327,12 @@ test('Postgres down at start: the worker stays on the hub and works once it is u
   // waits past its ack timeout and the hub's old 5 s command timeout,
   // instead of failing over to a local listener that cannot connect
   // either. Once Postgres is up the sub is acked and a NOTIFY arrives.
-  const net = require('node:net');
-  const port = await new Promise((resolve) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
-  const real = new URL(DATABASE_URL);
-  const down = new URL(DATABASE_URL);
-  down.hostname = '127.0.0.1';
-  down.port = String(port);
   const { col, failover, notify } = await setup(t);
-  const h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, args: ['--database-url', down.toString()], ready: false });
+  const proxy = await laterProxy(t);
+  const down = proxy.via(DATABASE_URL);
+  const h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, args: ['--database-url', down], ready: false });
   t.after(() => h.kill());
-  const f = await failover(h.socket, { databaseUrl: down.toString(), ackTimeout: 1000 });
+  const f = await failover(h.socket, { databaseUrl: down, ackTimeout: 1000 });
   assert.equal(f.mode(), listenhub.HUB);
   let result = null;
   const sub = f.subscribe('a').then(() => (result = 'ok'), (e) => (result = e));
@@ -306,18 +340,7 @@ test('Postgres down at start: the worker stays on the hub and works once it is u
   assert.equal(result, null, `subscribe settled while Postgres is down: ${result}`);
   assert.equal(f.mode(), listenhub.HUB);
   assert.ok(col.statuses.includes(false) && !col.statuses.includes(true), `statuses ${col.statuses}`);
-  const proxy = net.createServer((c) => {
-    const s = net.connect(Number(real.port || 5432), real.hostname);
-    c.pipe(s);
-    s.pipe(c);
-    const end = () => { c.destroy(); s.destroy(); };
-    c.on('error', end);
-    s.on('error', end);
-    c.on('close', end);
-    s.on('close', end);
-  });
-  await new Promise((r) => proxy.listen(port, '127.0.0.1', r));
-  t.after(() => new Promise((r) => proxy.close(r)));
+  await proxy.up();
   await sub;
   assert.equal(result, 'ok');
   await notify('a', 'after');
@@ -331,28 +354,15 @@ test('an unverified hub on another database is refused once it is up', { skip },
   // wait until it says healthy and the check runs, which finds the other
   // database; the Failover listens on its own connection and delivers
   // this database's NOTIFYs, none of the other's.
-  const net = require('node:net');
   let h = null;
-  let proxy = null;
   const other = await otherDatabase(t, `lhnode_unverified_${process.pid}`, async () => {
     if (h) await h.kill();
-    if (proxy) await new Promise((r) => proxy.close(r));
   });
   const { col, failover, notify } = await setup(t);
-  const port = await new Promise((resolve) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
-  const real = new URL(DATABASE_URL);
+  const proxy = await laterProxy(t);
   const otherUrl = new URL(DATABASE_URL);
   otherUrl.pathname = '/' + other;
-  const via = new URL(otherUrl.toString());
-  via.hostname = '127.0.0.1';
-  via.port = String(port);
-  h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, args: ['--database-url', via.toString()], ready: false });
+  h = await Hub.start(t.name, { prefix: PREFIX, suffix: SUFFIX, args: ['--database-url', proxy.via(otherUrl.toString())], ready: false });
   const warnings = [];
   const onWarning = (w) => warnings.push(w.message);
   process.on('warning', onWarning);
@@ -360,17 +370,7 @@ test('an unverified hub on another database is refused once it is up', { skip },
   const f = await failover(h.socket, { ackTimeout: 1000 });
   assert.equal(f.mode(), listenhub.HUB);
   const sub = f.subscribe('a').catch((e) => e);
-  proxy = net.createServer((c) => {
-    const s = net.connect(Number(real.port || 5432), real.hostname);
-    c.pipe(s);
-    s.pipe(c);
-    const end = () => { c.destroy(); s.destroy(); };
-    c.on('error', end);
-    s.on('error', end);
-    c.on('close', end);
-    s.on('close', end);
-  });
-  await new Promise((r) => proxy.listen(port, '127.0.0.1', r));
+  await proxy.up();
   await waitFor('local mode once the check ran', () => f.mode() === listenhub.LOCAL);
   assert.ok(f.reason instanceof listenhub.OtherDatabaseError, `reason ${f.reason}`);
   assert.equal(await sub, undefined);

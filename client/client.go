@@ -544,7 +544,7 @@ func (c *Client) readLoop() {
 				completed = true
 				if !greeted {
 					greeted = true
-					if m.T == "nack" && c.refusal(m) {
+					if m.Type == "nack" && c.refusal(m) {
 						return
 					}
 				}
@@ -590,8 +590,8 @@ func (c *Client) readLoop() {
 // client is dead.
 func (c *Client) refusal(m frame.Message) bool {
 	c.mu.Lock()
-	s := c.subs[m.Q]
-	answers := m.Q != "" && s != nil && s.call != nil
+	s := c.subs[m.Name]
+	answers := m.Name != "" && s != nil && s.call != nil
 	c.mu.Unlock()
 	if answers {
 		return false
@@ -606,31 +606,31 @@ func (c *Client) refusal(m frame.Message) bool {
 
 // handle processes one frame; false means the client is dead.
 func (c *Client) handle(m frame.Message) bool {
-	switch m.T {
+	switch m.Type {
 	case "ack":
 		c.mu.Lock()
-		s := c.subs[m.Q]
+		s := c.subs[m.Name]
 		if s == nil || s.call == nil {
 			c.mu.Unlock()
-			c.log.Debug("listenhub client: ack without a pending sub", "q", m.Q)
+			c.log.Debug("listenhub client: ack without a pending sub", "q", m.Name)
 			return true
 		}
 		c.resolveLocked(s.call, nil)
 		s.call = nil
 		if s.wantUnsub {
-			delete(c.subs, m.Q)
-			c.queueLocked(frame.AppendUnsub(nil, m.Q))
+			delete(c.subs, m.Name)
+			c.queueLocked(frame.AppendUnsub(nil, m.Name))
 		} else {
 			s.active = true
 		}
 		c.mu.Unlock()
 	case "nack":
-		err := &NackError{Name: m.Q, Reason: m.Error, InvalidName: invalidNameReason(m.Error), Limit: limitReason(m.Error)}
+		err := &NackError{Name: m.Name, Reason: m.Error, InvalidName: invalidNameReason(m.Error), Limit: limitReason(m.Error)}
 		c.mu.Lock()
-		s := c.subs[m.Q]
+		s := c.subs[m.Name]
 		if s == nil || s.call == nil {
 			c.mu.Unlock()
-			c.log.Debug("listenhub client: nack without a pending sub", "q", m.Q, "reason", m.Error)
+			c.log.Debug("listenhub client: nack without a pending sub", "q", m.Name, "reason", m.Error)
 			return true
 		}
 		if !err.InvalidName && !err.Limit {
@@ -642,11 +642,11 @@ func (c *Client) handle(m frame.Message) bool {
 		c.resolveLocked(s.call, err)
 		s.call = nil
 		if !s.active {
-			delete(c.subs, m.Q)
+			delete(c.subs, m.Name)
 		}
 		c.mu.Unlock()
 	case "wake":
-		w := Wake{Name: m.Q, Payload: m.P, Durable: !m.HasP || m.P == ""}
+		w := Wake{Name: m.Name, Payload: m.Payload, Durable: !m.HasPayload || m.Payload == ""}
 		if h := c.opts.OnWake; h != nil {
 			return c.call(func() { h(w) })
 		}
@@ -668,7 +668,7 @@ func (c *Client) handle(m frame.Message) bool {
 			return c.call(func() { h(m.Healthy) })
 		}
 	default:
-		c.log.Debug("listenhub client: skipping unknown frame type", "t", m.T)
+		c.log.Debug("listenhub client: skipping unknown frame type", "t", m.Type)
 	}
 	select {
 	case <-c.done:

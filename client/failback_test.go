@@ -87,10 +87,10 @@ func (fc *fakeConn) expectSubs(t testing.TB, n int) []string {
 	var names []string
 	for range n {
 		m := fc.next(t)
-		if m.T != frame.TypeSub {
-			t.Fatalf("fake hub: got %s %q from the client, want a sub", m.T, m.Q)
+		if m.Type != frame.TypeSub {
+			t.Fatalf("fake hub: got %s %q from the client, want a sub", m.Type, m.Name)
 		}
-		names = append(names, m.Q)
+		names = append(names, m.Name)
 	}
 	sort.Strings(names)
 	return names
@@ -121,7 +121,7 @@ func (fc *fakeConn) quiet(t testing.TB) {
 	t.Helper()
 	select {
 	case m := <-fc.msgs:
-		t.Fatalf("fake hub: unexpected %s %q from the client", m.T, m.Q)
+		t.Fatalf("fake hub: unexpected %s %q from the client", m.Type, m.Name)
 	default:
 	}
 }
@@ -295,8 +295,8 @@ func TestFailbackWaitsForHealthy(t *testing.T) {
 		late.status(true)
 		m, ok := late.nextOrEOF(t)
 		if ok {
-			if m.T != frame.TypeSub || m.Q != "a" {
-				t.Fatalf("fake hub: got %s %q from the client, want sub \"a\"", m.T, m.Q)
+			if m.Type != frame.TypeSub || m.Name != "a" {
+				t.Fatalf("fake hub: got %s %q from the client, want sub \"a\"", m.Type, m.Name)
 			}
 			late.ack("a")
 			break

@@ -138,8 +138,8 @@ func (fc *fakeConn) readLoop() {
 			if derr != nil || !ok {
 				break
 			}
-			if fc.auto && m.T == frame.TypeSub {
-				fc.send(frame.AppendAck(nil, m.Q))
+			if fc.auto && m.Type == frame.TypeSub {
+				fc.send(frame.AppendAck(nil, m.Name))
 			}
 			select {
 			case fc.msgs <- m:
@@ -178,8 +178,8 @@ func (fc *fakeConn) next(t testing.TB) frame.Message {
 func (fc *fakeConn) expect(t testing.TB, typ, q string) {
 	t.Helper()
 	m := fc.next(t)
-	if m.T != typ || m.Q != q {
-		t.Fatalf("fake hub: got %s %q from the client, want %s %q", m.T, m.Q, typ, q)
+	if m.Type != typ || m.Name != q {
+		t.Fatalf("fake hub: got %s %q from the client, want %s %q", m.Type, m.Name, typ, q)
 	}
 }
 

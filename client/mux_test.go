@@ -351,10 +351,10 @@ func TestMuxChurn(t *testing.T) {
 	last := ""
 	for {
 		msg := fc.next(t)
-		if msg.Q == "z" {
+		if msg.Name == "z" {
 			break
 		}
-		last = msg.T
+		last = msg.Type
 	}
 	if last != "unsub" {
 		t.Fatalf("last frame for a: %q", last)

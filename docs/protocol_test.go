@@ -124,21 +124,21 @@ func readDoc(t *testing.T) string {
 // the hub and the client call.
 func encodeByType(t *testing.T, m frame.Message) []byte {
 	t.Helper()
-	switch m.T {
+	switch m.Type {
 	case frame.TypeSub:
-		return frame.AppendSub(nil, m.Q)
+		return frame.AppendSub(nil, m.Name)
 	case frame.TypeUnsub:
-		return frame.AppendUnsub(nil, m.Q)
+		return frame.AppendUnsub(nil, m.Name)
 	case frame.TypeAck:
-		return frame.AppendAck(nil, m.Q)
+		return frame.AppendAck(nil, m.Name)
 	case frame.TypeNack:
-		return frame.AppendNack(nil, m.Q, m.Error)
+		return frame.AppendNack(nil, m.Name, m.Error)
 	case frame.TypeWake:
-		return frame.AppendWake(nil, m.Q, []byte(m.P), m.HasP)
+		return frame.AppendWake(nil, m.Name, []byte(m.Payload), m.HasPayload)
 	case frame.TypeStatus:
 		return frame.AppendStatus(nil, m.Healthy)
 	}
-	t.Fatalf("no encoder for type %q", m.T)
+	t.Fatalf("no encoder for type %q", m.Type)
 	return nil
 }
 
@@ -164,7 +164,7 @@ func checkFrame(t *testing.T, b hexBlock, data []byte, body string) frame.Messag
 		t.Fatalf("%v: frame.Decode: %v", b, err)
 	}
 	if got := encodeByType(t, m); !bytes.Equal(got, data) {
-		t.Errorf("%v: the %s encoder writes\n% x\nthe doc shows\n% x", b, m.T, got, data)
+		t.Errorf("%v: the %s encoder writes\n% x\nthe doc shows\n% x", b, m.Type, got, data)
 	}
 	if got := frame.Append(nil, m); !bytes.Equal(got, data) {
 		t.Errorf("%v: frame.Append writes\n% x\nthe doc shows\n% x", b, got, data)
@@ -197,11 +197,11 @@ func TestProtocolHexExamples(t *testing.T) {
 		switch {
 		case strings.HasPrefix(b.label, "{"):
 			m := checkFrame(t, b, b.data, b.label)
-			seen[m.T] = true
-			if m.T == frame.TypeWake && !m.HasP {
+			seen[m.Type] = true
+			if m.Type == frame.TypeWake && !m.HasPayload {
 				seen["wake/durable"] = true
 			}
-			if m.T == frame.TypeWake && m.HasP {
+			if m.Type == frame.TypeWake && m.HasPayload {
 				seen["wake/ephemeral"] = true
 			}
 			// Byte by byte through the incremental decoder, as a

@@ -27,7 +27,7 @@ const maxDepth = 10000
 // rejected. Decode never panics, whatever body holds.
 //
 // The message's strings are copies and stay valid after body is reused. They
-// share one allocation, and for a known type T is a constant, so decoding a
+// share one allocation, and for a known type Type is a constant, so decoding a
 // wake or a sub allocates once and a status not at all.
 func Decode(body []byte) (Message, error) {
 	if len(body) == 0 {
@@ -183,12 +183,12 @@ func (f *fields) message(body []byte) (Message, error) {
 		}
 	}
 
-	// The strings to return: Q and, by type, P or Error; for an unknown
-	// type, T and (if a string) Q. first and second are where they go.
+	// The strings to return: Name and, by type, Payload or Error; for an
+	// unknown type, Type and (if a string) Name. first and second are where they go.
 	var first, second *field
 	var firstDst, secondDst *string
 	var m Message
-	m.T = typ
+	m.Type = typ
 	switch typ {
 	case TypeSub, TypeUnsub, TypeAck, TypeNack, TypeWake:
 		fq := &f[keyQ]
@@ -198,10 +198,10 @@ func (f *fields) message(body []byte) (Message, error) {
 		if fq.kind != kindString {
 			return Message{}, wrongType(keyQ, fq.kind)
 		}
-		first, firstDst = fq, &m.Q
+		first, firstDst = fq, &m.Name
 		if fq.esc || fq.high {
-			if m.QNotUTF8 = !exactUTF8(body[fq.start:fq.end]); m.QNotUTF8 {
-				m.QRaw = string(appendSent(nil, body[fq.start:fq.end]))
+			if m.NameNotUTF8 = !exactUTF8(body[fq.start:fq.end]); m.NameNotUTF8 {
+				m.NameRaw = string(appendSent(nil, body[fq.start:fq.end]))
 			}
 		}
 		switch typ {
@@ -218,8 +218,8 @@ func (f *fields) message(body []byte) (Message, error) {
 		case TypeWake:
 			switch fp := &f[keyP]; fp.kind {
 			case kindString:
-				m.HasP = true
-				second, secondDst = fp, &m.P
+				m.HasPayload = true
+				second, secondDst = fp, &m.Payload
 			case kindAbsent, kindNull:
 			default:
 				return Message{}, malformed(-1, `"p" is `+fp.kind.String()+", want a string or null")
@@ -237,11 +237,11 @@ func (f *fields) message(body []byte) (Message, error) {
 		}
 		return m, nil
 	default:
-		// Unknown type: keep T, and Q when it is a string, for the caller's
+		// Unknown type: keep Type, and Name when it is a string, for the caller's
 		// log line. Whatever else it holds is not ours to judge.
-		first, firstDst = ft, &m.T
+		first, firstDst = ft, &m.Type
 		if fq := &f[keyQ]; fq.kind == kindString {
-			second, secondDst = fq, &m.Q
+			second, secondDst = fq, &m.Name
 		}
 	}
 
@@ -393,7 +393,7 @@ func unit(raw []byte, i int) (r rune, n int, verbatim bool) {
 }
 
 // appendSent appends the bytes the JSON string contents raw, which the
-// scanner has validated, were meant to be (Message.QRaw): escapes decoded,
+// scanner has validated, were meant to be (Message.NameRaw): escapes decoded,
 // other bytes copied as they are, valid or not, and a \u escape of a
 // surrogate outside a pair as its 3-byte form.
 func appendSent(dst, raw []byte) []byte {

@@ -13,54 +13,54 @@ func TestDecodeAccepts(t *testing.T) {
 		name, body string
 		want       Message
 	}{
-		{"pgbus sub", `{"t":"sub","q":"chat"}`, Message{T: "sub", Q: "chat"}},
-		{"key order free", `{"q":"chat","t":"sub"}`, Message{T: "sub", Q: "chat"}},
-		{"whitespace free", " \t\r\n{ \"t\" :\n\"unsub\" ,\t\"q\":\"chat\" }\n ", Message{T: "unsub", Q: "chat"}},
+		{"pgbus sub", `{"t":"sub","q":"chat"}`, Message{Type: "sub", Name: "chat"}},
+		{"key order free", `{"q":"chat","t":"sub"}`, Message{Type: "sub", Name: "chat"}},
+		{"whitespace free", " \t\r\n{ \"t\" :\n\"unsub\" ,\t\"q\":\"chat\" }\n ", Message{Type: "unsub", Name: "chat"}},
 		{"unknown fields", `{"id":7,"t":"ack","x":{"a":[1,2,{"b":null}],"c":"}"},"q":"chat","n":-1.5e+10,"e":[],"o":{},"z":false}`,
-			Message{T: "ack", Q: "chat"}},
-		{"field of another type ignored", `{"t":"sub","q":"a","p":{"x":1},"healthy":"yes","error":7}`, Message{T: "sub", Q: "a"}},
-		{"durable wake null", `{"t":"wake","q":"a","p":null}`, Message{T: "wake", Q: "a"}},
-		{"durable wake absent", `{"t":"wake","q":"a"}`, Message{T: "wake", Q: "a"}},
-		{"ephemeral wake", `{"t":"wake","q":"a","p":"{\"id\":1}"}`, Message{T: "wake", Q: "a", P: `{"id":1}`, HasP: true}},
-		{"empty payload", `{"t":"wake","q":"a","p":""}`, Message{T: "wake", Q: "a", HasP: true}},
-		{"empty q", `{"t":"sub","q":""}`, Message{T: "sub"}},
-		{"nack", `{"t":"nack","q":"a","error":"too long"}`, Message{T: "nack", Q: "a", Error: "too long"}},
-		{"nack no reason", `{"t":"nack","q":"a"}`, Message{T: "nack", Q: "a"}},
-		{"nack null reason", `{"t":"nack","q":"a","error":null}`, Message{T: "nack", Q: "a"}},
-		{"status", `{"t":"status","healthy":true}`, Message{T: "status", Healthy: true}},
-		{"status false", `{"healthy":false,"t":"status"}`, Message{T: "status"}},
-		{"status q ignored", `{"t":"status","healthy":true,"q":5}`, Message{T: "status", Healthy: true}},
-		{"unknown type", `{"t":"ping","q":"x","p":1}`, Message{T: "ping", Q: "x"}},
-		{"unknown type q not a string", `{"t":"ping","q":[]}`, Message{T: "ping"}},
-		{"unknown type no q", `{"t":"ping"}`, Message{T: "ping"}},
-		{"empty type", `{"t":""}`, Message{T: ""}},
-		{"type case matters", `{"t":"Sub"}`, Message{T: "Sub"}},
-		{"key case matters", `{"t":"ping","Q":"x"}`, Message{T: "ping"}},
-		{"duplicate key: last wins", `{"t":"sub","q":"a","q":"b"}`, Message{T: "sub", Q: "b"}},
-		{"duplicate p: last wins", `{"t":"wake","q":"a","p":"x","p":null}`, Message{T: "wake", Q: "a"}},
-		{"duplicate t: last wins", `{"t":5,"t":"ack","q":"a"}`, Message{T: "ack", Q: "a"}},
-		{"escaped key", `{"\u0074":"sub","\u0071":"a"}`, Message{T: "sub", Q: "a"}},
-		{"escaped type", `{"t":"\u0073\u0074\u0061\u0074\u0075\u0073","healthy":true}`, Message{T: "status", Healthy: true}},
+			Message{Type: "ack", Name: "chat"}},
+		{"field of another type ignored", `{"t":"sub","q":"a","p":{"x":1},"healthy":"yes","error":7}`, Message{Type: "sub", Name: "a"}},
+		{"durable wake null", `{"t":"wake","q":"a","p":null}`, Message{Type: "wake", Name: "a"}},
+		{"durable wake absent", `{"t":"wake","q":"a"}`, Message{Type: "wake", Name: "a"}},
+		{"ephemeral wake", `{"t":"wake","q":"a","p":"{\"id\":1}"}`, Message{Type: "wake", Name: "a", Payload: `{"id":1}`, HasPayload: true}},
+		{"empty payload", `{"t":"wake","q":"a","p":""}`, Message{Type: "wake", Name: "a", HasPayload: true}},
+		{"empty q", `{"t":"sub","q":""}`, Message{Type: "sub"}},
+		{"nack", `{"t":"nack","q":"a","error":"too long"}`, Message{Type: "nack", Name: "a", Error: "too long"}},
+		{"nack no reason", `{"t":"nack","q":"a"}`, Message{Type: "nack", Name: "a"}},
+		{"nack null reason", `{"t":"nack","q":"a","error":null}`, Message{Type: "nack", Name: "a"}},
+		{"status", `{"t":"status","healthy":true}`, Message{Type: "status", Healthy: true}},
+		{"status false", `{"healthy":false,"t":"status"}`, Message{Type: "status"}},
+		{"status q ignored", `{"t":"status","healthy":true,"q":5}`, Message{Type: "status", Healthy: true}},
+		{"unknown type", `{"t":"ping","q":"x","p":1}`, Message{Type: "ping", Name: "x"}},
+		{"unknown type q not a string", `{"t":"ping","q":[]}`, Message{Type: "ping"}},
+		{"unknown type no q", `{"t":"ping"}`, Message{Type: "ping"}},
+		{"empty type", `{"t":""}`, Message{Type: ""}},
+		{"type case matters", `{"t":"Sub"}`, Message{Type: "Sub"}},
+		{"key case matters", `{"t":"ping","Q":"x"}`, Message{Type: "ping"}},
+		{"duplicate key: last wins", `{"t":"sub","q":"a","q":"b"}`, Message{Type: "sub", Name: "b"}},
+		{"duplicate p: last wins", `{"t":"wake","q":"a","p":"x","p":null}`, Message{Type: "wake", Name: "a"}},
+		{"duplicate t: last wins", `{"t":5,"t":"ack","q":"a"}`, Message{Type: "ack", Name: "a"}},
+		{"escaped key", `{"\u0074":"sub","\u0071":"a"}`, Message{Type: "sub", Name: "a"}},
+		{"escaped type", `{"t":"\u0073\u0074\u0061\u0074\u0075\u0073","healthy":true}`, Message{Type: "status", Healthy: true}},
 		{"escapes", `{"t":"wake","q":"a","p":"\"\\\/\b\f\n\r\t\u0000\u00e9\u20AC"}`,
-			Message{T: "wake", Q: "a", P: "\"\\/\b\f\n\r\t\x00é€", HasP: true}},
-		{"surrogate pair", `{"t":"sub","q":"\ud83d\ude00"}`, Message{T: "sub", Q: "😀"}},
-		{"upper-case hex", `{"t":"sub","q":"\uD83D\uDE00"}`, Message{T: "sub", Q: "😀"}},
-		{"lone high surrogate", `{"t":"sub","q":"a\ud83db"}`, Message{T: "sub", Q: "a\uFFFDb", QNotUTF8: true, QRaw: "a\xed\xa0\xbdb"}},
-		{"lone high at end", `{"t":"sub","q":"\ud83d"}`, Message{T: "sub", Q: "\uFFFD", QNotUTF8: true, QRaw: "\xed\xa0\xbd"}},
-		{"lone low surrogate", `{"t":"sub","q":"\ude00"}`, Message{T: "sub", Q: "\uFFFD", QNotUTF8: true, QRaw: "\xed\xb8\x80"}},
-		{"high high low", `{"t":"sub","q":"\ud83d\ud83d\ude00"}`, Message{T: "sub", Q: "\uFFFD😀", QNotUTF8: true, QRaw: "\xed\xa0\xbd😀"}},
-		{"high then escape", `{"t":"sub","q":"\ud83d\u0041"}`, Message{T: "sub", Q: "\uFFFDA", QNotUTF8: true, QRaw: "\xed\xa0\xbdA"}},
-		{"high then newline", `{"t":"sub","q":"\ud83d\n"}`, Message{T: "sub", Q: "\uFFFD\n", QNotUTF8: true, QRaw: "\xed\xa0\xbd\n"}},
-		{"raw UTF-8", `{"t":"sub","q":"é€😀"}`, Message{T: "sub", Q: "é€😀"}},
-		{"invalid UTF-8", "{\"t\":\"sub\",\"q\":\"a\xffb\xed\xa0\x80\"}", Message{T: "sub", Q: "a\uFFFDb\uFFFD\uFFFD\uFFFD", QNotUTF8: true, QRaw: "a\xffb\xed\xa0\x80"}},
+			Message{Type: "wake", Name: "a", Payload: "\"\\/\b\f\n\r\t\x00é€", HasPayload: true}},
+		{"surrogate pair", `{"t":"sub","q":"\ud83d\ude00"}`, Message{Type: "sub", Name: "😀"}},
+		{"upper-case hex", `{"t":"sub","q":"\uD83D\uDE00"}`, Message{Type: "sub", Name: "😀"}},
+		{"lone high surrogate", `{"t":"sub","q":"a\ud83db"}`, Message{Type: "sub", Name: "a\uFFFDb", NameNotUTF8: true, NameRaw: "a\xed\xa0\xbdb"}},
+		{"lone high at end", `{"t":"sub","q":"\ud83d"}`, Message{Type: "sub", Name: "\uFFFD", NameNotUTF8: true, NameRaw: "\xed\xa0\xbd"}},
+		{"lone low surrogate", `{"t":"sub","q":"\ude00"}`, Message{Type: "sub", Name: "\uFFFD", NameNotUTF8: true, NameRaw: "\xed\xb8\x80"}},
+		{"high high low", `{"t":"sub","q":"\ud83d\ud83d\ude00"}`, Message{Type: "sub", Name: "\uFFFD😀", NameNotUTF8: true, NameRaw: "\xed\xa0\xbd😀"}},
+		{"high then escape", `{"t":"sub","q":"\ud83d\u0041"}`, Message{Type: "sub", Name: "\uFFFDA", NameNotUTF8: true, NameRaw: "\xed\xa0\xbdA"}},
+		{"high then newline", `{"t":"sub","q":"\ud83d\n"}`, Message{Type: "sub", Name: "\uFFFD\n", NameNotUTF8: true, NameRaw: "\xed\xa0\xbd\n"}},
+		{"raw UTF-8", `{"t":"sub","q":"é€😀"}`, Message{Type: "sub", Name: "é€😀"}},
+		{"invalid UTF-8", "{\"t\":\"sub\",\"q\":\"a\xffb\xed\xa0\x80\"}", Message{Type: "sub", Name: "a\uFFFDb\uFFFD\uFFFD\uFFFD", NameNotUTF8: true, NameRaw: "a\xffb\xed\xa0\x80"}},
 		{"invalid UTF-8 and escapes", "{\"t\":\"wake\",\"q\":\"\xc3\",\"p\":\"\\n\xc3\"}",
-			Message{T: "wake", Q: "\uFFFD", P: "\n\uFFFD", HasP: true, QNotUTF8: true, QRaw: "\xc3"}},
-		{"U+FFFD itself is valid", "{\"t\":\"sub\",\"q\":\"\uFFFD\\ufffd\\uFFFD\"}", Message{T: "sub", Q: "\uFFFD\uFFFD\uFFFD"}},
-		{"unknown type q not judged", "{\"t\":\"ping\",\"q\":\"\xff\"}", Message{T: "ping", Q: "\uFFFD"}},
-		{"U+2028 raw", "{\"t\":\"sub\",\"q\":\"\u2028\"}", Message{T: "sub", Q: "\u2028"}},
-		{"numbers", `{"a":0,"b":-0,"c":1.0,"d":1e5,"e":1E-5,"f":-12.34e+56,"g":1e999,"t":"ping"}`, Message{T: "ping"}},
+			Message{Type: "wake", Name: "\uFFFD", Payload: "\n\uFFFD", HasPayload: true, NameNotUTF8: true, NameRaw: "\xc3"}},
+		{"U+FFFD itself is valid", "{\"t\":\"sub\",\"q\":\"\uFFFD\\ufffd\\uFFFD\"}", Message{Type: "sub", Name: "\uFFFD\uFFFD\uFFFD"}},
+		{"unknown type q not judged", "{\"t\":\"ping\",\"q\":\"\xff\"}", Message{Type: "ping", Name: "\uFFFD"}},
+		{"U+2028 raw", "{\"t\":\"sub\",\"q\":\"\u2028\"}", Message{Type: "sub", Name: "\u2028"}},
+		{"numbers", `{"a":0,"b":-0,"c":1.0,"d":1e5,"e":1E-5,"f":-12.34e+56,"g":1e999,"t":"ping"}`, Message{Type: "ping"}},
 		{"deep but within limit", `{"t":"ping","x":` + strings.Repeat("[", maxDepth-1) + strings.Repeat("]", maxDepth-1) + `}`,
-			Message{T: "ping"}},
+			Message{Type: "ping"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := Decode([]byte(tc.body))
@@ -200,8 +200,8 @@ func TestUnescapeMatchesEncodingJSON(t *testing.T) {
 		if err := json.Unmarshal([]byte(`"`+b.String()+`"`), &want); err != nil {
 			t.Fatal(err)
 		}
-		if m.Q != want || m.P != want {
-			t.Fatalf("Decode(%q): q %+q p %+q, encoding/json %+q", body, m.Q, m.P, want)
+		if m.Name != want || m.Payload != want {
+			t.Fatalf("Decode(%q): q %+q p %+q, encoding/json %+q", body, m.Name, m.Payload, want)
 		}
 	}
 }
@@ -305,7 +305,7 @@ func TestDecodeCopies(t *testing.T) {
 	for i := range body {
 		body[i] = 'X'
 	}
-	if m.Q != "chat" || m.P != "payload" {
+	if m.Name != "chat" || m.Payload != "payload" {
 		t.Fatalf("message changed with its body: %#v", m)
 	}
 }

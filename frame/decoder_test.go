@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/listenhub/listenhub/internal/wire"
 )
 
 // streamResult is everything a Decoder made of a stream.
@@ -25,7 +27,8 @@ func decodeStream(stream []byte, next func() int) streamResult {
 
 // decodeStreamMax is decodeStream with a Decoder whose Max is limit.
 func decodeStreamMax(stream []byte, limit int, next func() int) streamResult {
-	d := Decoder{Max: limit}
+	var d Decoder
+	d.s.Max = limit
 	var res streamResult
 	for len(stream) > 0 && res.err == "" {
 		n := min(max(next(), 1), len(stream))
@@ -42,7 +45,8 @@ func decodeStreamMax(stream []byte, limit int, next func() int) streamResult {
 // scribbled over as soon as Next has reported ok=false, so that a decoder
 // still holding the caller's bytes shows.
 func decodeStreamBorrowed(stream []byte, limit int, next func() int) streamResult {
-	d := Decoder{Max: limit}
+	var d Decoder
+	d.s.Max = limit
 	var res streamResult
 	scratch := make([]byte, 64)
 	for len(stream) > 0 && res.err == "" {
@@ -51,7 +55,7 @@ func decodeStreamBorrowed(stream []byte, limit int, next func() int) streamResul
 			scratch = make([]byte, n)
 		}
 		copy(scratch, stream[:n])
-		d.FeedBorrowed(scratch[:n])
+		d.s.FeedBorrowed(scratch[:n])
 		stream = stream[n:]
 		drain(&d, &res)
 		for i := range scratch {
@@ -129,7 +133,7 @@ func TestDecoderPartial(t *testing.T) {
 		d.Feed([]byte{c})
 	}
 	m, ok, err := d.Next()
-	if !ok || err != nil || m != (Message{T: "wake", Q: "chat", P: "hello", HasP: true}) {
+	if !ok || err != nil || m != (Message{Type: "wake", Name: "chat", Payload: "hello", HasPayload: true}) {
 		t.Fatalf("Next = %#v, %v, %v", m, ok, err)
 	}
 	if d.Buffered() != 0 {
@@ -151,7 +155,7 @@ func TestDecoderFeedCopies(t *testing.T) {
 	buf = AppendSub(buf[:0], "chat")
 	d.Feed(buf[10:])
 	m, ok, err := d.Next()
-	if !ok || err != nil || m != (Message{T: "sub", Q: "chat"}) {
+	if !ok || err != nil || m != (Message{Type: "sub", Name: "chat"}) {
 		t.Fatalf("Next = %#v, %v, %v", m, ok, err)
 	}
 }
@@ -180,33 +184,34 @@ func TestDecoderTooLarge(t *testing.T) {
 		if want := "above MaxLen 4194304"; !strings.Contains(err.Error(), want) {
 			t.Fatalf("error %q does not say %q", err, want)
 		}
-		if cap(d.buf) > 64 {
-			t.Fatalf("length %d: buffer grew to %d bytes", n, cap(d.buf))
+		if d.s.Cap() > 64 {
+			t.Fatalf("length %d: buffer grew to %d bytes", n, d.s.Cap())
 		}
 		// Sticky, and later input is dropped, not buffered.
 		d.Feed(make([]byte, 1<<20))
 		if _, _, err2 := d.Next(); err2 != err {
 			t.Fatalf("error not sticky: %v then %v", err, err2)
 		}
-		if d.Buffered() != 0 || cap(d.buf) != 0 {
-			t.Fatalf("Feed after the error buffered %d bytes (cap %d)", d.Buffered(), cap(d.buf))
+		if d.Buffered() != 0 || d.s.Cap() != 0 {
+			t.Fatalf("Feed after the error buffered %d bytes (cap %d)", d.Buffered(), d.s.Cap())
 		}
 	}
 }
 
-// Rejecting a huge length allocates only the error: neither the body nor a
+// Rejecting a huge length allocates only the errors: neither the body nor a
 // buffer of its size.
 func TestDecoderTooLargeDoesNotAllocate(t *testing.T) {
 	hdr := header(0xffffffff)
 	backing := make([]byte, 4)
 	allocs := testing.AllocsPerRun(100, func() {
-		d := Decoder{buf: append(backing[:0], hdr...)}
+		var d Decoder
+		d.Feed(append(backing[:0], hdr...))
 		if _, _, err := d.Next(); err == nil {
 			t.Fatal("no error")
 		}
 	})
-	if allocs > 1 {
-		t.Fatalf("%v allocs per rejected header, want at most 1 (the error)", allocs)
+	if allocs > 2 {
+		t.Fatalf("%v allocs per rejected header, want at most 2 (the splitter's error and frame's)", allocs)
 	}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -243,13 +248,13 @@ func TestDecoderMaxLen(t *testing.T) {
 		if ok != (len(chunk) == 0) {
 			t.Fatalf("ok %v with %d bytes to go", ok, len(chunk))
 		}
-		if ok && (m.Q != "big" || m.P != p) {
-			t.Fatalf("wrong message: q %q, %d payload bytes", m.Q, len(m.P))
+		if ok && (m.Name != "big" || m.Payload != p) {
+			t.Fatalf("wrong message: q %q, %d payload bytes", m.Name, len(m.Payload))
 		}
 	}
 	// The 4 MiB buffer is not kept once drained.
-	if cap(d.buf) > keepCap {
-		t.Fatalf("decoder still holds %d bytes after the frame", cap(d.buf))
+	if d.s.Cap() > wire.KeepCap {
+		t.Fatalf("decoder still holds %d bytes after the frame", d.s.Cap())
 	}
 	// One byte more is refused.
 	var d2 Decoder
@@ -268,7 +273,7 @@ func TestDecoderMalformedIsSticky(t *testing.T) {
 	stream = AppendSub(stream, "b")
 	for _, chunk := range []int{1, len(stream)} {
 		res := decodeStream(stream, func() int { return chunk })
-		if len(res.msgs) != 1 || res.msgs[0] != (Message{T: "sub", Q: "a"}) {
+		if len(res.msgs) != 1 || res.msgs[0] != (Message{Type: "sub", Name: "a"}) {
 			t.Fatalf("chunks of %d: messages %#v", chunk, res.msgs)
 		}
 		if !strings.Contains(res.err, `"t" is a number`) {
@@ -293,7 +298,7 @@ func TestDecoderUnknownType(t *testing.T) {
 	stream := append(header(uint32(len(body))), body...)
 	stream = AppendAck(stream, "x")
 	res := decodeStream(stream, func() int { return 5 })
-	want := []Message{{T: "hello", Q: "x"}, {T: "ack", Q: "x"}}
+	want := []Message{{Type: "hello", Name: "x"}, {Type: "ack", Name: "x"}}
 	if !sameResult(res, streamResult{msgs: want}) {
 		t.Fatalf("got %#v, err %q", res.msgs, res.err)
 	}
@@ -307,24 +312,24 @@ func TestDecoderReleasesBigBuffers(t *testing.T) {
 	if _, ok, _ := d.Next(); !ok {
 		t.Fatal("no message")
 	}
-	if c := cap(d.buf); c == 0 || c > keepCap {
+	if c := d.s.Cap(); c == 0 || c > wire.KeepCap {
 		t.Fatalf("small buffer: cap %d", c)
 	}
 	allocs := testing.AllocsPerRun(100, func() {
 		d.Feed(small)
-		if m, ok, err := d.Next(); !ok || err != nil || m.Q != "chat" {
+		if m, ok, err := d.Next(); !ok || err != nil || m.Name != "chat" {
 			t.Fatal(m, ok, err)
 		}
 	})
 	if allocs != 1 { // the message's string
 		t.Fatalf("steady state: %v allocs per frame, want 1", allocs)
 	}
-	big := AppendWake(nil, "chat", bytes.Repeat([]byte("x"), 3*keepCap), true)
+	big := AppendWake(nil, "chat", bytes.Repeat([]byte("x"), 3*wire.KeepCap), true)
 	d.Feed(big)
 	if _, ok, _ := d.Next(); !ok {
 		t.Fatal("no message")
 	}
-	if c := cap(d.buf); c > keepCap {
+	if c := d.s.Cap(); c > wire.KeepCap {
 		t.Fatalf("big buffer kept: cap %d", c)
 	}
 }
@@ -335,7 +340,7 @@ func TestDecoderCompaction(t *testing.T) {
 	r := rand.New(rand.NewPCG(15, 16))
 	stream, msgs := randStream(r, 500)
 	for range 200 {
-		if res := decodeStream(stream, func() int { return 1 + r.IntN(2*keepCap) }); !sameResult(res, streamResult{msgs: msgs}) {
+		if res := decodeStream(stream, func() int { return 1 + r.IntN(2*wire.KeepCap) }); !sameResult(res, streamResult{msgs: msgs}) {
 			t.Fatalf("%d messages, err %q", len(res.msgs), res.err)
 		}
 	}
@@ -348,11 +353,11 @@ func TestDecoderMax(t *testing.T) {
 	const max = 64 << 10
 	for _, n := range []uint32{max + 1, MaxLen, MaxLen + 1} {
 		var d Decoder
-		d.Max = max
+		d.s.Max = max
 		chunk := append(header(n), make([]byte, 60<<10)...)
 		d.Feed(chunk)
-		if cap(d.buf) != 0 {
-			t.Fatalf("length %d: Feed copied %d bytes of a refused frame", n, cap(d.buf))
+		if d.s.Cap() != 0 {
+			t.Fatalf("length %d: Feed copied %d bytes of a refused frame", n, d.s.Cap())
 		}
 		_, ok, err := d.Next()
 		var fe *Error
@@ -369,7 +374,7 @@ func TestDecoderMax(t *testing.T) {
 	stream = append(stream, "xxxx"...)
 	for _, chunk := range []int{1, 2, 3, len(stream)} {
 		res := decodeStreamMax(stream, max, func() int { return chunk })
-		if len(res.msgs) != 1 || res.msgs[0] != (Message{T: "sub", Q: "a"}) || !strings.Contains(res.err, "above the limit") {
+		if len(res.msgs) != 1 || res.msgs[0] != (Message{Type: "sub", Name: "a"}) || !strings.Contains(res.err, "above the limit") {
 			t.Fatalf("chunks of %d: %#v", chunk, res)
 		}
 	}
@@ -382,7 +387,8 @@ func TestDecoderMax(t *testing.T) {
 		t.Fatalf("a body of exactly Max: %#v", res)
 	}
 	// Max above MaxLen does not raise the protocol's limit.
-	d := Decoder{Max: 2 * MaxLen}
+	var d Decoder
+	d.s.Max = 2 * MaxLen
 	d.Feed(header(MaxLen + 1))
 	if _, _, err := d.Next(); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "above MaxLen") {
 		t.Fatalf("Max above MaxLen: %v", err)
@@ -393,33 +399,33 @@ func TestDecoderMax(t *testing.T) {
 // next frame came in the same chunk; Release drops the small buffer of an
 // idle decoder, and never undecoded bytes.
 func TestDecoderGivesBackMemory(t *testing.T) {
-	big := AppendWake(nil, "chat", bytes.Repeat([]byte("x"), 16*keepCap), true)
+	big := AppendWake(nil, "chat", bytes.Repeat([]byte("x"), 16*wire.KeepCap), true)
 	next := AppendSub(nil, "after")
 	var d Decoder
 	d.Feed(append(big, next[:7]...))
 	if _, ok, err := d.Next(); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	if d.Buffered() != 7 || cap(d.buf) > keepCap {
-		t.Fatalf("after the large frame: %d buffered, cap %d", d.Buffered(), cap(d.buf))
+	if d.Buffered() != 7 || d.s.Cap() > wire.KeepCap {
+		t.Fatalf("after the large frame: %d buffered, cap %d", d.Buffered(), d.s.Cap())
 	}
-	d.Release()
+	d.s.Release()
 	if d.Buffered() != 7 {
 		t.Fatalf("Release dropped undecoded bytes")
 	}
 	d.Feed(next[7:])
-	if m, ok, err := d.Next(); !ok || err != nil || m.Q != "after" {
+	if m, ok, err := d.Next(); !ok || err != nil || m.Name != "after" {
 		t.Fatal(m, ok, err)
 	}
-	if cap(d.buf) == 0 {
+	if d.s.Cap() == 0 {
 		t.Fatal("a small buffer is kept between frames until Release")
 	}
-	d.Release()
-	if cap(d.buf) != 0 {
-		t.Fatalf("Release kept %d bytes", cap(d.buf))
+	d.s.Release()
+	if d.s.Cap() != 0 {
+		t.Fatalf("Release kept %d bytes", d.s.Cap())
 	}
 	d.Feed(next)
-	if m, ok, err := d.Next(); !ok || err != nil || m.Q != "after" {
+	if m, ok, err := d.Next(); !ok || err != nil || m.Name != "after" {
 		t.Fatal("after Release:", m, ok, err)
 	}
 }
@@ -435,7 +441,7 @@ func TestDecoderSizesBufferToFrame(t *testing.T) {
 		n := min(len(rest), 4<<10)
 		d.Feed(rest[:n])
 		rest = rest[n:]
-		if c := cap(d.buf); c != len(big) {
+		if c := d.s.Cap(); c != len(big) {
 			t.Fatalf("%d bytes to go: buffer cap %d, want the frame's %d", len(rest), c, len(big))
 		}
 	}
@@ -444,12 +450,13 @@ func TestDecoderSizesBufferToFrame(t *testing.T) {
 	}
 	// A header over the limit fed twice before Next is refused, not
 	// made room for.
-	d = Decoder{Max: 1 << 10}
+	d = Decoder{}
+	d.s.Max = 1 << 10
 	d.Feed(header(1 << 30)[:2])
 	d.Feed(header(1 << 30)[2:])
 	d.Feed(make([]byte, 100))
-	if cap(d.buf) > 64 {
-		t.Fatalf("buffer cap %d for a refused header", cap(d.buf))
+	if d.s.Cap() > 64 {
+		t.Fatalf("buffer cap %d for a refused header", d.s.Cap())
 	}
 	if _, _, err := d.Next(); !errors.Is(err, ErrTooLarge) {
 		t.Fatal(err)
@@ -480,7 +487,7 @@ func TestDecoderFeedBorrowedWholeFramesHoldNoBuffer(t *testing.T) {
 	var d Decoder
 	two := AppendSub(AppendSub(nil, "chat"), "mail")
 	allocs := testing.AllocsPerRun(100, func() {
-		d.FeedBorrowed(two)
+		d.s.FeedBorrowed(two)
 		for {
 			_, ok, err := d.Next()
 			if err != nil {
@@ -490,8 +497,8 @@ func TestDecoderFeedBorrowedWholeFramesHoldNoBuffer(t *testing.T) {
 				break
 			}
 		}
-		if d.Cap() != 0 || d.Buffered() != 0 {
-			t.Fatalf("after whole frames: Cap %d, Buffered %d; want 0, 0", d.Cap(), d.Buffered())
+		if d.s.Cap() != 0 || d.Buffered() != 0 {
+			t.Fatalf("after whole frames: Cap %d, Buffered %d; want 0, 0", d.s.Cap(), d.Buffered())
 		}
 	})
 	if allocs > 2 {
@@ -500,17 +507,17 @@ func TestDecoderFeedBorrowedWholeFramesHoldNoBuffer(t *testing.T) {
 
 	// A frame cut short is copied, sized to the frame, and the rest of it
 	// completes it through either Feed.
-	d.FeedBorrowed(two[:5])
+	d.s.FeedBorrowed(two[:5])
 	if _, ok, err := d.Next(); ok || err != nil {
 		t.Fatalf("partial: ok %v err %v", ok, err)
 	}
-	if d.Buffered() != 5 || d.Cap() < len(two)/2 {
-		t.Fatalf("partial: Buffered %d, Cap %d; want 5, at least the frame (%d)", d.Buffered(), d.Cap(), len(two)/2)
+	if d.Buffered() != 5 || d.s.Cap() < len(two)/2 {
+		t.Fatalf("partial: Buffered %d, Cap %d; want 5, at least the frame (%d)", d.Buffered(), d.s.Cap(), len(two)/2)
 	}
-	d.FeedBorrowed(two[5:])
+	d.s.FeedBorrowed(two[5:])
 	for _, q := range []string{"chat", "mail"} {
 		m, ok, err := d.Next()
-		if !ok || err != nil || m != (Message{T: "sub", Q: q}) {
+		if !ok || err != nil || m != (Message{Type: "sub", Name: q}) {
 			t.Fatalf("Next = %#v, %v, %v; want sub %s", m, ok, err, q)
 		}
 	}

@@ -47,12 +47,12 @@ func AppendNack(dst []byte, q, reason string) []byte {
 	return finish(dst, start)
 }
 
-// AppendNackQ64 is AppendNack for a sub whose name was not valid UTF-8
-// (Message.QNotUTF8): {"t":"nack","q":Q,"q64":base64(sent),"error":R},
+// AppendNackRaw is AppendNack for a sub whose name was not valid UTF-8
+// (Message.NameNotUTF8): {"t":"nack","q":Q,"q64":base64(sent),"error":R},
 // where q is the name as decoded (U+FFFD in place of what was not UTF-8)
-// and sent the name's bytes as sent (Message.QRaw), in standard base64
+// and sent the name's bytes as sent (Message.NameRaw), in standard base64
 // with padding, so that the peer can match the nack to its sub.
-func AppendNackQ64(dst []byte, q, sent, reason string) []byte {
+func AppendNackRaw(dst []byte, q, sent, reason string) []byte {
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
 	dst = append(dst, `{"t":"nack","q":`...)
@@ -91,27 +91,27 @@ func AppendStatus(dst []byte, healthy bool) []byte {
 // Decode keeps of such a message; so for every message Decode returns,
 // Decode(Append(nil, m)[4:]) == m.
 func Append(dst []byte, m Message) []byte {
-	switch m.T {
+	switch m.Type {
 	case TypeSub:
-		return AppendSub(dst, m.Q)
+		return AppendSub(dst, m.Name)
 	case TypeUnsub:
-		return AppendUnsub(dst, m.Q)
+		return AppendUnsub(dst, m.Name)
 	case TypeAck:
-		return AppendAck(dst, m.Q)
+		return AppendAck(dst, m.Name)
 	case TypeNack:
-		return AppendNack(dst, m.Q, m.Error)
+		return AppendNack(dst, m.Name, m.Error)
 	case TypeWake:
-		return appendWake(dst, m.Q, m.P, m.HasP)
+		return appendWake(dst, m.Name, m.Payload, m.HasPayload)
 	case TypeStatus:
 		return AppendStatus(dst, m.Healthy)
 	}
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
 	dst = append(dst, `{"t":`...)
-	dst = jsonstr.Append(dst, m.T)
-	if m.Q != "" {
+	dst = jsonstr.Append(dst, m.Type)
+	if m.Name != "" {
 		dst = append(dst, `,"q":`...)
-		dst = jsonstr.Append(dst, m.Q)
+		dst = jsonstr.Append(dst, m.Name)
 	}
 	dst = append(dst, '}')
 	return finish(dst, start)

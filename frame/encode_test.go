@@ -21,25 +21,25 @@ func TestGolden(t *testing.T) {
 		body  string
 		msg   Message
 	}{
-		{"sub", AppendSub(nil, "chat"), `{"t":"sub","q":"chat"}`, Message{T: "sub", Q: "chat"}},
-		{"unsub", AppendUnsub(nil, "chat"), `{"t":"unsub","q":"chat"}`, Message{T: "unsub", Q: "chat"}},
-		{"ack", AppendAck(nil, "chat"), `{"t":"ack","q":"chat"}`, Message{T: "ack", Q: "chat"}},
+		{"sub", AppendSub(nil, "chat"), `{"t":"sub","q":"chat"}`, Message{Type: "sub", Name: "chat"}},
+		{"unsub", AppendUnsub(nil, "chat"), `{"t":"unsub","q":"chat"}`, Message{Type: "unsub", Name: "chat"}},
+		{"ack", AppendAck(nil, "chat"), `{"t":"ack","q":"chat"}`, Message{Type: "ack", Name: "chat"}},
 		{"nack", AppendNack(nil, "chat", "channel name too long"),
 			`{"t":"nack","q":"chat","error":"channel name too long"}`,
-			Message{T: "nack", Q: "chat", Error: "channel name too long"}},
+			Message{Type: "nack", Name: "chat", Error: "channel name too long"}},
 		{"wake durable", AppendWake(nil, "chat", nil, false), `{"t":"wake","q":"chat","p":null}`,
-			Message{T: "wake", Q: "chat"}},
+			Message{Type: "wake", Name: "chat"}},
 		{"wake ephemeral", AppendWake(nil, "chat", []byte(`{"id":42}`), true),
-			`{"t":"wake","q":"chat","p":"{\"id\":42}"}`, Message{T: "wake", Q: "chat", P: `{"id":42}`, HasP: true}},
+			`{"t":"wake","q":"chat","p":"{\"id\":42}"}`, Message{Type: "wake", Name: "chat", Payload: `{"id":42}`, HasPayload: true}},
 		{"wake empty payload", AppendWake(nil, "chat", []byte{}, true), `{"t":"wake","q":"chat","p":""}`,
-			Message{T: "wake", Q: "chat", HasP: true}},
+			Message{Type: "wake", Name: "chat", HasPayload: true}},
 		{"status healthy", AppendStatus(nil, true), `{"t":"status","healthy":true}`,
-			Message{T: "status", Healthy: true}},
+			Message{Type: "status", Healthy: true}},
 		{"status unhealthy", AppendStatus(nil, false), `{"t":"status","healthy":false}`,
-			Message{T: "status"}},
-		{"unknown", Append(nil, Message{T: "ping"}), `{"t":"ping"}`, Message{T: "ping"}},
-		{"unknown with q", Append(nil, Message{T: "ping", Q: "x", P: "dropped"}), `{"t":"ping","q":"x"}`,
-			Message{T: "ping", Q: "x"}},
+			Message{Type: "status"}},
+		{"unknown", Append(nil, Message{Type: "ping"}), `{"t":"ping"}`, Message{Type: "ping"}},
+		{"unknown with q", Append(nil, Message{Type: "ping", Name: "x", Payload: "dropped"}), `{"t":"ping","q":"x"}`,
+			Message{Type: "ping", Name: "x"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := binary.BigEndian.AppendUint32(nil, uint32(len(tc.body)))
@@ -142,9 +142,9 @@ func TestBodiesMatchEncodingJSON(t *testing.T) {
 		if want := refBody(m); !bytes.Equal(frame[4:], want) {
 			t.Fatalf("Append(%#v)\n got %s\nwant %s", m, frame[4:], want)
 		}
-		if m.T == TypeWake {
-			if w := AppendWake(nil, m.Q, []byte(m.P), m.HasP); !bytes.Equal(w, frame) {
-				t.Fatalf("AppendWake(%q, %q, %v) = %q, Append gives %q", m.Q, m.P, m.HasP, w, frame)
+		if m.Type == TypeWake {
+			if w := AppendWake(nil, m.Name, []byte(m.Payload), m.HasPayload); !bytes.Equal(w, frame) {
+				t.Fatalf("AppendWake(%q, %q, %v) = %q, Append gives %q", m.Name, m.Payload, m.HasPayload, w, frame)
 			}
 		}
 	}
@@ -173,7 +173,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 	// testing/quick's own strings: random runes of all planes.
 	err := quick.Check(func(typ uint8, q, p, e string, hasP, healthy bool) bool {
-		return roundTrip(Message{T: types[int(typ)%len(types)], Q: q, P: p, HasP: hasP, Healthy: healthy, Error: e})
+		return roundTrip(Message{Type: types[int(typ)%len(types)], Name: q, Payload: p, HasPayload: hasP, Healthy: healthy, Error: e})
 	}, &quick.Config{MaxCount: 20000})
 	if err != nil {
 		t.Fatal(err)
@@ -192,8 +192,8 @@ func TestEncodersDoNotAllocate(t *testing.T) {
 		"AppendWake/0": func() { buf = AppendWake(buf[:0], "chat", nil, false) },
 		"AppendWake/!": func() { buf = AppendWake(buf[:0], "chat", []byte("\xff\u2028"), true) },
 		"AppendStatus": func() { buf = AppendStatus(buf[:0], true) },
-		"Append":       func() { buf = Append(buf[:0], Message{T: "wake", Q: "chat", P: "hi", HasP: true}) },
-		"Append/other": func() { buf = Append(buf[:0], Message{T: "ping", Q: "chat"}) },
+		"Append":       func() { buf = Append(buf[:0], Message{Type: "wake", Name: "chat", Payload: "hi", HasPayload: true}) },
+		"Append/other": func() { buf = Append(buf[:0], Message{Type: "ping", Name: "chat"}) },
 	} {
 		if n := testing.AllocsPerRun(100, f); n != 0 {
 			t.Errorf("%s: %v allocs per run, want 0", name, n)
@@ -214,19 +214,19 @@ func TestOutputIsValidJSON(t *testing.T) {
 }
 
 // The nack for a name that was not valid UTF-8 carries the name's bytes as
-// sent, in base64: decoding the sub and answering with its QRaw gives the
+// sent, in base64: decoding the sub and answering with its NameRaw gives the
 // peer back exactly the bytes it wrote.
-func TestAppendNackQ64(t *testing.T) {
+func TestAppendNackRaw(t *testing.T) {
 	for _, tc := range []struct{ sub, q64 string }{
 		{"{\"t\":\"sub\",\"q\":\"a\xffb\"}", "Yf9i"},
 		{`{"t":"sub","q":"x\ud83d"}`, "eO2gvQ=="},
 		{"{\"t\":\"sub\",\"q\":\"\xed\xa0\xbd\\\"\"}", "7aC9Ig=="},
 	} {
 		m, err := Decode([]byte(tc.sub))
-		if err != nil || !m.QNotUTF8 {
+		if err != nil || !m.NameNotUTF8 {
 			t.Fatalf("%q: %+v, %v", tc.sub, m, err)
 		}
-		b := AppendNackQ64(nil, m.Q, m.QRaw, "invalid channel: not valid UTF-8")
+		b := AppendNackRaw(nil, m.Name, m.NameRaw, "invalid channel: not valid UTF-8")
 		if n := binary.BigEndian.Uint32(b); int(n) != len(b)-4 {
 			t.Fatalf("header %d for a %d-byte body", n, len(b)-4)
 		}
@@ -234,10 +234,10 @@ func TestAppendNackQ64(t *testing.T) {
 		if err := json.Unmarshal(b[4:], &got); err != nil {
 			t.Fatal(err)
 		}
-		if got.T != "nack" || got.Q != m.Q || got.Q64 != tc.q64 || got.Error != "invalid channel: not valid UTF-8" {
+		if got.T != "nack" || got.Q != m.Name || got.Q64 != tc.q64 || got.Error != "invalid channel: not valid UTF-8" {
 			t.Fatalf("%q: nack %s, want q64 %s", tc.sub, b[4:], tc.q64)
 		}
-		if d, err := Decode(b[4:]); err != nil || d.T != "nack" || d.Q != m.Q || d.Error != got.Error {
+		if d, err := Decode(b[4:]); err != nil || d.Type != "nack" || d.Name != m.Name || d.Error != got.Error {
 			t.Fatalf("the nack decodes to %+v, %v", d, err)
 		}
 	}

@@ -19,16 +19,18 @@ package frame
 import (
 	"errors"
 	"strconv"
+
+	"github.com/listenhub/listenhub/internal/wire"
 )
 
 // MaxLen is the largest body a frame may carry: 4 MiB, as in the pgbus hub.
 // Postgres caps a NOTIFY payload at 8000 bytes, so a legitimate frame is far
 // below it even fully escaped; a larger length is a broken or hostile peer,
 // and the reader severs the connection without allocating the body.
-const MaxLen = 4 << 20
+const MaxLen = wire.MaxLen
 
 // Message types the protocol defines. Decode returns these very strings as
-// Message.T, so decoding a known type allocates nothing for T.
+// Message.Type, so decoding a known type allocates nothing for it.
 const (
 	TypeSub    = "sub"
 	TypeUnsub  = "unsub"
@@ -42,49 +44,49 @@ const (
 // another type carries is ignored on input like any unknown field, so that
 // decoding and re-encoding a message gives the same message back.
 //
-//	sub, unsub, ack   T, Q
-//	nack              T, Q, Error
-//	wake              T, Q, P, HasP
-//	status            T, Healthy
-//	anything else     T, and Q when "q" is a string (for the log line)
+//	sub, unsub, ack   Type, Name
+//	nack              Type, Name, Error
+//	wake              Type, Name, Payload, HasPayload
+//	status            Type, Healthy
+//	anything else     Type, and Name when "q" is a string (for the log line)
 type Message struct {
-	// T is the message type. For the six known types it is one of the
+	// Type is the message type. For the six known types it is one of the
 	// Type* constants; any other string is an unknown type, which readers
 	// log and skip (newer peers may send types this version does not know).
-	T string
-	// Q is the subscription name.
-	Q string
-	// P is the NOTIFY payload, when HasP.
-	P string
-	// HasP is true when "p" is a JSON string (an ephemeral wake, whose
+	Type string
+	// Name is the subscription name.
+	Name string
+	// Payload is the NOTIFY payload, when HasPayload.
+	Payload string
+	// HasPayload is true when "p" is a JSON string (an ephemeral wake, whose
 	// payload may be the only copy of the message) and false when it is
 	// null or absent (a durable wake: "something changed, re-read"). An
-	// empty payload string is still HasP.
-	HasP bool
+	// empty payload string is still HasPayload.
+	HasPayload bool
 	// Healthy is the hub's view of its Postgres connection (status).
 	Healthy bool
 	// Error is why a subscription was refused (nack).
 	Error string
-	// QNotUTF8 is true when the "q" the peer sent was not valid UTF-8: it
+	// NameNotUTF8 is true when the "q" the peer sent was not valid UTF-8: it
 	// held bytes that are not UTF-8, or a \u escape of a surrogate that is
-	// not half of a pair. Q then holds U+FFFD in their place, as
+	// not half of a pair. Name then holds U+FFFD in their place, as
 	// encoding/json decodes them, and is not the name the peer meant: an
-	// ack for Q would never match the peer's own name. The hub refuses
+	// ack for Name would never match the peer's own name. The hub refuses
 	// such a sub with nack. The encoders never produce such a frame (they
 	// write U+FFFD), so it does not survive a round trip.
-	QNotUTF8 bool
-	// QRaw, set only with QNotUTF8, is the name as the peer sent it:
+	NameNotUTF8 bool
+	// NameRaw, set only with NameNotUTF8, is the name as the peer sent it:
 	// escapes decoded, bytes that are not UTF-8 kept as they are, and a \u
 	// escape of a surrogate outside a pair as that surrogate's 3-byte form
 	// (WTF-8, which is what Python's "surrogatepass" and Node write for
 	// it). The hub's nack for such a name carries these bytes ("q64",
-	// AppendNackQ64), so that the peer can match it to its sub.
-	QRaw string
+	// AppendNackRaw), so that the peer can match it to its sub.
+	NameRaw string
 }
 
 var (
 	// ErrTooLarge matches (errors.Is) the error for a frame header whose
-	// length is above MaxLen (or a Decoder's Max). It is reported as soon as the 4 header bytes
+	// length is above MaxLen. It is reported as soon as the 4 header bytes
 	// are in, before anything is allocated for the body.
 	ErrTooLarge = errors.New("frame: body length above MaxLen")
 	// ErrMalformed matches (errors.Is) the error for a body that is not a
@@ -110,7 +112,7 @@ type Error struct {
 	// Length is the body length the header announced (ErrTooLarge only).
 	Length uint32
 	// Limit is the largest body the reader accepted (ErrTooLarge only):
-	// MaxLen, or a Decoder's lower Max.
+	// MaxLen, or the lower limit the hub reads workers with.
 	Limit uint32
 }
 

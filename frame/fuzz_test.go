@@ -45,7 +45,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			m2, err := Decode(frame[4:])
 			want := m
-			want.QNotUTF8, want.QRaw = false, "" // the encoders write U+FFFD
+			want.NameNotUTF8, want.NameRaw = false, "" // the encoders write U+FFFD
 			if err != nil || m2 != want {
 				t.Fatalf("round trip of %#v: %q decodes to %#v, %v", m, frame[4:], m2, err)
 			}
@@ -105,7 +105,7 @@ func FuzzRoundTrip(f *testing.F) {
 	f.Add("status", "", "", false, true, "")
 	f.Add("sub", "\u2028<&>\x00", "", false, false, "")
 	f.Fuzz(func(t *testing.T, typ, q, p string, hasP, healthy bool, reason string) {
-		m := Message{T: typ, Q: q, P: p, HasP: hasP, Healthy: healthy, Error: reason}
+		m := Message{Type: typ, Name: q, Payload: p, HasPayload: hasP, Healthy: healthy, Error: reason}
 		frame := Append(nil, m)
 		if n := binary.BigEndian.Uint32(frame); int(n) != len(frame)-4 {
 			t.Fatalf("header %d for a %d-byte body", n, len(frame)-4)

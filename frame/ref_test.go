@@ -23,38 +23,38 @@ func refJSONString(s string) string { return testutil.JSONString(s) }
 // struct fields in the protocol's key order.
 func refBody(m Message) []byte {
 	var v any
-	switch m.T {
+	switch m.Type {
 	case TypeSub, TypeUnsub, TypeAck:
 		v = struct {
 			T string `json:"t"`
 			Q string `json:"q"`
-		}{m.T, m.Q}
+		}{m.Type, m.Name}
 	case TypeNack:
 		v = struct {
 			T     string `json:"t"`
 			Q     string `json:"q"`
 			Error string `json:"error"`
-		}{m.T, m.Q, m.Error}
+		}{m.Type, m.Name, m.Error}
 	case TypeWake:
 		var p *string
-		if m.HasP {
-			p = &m.P
+		if m.HasPayload {
+			p = &m.Payload
 		}
 		v = struct {
 			T string  `json:"t"`
 			Q string  `json:"q"`
 			P *string `json:"p"`
-		}{m.T, m.Q, p}
+		}{m.Type, m.Name, p}
 	case TypeStatus:
 		v = struct {
 			T       string `json:"t"`
 			Healthy bool   `json:"healthy"`
-		}{m.T, m.Healthy}
+		}{m.Type, m.Healthy}
 	default:
 		v = struct {
 			T string `json:"t"`
 			Q string `json:"q,omitempty"`
-		}{m.T, m.Q}
+		}{m.Type, m.Name}
 	}
 	var b bytes.Buffer
 	e := json.NewEncoder(&b)
@@ -85,16 +85,16 @@ func refDecode(body []byte) (m Message, ok bool) {
 	if !isStr {
 		return Message{}, false
 	}
-	m.T = t
+	m.Type = t
 	switch t {
 	case TypeSub, TypeUnsub, TypeAck, TypeNack, TypeWake:
 		q, isStr := obj["q"].(string)
 		if !isStr {
 			return Message{}, false
 		}
-		m.Q = q
-		if m.QNotUTF8 = refNotUTF8(body); m.QNotUTF8 {
-			m.QRaw = refSent(body)
+		m.Name = q
+		if m.NameNotUTF8 = refNotUTF8(body); m.NameNotUTF8 {
+			m.NameRaw = refSent(body)
 		}
 		switch t {
 		case TypeNack:
@@ -108,7 +108,7 @@ func refDecode(body []byte) (m Message, ok bool) {
 		case TypeWake:
 			switch p := obj["p"].(type) {
 			case string:
-				m.P, m.HasP = p, true
+				m.Payload, m.HasPayload = p, true
 			case nil:
 			default:
 				return Message{}, false
@@ -121,7 +121,7 @@ func refDecode(body []byte) (m Message, ok bool) {
 		}
 		m.Healthy = h
 	default:
-		m.Q, _ = obj["q"].(string)
+		m.Name, _ = obj["q"].(string)
 	}
 	return m, true
 }
@@ -136,7 +136,7 @@ func rawQ(body []byte) []byte {
 	return raw[1 : len(raw)-1]
 }
 
-// refSent is the oracle for Message.QRaw: the last "q" of the object body
+// refSent is the oracle for Message.NameRaw: the last "q" of the object body
 // as its sender meant the bytes, collected from the JSON text on its own:
 // escapes decoded, raw bytes kept, a \u surrogate pair as its rune, and a
 // surrogate outside a pair as its 3-byte (WTF-8) form.
@@ -190,7 +190,7 @@ func refSent(body []byte) string {
 	return string(out)
 }
 
-// refNotUTF8 is the oracle for Message.QNotUTF8: whether the last "q" of
+// refNotUTF8 is the oracle for Message.NameNotUTF8: whether the last "q" of
 // the object body, as written, is not valid UTF-8 (a byte outside UTF-8, or
 // a \u escape of a surrogate not in a high-low pair). It collects the
 // string as UTF-16 code units and bytes, the way a reader of the JSON text
@@ -241,20 +241,20 @@ func valid(s string) string { return string([]rune(s)) }
 // normalize is what the wire keeps of m: the fields of its type, with valid
 // UTF-8.
 func normalize(m Message) Message {
-	switch m.T {
+	switch m.Type {
 	case TypeSub, TypeUnsub, TypeAck:
-		return Message{T: m.T, Q: valid(m.Q)}
+		return Message{Type: m.Type, Name: valid(m.Name)}
 	case TypeNack:
-		return Message{T: m.T, Q: valid(m.Q), Error: valid(m.Error)}
+		return Message{Type: m.Type, Name: valid(m.Name), Error: valid(m.Error)}
 	case TypeWake:
-		if !m.HasP {
-			return Message{T: m.T, Q: valid(m.Q)}
+		if !m.HasPayload {
+			return Message{Type: m.Type, Name: valid(m.Name)}
 		}
-		return Message{T: m.T, Q: valid(m.Q), P: valid(m.P), HasP: true}
+		return Message{Type: m.Type, Name: valid(m.Name), Payload: valid(m.Payload), HasPayload: true}
 	case TypeStatus:
-		return Message{T: m.T, Healthy: m.Healthy}
+		return Message{Type: m.Type, Healthy: m.Healthy}
 	}
-	return Message{T: valid(m.T), Q: valid(m.Q)}
+	return Message{Type: valid(m.Type), Name: valid(m.Name)}
 }
 
 // pieces are the building blocks of awkward strings: everything the
@@ -284,11 +284,11 @@ var types = []string{TypeSub, TypeUnsub, TypeAck, TypeNack, TypeWake, TypeStatus
 
 func randMessage(r *rand.Rand) Message {
 	return Message{
-		T:       types[r.IntN(len(types))],
-		Q:       randString(r, 6),
-		P:       randString(r, 20),
-		HasP:    r.IntN(2) == 0,
-		Healthy: r.IntN(2) == 0,
-		Error:   randString(r, 6),
+		Type:       types[r.IntN(len(types))],
+		Name:       randString(r, 6),
+		Payload:    randString(r, 20),
+		HasPayload: r.IntN(2) == 0,
+		Healthy:    r.IntN(2) == 0,
+		Error:      randString(r, 6),
 	}
 }

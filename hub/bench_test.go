@@ -191,10 +191,10 @@ func BenchmarkNotifyLatency64(b *testing.B) {
 				if err != nil {
 					return
 				}
-				if m.T != "wake" {
+				if m.Type != "wake" {
 					continue
 				}
-				sent, _ := strconv.ParseInt(m.P, 10, 64)
+				sent, _ := strconv.ParseInt(m.Payload, 10, 64)
 				lat <- time.Duration(time.Now().UnixNano() - sent)
 			}
 		}()

@@ -114,7 +114,7 @@ func (h *Hub) refuseSubQ64(w *worker, q, sent, reason string) {
 		return
 	}
 	h.stats.nacks.Add(1)
-	h.scratch = frame.AppendNackQ64(h.scratch[:0], q, sent, reason)
+	h.scratch = frame.AppendNackRaw(h.scratch[:0], q, sent, reason)
 	h.enqueueControl(w, h.scratch)
 }
 

@@ -77,7 +77,7 @@ func TestUnknownFrameTypeFreeWhenDebugDisabled(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &worker{id: 1000, fd: 1000, pid: 4000}
-	m := frame.Message{T: "future-extension", Q: "a"}
+	m := frame.Message{Type: "future-extension", Name: "a"}
 	h.handle(w, &m) // the warn line, once
 	if allocs := testing.AllocsPerRun(100, func() { h.handle(w, &m) }); allocs != 0 {
 		t.Fatalf("unknown frame type with debug disabled: %.0f allocs per frame, want 0", allocs)

@@ -51,7 +51,7 @@ func TestDurableWakesDoNotUseTheHardLimit(t *testing.T) {
 	}
 	// It reads: everything in production order.
 	for range fills {
-		if m, err := w.read(timeout); err != nil || m.Q != "fill" {
+		if m, err := w.read(timeout); err != nil || m.Name != "fill" {
 			t.Fatalf("got %+v %v, want a fill wake", m, err)
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"log/slog"
 	"slices"
+	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -14,6 +16,8 @@ import (
 // fdBudget is what the hub knows of its descriptors: the worker cap that
 // RLIMIT_NOFILE leaves, and the spare one. Loop goroutine.
 type fdBudget struct {
+	// heldBack is what ReserveFDs holds back, from any goroutine.
+	heldBack atomic.Int64
 	// maxWorkers is the worker cap in force: Config.MaxWorkers, lowered
 	// at Start to what RLIMIT_NOFILE leaves after the descriptors open
 	// then and fdReserve.
@@ -99,7 +103,7 @@ func (h *Hub) rebudgetFDs() {
 	// Each Postgres connection may need a descriptor of its own to
 	// reconnect, all K at once after a network blip, and they may not
 	// be open yet (Start does not wait for Postgres).
-	reserve := fdReserve + h.cfg.PostgresConnections + h.cfg.ReservedFDs
+	reserve := h.reservedFDs()
 	if rl.Cur < 1<<31 {
 		left := int(rl.Cur) - h.fds.fdBase - reserve - 1 // 1: the spare
 		h.fds.fdWorkers = max(left, 1)
@@ -149,7 +153,7 @@ func (h *Hub) shedNewest() {
 	}
 	h.log.Warn("workers shed: RLIMIT_NOFILE leaves fewer descriptors than they hold; the newest fall back to their own LISTEN",
 		"shed", n, "workers", h.workers.len(), "rlimit_nofile", h.fds.fdLimit, "open_fds", h.fds.fdBase,
-		"fd_reserve", fdReserve+h.cfg.PostgresConnections+h.cfg.ReservedFDs, "newest_kept", newest[n:][0].id)
+		"fd_reserve", h.reservedFDs(), "newest_kept", newest[n:][0].id)
 }
 
 // retakeSpares takes the spare descriptor and the reserve again where an
@@ -217,4 +221,36 @@ func (h *Hub) shedWithSpare() bool {
 			"refused", shed, "workers", h.workers.len(), "max_workers", h.fds.maxWorkers)
 	}
 	return shed > 0
+}
+
+// reservedFDs is how many descriptors are kept out of the worker budget: the
+// hub's own reserve, one per Postgres connection, the embedder's
+// (Config.ReservedFDs) and those of servers beside the hub (ReserveFDs).
+func (h *Hub) reservedFDs() int {
+	return fdReserve + h.cfg.PostgresConnections + h.cfg.ReservedFDs + int(h.fds.heldBack.Load())
+}
+
+// ReserveFDs keeps n more descriptors out of the worker budget until
+// release is called: for a server beside the hub that may hold that many
+// at once (monitor's Server calls it for its capped connections), so that a
+// flood of its connections can take neither the workers' descriptors nor
+// the Postgres reconnect's. Safe from any goroutine, before or after Start;
+// release is safe to call more than once.
+func (h *Hub) ReserveFDs(n int) (release func()) {
+	h.fds.heldBack.Add(int64(n))
+	h.rebudgetSoon()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			h.fds.heldBack.Add(-int64(n))
+			h.rebudgetSoon()
+		})
+	}
+}
+
+// rebudgetSoon has a running hub's loop recompute the worker budget.
+func (h *Hub) rebudgetSoon() {
+	if h.started.Load() && h.loop != nil {
+		_ = h.loop.Post(h.rebudgetFDs)
+	}
 }

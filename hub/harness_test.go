@@ -301,7 +301,7 @@ func (w *tw) readUntilLast(each func(frame.Message)) {
 		if err != nil {
 			w.t.Fatalf("worker: %v", err)
 		}
-		if m.P == "last" {
+		if m.Payload == "last" {
 			return
 		}
 		if each != nil {
@@ -395,7 +395,7 @@ func (w *tw) none() {
 func expectRefusal(t testing.TB, w *tw, reason string) {
 	t.Helper()
 	m, err := w.read(timeout)
-	if err != nil || m.T != "nack" || m.Q != "" || m.Error != reason {
+	if err != nil || m.Type != "nack" || m.Name != "" || m.Error != reason {
 		t.Fatalf("refused worker read %+v, %v; want nack with q \"\" and error %q", m, err, reason)
 	}
 	w.eof()

@@ -52,6 +52,7 @@ import (
 	"github.com/listenhub/listenhub/internal/fdreserve"
 	"github.com/listenhub/listenhub/internal/histogram"
 	"github.com/listenhub/listenhub/internal/pglisten"
+	"github.com/listenhub/listenhub/latency"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -497,13 +498,13 @@ func (h *Hub) Stats() Stats { return h.stats.snapshot() }
 // workers' sockets, one observation per notification routed to at least one
 // worker. Frames a full socket refused are not waited for: this is the
 // hub's own delay, not a slow worker's. Safe from any goroutine.
-func (h *Hub) FanoutLatency() Histogram { return Histogram(h.fanoutLatency.Snapshot()) }
+func (h *Hub) FanoutLatency() latency.Histogram { return h.fanoutLatency.Snapshot() }
 
 // AckLatency returns the histogram of the time from reading a sub to
 // queuing its ack: microseconds for a channel already LISTENed, a Postgres
 // round trip for a new one, longer while the connection is down. Safe from
 // any goroutine.
-func (h *Hub) AckLatency() Histogram { return Histogram(h.ackLatency.Snapshot()) }
+func (h *Hub) AckLatency() latency.Histogram { return h.ackLatency.Snapshot() }
 
 // shutdown is Stop on the loop goroutine.
 func (h *Hub) shutdown() {

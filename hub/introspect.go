@@ -27,20 +27,34 @@ const (
 	WorkerNames = 10
 )
 
-// WorkerSorts returns the orders Hub.Workers accepts (a copy), the default
-// first: id ascending (connection order), then the largest first by
-// pending bytes, frames sent, subscriptions, durable wakes dropped (ties by
-// id).
-func WorkerSorts() []string { return slices.Clone(workerSorts) }
+// Sort is the order of a page of Hub.Workers or Hub.Channels; its values
+// are the words the binary's ?sort= takes.
+type Sort string
 
-// ChannelSorts returns the orders Hub.Channels accepts (a copy), the
-// default first: name ascending, then the largest first by subscribers,
-// NOTIFYs received, wakes delivered (ties by name).
-func ChannelSorts() []string { return slices.Clone(channelSorts) }
+// The orders of Hub.Workers: id ascending (connection order, the default),
+// then the largest first by pending bytes, frames sent, subscriptions,
+// durable wakes dropped (ties by id).
+const (
+	SortID            Sort = "id"
+	SortBacklog       Sort = "backlog"
+	SortSent          Sort = "sent"
+	SortSubscriptions Sort = "subscriptions"
+	SortDropped       Sort = "dropped"
+)
 
-var workerSorts = []string{"id", "backlog", "sent", "subscriptions", "dropped"}
+// The orders of Hub.Channels: name ascending (the default), then the
+// largest first by subscribers, NOTIFYs received, wakes delivered (ties by
+// name).
+const (
+	SortName        Sort = "name"
+	SortSubscribers Sort = "subscribers"
+	SortReceived    Sort = "received"
+	SortDelivered   Sort = "delivered"
+)
 
-var channelSorts = []string{"name", "subscribers", "received", "delivered"}
+var workerSorts = []Sort{SortID, SortBacklog, SortSent, SortSubscriptions, SortDropped}
+
+var channelSorts = []Sort{SortName, SortSubscribers, SortReceived, SortDelivered}
 
 // ListOptions selects a page of Hub.Workers or Hub.Channels.
 type ListOptions struct {
@@ -49,8 +63,9 @@ type ListOptions struct {
 	Limit int
 	// Offset skips that many entries of the sorted list.
 	Offset int
-	// Sort is one of WorkerSorts or ChannelSorts; empty means the first.
-	Sort string
+	// Sort is one of the orders of the list asked for; empty means its
+	// default (SortID, SortName).
+	Sort Sort
 }
 
 // WorkerInfo is one connected worker. The JSON names are those of the
@@ -81,7 +96,7 @@ type WorkerList struct {
 	Total   int          `json:"total"` // workers connected, all pages
 	Offset  int          `json:"offset"`
 	Limit   int          `json:"limit"`
-	Sort    string       `json:"sort"`
+	Sort    Sort         `json:"sort"`
 	Workers []WorkerInfo `json:"workers"`
 }
 
@@ -108,7 +123,7 @@ type ChannelList struct {
 	Total    int           `json:"total"` // channels in the union, all pages
 	Offset   int           `json:"offset"`
 	Limit    int           `json:"limit"`
-	Sort     string        `json:"sort"`
+	Sort     Sort          `json:"sort"`
 	Channels []ChannelInfo `json:"channels"`
 }
 
@@ -116,7 +131,7 @@ type ChannelList struct {
 // running (not started yet, or stopped).
 var ErrNotRunning = errors.New("hub: not running")
 
-func (o ListOptions) check(sorts []string) (ListOptions, error) {
+func (o ListOptions) check(sorts []Sort) (ListOptions, error) {
 	if o.Sort == "" {
 		o.Sort = sorts[0]
 	}
@@ -153,7 +168,7 @@ func (h *Hub) Channels(ctx context.Context, opts ListOptions) (ChannelList, erro
 
 // listPage checks opts against sorts, waits for s's snapshot and returns
 // the page of it.
-func listPage[L any](ctx context.Context, h *Hub, opts ListOptions, sorts []string, s *snapper, page func(*snapJob, ListOptions) L) (L, error) {
+func listPage[L any](ctx context.Context, h *Hub, opts ListOptions, sorts []Sort, s *snapper, page func(*snapJob, ListOptions) L) (L, error) {
 	var none L
 	opts, err := opts.check(sorts)
 	if err != nil {

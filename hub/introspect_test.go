@@ -294,7 +294,7 @@ func TestSnapshotPageMatchesSort(t *testing.T) {
 				ws.names = append(ws.names, fmt.Sprint(k))
 			}
 		}
-		for _, sort := range WorkerSorts() {
+		for _, sort := range workerSorts {
 			all := ws.page(ListOptions{Sort: sort, Limit: MaxListLimit}).Workers
 			_, key := workerKey(sort)
 			want := slices.Clone(ws.recs)

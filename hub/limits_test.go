@@ -351,7 +351,7 @@ func TestLogRateLimited(t *testing.T) {
 	go w.c.Write(flood)
 	for range n {
 		m, err := w.read(timeout)
-		if err != nil || m.T != "nack" {
+		if err != nil || m.Type != "nack" {
 			t.Fatalf("got %+v, %v", m, err)
 		}
 	}

@@ -59,7 +59,7 @@ func TestAnswersBackpressure(t *testing.T) {
 
 	for i := range n {
 		m, err := flood.read(timeout)
-		if err != nil || m.T != "nack" || m.Q != bad {
+		if err != nil || m.Type != "nack" || m.Name != bad {
 			t.Fatalf("answer %d: %+v, %v", i, m, err)
 		}
 	}
@@ -106,7 +106,7 @@ func TestPausedWorkerKeepsItsPartialFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if m, err := w.read(timeout); err != nil || m.T != "nack" || m.Q != bad {
+		if m, err := w.read(timeout); err != nil || m.Type != "nack" || m.Name != bad {
 			t.Fatalf("answer %d: %+v, %v", i, m, err)
 		}
 	}
@@ -178,7 +178,7 @@ func TestOutboundBudgetEvictsLargest(t *testing.T) {
 	go e.notify("small", "last")
 	got := 0
 	small.readUntilLast(func(m frame.Message) {
-		if m.T == "wake" && m.P == payload {
+		if m.Type == "wake" && m.Payload == payload {
 			got++
 		}
 	})

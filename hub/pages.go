@@ -294,16 +294,16 @@ func pageAt[R any, K cmp.Ordered](recs []R, from int, orders []atomic.Pointer[[]
 	return func(i int) *R { return &recs[order[from+i]] }
 }
 
-// workerKey is the sort key of WorkerSorts()[1:].
-func workerKey(sort string) (int, func(*workerRec) int64) {
+// workerKey is the sort key of the worker orders but SortID.
+func workerKey(sort Sort) (int, func(*workerRec) int64) {
 	switch sort {
-	case "backlog":
+	case SortBacklog:
 		return 0, func(r *workerRec) int64 { return int64(r.backlogBytes) }
-	case "sent":
+	case SortSent:
 		return 1, func(r *workerRec) int64 { return int64(r.framesSent) }
-	case "subscriptions":
+	case SortSubscriptions:
 		return 2, func(r *workerRec) int64 { return int64(r.subs) }
-	case "dropped":
+	case SortDropped:
 		return 3, func(r *workerRec) int64 { return int64(r.durableDropped) }
 	}
 	return -1, nil
@@ -406,13 +406,13 @@ func (cs *channelSnap) names() []chanRec {
 	return uniqueOnce(&cs.byName, cs.recs, func(r *chanRec) string { return r.q })
 }
 
-func channelKey(sort string) (int, func(*chanRec) int64) {
+func channelKey(sort Sort) (int, func(*chanRec) int64) {
 	switch sort {
-	case "subscribers":
+	case SortSubscribers:
 		return 0, func(r *chanRec) int64 { return int64(r.subs) }
-	case "received":
+	case SortReceived:
 		return 1, func(r *chanRec) int64 { return int64(r.received) }
-	case "delivered":
+	case SortDelivered:
 		return 2, func(r *chanRec) int64 { return int64(r.delivered) }
 	}
 	return -1, nil

@@ -211,17 +211,17 @@ func TestPGAckContract(t *testing.T) {
 					return
 				}
 				switch {
-				case m.T == "ack" && resub:
+				case m.Type == "ack" && resub:
 					resub = false
 					w.unsub(q)
 					w.sub(q)
-				case m.T == "ack":
+				case m.Type == "ack":
 					r.ackAt = time.Now()
-				case m.T == "wake" && m.P == "end":
+				case m.Type == "wake" && m.Payload == "end":
 					results[k] = r
 					return
-				case m.T == "wake":
-					n, _ := strconv.Atoi(m.P)
+				case m.Type == "wake":
+					n, _ := strconv.Atoi(m.Payload)
 					r.got[n] = true
 				}
 			}
@@ -319,8 +319,8 @@ func TestPGWedgedWorkerEphemeral(t *testing.T) {
 				got <- fmt.Errorf("sibling at %d: %v", i, err)
 				return
 			}
-			if !strings.HasPrefix(m.P, fmt.Sprintf("%d:", i)) {
-				got <- fmt.Errorf("sibling wake %d: %.12q, out of order", i, m.P)
+			if !strings.HasPrefix(m.Payload, fmt.Sprintf("%d:", i)) {
+				got <- fmt.Errorf("sibling wake %d: %.12q, out of order", i, m.Payload)
 				return
 			}
 			read.Store(int64(i))
@@ -546,10 +546,10 @@ func TestPGTenThousandSubsAtOnce(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %d acks: %v", len(got), err)
 		}
-		if m.T != "ack" || got[m.Q] {
+		if m.Type != "ack" || got[m.Name] {
 			t.Fatalf("after %d acks: %+v", len(got), m)
 		}
-		got[m.Q] = true
+		got[m.Name] = true
 	}
 	if s := e.h.Stats(); s.Evictions != 0 || s.Workers != 1 || s.Nacks != 0 {
 		t.Fatalf("stats %+v", s)

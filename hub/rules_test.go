@@ -227,7 +227,7 @@ func TestChannelMapping(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.T != "nack" || m.Q != c.q || m.Error != c.reason {
+		if m.Type != "nack" || m.Name != c.q || m.Error != c.reason {
 			t.Fatalf("sub %q: got %+v, want nack %q", c.q, m, c.reason)
 		}
 	}
@@ -297,7 +297,7 @@ func TestDurableLimit(t *testing.T) {
 		t.Fatalf("dropped %d evictions %d; want 6 and 0", s.DurableDropped, s.Evictions)
 	}
 	for range fills {
-		if m, err := w.read(timeout); err != nil || m.Q != "fill" {
+		if m, err := w.read(timeout); err != nil || m.Name != "fill" {
 			t.Fatalf("got %+v %v, want a fill wake", m, err)
 		}
 	}
@@ -362,7 +362,7 @@ func TestWedgedWorkerDurable(t *testing.T) {
 	// Read it all: the fill frames first, then one wake each for a, b, c.
 	for range fills {
 		m, err := w.read(timeout)
-		if err != nil || m.T != "wake" || m.Q != "fill" {
+		if err != nil || m.Type != "wake" || m.Name != "fill" {
 			t.Fatalf("got %+v %v, want a fill wake", m, err)
 		}
 	}
@@ -393,11 +393,11 @@ func TestEvictionByFrames(t *testing.T) {
 		var got []string
 		for {
 			m, err := sib.read(timeout)
-			if err != nil || m.P == "end" {
+			if err != nil || m.Payload == "end" {
 				done <- got
 				return
 			}
-			got = append(got, m.P)
+			got = append(got, m.Payload)
 			read.Add(1)
 		}
 	}()
@@ -466,8 +466,8 @@ func TestReadingWorkerKeepsABurst(t *testing.T) {
 		if err != nil {
 			t.Fatalf("wake %d of %d: %v (stats %+v)", i, n, err, e.h.Stats())
 		}
-		if want := fmt.Sprintf(`{"queue":"q%d"}`, i); m.P != want {
-			t.Fatalf("wake %d is %q, want %q", i, m.P, want)
+		if want := fmt.Sprintf(`{"queue":"q%d"}`, i); m.Payload != want {
+			t.Fatalf("wake %d is %q, want %q", i, m.Payload, want)
 		}
 	}
 	if s := e.h.Stats(); s.Evictions != 0 || s.Workers != 1 {
@@ -497,8 +497,8 @@ func TestBusyLoopIsNotAStalledWorker(t *testing.T) {
 				done <- fmt.Errorf("wake %d of %d: %w", i, n, err)
 				return
 			}
-			if want := fmt.Sprintf("%d:%s", i, pad); m.P != want {
-				done <- fmt.Errorf("wake %d is %q", i, m.P)
+			if want := fmt.Sprintf("%d:%s", i, pad); m.Payload != want {
+				done <- fmt.Errorf("wake %d is %q", i, m.Payload)
 				return
 			}
 		}
@@ -549,8 +549,8 @@ func TestSlowReaderNotEvicted(t *testing.T) {
 		if err != nil {
 			t.Fatalf("wake %d of %d: %v (stats %+v)", i, n, err, e.h.Stats())
 		}
-		if !strings.HasPrefix(m.P, fmt.Sprintf("%d:", i)) {
-			t.Fatalf("wake %d out of order: %.10q", i, m.P)
+		if !strings.HasPrefix(m.Payload, fmt.Sprintf("%d:", i)) {
+			t.Fatalf("wake %d out of order: %.10q", i, m.Payload)
 		}
 		if i%50 == 49 {
 			time.Sleep(stall / 30) // the slow reader's pace, not a wait for anything

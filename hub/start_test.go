@@ -235,3 +235,27 @@ func TestRunStopsWhenContextEnds(t *testing.T) {
 		t.Fatalf("socket file after Run: %v, want it removed", err)
 	}
 }
+
+// ReserveFDs takes descriptors out of a running hub's worker budget (a
+// server beside the hub holding connections), and release gives them back,
+// once however often it is called.
+func TestReserveFDsLowersTheWorkerBudget(t *testing.T) {
+	e := newEnvPG(t, nil, false)
+	budget := func() (n int) {
+		e.do(func() { n = e.h.fds.fdWorkers })
+		return n
+	}
+	before := budget()
+	if before == maxInt {
+		t.Skip("RLIMIT_NOFILE is unlimited: no worker budget to lower")
+	}
+	release := e.h.ReserveFDs(18)
+	if got := budget(); got != before-18 {
+		t.Fatalf("worker budget %d after reserving 18, want %d", got, before-18)
+	}
+	release()
+	release()
+	if got := budget(); got != before {
+		t.Fatalf("worker budget %d after release, want %d back", got, before)
+	}
+}

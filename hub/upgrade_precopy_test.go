@@ -96,12 +96,12 @@ func (b *backlogWorker) read(t *testing.T, n int) {
 		if err != nil {
 			t.Fatalf("worker read, expecting wake %d: %v", b.next, err)
 		}
-		if m.T == "status" {
+		if m.Type == "status" {
 			continue
 		}
-		seq, _, _ := strings.Cut(m.P, ":")
-		if m.T != "wake" || m.Q != "big" || seq != strconv.Itoa(b.next) || len(m.P) != len(seq)+1+7900 {
-			t.Fatalf("worker got %s %q %q... (%d bytes), want wake %d: lost, duplicated or torn", m.T, m.Q, seq, len(m.P), b.next)
+		seq, _, _ := strings.Cut(m.Payload, ":")
+		if m.Type != "wake" || m.Name != "big" || seq != strconv.Itoa(b.next) || len(m.Payload) != len(seq)+1+7900 {
+			t.Fatalf("worker got %s %q %q... (%d bytes), want wake %d: lost, duplicated or torn", m.Type, m.Name, seq, len(m.Payload), b.next)
 		}
 		b.next++
 		n--
@@ -240,7 +240,7 @@ func TestHandoverPrecopied(t *testing.T) {
 	}
 	b.read(t, b.sent-b.next+1)
 	env.exec(`NOTIFY big, 'after:` + strings.Repeat("x", 7900) + `'`)
-	if m, err := b.tw.read(timeout); err != nil || m.T != "wake" || !strings.HasPrefix(m.P, "after:") {
+	if m, err := b.tw.read(timeout); err != nil || m.Type != "wake" || !strings.HasPrefix(m.Payload, "after:") {
 		t.Fatalf("after the backlog: %+v, %v; want the new wake", m, err)
 	}
 	b.none()

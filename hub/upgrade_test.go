@@ -100,8 +100,8 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 	}
 	// The rest of the partial inbound frame completes it.
 	nw.dec.Feed(sub[len(sub)-3:])
-	m, ok, err := nw.dec.Next()
-	if err != nil || !ok || m.T != "sub" || m.Q != "b" {
+	m, ok, err := nw.next()
+	if err != nil || !ok || m.Type != "sub" || m.Name != "b" {
 		t.Errorf("inbound frame after the hand-over: %+v %v %v", m, ok, err)
 	}
 	// Written out, the bytes make whole frames: the partial first one's
@@ -118,7 +118,7 @@ func TestHandedWorkerRoundTrip(t *testing.T) {
 		if !ok {
 			break
 		}
-		types = append(types, m.T)
+		types = append(types, m.Type)
 	}
 	if got := len(types); got != 4 {
 		t.Errorf("decoded %v, want 4 frames", types)

@@ -9,6 +9,7 @@ import (
 	"github.com/listenhub/listenhub/internal/channame"
 	"github.com/listenhub/listenhub/internal/enum"
 	"github.com/listenhub/listenhub/internal/ring"
+	"github.com/listenhub/listenhub/internal/wire"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -56,7 +57,7 @@ type worker struct {
 	tok      loop.Token
 	pid, uid int32
 
-	dec frame.Decoder
+	dec wire.Decoder
 	// out holds the frames produced and not yet taken by the kernel, in
 	// production order; its Max is HardQueueBytes. Empty, it holds no
 	// storage.
@@ -285,7 +286,7 @@ func (h *Hub) read(w *worker) {
 	w.dec.FeedBorrowed(h.rbuf[:n])
 	decoded := false
 	for !w.closed {
-		m, ok, err := w.dec.Next()
+		m, ok, err := w.next()
 		if err != nil {
 			h.stats.protocolErrors.Add(1)
 			if h.logOK(logProtocol, slog.LevelWarn) {
@@ -341,21 +342,21 @@ func (h *Hub) read(w *worker) {
 }
 
 func (h *Hub) handle(w *worker, m *frame.Message) {
-	switch m.T {
+	switch m.Type {
 	case "sub":
-		if m.QNotUTF8 {
+		if m.NameNotUTF8 {
 			// Decoded with U+FFFD in it, the name is not the one the
 			// worker meant: an ack for it would never match. The nack
 			// carries the bytes it sent ("q64"), which the worker can.
-			h.refuseSubQ64(w, m.Q, m.QRaw, channame.ErrNotUTF8.Error())
+			h.refuseSubQ64(w, m.Name, m.NameRaw, channame.ErrNotUTF8.Error())
 			return
 		}
-		h.subscribe(w, m.Q)
+		h.subscribe(w, m.Name)
 	case "unsub":
-		if m.QNotUTF8 {
+		if m.NameNotUTF8 {
 			return // never subscribed: its sub was refused
 		}
-		h.unsubscribe(w, m.Q)
+		h.unsubscribe(w, m.Name)
 	default:
 		// Unknown (or hub-to-worker) types are skipped: a newer client
 		// may speak an extension this hub does not know.
@@ -368,7 +369,7 @@ func (h *Hub) handle(w *worker, m *frame.Message) {
 		// when the level is off.
 		if h.logOK(logUnknownType, level) {
 			h.logLine(logUnknownType, level, "worker sent an unknown frame type; skipped",
-				append(w.logAttrs(), "type", logName(m.T))...)
+				append(w.logAttrs(), "type", logName(m.Type))...)
 		}
 	}
 }
@@ -409,7 +410,7 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 	if w.hold == holdPaused {
 		h.stats.paused.Add(-1)
 	}
-	w.dec = frame.Decoder{}
+	w.dec = wire.Decoder{}
 	h.untrack(w)
 	w.subs.reset()
 	if h.logOK(logDisconnect, slog.LevelInfo) { // as in admit: the arguments would allocate for nothing
@@ -422,4 +423,22 @@ func (h *Hub) closeWorker(w *worker, reason closeReason, err error) {
 	if !h.closed {
 		h.closedWorkers = append(h.closedWorkers, w) // reused after this iteration
 	}
+}
+
+// next decodes the worker's next whole frame from its splitter. The error
+// for an oversized header is frame's, so that the log says what a worker in
+// Go would be told by frame.Decoder.
+func (w *worker) next() (m frame.Message, ok bool, err error) {
+	body, ok, err := w.dec.Next()
+	le, tooLarge := err.(*wire.LengthError)
+	switch {
+	case tooLarge:
+		return m, false, &frame.Error{Err: frame.ErrTooLarge, Offset: -1, Length: le.Length, Limit: le.Limit}
+	case err != nil || !ok:
+		return m, false, err
+	}
+	if m, err = frame.Decode(body); err != nil {
+		return m, false, w.dec.Fail(err)
+	}
+	return m, true, nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/latency"
 )
 
 // The /metrics families, hand-written in the Prometheus text format
@@ -80,7 +81,7 @@ func writeMetrics(buf *bytes.Buffer, s hub.Stats) {
 
 // writeMoreMetrics writes every family of a hub that is not in the
 // metrics table.
-func writeMoreMetrics(buf *bytes.Buffer, fanout, ack hub.Histogram, b build) {
+func writeMoreMetrics(buf *bytes.Buffer, fanout, ack latency.Histogram, b build) {
 	writeHistogram(buf, "listenhub_fanout_latency_seconds",
 		"Time from reading a NOTIFY from the Postgres socket to the write that handed its frames to the workers' sockets, per NOTIFY delivered.", fanout)
 	writeHistogram(buf, "listenhub_ack_latency_seconds",
@@ -102,7 +103,7 @@ func writeSample(buf *bytes.Buffer, name, typ, help string, v float64) {
 }
 
 // writeHistogram writes h as a Prometheus histogram in seconds.
-func writeHistogram(buf *bytes.Buffer, name, help string, h hub.Histogram) {
+func writeHistogram(buf *bytes.Buffer, name, help string, h latency.Histogram) {
 	fmt.Fprintf(buf, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
 	for i, b := range h.Bounds {
 		var c uint64

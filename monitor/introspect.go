@@ -138,7 +138,7 @@ func serveList[T any](in *introspection, w http.ResponseWriter, r *http.Request,
 		writeJSONError(w, http.StatusBadRequest, fmt.Errorf("limit=0: want 1..%d", hub.MaxListLimit))
 		return
 	}
-	o.Sort = q.Get("sort")
+	o.Sort = hub.Sort(q.Get("sort"))
 	select {
 	case in.slots <- struct{}{}:
 		defer func() { <-in.slots }()

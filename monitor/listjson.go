@@ -26,12 +26,12 @@ import (
 const listChunk = 256
 
 func appendWorkerList(ctx context.Context, b []byte, l hub.WorkerList) ([]byte, error) {
-	b = appendListHead(b, l.Total, l.Offset, l.Limit, l.Sort, "workers")
+	b = appendListHead(b, l.Total, l.Offset, l.Limit, string(l.Sort), "workers")
 	return appendEntries(ctx, b, l.Workers, appendWorkerInfo)
 }
 
 func appendChannelList(ctx context.Context, b []byte, l hub.ChannelList) ([]byte, error) {
-	b = appendListHead(b, l.Total, l.Offset, l.Limit, l.Sort, "channels")
+	b = appendListHead(b, l.Total, l.Offset, l.Limit, string(l.Sort), "channels")
 	return appendEntries(ctx, b, l.Channels, appendChannelInfo)
 }
 

@@ -27,8 +27,7 @@ func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{}, &db) }
 func startHub(t *testing.T) (*hub.Hub, string) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "hub.sock")
-	h, err := hub.New(hub.Config{SocketPath: sock, DatabaseURL: db.URL(), ApplicationName: "listenhub-monitor-test",
-		ReservedFDs: ReservedFDs})
+	h, err := hub.New(hub.Config{SocketPath: sock, DatabaseURL: db.URL(), ApplicationName: "listenhub-monitor-test"})
 	if err != nil {
 		t.Fatal(err)
 	}

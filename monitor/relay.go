@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/relay"
 )
 
@@ -175,9 +174,9 @@ func writeRelayMetrics(buf *bytes.Buffer, rl *relay.Relay) {
 	h := rl.CommitToNotify()
 	writeHistogram(buf, "listenhub_relay_commit_to_notify_seconds",
 		"Per transaction: from its commit timestamp (the server's clock) to the commit of the NOTIFY that covered it.",
-		hub.Histogram(h))
+		h)
 	d := rl.CommitToDecode()
 	writeHistogram(buf, "listenhub_relay_commit_to_decode_seconds",
 		"Per transaction: from its commit timestamp to the relay reading its Commit message (the server's share of commit_to_notify).",
-		hub.Histogram(d))
+		d)
 }

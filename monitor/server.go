@@ -22,7 +22,7 @@ import (
 
 // The bounds of a Server. Anyone who can connect to its address can open
 // connections, so each is timed and their number capped; the descriptors
-// they take are reserved in the hub's budget (ReservedFDs), so that a
+// they take are reserved in the hub's budget (Hub.ReserveFDs), so that a
 // flood of them can take neither the workers' descriptors nor the Postgres
 // reconnect's.
 const (
@@ -32,10 +32,11 @@ const (
 	// it; with none idle it waits for one to end, which the timeouts
 	// below bound.
 	maxConns = 16
-	// ReservedFDs is the most descriptors a Server holds: the capped
-	// connections, the one waiting past the cap, and the listener. Add it
-	// to hub.Config.ReservedFDs, so that the hub leaves them free.
-	ReservedFDs = maxConns + 2
+	// reservedFDs is the most descriptors a Server holds: the capped
+	// connections, the one waiting past the cap, and the listener. A
+	// Server keeps them out of its hub's worker budget while it runs
+	// (Hub.ReserveFDs).
+	reservedFDs = maxConns + 2
 )
 
 const (
@@ -68,6 +69,8 @@ type Server struct {
 	srv  *http.Server
 	cl   *connLimiter
 	done chan struct{} // closed when Serve has returned
+	// release gives the hub back the descriptors the server reserved.
+	release func()
 }
 
 // Start listens on addr (host:port, TCP) and serves h and o there in the
@@ -88,6 +91,7 @@ func Start(ctx context.Context, addr string, h *hub.Hub, o Options) (*Server, er
 // background; the Server owns ln from now on.
 func StartListener(ln net.Listener, h *hub.Hub, o Options) *Server {
 	s := &Server{srv: newHTTPServer(Handler(h, o)), cl: newConnLimiter(ln, maxConns), done: make(chan struct{})}
+	s.release = h.ReserveFDs(reservedFDs)
 	s.cl.log = o.Logger
 	if s.cl.log == nil {
 		s.cl.log = slog.Default()
@@ -110,6 +114,9 @@ func (s *Server) Addr() net.Addr { return s.cl.Addr() }
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.Shutdown(ctx)
 	s.cl.Close() // in case Serve had not begun
+	if err == nil {
+		s.release()
+	}
 	return err
 }
 
@@ -117,6 +124,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) Close() error {
 	err := s.srv.Close()
 	s.cl.Close()
+	s.release()
 	return err
 }
 

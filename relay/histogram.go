@@ -1,38 +1,11 @@
 package relay
 
-import (
-	"slices"
-	"time"
+import "time"
 
-	"github.com/listenhub/listenhub/internal/histogram"
-)
-
-// Histogram is a snapshot of one of the relay's latency histograms, in
-// the shape of a Prometheus histogram. It is hub.Histogram's twin: the
-// relay builds where the hub does not (Windows), so it cannot return the
-// hub's type.
-type Histogram struct {
-	// Bounds are the buckets' upper bounds (inclusive), ascending.
-	Bounds []time.Duration
-	// Counts[i] is the number of observations <= Bounds[i] (cumulative).
-	Counts []uint64
-	// Count is the number of every observation (the +Inf bucket).
-	Count uint64
-	// Sum is the sum of every observation.
-	Sum time.Duration
-}
-
-// Quantile estimates the q-quantile (0..1) from the buckets: the upper
-// bound of the bucket it falls in (the last bound for the overflow), 0
-// with no observation.
-func (h Histogram) Quantile(q float64) time.Duration { return histogram.Histogram(h).Quantile(q) }
-
-// CommitToNotifyBounds returns (a copy of) the buckets of
-// Relay.CommitToNotify: an idle relay NOTIFYs a few hundred microseconds
-// after the commit; a window, a visibility wait or a busy server add
-// milliseconds; seconds mean a backlog (a replay after a restart).
-func CommitToNotifyBounds() []time.Duration { return slices.Clone(commitToNotifyBounds) }
-
+// commitToNotifyBounds are the buckets of Relay.CommitToNotify: an idle
+// relay NOTIFYs a few hundred microseconds after the commit; a window, a
+// visibility wait or a busy server add milliseconds; seconds mean a backlog
+// (a replay after a restart).
 var commitToNotifyBounds = []time.Duration{
 	250 * time.Microsecond, 500 * time.Microsecond, time.Millisecond,
 	2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond,

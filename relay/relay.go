@@ -34,6 +34,7 @@ import (
 	"github.com/listenhub/listenhub/internal/defaults"
 	"github.com/listenhub/listenhub/internal/enum"
 	"github.com/listenhub/listenhub/internal/histogram"
+	"github.com/listenhub/listenhub/latency"
 )
 
 // Defaults of Options (and of the command's flags).
@@ -390,13 +391,13 @@ func (r *Relay) setLastError(s string) {
 // CommitToNotify returns the histogram of the time from a transaction's
 // commit (its commit timestamp, the server's clock) to the commit of the
 // NOTIFY transaction that covered it (the relay's clock), per transaction.
-func (r *Relay) CommitToNotify() Histogram { return Histogram(r.hist.Snapshot()) }
+func (r *Relay) CommitToNotify() latency.Histogram { return r.hist.Snapshot() }
 
 // CommitToDecode returns the histogram of the time from a transaction's
 // commit timestamp to the relay reading its Commit message, per
 // transaction: the server's (walsender's) share of CommitToNotify. Same
 // buckets.
-func (r *Relay) CommitToDecode() Histogram { return Histogram(r.decodeHist.Snapshot()) }
+func (r *Relay) CommitToDecode() latency.Histogram { return r.decodeHist.Snapshot() }
 
 // setState sets the state; a warning belongs to the state it was found in.
 func (r *Relay) setState(s State) {

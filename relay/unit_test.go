@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/listenhub/listenhub/internal/histogram"
+	"github.com/listenhub/listenhub/latency"
 )
 
 func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
@@ -202,11 +203,11 @@ func BenchmarkReaderInsert(b *testing.B) {
 // until wal_sender_timeout) lands in a bucket of its own size, not in a
 // 10 s top bucket.
 func TestCommitToNotifyBoundsMinutes(t *testing.T) {
-	b := CommitToNotifyBounds()
+	b := commitToNotifyBounds
 	if last := b[len(b)-1]; last < time.Hour {
 		t.Fatalf("the top bucket is %v, want at least an hour", last)
 	}
-	h := Histogram{Bounds: b, Counts: make([]uint64, len(b)), Count: 10}
+	h := latency.Histogram{Bounds: b, Counts: make([]uint64, len(b)), Count: 10}
 	for i, bound := range b {
 		if bound >= 57*time.Second {
 			h.Counts[i] = 10 // ten delays of 57 s

@@ -527,20 +527,20 @@ func TestAttackSubscriptionCaps(t *testing.T) {
 	rss1 := h.rssKiB()
 
 	// Past the caps: refused, the connection stays and is served.
-	if m := ws[0].answer("a0.over"); m.T != "nack" || m.Error != "too many subscriptions" {
+	if m := ws[0].answer("a0.over"); m.Type != "nack" || m.Error != "too many subscriptions" {
 		t.Fatalf("sub past --max-subscriptions: %+v", m)
 	}
-	if m := ws[4].answer("a4.over"); m.T != "nack" || m.Error != "too many channels" {
+	if m := ws[4].answer("a4.over"); m.Type != "nack" || m.Error != "too many channels" {
 		t.Fatalf("sub past --max-channels: %+v", m)
 	}
-	if m := ws[4].answer("a0.7"); m.T != "ack" { // a channel the hub has: no new one
+	if m := ws[4].answer("a0.7"); m.Type != "ack" { // a channel the hub has: no new one
 		t.Fatalf("sub of a listened channel at --max-channels: %+v", m)
 	}
-	if m := ws[0].answer("a0.9999"); m.T != "ack" {
+	if m := ws[0].answer("a0.9999"); m.Type != "ack" {
 		t.Fatalf("sub after the nack: %+v", m)
 	}
 	notify(t, "NOTIFY \"a0.9999\", 'still served'")
-	if m := ws[0].nextMessage(); m.T != "wake" || m.P != "still served" {
+	if m := ws[0].nextMessage(); m.Type != "wake" || m.Payload != "still served" {
 		t.Fatalf("worker at the cap: %+v", m)
 	}
 	// Stays healthy: a few health-check intervals at --max-channels.
@@ -573,7 +573,7 @@ func TestAttackFastSubscriber(t *testing.T) {
 	}
 	acked := time.Since(start)
 	notify(t, "NOTIFY \"d1.9999\", 'x'")
-	if m := ws[1].nextMessage(); m.T != "wake" || m.Q != "d1.9999" {
+	if m := ws[1].nextMessage(); m.Type != "wake" || m.Name != "d1.9999" {
 		t.Fatalf("got %+v", m)
 	}
 	h.healthyThroughout()
@@ -597,14 +597,14 @@ func TestAttackInvalidUTF8(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := w.nextMessage()
-		if m.T != "nack" || !strings.Contains(m.Error, "UTF-8") {
+		if m.Type != "nack" || !strings.Contains(m.Error, "UTF-8") {
 			t.Fatalf("sub %q: %+v, want a nack about UTF-8", body, m)
 		}
 	}
 	sib.await(25)
 	w.sub("utf8.ok")
 	notify(t, "NOTIFY \"utf8.ok\", 'served'")
-	if m := w.nextMessage(); m.T != "wake" || m.P != "served" {
+	if m := w.nextMessage(); m.Type != "wake" || m.Payload != "served" {
 		t.Fatalf("after the nacks: %+v", m)
 	}
 	if n := h.metric("listenhub_protocol_errors_total"); n != 0 {
@@ -643,7 +643,7 @@ func startProber(t testing.TB, socket string, every time.Duration) *prober {
 				p.fail(err)
 				return false
 			}
-			if m.T == "nack" && m.Q == q {
+			if m.Type == "nack" && m.Name == q {
 				break
 			}
 		}
@@ -1010,7 +1010,7 @@ func TestAttackEMFILE(t *testing.T) {
 	// Postgres backend gone: the reconnect needs a descriptor.
 	reconnect := h.reconnectAfterTerminate(30 * time.Second)
 	ws[0].status(true)
-	if m := ws[0].expect("wake"); m.Q != "emfile" || m.HasP {
+	if m := ws[0].expect("wake"); m.Name != "emfile" || m.HasPayload {
 		t.Fatalf("resync wake %+v", m)
 	}
 	var worst time.Duration
@@ -1022,7 +1022,7 @@ func TestAttackEMFILE(t *testing.T) {
 		worst = max(worst, d)
 	}
 	notify(t, "NOTIFY emfile, 'after'")
-	if m := ws[0].expect("wake"); m.P != "after" {
+	if m := ws[0].expect("wake"); m.Payload != "after" {
 		t.Fatalf("after the reconnect: %+v", m)
 	}
 	if strings.Contains(h.log.since(t, 0), "too many open files") {
@@ -1109,12 +1109,12 @@ func TestAttackPostgresDownPendingSubs(t *testing.T) {
 			if err != nil {
 				t.Fatalf("worker %d after %d acks: %v", i, acked, err)
 			}
-			switch m.T {
+			switch m.Type {
 			case "ack":
 				acked++
 			case "status":
 			case "wake":
-				if m.HasP {
+				if m.HasPayload {
 					t.Fatalf("worker %d: %+v, a payload from nowhere", i, m)
 				}
 				// The resync's durable wake (rule 7): harmless.

@@ -122,14 +122,14 @@ func TestAttackNackFlood(t *testing.T) {
 		if err != nil {
 			t.Fatalf("flooder 0, after %d nacks of %d: %v", nacks, want, err)
 		}
-		if m.T == "nack" && m.Q == bad {
+		if m.Type == "nack" && m.Name == bad {
 			nacks++
 			continue
 		}
-		if m.T == "ack" && m.Q == "ok.after.flood" {
+		if m.Type == "ack" && m.Name == "ok.after.flood" {
 			break
 		}
-		if m.T != "status" {
+		if m.Type != "status" {
 			t.Fatalf("flooder 0, after %d nacks: %+v", nacks, m)
 		}
 	}

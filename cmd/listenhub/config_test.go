@@ -103,10 +103,10 @@ func TestServeConfigSIGHUP(t *testing.T) {
 	writeConfig(t, conf, "max-subscriptions = 1\nlog-format = json\nlog-level = info\n")
 	p := serveConfig(t, filepath.Join(dir, "hub.sock"), conf, "--max-channels", "100")
 	w := dialWorker(t, p.socket)
-	if m := w.answer("a"); m.T != "ack" {
+	if m := w.answer("a"); m.Type != "ack" {
 		t.Fatalf("sub a: %+v", m)
 	}
-	if m := w.answer("b"); m.T != "nack" || m.Error != "too many subscriptions" {
+	if m := w.answer("b"); m.Type != "nack" || m.Error != "too many subscriptions" {
 		t.Fatalf("sub b past max-subscriptions 1: %+v", m)
 	}
 	hup := func(want string) {
@@ -130,7 +130,7 @@ func TestServeConfigSIGHUP(t *testing.T) {
 			t.Fatalf("log lacks %s:\n%s", want, log)
 		}
 	}
-	if m := w.answer("b"); m.T != "ack" {
+	if m := w.answer("b"); m.Type != "ack" {
 		t.Fatalf("sub b after max-subscriptions 3: %+v", m)
 	}
 	// An unknown frame type is logged at warn once, then at debug.
@@ -144,17 +144,17 @@ func TestServeConfigSIGHUP(t *testing.T) {
 
 	writeConfig(t, conf, "max-subscriptions = 0\n")
 	hup(`msg="config not reloaded"`)
-	if m := w.answer("c"); m.T != "ack" {
+	if m := w.answer("c"); m.Type != "ack" {
 		t.Fatalf("sub c after a refused reload (max-subscriptions still 3): %+v", m)
 	}
-	if m := w.answer("d"); m.T != "nack" {
+	if m := w.answer("d"); m.Type != "nack" {
 		t.Fatalf("sub d past max-subscriptions 3: %+v", m)
 	}
 
 	// A setting taken out of the file goes back to its default.
 	writeConfig(t, conf, "log-format = text\n")
 	hup(`msg="config reloaded"`)
-	if m := w.answer("d"); m.T != "ack" {
+	if m := w.answer("d"); m.Type != "ack" {
 		t.Fatalf("sub d with max-subscriptions out of the file (the default, 10,000): %+v", m)
 	}
 }
@@ -168,18 +168,18 @@ func TestServeConfigUpgrade(t *testing.T) {
 	writeConfig(t, conf, "max-subscriptions = 1\n")
 	u := startUpHub(t, c.URL(), "--config", conf)
 	w := dialWorker(t, u.socket)
-	if m := w.answer("a"); m.T != "ack" {
+	if m := w.answer("a"); m.Type != "ack" {
 		t.Fatalf("sub a: %+v", m)
 	}
-	if m := w.answer("b"); m.T != "nack" {
+	if m := w.answer("b"); m.Type != "nack" {
 		t.Fatalf("sub b past max-subscriptions 1: %+v", m)
 	}
 	writeConfig(t, conf, "max-subscriptions = 2\n")
 	u.upgrade()
-	if m := w.answer("b"); m.T != "ack" {
+	if m := w.answer("b"); m.Type != "ack" {
 		t.Fatalf("sub b after the upgrade to max-subscriptions 2: %+v", m)
 	}
-	if m := w.answer("c"); m.T != "nack" {
+	if m := w.answer("c"); m.Type != "nack" {
 		t.Fatalf("sub c past max-subscriptions 2: %+v", m)
 	}
 }

@@ -463,10 +463,10 @@ func doctorHubDatabase(ctx context.Context, path, url, prefix, suffix string, ad
 			add(finding{"hub-database", statusFail, fmt.Sprintf("%s: no ack for a subscription: %v", path, err), "see the hub's log"})
 			return
 		}
-		if m.T == frame.TypeAck && m.Q == q {
+		if m.Type == frame.TypeAck && m.Name == q {
 			break
 		}
-		if m.T == frame.TypeNack && m.Q == q {
+		if m.Type == frame.TypeNack && m.Name == q {
 			add(finding{"hub-database", statusFail, fmt.Sprintf("%s: the hub refused a subscription: %s", path, m.Error), "see the hub's log"})
 			return
 		}
@@ -495,7 +495,7 @@ func doctorHubDatabase(ctx context.Context, path, url, prefix, suffix string, ad
 				"run the hub with this database's URL (or give doctor the hub's --channel-prefix and --channel-suffix)"})
 			return
 		}
-		if m.T == frame.TypeWake && m.Q == q && m.P == token {
+		if m.Type == frame.TypeWake && m.Name == q && m.Payload == token {
 			add(finding{"hub-database", statusPass, fmt.Sprintf("the hub at %s delivers what is committed on %s at %s", path, cc.Database, hostPort(cc)), ""})
 			return
 		}
@@ -538,8 +538,8 @@ func hubStatus(path string) (bool, error) {
 			return false, fmt.Errorf("not a hub: %w", err)
 		}
 		if ok {
-			if m.T != frame.TypeStatus {
-				return false, fmt.Errorf("not a hub: first frame %q, want status", m.T)
+			if m.Type != frame.TypeStatus {
+				return false, fmt.Errorf("not a hub: first frame %q, want status", m.Type)
 			}
 			return m.Healthy, nil
 		}

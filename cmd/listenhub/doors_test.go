@@ -511,7 +511,7 @@ func TestAttackLoweredFDLimit(t *testing.T) {
 		defer c.Close()
 		w := newWorker(t, c, 4096)
 		m, err := w.read(timeout)
-		return err == nil && m.T == "status"
+		return err == nil && m.Type == "status"
 	})
 	t.Logf("%d workers, then RLIMIT_NOFILE lowered to %d (hub had %d open; cap lowered in the log: %v): %d of %d new workers admitted, %d refused (hub fds %d); backend terminated: healthy again after %v; 10 /healthz: %v",
 		early, lim.Cur, open, lowered, admitted, late, refused, fds, reconnect.Round(time.Millisecond), codes)

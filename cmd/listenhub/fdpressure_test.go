@@ -48,7 +48,7 @@ func TestAttackLoweredFDLimitSheds(t *testing.T) {
 	sib.status(false)
 	sib.status(true)
 	reconnect := time.Since(start)
-	if m := sib.expect("wake"); m.Q != "fdshed.sib" || m.HasP {
+	if m := sib.expect("wake"); m.Name != "fdshed.sib" || m.HasPayload {
 		t.Fatalf("resync wake %+v", m)
 	}
 	codes, _ := healthzCodes(h.addr, 10)
@@ -56,7 +56,7 @@ func TestAttackLoweredFDLimitSheds(t *testing.T) {
 		t.Fatalf("/healthz after the reconnect: %v\n%s", codes, tail(h.log.since(t, mark), 3000))
 	}
 	notify(t, "NOTIFY \"fdshed.sib\", 'after'")
-	if m := sib.expect("wake"); m.Q != "fdshed.sib" || m.P != "after" {
+	if m := sib.expect("wake"); m.Name != "fdshed.sib" || m.Payload != "after" {
 		t.Fatalf("the sibling after the reconnect: %+v", m)
 	}
 

@@ -88,9 +88,9 @@ func dialRaw(t *testing.T, socket string, i int) (w *worker, admitted bool, nack
 	w = newWorker(t, c, 4096)
 	m, err := w.read(timeout)
 	switch {
-	case err == nil && m.T == "status":
+	case err == nil && m.Type == "status":
 		return w, true, ""
-	case err == nil && m.T == "nack" && m.Q == "":
+	case err == nil && m.Type == "nack" && m.Name == "":
 		return w, false, m.Error
 	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
 		return w, false, ""
@@ -170,10 +170,10 @@ func (w *worker) expect(typ string) frame.Message {
 		if err != nil {
 			w.t.Fatalf("worker: %v", err)
 		}
-		if m.T == "status" && typ != "status" {
+		if m.Type == "status" && typ != "status" {
 			continue
 		}
-		if m.T != typ {
+		if m.Type != typ {
 			w.t.Fatalf("worker got %+v, want %s", m, typ)
 		}
 		return m
@@ -188,7 +188,7 @@ func (w *worker) nextMessage() frame.Message {
 		if err != nil {
 			w.t.Fatalf("worker: %v", err)
 		}
-		if m.T != "status" {
+		if m.Type != "status" {
 			return m
 		}
 	}
@@ -217,11 +217,11 @@ func (w *worker) answer(q string) frame.Message {
 	w.t.Helper()
 	w.send(frame.AppendSub(nil, q))
 	m := w.nextMessage()
-	if m.T != "ack" && m.T != "nack" {
+	if m.Type != "ack" && m.Type != "nack" {
 		w.t.Fatalf("got %+v, want the answer to sub %q", m, q)
 	}
-	if m.Q != q {
-		w.t.Fatalf("answer for %q, want %q", m.Q, q)
+	if m.Name != q {
+		w.t.Fatalf("answer for %q, want %q", m.Name, q)
 	}
 	return m
 }
@@ -238,7 +238,7 @@ func (w *worker) answers(n int, d time.Duration) (acks int, nacks map[string]str
 		if err != nil {
 			w.t.Fatalf("after %d acks and %d nacks of %d: %v", acks, len(nacks), n, err)
 		}
-		switch m.T {
+		switch m.Type {
 		case "status":
 			if !m.Healthy {
 				w.t.Fatalf("healthy:false after %d acks", acks)
@@ -246,7 +246,7 @@ func (w *worker) answers(n int, d time.Duration) (acks int, nacks map[string]str
 		case "ack":
 			acks++
 		case "nack":
-			nacks[m.Q] = m.Error
+			nacks[m.Name] = m.Error
 		default:
 			w.t.Fatalf("got %+v while waiting for acks", m)
 		}

@@ -181,7 +181,7 @@ func TestServeSocketActivation(t *testing.T) {
 	late := subscribedWorker(t, path, "act")
 	notify(t, "NOTIFY act, 'one'")
 	for _, w := range []*worker{early, late} {
-		if m := w.expect("wake"); m.P != "one" {
+		if m := w.expect("wake"); m.Payload != "one" {
 			t.Fatalf("wake %+v", m)
 		}
 	}
@@ -203,7 +203,7 @@ func TestServeSocketActivation(t *testing.T) {
 	between.expect("status")
 	between.sub("act")
 	notify(t, "NOTIFY act, 'two'")
-	if m := between.expect("wake"); m.P != "two" {
+	if m := between.expect("wake"); m.Payload != "two" {
 		t.Fatalf("wake %+v", m)
 	}
 	p2.cmd.Process.Signal(syscall.SIGTERM)
@@ -260,7 +260,7 @@ func TestServeSIGHUP(t *testing.T) {
 		return strings.Contains(p.stderr.String(), "SIGHUP ignored; send SIGUSR2 to upgrade")
 	})
 	notify(t, "NOTIFY hup, 'still'")
-	if m := w.expect("wake"); m.P != "still" {
+	if m := w.expect("wake"); m.Payload != "still" {
 		t.Fatalf("wake %+v", m)
 	}
 	dialWorker(t, path).sub("hup")
@@ -367,7 +367,7 @@ func TestServeUpgradeUnderSystemd(t *testing.T) {
 	}
 	testutil.WaitFor(t, timeout, "the old process to exit", func() bool { return !alive(old) })
 	notify(t, "NOTIFY upg, 'after'")
-	if m := w.expect("wake"); m.P != "after" {
+	if m := w.expect("wake"); m.Payload != "after" {
 		t.Fatalf("wake %+v", m)
 	}
 	syscall.Kill(newPID, syscall.SIGTERM)
@@ -408,7 +408,7 @@ func TestServePostgresDownAtStart(t *testing.T) {
 	}
 	// Nothing but status while the server is down.
 	for _, w := range ws {
-		if m, err := w.read(300 * time.Millisecond); err == nil && m.T != "status" {
+		if m, err := w.read(300 * time.Millisecond); err == nil && m.Type != "status" {
 			t.Fatalf("got %+v while Postgres is down", m)
 		}
 	}
@@ -425,14 +425,14 @@ func TestServePostgresDownAtStart(t *testing.T) {
 			if err != nil {
 				t.Fatalf("worker %d: %v after Postgres came up", i, err)
 			}
-			switch m.T {
+			switch m.Type {
 			case "status":
 				healthy = m.Healthy
 			case "ack":
 				if !healthy {
-					t.Fatalf("worker %d: ack %q before healthy:true", i, m.Q)
+					t.Fatalf("worker %d: ack %q before healthy:true", i, m.Name)
 				}
-				acks[m.Q] = true
+				acks[m.Name] = true
 			default:
 				t.Fatalf("worker %d: got %+v, want status and acks", i, m)
 			}
@@ -441,7 +441,7 @@ func TestServePostgresDownAtStart(t *testing.T) {
 	}
 	notify(t, "NOTIFY early, 'after'")
 	for _, w := range ws {
-		if m := w.expect("wake"); m.Q != "early" || m.P != "after" {
+		if m := w.expect("wake"); m.Name != "early" || m.Payload != "after" {
 			t.Fatalf("wake %+v", m)
 		}
 	}

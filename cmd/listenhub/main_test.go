@@ -172,11 +172,11 @@ func (p *proc) ready() {
 		if c, err := net.Dial("unix", p.socket); err == nil {
 			w := newWorker(p.t, c.(*net.UnixConn), 64<<10)
 			m, err := w.read(timeout)
-			for err == nil && m.T == "status" && !m.Healthy {
+			for err == nil && m.Type == "status" && !m.Healthy {
 				m, err = w.read(timeout)
 			}
 			c.Close()
-			if err == nil && m.T == "status" {
+			if err == nil && m.Type == "status" {
 				return
 			}
 		}
@@ -457,7 +457,7 @@ func TestServeSocketModeAndLivePath(t *testing.T) {
 	}
 	// The first hub still serves its worker and new ones.
 	notify(t, "NOTIFY live, 'still here'")
-	if m := w.expect("wake"); m.P != "still here" {
+	if m := w.expect("wake"); m.Payload != "still here" {
 		t.Fatalf("wake %+v", m)
 	}
 	dialWorker(t, path).sub("live")
@@ -494,7 +494,7 @@ func TestServeEnvironment(t *testing.T) {
 		t.Fatalf("census for %s = %d", app, n)
 	}
 	notify(t, `NOTIFY pre_q, 'x'`)
-	if m := w.expect("wake"); m.Q != "q" || m.P != "x" {
+	if m := w.expect("wake"); m.Name != "q" || m.Payload != "x" {
 		t.Fatalf("wake %+v", m)
 	}
 }
@@ -558,7 +558,7 @@ func TestServeMetricsAndHealthz(t *testing.T) {
 		return code == 200
 	})
 	w.status(true)
-	if m := w.expect("wake"); m.Q != "m" || m.HasP {
+	if m := w.expect("wake"); m.Name != "m" || m.HasPayload {
 		t.Fatalf("resync wake %+v", m)
 	}
 	_, body = get("/metrics")
@@ -581,7 +581,7 @@ func TestServe64WorkersOneBackend(t *testing.T) {
 	}
 	notify(t, "NOTIFY shared, 'all'")
 	for _, w := range ws {
-		if m := w.expect("wake"); m.P != "all" {
+		if m := w.expect("wake"); m.Payload != "all" {
 			t.Fatalf("wake %+v", m)
 		}
 	}
@@ -649,7 +649,7 @@ func TestServeMemory(t *testing.T) {
 	notify(t, `SELECT pg_notify('d', 'end')`)
 	for {
 		m := sib.expect("wake")
-		if m.P == "end" {
+		if m.Payload == "end" {
 			break
 		}
 	}
@@ -659,7 +659,7 @@ func TestServeMemory(t *testing.T) {
 		t.Fatalf("wedged durable worker grew the hub by %d KiB", after-idle)
 	}
 	// The wedged worker was not evicted: it can still read what it was sent.
-	if m := wedged.expect("wake"); m.Q != "d" {
+	if m := wedged.expect("wake"); m.Name != "d" {
 		t.Fatalf("wedged worker: %+v", m)
 	}
 }
@@ -719,7 +719,7 @@ func TestServeEMFILE(t *testing.T) {
 		w := newWorker(t, c, 4096)
 		m, err := w.read(timeout)
 		switch {
-		case err == nil && m.T == "nack" && m.Q == "":
+		case err == nil && m.Type == "nack" && m.Name == "":
 			// Out of descriptors, or past the cap once the status tick
 			// has read the lowered limit.
 			if m.Error != "the hub is out of file descriptors (RLIMIT_NOFILE)" && !strings.Contains(m.Error, "too many workers") {
@@ -727,7 +727,7 @@ func TestServeEMFILE(t *testing.T) {
 			}
 			w.eofWithin(timeout)
 			refused++
-		case err == nil && m.T == "status":
+		case err == nil && m.Type == "status":
 		default:
 			t.Fatalf("a connection past the descriptor limit: %+v, %v; want a status or a refusal", m, err)
 		}
@@ -748,7 +748,7 @@ func TestServeEMFILE(t *testing.T) {
 		t.Fatalf("hub uses %.0f%% of a core while out of descriptors: spinning", used*100)
 	}
 	notify(t, "NOTIFY emfile, 'served'") // the admitted workers are served
-	if m := admitted[0].expect("wake"); m.P != "served" {
+	if m := admitted[0].expect("wake"); m.Payload != "served" {
 		t.Fatalf("wake %+v", m)
 	}
 	for _, w := range admitted {
@@ -768,10 +768,10 @@ func TestServeEMFILE(t *testing.T) {
 		}
 		defer c.Close()
 		m, err := newWorker(t, c, 4096).read(timeout)
-		if err != nil || m.T != "status" && !(m.T == "nack" && strings.Contains(m.Error, "too many workers")) {
+		if err != nil || m.Type != "status" && !(m.Type == "nack" && strings.Contains(m.Error, "too many workers")) {
 			t.Fatalf("a worker after the others left: %+v, %v; want a status (or, until the hub saw them go, the cap)", m, err)
 		}
-		return m.T == "status"
+		return m.Type == "status"
 	})
 	prlimitNofile(p.pid(), &old, nil)
 }

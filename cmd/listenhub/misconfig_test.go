@@ -179,7 +179,7 @@ func TestServeTransactionPooler(t *testing.T) {
 		if err != nil {
 			break
 		}
-		if m.T != "status" || m.Healthy {
+		if m.Type != "status" || m.Healthy {
 			t.Fatalf("worker got %+v through a transaction pooler", m)
 		}
 	}

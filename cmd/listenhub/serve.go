@@ -323,7 +323,6 @@ func (s *server) hubConfig() hub.Config {
 		WriteThreads:         *s.writeThreads,
 		// The metrics server's descriptors (an upgrade may hand over the
 		// listener even without --metrics-addr).
-		ReservedFDs: monitor.ReservedFDs,
 	}
 }
 

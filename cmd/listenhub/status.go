@@ -78,7 +78,8 @@ func parseStatus(args []string, stdout, stderr io.Writer) (*statusQuery, int) {
 	limit := fs.Int("limit", hub.DefaultListLimit, fmt.Sprintf("rows per table, 1 to %d", hub.MaxListLimit))
 	offset := fs.Int("offset", 0, "skip this many rows of the sorted list")
 	sortBy := fs.String("sort", "", fmt.Sprintf("with --workers: %s; with --channels: %s (largest first; default the first, ascending)",
-		strings.Join(hub.WorkerSorts(), ", "), strings.Join(hub.ChannelSorts(), ", ")))
+		joinSorts(hub.SortID, hub.SortBacklog, hub.SortSent, hub.SortSubscriptions, hub.SortDropped),
+		joinSorts(hub.SortName, hub.SortSubscribers, hub.SortReceived, hub.SortDelivered)))
 	asJSON := fs.Bool("json", false, "print the JSON of the endpoints instead of tables")
 	tokenFile := fs.String("metrics-token-file", "", "the bearer token file of serve --metrics-token-file, when the hub requires one")
 	if err := parseFlags(fs, args); err != nil {
@@ -234,7 +235,7 @@ func (q *statusQuery) print(w io.Writer, r *statusReport) {
 
 // printWorkers prints a page of workers: its title, then its table on tw.
 func printWorkers(w io.Writer, tw *tabwriter.Writer, ws hub.WorkerList, now time.Time) {
-	fmt.Fprintln(w, pageTitle("workers", ws.Offset, len(ws.Workers), ws.Total, ws.Sort))
+	fmt.Fprintln(w, pageTitle("workers", ws.Offset, len(ws.Workers), ws.Total, string(ws.Sort)))
 	if len(ws.Workers) == 0 {
 		return
 	}
@@ -251,7 +252,7 @@ func printWorkers(w io.Writer, tw *tabwriter.Writer, ws hub.WorkerList, now time
 // printChannels prints a page of channels: its title, then its table on
 // tw.
 func printChannels(w io.Writer, tw *tabwriter.Writer, cs hub.ChannelList) {
-	fmt.Fprintln(w, pageTitle("channels", cs.Offset, len(cs.Channels), cs.Total, cs.Sort))
+	fmt.Fprintln(w, pageTitle("channels", cs.Offset, len(cs.Channels), cs.Total, string(cs.Sort)))
 	if len(cs.Channels) == 0 {
 		return
 	}
@@ -419,4 +420,13 @@ func printRelay(w io.Writer, addr string, r *monitor.RelayStatus) {
 		fmt.Fprintf(tw, "last error\t%s\n", r.LastError)
 	}
 	tw.Flush()
+}
+
+// joinSorts lists orders for a flag's help.
+func joinSorts(sorts ...hub.Sort) string {
+	s := make([]string, len(sorts))
+	for i, o := range sorts {
+		s[i] = string(o)
+	}
+	return strings.Join(s, ", ")
 }

@@ -48,7 +48,7 @@ func introspectedHub(t *testing.T) introspected {
 	}
 	notify(t, "NOTIFY a, 'x'")
 	for _, w := range ws {
-		if m := w.expect("wake"); m.Q != "a" {
+		if m := w.expect("wake"); m.Name != "a" {
 			t.Fatalf("wake %+v", m)
 		}
 	}

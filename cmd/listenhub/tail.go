@@ -156,9 +156,9 @@ func tailFrames(ctx context.Context, conn net.Conn, socket string, stdout, stder
 		if _, err := w.Write(line); err != nil {
 			return 1 // stdout is gone (a closed pipe): nothing to say it on
 		}
-		if m.T == frame.TypeNack {
+		if m.Type == frame.TypeNack {
 			w.Flush()
-			fmt.Fprintf(stderr, "listenhub tail: the hub refused %q: %s\n", m.Q, m.Error)
+			fmt.Fprintf(stderr, "listenhub tail: the hub refused %q: %s\n", m.Name, m.Error)
 			return 1
 		}
 		if r.Buffered() == 0 {

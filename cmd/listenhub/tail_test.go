@@ -91,8 +91,8 @@ func TestTailPrintsEveryFrame(t *testing.T) {
 	for _, want := range []string{"jobs", "bad\x00"} {
 		select {
 		case m := <-msgs:
-			if m.T != "sub" || m.Q != want {
-				t.Fatalf("got %s %q, want sub %q", m.T, m.Q, want)
+			if m.Type != "sub" || m.Name != want {
+				t.Fatalf("got %s %q, want sub %q", m.Type, m.Name, want)
 			}
 		case <-time.After(tailWait):
 			t.Fatal("no sub from tail")
@@ -148,8 +148,8 @@ func TestTailFlagAfterNames(t *testing.T) {
 	}()
 	_, msgs := accept()
 	for _, want := range []string{"a", "b", "-c", "--d"} {
-		if m := <-msgs; m.Q != want {
-			t.Fatalf("sub %q, want %q", m.Q, want)
+		if m := <-msgs; m.Name != want {
+			t.Fatalf("sub %q, want %q", m.Name, want)
 		}
 	}
 	cancel() // SIGINT, as main maps it
@@ -223,7 +223,7 @@ func TestTailSocketFromEnv(t *testing.T) {
 	code := make(chan int, 1)
 	go func() { code <- runTail(context.Background(), []string{"a"}, &stdout, &stderr) }()
 	c, msgs := accept()
-	if m := <-msgs; m.T != "sub" || m.Q != "a" {
+	if m := <-msgs; m.Type != "sub" || m.Name != "a" {
 		t.Fatalf("%+v", m)
 	}
 	c.Close()

@@ -143,7 +143,7 @@ func TestUpgradeWedgedBacklog(t *testing.T) {
 			}
 			dec.Feed(buf[:n])
 			for m, ok, _ := dec.Next(); ok; m, ok, _ = dec.Next() {
-				acked = acked || m.T == "ack"
+				acked = acked || m.Type == "ack"
 			}
 		}
 		// From here on it never reads.

@@ -306,14 +306,14 @@ func (w *seqWorker) readLoop() {
 }
 
 func (w *seqWorker) got(m frame.Message) {
-	switch m.T {
+	switch m.Type {
 	case "ack":
-		w.ackCh <- m.Q
+		w.ackCh <- m.Name
 	case "wake":
-		if !m.HasP {
+		if !m.HasPayload {
 			return
 		}
-		n, _ := strconv.Atoi(m.P)
+		n, _ := strconv.Atoi(m.Payload)
 		now := time.Now()
 		w.mu.Lock()
 		if !w.last.IsZero() && now.Sub(w.last) > w.maxGap {

@@ -56,13 +56,13 @@ func TestUpgradeRefusesMappingChange(t *testing.T) {
 
 	// The old mapping, for the worker connected before and a new one.
 	notify(t, `NOTIFY "a.x", 'one'`)
-	if m := w.expect("wake"); m.Q != "x" || m.P != "one" {
+	if m := w.expect("wake"); m.Name != "x" || m.Payload != "one" {
 		t.Fatalf("worker after the refused upgrade: %+v", m)
 	}
 	w2 := dialWorker(t, u.socket)
 	w2.sub("y")
 	notify(t, `NOTIFY "a.y", 'two'`)
-	if m := w2.expect("wake"); m.Q != "y" || m.P != "two" {
+	if m := w2.expect("wake"); m.Name != "y" || m.Payload != "two" {
 		t.Fatalf("new worker after the refused upgrade: %+v", m)
 	}
 	agree := func(want int) {
@@ -92,7 +92,7 @@ func TestUpgradeRefusesMappingChange(t *testing.T) {
 	writeConfig(t, conf, "channel-prefix = a.\n")
 	u.upgrade()
 	notify(t, `NOTIFY "a.x", 'three'`)
-	if m := w.expect("wake"); m.Q != "x" || m.P != "three" {
+	if m := w.expect("wake"); m.Name != "x" || m.Payload != "three" {
 		t.Fatalf("worker after the upgrade: %+v", m)
 	}
 	agree(2)

@@ -1,42 +1,18 @@
-// Package histogram is the latency histogram of package hub and package
-// relay: a Recorder written by one goroutine without locks or allocation,
-// and its Histogram snapshot, which hub.Histogram and relay.Histogram copy
-// field for field (a conversion).
+// Package histogram records the latency histograms of package hub and
+// package relay: a Recorder written by one goroutine without locks or
+// allocation, whose snapshot is a latency.Histogram.
 package histogram
 
 import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/listenhub/listenhub/latency"
 )
 
-// Histogram is a snapshot of a latency histogram, in the shape of a
-// Prometheus histogram: cumulative bucket counts under ascending upper
-// bounds, the +Inf bucket being Count.
-type Histogram struct {
-	Bounds []time.Duration // upper bounds (inclusive), ascending
-	Counts []uint64        // Counts[i]: observations <= Bounds[i]; cumulative
-	Count  uint64          // every observation (the +Inf bucket)
-	Sum    time.Duration   // of every observation
-}
-
-// Quantile estimates the q-quantile (0..1) from the buckets: the upper
-// bound of the bucket it falls in (Bounds' last for the overflow).
-func (h Histogram) Quantile(q float64) time.Duration {
-	if h.Count == 0 {
-		return 0
-	}
-	want := uint64(q * float64(h.Count))
-	if want == 0 {
-		want = 1
-	}
-	for i, c := range h.Counts {
-		if c >= want {
-			return h.Bounds[i]
-		}
-	}
-	return h.Bounds[len(h.Bounds)-1]
-}
+// Histogram is the snapshot type, the public one.
+type Histogram = latency.Histogram
 
 // Recorder is written by one goroutine (Observe) and read by Snapshot from
 // any. Buckets are kept non-cumulative (one atomic add per observation, no

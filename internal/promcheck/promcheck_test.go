@@ -98,7 +98,7 @@ func expect(t *testing.T, c net.Conn, d *frame.Decoder, typ string) frame.Messag
 			t.Fatal(err)
 		}
 		if ok {
-			if m.T == typ {
+			if m.Type == typ {
 				return m
 			}
 			continue
@@ -216,8 +216,8 @@ func TestExpositionParses(t *testing.T) {
 		t.Errorf("workers %v, wakes received %v; want 2 and %d", value("listenhub_workers"), value("listenhub_wakes_received_total"), notifies)
 	}
 
-	checkHistogram(t, fams["listenhub_fanout_latency_seconds"], hub.FanoutLatencyBounds(), notifies)
-	checkHistogram(t, fams["listenhub_ack_latency_seconds"], hub.AckLatencyBounds(), 2)
+	checkHistogram(t, fams["listenhub_fanout_latency_seconds"], hubBounds(t).FanoutLatency().Bounds, notifies)
+	checkHistogram(t, fams["listenhub_ack_latency_seconds"], hubBounds(t).AckLatency().Bounds, 2)
 
 	bi := fams["listenhub_build_info"].GetMetric()[0]
 	labels := map[string]string{}
@@ -242,6 +242,17 @@ func TestExpositionParses(t *testing.T) {
 // checkHistogram: the buckets are the hub's bounds in seconds, ascending,
 // with cumulative counts up to the sample count, which is at least min;
 // the sum is positive and below count × the largest observation possible.
+// hubBounds is a hub that never runs: its histograms, empty, say the
+// buckets the binary's /metrics must carry.
+func hubBounds(t *testing.T) *hub.Hub {
+	t.Helper()
+	h, err := hub.New(hub.Config{SocketPath: filepath.Join(t.TempDir(), "s"), DatabaseURL: "postgres://localhost/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 func checkHistogram(t *testing.T, f *dto.MetricFamily, bounds []time.Duration, min uint64) {
 	t.Helper()
 	h := f.GetMetric()[0].GetHistogram()

@@ -27,7 +27,7 @@ func TestPGFailoverThroughPooler(t *testing.T) {
 			failedOver := make(chan error, 1)
 			f := e.failover(rec, func(o *FailoverOptions) {
 				o.Local.DatabaseURL = b.URL()
-				o.OneWay = true
+				o.DisableFailback = true
 				o.OnFailover = func(reason error) { failedOver <- reason }
 			})
 			ctx, cancel := context.WithTimeout(context.Background(), waitLong)

@@ -138,7 +138,7 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Client is a connection to a listenhub hub: one per process, shared by all
+// Conn is a connection to a listenhub hub: one per process, shared by all
 // its subscribers (put a Mux in front of it for many in-process
 // subscribers). All methods are safe for concurrent use.
 //
@@ -153,7 +153,7 @@ func (o Options) withDefaults() Options {
 // A client runs two goroutines: the reader, which also runs the handlers,
 // and a writer, which owns the write side of the socket so that Subscribe
 // and Unsubscribe never block on a stalled write.
-type Client struct {
+type Conn struct {
 	path string
 	opts Options
 	conn net.Conn
@@ -221,7 +221,7 @@ type call struct {
 // why in its first frame and closes it: Dial has returned by then, and the
 // client dies with a *RefusedError (errors.Is ErrRefused), which Err and
 // the next Subscribe return.
-func Dial(ctx context.Context, opts Options) (*Client, error) {
+func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	path := opts.SocketPath
 	if path == "" {
 		return nil, errEmptyPath
@@ -240,9 +240,9 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	return newClient(conn, path, opts), nil
 }
 
-func newClient(conn net.Conn, path string, opts Options) *Client {
+func newClient(conn net.Conn, path string, opts Options) *Conn {
 	opts = opts.withDefaults()
-	c := &Client{
+	c := &Conn{
 		path:   path,
 		opts:   opts,
 		conn:   conn,
@@ -279,7 +279,7 @@ func newClient(conn net.Conn, path string, opts Options) *Client {
 // ctx.Err() without killing the client and the subscription is abandoned:
 // once the ack arrives the client unsubscribes, unless another Subscribe of
 // the name is waiting by then.
-func (c *Client) Subscribe(ctx context.Context, q string) error {
+func (c *Conn) Subscribe(ctx context.Context, q string) error {
 	if err := checkName(q); err != nil {
 		return err
 	}
@@ -335,7 +335,7 @@ func (c *Client) Subscribe(ctx context.Context, q string) error {
 // waiting takes effect when the ack arrives: the waiting Subscribes return
 // nil, and the client then unsubscribes. Unsubscribe of an unknown name, or
 // on a dead client, does nothing.
-func (c *Client) Unsubscribe(q string) {
+func (c *Conn) Unsubscribe(q string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
@@ -355,7 +355,7 @@ func (c *Client) Unsubscribe(q string) {
 // Healthy reports whether the client is alive and the hub's last status
 // said its Postgres connection is healthy. It is false until the hub's
 // first status frame (sent on connect).
-func (c *Client) Healthy() bool {
+func (c *Conn) Healthy() bool {
 	select {
 	case <-c.done:
 		return false
@@ -365,10 +365,10 @@ func (c *Client) Healthy() bool {
 }
 
 // Done is closed when the client dies (Close included).
-func (c *Client) Done() <-chan struct{} { return c.done }
+func (c *Conn) Done() <-chan struct{} { return c.done }
 
 // Err is nil while the client is alive and the reason once it is dead.
-func (c *Client) Err() error {
+func (c *Conn) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
@@ -381,7 +381,7 @@ func (c *Client) Err() error {
 // that a lock held by Close's caller would block) is not waited for, so it
 // may finish after Close returns. Close is idempotent and always returns
 // nil.
-func (c *Client) Close() error {
+func (c *Conn) Close() error {
 	c.closing.Store(true)
 	c.fail(ErrClosed)
 	if !c.inHandler.Load() {
@@ -394,10 +394,10 @@ func (c *Client) Close() error {
 }
 
 // wait blocks until both goroutines have returned (tests).
-func (c *Client) wait() { <-c.exited }
+func (c *Conn) wait() { <-c.exited }
 
 // fail kills the client with err, once: first error wins.
-func (c *Client) fail(err error) {
+func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -410,7 +410,7 @@ func (c *Client) fail(err error) {
 
 // dieLocked is fail's decision: err is the client's, every waiting
 // Subscribe gets it. Under c.mu, with c.err nil; closeDead must follow.
-func (c *Client) dieLocked(err error) {
+func (c *Conn) dieLocked(err error) {
 	c.err = err
 	close(c.done)
 	for _, s := range c.subs {
@@ -423,7 +423,7 @@ func (c *Client) dieLocked(err error) {
 }
 
 // closeDead releases what a dead client holds (outside c.mu).
-func (c *Client) closeDead(err error) {
+func (c *Conn) closeDead(err error) {
 	c.healthy.Store(false)
 	c.conn.Close()
 	if err == ErrClosed {
@@ -434,7 +434,7 @@ func (c *Client) closeDead(err error) {
 }
 
 // resolveLocked answers cl with err (nil for an ack). Under c.mu.
-func (c *Client) resolveLocked(cl *call, err error) {
+func (c *Conn) resolveLocked(cl *call, err error) {
 	if cl.resolved {
 		return
 	}
@@ -447,7 +447,7 @@ func (c *Client) resolveLocked(cl *call, err error) {
 // ackTimeout kills the client unless cl was answered. The check and the
 // death are one critical section: an ack that lands in between would
 // otherwise let Subscribe return nil and then kill the client anyway.
-func (c *Client) ackTimeout(cl *call, q string) {
+func (c *Conn) ackTimeout(cl *call, q string) {
 	if h := testAckTimeoutHook; h != nil {
 		h()
 	}
@@ -472,7 +472,7 @@ func (c *Client) ackTimeout(cl *call, q string) {
 
 // queueLocked appends a frame for the writer. Under c.mu, so that frames
 // leave in the order the decisions were taken.
-func (c *Client) queueLocked(b []byte) {
+func (c *Conn) queueLocked(b []byte) {
 	c.out = append(c.out, b...)
 	select {
 	case c.kick <- struct{}{}:
@@ -480,7 +480,7 @@ func (c *Client) queueLocked(b []byte) {
 	}
 }
 
-func (c *Client) writeLoop() {
+func (c *Conn) writeLoop() {
 	var buf []byte
 	for {
 		select {
@@ -521,7 +521,7 @@ func (c *Client) writeLoop() {
 // a frame is partly read, a read deadline bounds it (FrameTimeout from its
 // first byte, or from the end of the frame before it in the same read);
 // between frames the reader waits without one.
-func (c *Client) readLoop() {
+func (c *Conn) readLoop() {
 	var dec frame.Decoder
 	buf := make([]byte, readBufferSize)
 	greeted := false // a frame arrived: a nack is no longer a refusal
@@ -588,7 +588,7 @@ func (c *Client) readLoop() {
 // frame is a status), unless it answers a pending sub (a scripted hub in
 // tests; the real hub never sends a nack before its status). True means the
 // client is dead.
-func (c *Client) refusal(m frame.Message) bool {
+func (c *Conn) refusal(m frame.Message) bool {
 	c.mu.Lock()
 	s := c.subs[m.Name]
 	answers := m.Name != "" && s != nil && s.call != nil
@@ -605,7 +605,7 @@ func (c *Client) refusal(m frame.Message) bool {
 }
 
 // handle processes one frame; false means the client is dead.
-func (c *Client) handle(m frame.Message) bool {
+func (c *Conn) handle(m frame.Message) bool {
 	switch m.Type {
 	case "ack":
 		c.mu.Lock()
@@ -686,7 +686,7 @@ func (c *Client) handle(m frame.Message) bool {
 // and runs nothing, or Close sees inHandler and does not wait. Checked the
 // other way round, a Close in between would wait for a handler that may need
 // a lock Close's caller holds (Failover's dispatch, say): a deadlock.
-func (c *Client) call(f func()) bool {
+func (c *Conn) call(f func()) bool {
 	c.dispatch.Lock()
 	defer c.dispatch.Unlock()
 	c.inHandler.Store(true)

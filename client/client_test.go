@@ -158,7 +158,7 @@ func TestClientSubscribeSameNameConcurrent(t *testing.T) {
 
 // nackedSub subscribes a client of a fake hub to q, which the hub nacks
 // with reason; it returns the client, the hub's end and Subscribe's error.
-func nackedSub(t *testing.T, q, reason string) (*Client, *fakeConn, error) {
+func nackedSub(t *testing.T, q, reason string) (*Conn, *fakeConn, error) {
 	t.Helper()
 	_, c, fc := fakeSession(t, false, nil, Options{})
 	done := result(func() error { return c.Subscribe(context.Background(), q) })
@@ -454,7 +454,7 @@ func TestClientStrayAckIgnored(t *testing.T) {
 
 func TestClientCloseFromHandler(t *testing.T) {
 	h := newFakeHub(t, true)
-	var c *Client
+	var c *Conn
 	var mu sync.Mutex
 	calls := 0
 	ready := make(chan struct{})
@@ -615,7 +615,7 @@ func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 	var xmu sync.Mutex // held by Close's caller, needed by the handler
 	var ran atomic.Bool
 	closed := make(chan struct{})
-	var c atomic.Pointer[Client]
+	var c atomic.Pointer[Conn]
 	var once sync.Once
 	opts := Options{
 		OnWake: func(Wake) {
@@ -696,7 +696,7 @@ func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 func inAckTimeout() bool {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
-	return bytes.Contains(buf, []byte("client.(*Client).ackTimeout("))
+	return bytes.Contains(buf, []byte("client.(*Conn).ackTimeout("))
 }
 
 // An ack that lands as the ack timer fires answers the Subscribe: the

@@ -104,7 +104,7 @@ const probeWait = 500 * time.Millisecond
 // verifyLater has checked it. Anything else that keeps the check from
 // running (no database configured, a database this process cannot reach)
 // leaves the hub trusted.
-func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Client) (later bool, err error) {
+func (f *Failover) checkDatabase(ctx context.Context, hc *hubConn, c *Conn) (later bool, err error) {
 	if f.localCfg.ConnConfig == nil || !cutFits(f.opts.Local.ChannelPrefix, f.opts.Local.ChannelSuffix) {
 		return false, nil
 	}
@@ -179,7 +179,7 @@ func (f *Failover) releaseHeld(hc *hubConn, deliver bool) {
 
 // probeDatabase is the check itself (see checkDatabase): nil when the hub
 // delivered the probe, or when the check could not run.
-func (f *Failover) probeDatabase(ctx context.Context, c *Client) error {
+func (f *Failover) probeDatabase(ctx context.Context, c *Conn) error {
 	cc := f.localCfg.ConnConfig
 	b := make([]byte, 8)
 	rand.Read(b)

@@ -12,12 +12,12 @@
 //   - Failover (NewFailover) starts on a Client and, on its failure, swaps
 //     to a Local listener (this process's own Postgres connection,
 //     listener.Plain), re-subscribing the names it recorded. From local mode
-//     it keeps trying the hub (after FailoverOptions.MinLocal, then with
+//     it keeps trying the hub (after FailoverOptions.FailbackDelay, then with
 //     backoff) and returns to it once a healthy hub has acked the whole set
 //     and a marker NOTIFY came through both (exact: no wake twice, none
 //     lost; a hub on another database is refused); and fails over again if
 //     the hub fails again.
-//     FailoverOptions.OneWay keeps it local for good instead. A hub absent
+//     FailoverOptions.DisableFailback keeps it local for good instead. A hub absent
 //     at start means local mode from the start. Local is also usable
 //     directly.
 //   - Mux fans one Listener's wakes out to many in-process subscribers (SSE

@@ -168,12 +168,12 @@ func ExampleFailoverOptions_failback() {
 	wakes := make(chan client.Wake, 64)
 	modes := make(chan string, 4)
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
-		Hub:        client.Options{SocketPath: socket},
-		Local:      client.LocalOptions{DatabaseURL: databaseURL},
-		MinLocal:   100 * time.Millisecond, // default 5s: no flapping
-		OnWake:     func(w client.Wake) { wakes <- w },
-		OnFailover: func(error) { modes <- "failed over" },
-		OnFailback: func() { modes <- "back on the hub" },
+		Hub:           client.Options{SocketPath: socket},
+		Local:         client.LocalOptions{DatabaseURL: databaseURL},
+		FailbackDelay: 100 * time.Millisecond, // default 5s: no flapping
+		OnWake:        func(w client.Wake) { wakes <- w },
+		OnFailover:    func(error) { modes <- "failed over" },
+		OnFailback:    func() { modes <- "back on the hub" },
 	})
 	if err != nil {
 		log.Fatal(err)

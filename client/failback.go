@@ -12,11 +12,11 @@ import (
 
 // Defaults of the fail-back (see FailoverOptions).
 const (
-	// defaultMinLocal is the least time a Failover stays on its local
+	// defaultFailbackDelay is the least time a Failover stays on its local
 	// listener before it tries the hub again: a hub that crashes again at
 	// once, or keeps evicting this process, costs at most one round trip
 	// hub → local → hub per this much time.
-	defaultMinLocal = 5 * time.Second
+	defaultFailbackDelay = 5 * time.Second
 	// defaultProbeInterval is the wait after a failed fail-back attempt;
 	// it doubles after each further one, up to defaultProbeMaxInterval.
 	defaultProbeInterval    = 1 * time.Second
@@ -34,13 +34,13 @@ const probeJitter = 0.2
 // not wait in the hub's queue past the ack timeout.
 const failbackParallel = 64
 
-// failbackLoop tries to return from local to the hub: MinLocal after the
+// failbackLoop tries to return from local to the hub: FailbackDelay after the
 // swap, then with jittered exponential backoff, until an attempt succeeds,
 // local is no longer current, or the Failover dies.
 func (f *Failover) failbackLoop(local Listener) {
-	// Up to 20% past MinLocal, never before it: the processes of a host
+	// Up to 20% past FailbackDelay, never before it: the processes of a host
 	// failed over together and should not all come back together.
-	first := f.opts.MinLocal + time.Duration(probeJitter*rand.Float64()*float64(f.opts.MinLocal))
+	first := f.opts.FailbackDelay + time.Duration(probeJitter*rand.Float64()*float64(f.opts.FailbackDelay))
 	t := time.NewTimer(first)
 	defer t.Stop()
 	next := f.opts.ProbeInterval
@@ -292,7 +292,7 @@ func (f *Failover) awaitHealthy(hc *hubConn) error {
 // subscribeAll subscribes c to todo, failbackParallel at a time, adding
 // the acked names to acked. A name refused as invalid is forgotten (as
 // Subscribe does); any other failure is returned, and means c is dead.
-func (f *Failover) subscribeAll(c *Client, todo []string, acked map[string]struct{}) error {
+func (f *Failover) subscribeAll(c *Conn, todo []string, acked map[string]struct{}) error {
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex

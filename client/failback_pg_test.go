@@ -104,7 +104,7 @@ func TestPGFailbackHubKilledAndRestarted(t *testing.T) {
 	var sentAtFailback atomic.Int64
 	failedBack := make(chan time.Time, 1)
 	f := e.failover(rec, func(o *FailoverOptions) {
-		o.MinLocal = 500 * time.Millisecond
+		o.FailbackDelay = 500 * time.Millisecond
 		o.OnFailback = func() {
 			sentAtFailback.Store(int64(n.sent()))
 			failedBack <- time.Now()
@@ -173,21 +173,21 @@ func TestPGFailbackHubKilledAndRestarted(t *testing.T) {
 	if samples.maxSum > 2 {
 		t.Errorf("up to %d backends at once, want at most 2 (the new hub's and ours in the overlap)", samples.maxSum)
 	}
-	t.Logf("new hub started → back on the hub: %v (the first attempt comes MinLocal = %v after the failover)",
-		backAt.Sub(started).Round(time.Millisecond), f.opts.MinLocal)
+	t.Logf("new hub started → back on the hub: %v (the first attempt comes FailbackDelay = %v after the failover)",
+		backAt.Sub(started).Round(time.Millisecond), f.opts.FailbackDelay)
 	t.Logf("NOTIFYs %d..%d: none lost, none twice (the overlap was seqs %d..%d)", first, last, sentAtNewHub+1, atFailback)
 	t.Logf("backends (hub, local) over time:\n  %s", strings.Join(samples.changes, "\n  "))
 }
 
-// OneWay against the real binary: after the failover the worker stays on
+// DisableFailback against the real binary: after the failover the worker stays on
 // its own connection although a new hub is up (the hub's backend plus ours).
 func TestPGFailbackOneWay(t *testing.T) {
 	e := newPGEnv(t)
 	proc := e.startHubProcess()
 	rec := &recorder{}
 	f := e.failover(rec, func(o *FailoverOptions) {
-		o.OneWay = true
-		o.MinLocal, o.ProbeInterval, o.ProbeMaxInterval = time.Millisecond, time.Millisecond, time.Millisecond
+		o.DisableFailback = true
+		o.FailbackDelay, o.ProbeInterval, o.ProbeMaxInterval = time.Millisecond, time.Millisecond, time.Millisecond
 	})
 	mustSubscribe(t, f, "a")
 	proc.Process.Kill()
@@ -195,12 +195,12 @@ func TestPGFailbackOneWay(t *testing.T) {
 	testutil.WaitFor(t, waitLong, "local mode", func() bool { return f.Mode() == ModeLocal })
 	e.startHubProcess()
 	e.waitBackends(1, 1)
-	// Without OneWay these timings return within milliseconds; give it
+	// Without DisableFailback these timings return within milliseconds; give it
 	// a generous second, then the worker must still be local.
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
 		if f.Mode() != ModeLocal {
-			t.Fatal("a OneWay Failover returned to the hub")
+			t.Fatal("a DisableFailback Failover returned to the hub")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -236,7 +236,7 @@ func TestPGFailbackExactThrough20(t *testing.T) {
 	rec := &recorder{}
 	var failbacks atomic.Int64
 	f := e.failover(rec, func(o *FailoverOptions) {
-		o.MinLocal = 100 * time.Millisecond
+		o.FailbackDelay = 100 * time.Millisecond
 		o.ProbeInterval = 50 * time.Millisecond
 		o.ProbeMaxInterval = 200 * time.Millisecond
 		o.OnFailback = func() { failbacks.Add(1) }
@@ -296,7 +296,7 @@ func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 	rec := &recorder{}
 	var failbacks atomic.Int64
 	f := e.failover(rec, func(o *FailoverOptions) {
-		o.MinLocal = 50 * time.Millisecond
+		o.FailbackDelay = 50 * time.Millisecond
 		o.ProbeInterval = 50 * time.Millisecond
 		o.ProbeMaxInterval = 100 * time.Millisecond
 		o.Hub.AckTimeout = 500 * time.Millisecond
@@ -384,7 +384,7 @@ func (e *pgEnv) probingFailover(rec *recorder) (*Failover, *logBuf) {
 	e.t.Helper()
 	logs := &logBuf{}
 	f := e.failover(rec, func(o *FailoverOptions) {
-		o.MinLocal = 50 * time.Millisecond
+		o.FailbackDelay = 50 * time.Millisecond
 		o.ProbeInterval = 50 * time.Millisecond
 		o.ProbeMaxInterval = 100 * time.Millisecond
 		o.Hub.AckTimeout = 500 * time.Millisecond

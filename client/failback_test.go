@@ -18,17 +18,17 @@ import (
 
 // fastFailback makes fail-back attempts frequent, for the scripted tests.
 func fastFailback(o *FailoverOptions) {
-	o.MinLocal = 20 * time.Millisecond
+	o.FailbackDelay = 20 * time.Millisecond
 	o.ProbeInterval = 10 * time.Millisecond
 	o.ProbeMaxInterval = 40 * time.Millisecond
 }
 
 // newFailbackTest is the scripted fail-back tests' Failover on h, with
-// frequent attempts (fastFailback) unless opts sets MinLocal, counting its
+// frequent attempts (fastFailback) unless opts sets FailbackDelay, counting its
 // swaps.
 func newFailbackTest(t *testing.T, h *fakeHub, rec *recorder, opts FailoverOptions) (*Failover, *fakeLocals, *swaps) {
 	t.Helper()
-	if opts.MinLocal == 0 {
+	if opts.FailbackDelay == 0 {
 		fastFailback(&opts)
 	}
 	fl, sw := &fakeLocals{}, &swaps{}
@@ -224,19 +224,19 @@ func TestFailbackCycles(t *testing.T) {
 	}
 }
 
-// OneWay keeps pgbus's rule: a hub that is back is never dialed again.
+// DisableFailback keeps pgbus's rule: a hub that is back is never dialed again.
 func TestFailbackOneWay(t *testing.T) {
 	h := newFakeHub(t, true)
-	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{OneWay: true, MinLocal: time.Millisecond, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond})
+	f, fl, sw := newFailbackTest(t, h, nil, FailoverOptions{DisableFailback: true, FailbackDelay: time.Millisecond, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond})
 	fc := h.accept()
 	mustSubscribe(t, f, "a")
 	fc.c.Close()
 	sw.waitLocal(t)
-	// The hub accepts all along; without OneWay these timings fail back
+	// The hub accepts all along; without DisableFailback these timings fail back
 	// within milliseconds (TestFailbackToHub).
 	select {
 	case <-h.conns:
-		t.Fatal("a OneWay Failover dialed the hub again")
+		t.Fatal("a DisableFailback Failover dialed the hub again")
 	case <-time.After(500 * time.Millisecond):
 	}
 	if f.Mode() != ModeLocal || sw.failbacks.Load() != 0 || isClosed(fl.get(t).Done()) {
@@ -244,12 +244,12 @@ func TestFailbackOneWay(t *testing.T) {
 	}
 }
 
-// No fail-back attempt before MinLocal has passed in local mode, however
+// No fail-back attempt before FailbackDelay has passed in local mode, however
 // short the probe interval.
 func TestFailbackMinLocal(t *testing.T) {
 	const minLocal = 400 * time.Millisecond
 	h := newFakeHub(t, true)
-	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{MinLocal: minLocal, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond})
+	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{FailbackDelay: minLocal, ProbeInterval: time.Millisecond, ProbeMaxInterval: time.Millisecond})
 	fc := h.accept()
 	mustSubscribe(t, f, "a")
 	lost := time.Now() // before the swap to local mode, so a lower bound
@@ -258,12 +258,12 @@ func TestFailbackMinLocal(t *testing.T) {
 	dialed := time.Since(lost)
 	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
 	if dialed < minLocal {
-		t.Fatalf("the hub was dialed %v after the failure, before MinLocal (%v)", dialed, minLocal)
+		t.Fatalf("the hub was dialed %v after the failure, before FailbackDelay (%v)", dialed, minLocal)
 	}
 	if f.Mode() != ModeHub {
 		t.Fatal(f.Mode())
 	}
-	t.Logf("dialed again %v after the hub failure (MinLocal %v)", dialed, minLocal)
+	t.Logf("dialed again %v after the hub failure (FailbackDelay %v)", dialed, minLocal)
 }
 
 // A hub that accepts but reports healthy:false is not returned to: the
@@ -527,7 +527,7 @@ func (a *attemptTimes) get() []time.Time {
 func TestFailbackBackoffGrows(t *testing.T) {
 	h := newFakeHub(t, true)
 	at := &attemptTimes{}
-	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{MinLocal: 20 * time.Millisecond,
+	f, _, sw := newFailbackTest(t, h, nil, FailoverOptions{FailbackDelay: 20 * time.Millisecond,
 		ProbeInterval: 50 * time.Millisecond, ProbeMaxInterval: 200 * time.Millisecond, Logger: slog.New(at)})
 	fc := h.accept()
 	mustSubscribe(t, f, "a")

@@ -56,19 +56,19 @@ type FailoverOptions struct {
 	// means the Failover's.
 	Local LocalOptions
 
-	// OneWay keeps pgbus's rule: once local (after a failover, or from
+	// DisableFailback keeps pgbus's rule: once local (after a failover, or from
 	// the start when the hub was absent) the Failover stays on its local
 	// listener until Close, and a restarted hub serves only the processes
 	// started after it. Default false: the Failover returns to the hub
 	// (see Failover).
-	OneWay bool
-	// MinLocal is the least time in local mode before a fail-back is
+	DisableFailback bool
+	// FailbackDelay is the least time in local mode before a fail-back is
 	// attempted, so that a hub that keeps failing cannot make the
-	// Failover flap. The first attempt comes between MinLocal and 20%
+	// Failover flap. The first attempt comes between FailbackDelay and 20%
 	// later, at random. Default 5s.
-	MinLocal time.Duration
+	FailbackDelay time.Duration
 	// ProbeInterval and ProbeMaxInterval space the fail-back attempts
-	// after the first one (which comes MinLocal after the swap to local
+	// after the first one (which comes FailbackDelay after the swap to local
 	// mode): ProbeInterval after the first failed attempt, doubling after
 	// each further one up to ProbeMaxInterval, each wait ±20% at random.
 	// Defaults 1s and 30s.
@@ -135,7 +135,7 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // gap is gone, as with the hub's own reconnect to Postgres (docs/design.md,
 // "What the hub guarantees", rule 7).
 //
-// Fail-back. In local mode it keeps trying the hub: first MinLocal (up to
+// Fail-back. In local mode it keeps trying the hub: first FailbackDelay (up to
 // 20% more) after the swap, then with backoff (ProbeInterval doubling to ProbeMaxInterval,
 // with jitter). An attempt connects a second hub client, waits (up to
 // AckTimeout) for the hub to report healthy, subscribes it to the whole
@@ -154,7 +154,7 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // hub, a hub that is not healthy, a nack, an ack timeout, EOF — is
 // abandoned: the local listener stays, the Failover tries again later.
 // Back on the hub, the hub client is subject to failover as before, so the
-// cycle repeats as often as the hub fails and returns. OneWay turns the
+// cycle repeats as often as the hub fails and returns. DisableFailback turns the
 // fail-back off (pgbus's rule: once local, local until Close).
 //
 // Subscribe and Unsubscribe during a fail-back act on the local listener
@@ -196,9 +196,9 @@ type Failover struct {
 }
 
 // hubConn is one hub client of a Failover. Its handlers hold it, not the
-// *Client: the hub's first status frame can arrive before Dial returns.
+// *Conn: the hub's first status frame can arrive before Dial returns.
 type hubConn struct {
-	c      *Client       // set (under Failover.mu) once Dial returned
+	c      *Conn         // set (under Failover.mu) once Dial returned
 	status chan struct{} // cap 1: a status frame arrived
 	// current: its wakes are delivered (the hub of hub mode); a
 	// fail-back's candidate goes through the cut until it is swapped in.
@@ -212,7 +212,7 @@ type hubConn struct {
 
 // NewFailover dials the hub; if that fails it connects the local listener
 // instead (local mode from the start, and fail-back from there unless
-// OneWay). It fails only if the options are invalid (an empty SocketPath, a
+// DisableFailback). It fails only if the options are invalid (an empty SocketPath, a
 // bad DatabaseURL), ctx ends, or neither hub nor Postgres can be reached.
 func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	if opts.Hub.SocketPath == "" {
@@ -223,7 +223,7 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	}
 	defaults.Set(&opts.Local.CommandTimeout, defaultLocalTimeout)
 	defaults.Set(&opts.Hub.AckTimeout, defaultAckTimeout)
-	defaults.Set(&opts.MinLocal, defaultMinLocal)
+	defaults.Set(&opts.FailbackDelay, defaultFailbackDelay)
 	defaults.Set(&opts.ProbeInterval, defaultProbeInterval)
 	defaults.Set(&opts.ProbeMaxInterval, defaultProbeMaxInterval)
 	opts.ProbeMaxInterval = max(opts.ProbeMaxInterval, opts.ProbeInterval)
@@ -305,7 +305,7 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 func newHubConn() *hubConn { return &hubConn{status: make(chan struct{}, 1)} }
 
 // dialHub connects a hub client whose handlers know it as hc.
-func (f *Failover) dialHub(ctx context.Context, hc *hubConn) (*Client, error) {
+func (f *Failover) dialHub(ctx context.Context, hc *hubConn) (*Conn, error) {
 	o := f.opts.Hub
 	o.OnWake = func(w Wake) { f.onHubWake(hc, w) }
 	o.OnStatus = func(healthy bool) { f.onHubStatus(hc, healthy) }
@@ -597,7 +597,7 @@ func (f *Failover) endSwapLocked() {
 // startLocal watches local, now current, and starts trying the hub again.
 func (f *Failover) startLocal(local Listener) {
 	go f.watchLocal(local)
-	if !f.opts.OneWay && hubSupported {
+	if !f.opts.DisableFailback && hubSupported {
 		go f.failbackLoop(local)
 	}
 }

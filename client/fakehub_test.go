@@ -266,7 +266,7 @@ func pending(t testing.TB, ch <-chan error) {
 
 // fakeSession is a fake hub (auto: it acks subs itself), a Client dialed to
 // it with rec's handlers and opts, and the hub's end of the connection.
-func fakeSession(t testing.TB, auto bool, rec *recorder, opts Options) (*fakeHub, *Client, *fakeConn) {
+func fakeSession(t testing.TB, auto bool, rec *recorder, opts Options) (*fakeHub, *Conn, *fakeConn) {
 	t.Helper()
 	h := newFakeHub(t, auto)
 	c := dialFake(t, h, rec, opts)
@@ -298,7 +298,7 @@ func cancelThenAck(t testing.TB, cancel func(), first, second <-chan error, fc *
 }
 
 // dialFake dials h with the recorder's handlers; closed at test end.
-func dialFake(t testing.TB, h *fakeHub, rec *recorder, opts Options) *Client {
+func dialFake(t testing.TB, h *fakeHub, rec *recorder, opts Options) *Conn {
 	t.Helper()
 	if rec != nil {
 		opts.OnWake = rec.onWake

@@ -2,7 +2,7 @@ package client
 
 import "context"
 
-// Listener is what a process subscribes through: the hub client (*Client),
+// Listener is what a process subscribes through: the hub client (*Conn),
 // the per-process Postgres listener (*Local) and the two combined
 // (*Failover) all satisfy it, so code above them (a Mux, an application)
 // does not care which one delivers.
@@ -34,7 +34,7 @@ type Listener interface {
 }
 
 var (
-	_ Listener = (*Client)(nil)
+	_ Listener = (*Conn)(nil)
 	_ Listener = (*Local)(nil)
 	_ Listener = (*Failover)(nil)
 )

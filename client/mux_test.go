@@ -16,10 +16,10 @@ import (
 )
 
 // muxOverFake is a Mux over a real Client over a scripted hub.
-func muxOverFake(t *testing.T, auto bool, opts MuxOptions) (*Mux, *Client, *fakeConn) {
+func muxOverFake(t *testing.T, auto bool, opts MuxOptions) (*Mux, *Conn, *fakeConn) {
 	t.Helper()
 	h := newFakeHub(t, auto)
-	var c *Client
+	var c *Conn
 	m, err := NewMux(func(onWake func(Wake)) (Listener, error) {
 		c = dialFake(t, h, nil, Options{OnWake: onWake})
 		return c, nil

@@ -421,8 +421,8 @@ func TestFailoverRefusedByHub(t *testing.T) {
 	fl := &fakeLocals{}
 	logs := &testutil.SyncBuffer{}
 	f, err := newTestFailover(t, h.path, fl, nil, FailoverOptions{
-		OneWay: true,
-		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		DisableFailback: true,
+		Logger:          slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)

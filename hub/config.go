@@ -73,15 +73,15 @@ type Config struct {
 	// Listener is set.
 	SocketPath string
 
-	// Listener, when set, is a Unix stream socket bound and listening
+	// ListenerFile, when set, is a Unix stream socket bound and listening
 	// already, accepted on instead of binding SocketPath: the socket a
 	// systemd socket unit passes (LISTEN_FDS), so that workers can connect
 	// before the hub runs and between two hubs. The hub accepts on a
-	// duplicate of it (the caller may close Listener after Start) and
+	// duplicate of it (the caller may close ListenerFile after Start) and
 	// never removes its file, which belongs to whoever bound it. An empty
 	// SocketPath is filled in from the socket's address; a SocketPath that
 	// names another file is an error.
-	Listener *os.File
+	ListenerFile *os.File
 
 	// SocketMode is the permission bits of the socket file the hub
 	// creates at SocketPath. Default 0600 (DefaultSocketMode): only the
@@ -211,12 +211,12 @@ type Config struct {
 	// ever. Default 10s.
 	FrameTimeout time.Duration
 
-	// Report, when set, is called on the loop goroutine with the hub's
+	// OnReport, when set, is called on the loop goroutine with the hub's
 	// Stats once the socket accepts, on every change of Postgres health,
 	// and every ReportInterval until the hub stops. It must not block.
 	// Running on the loop is the point: a wedged loop stops the reports,
 	// so the systemd watchdog can be pinged from here (serve does).
-	Report func(Stats)
+	OnReport func(Stats)
 	// ReportInterval is the period of Report. Default StatusInterval.
 	ReportInterval time.Duration
 
@@ -267,7 +267,7 @@ const MaxPostgresConnections = 64
 // withDefaults returns a copy of c with zero fields defaulted, or an error
 // naming the first invalid field.
 func (c Config) withDefaults() (Config, error) {
-	if c.SocketPath == "" && c.Listener == nil {
+	if c.SocketPath == "" && c.ListenerFile == nil {
 		return c, errors.New("hub: config: SocketPath (or Listener) is required")
 	}
 	if c.ApplicationName == "" {
@@ -276,7 +276,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SocketMode&^os.ModePerm != 0 {
 		return c, fmt.Errorf("hub: config: SocketMode %#o has more than permission bits", uint32(c.SocketMode))
 	}
-	if c.Listener != nil && (c.SocketMode != 0 || c.SocketGroup != "") {
+	if c.ListenerFile != nil && (c.SocketMode != 0 || c.SocketGroup != "") {
 		return c, errors.New("hub: config: SocketMode and SocketGroup are for a socket the hub creates; an inherited socket has its unit's SocketMode= and SocketGroup=")
 	}
 	if c.SocketMode == 0 {

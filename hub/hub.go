@@ -286,7 +286,7 @@ func (h *Hub) Config() Config {
 	return c
 }
 
-// Start binds the socket (or takes over Config.Listener), starts the loop
+// Start binds the socket (or takes over Config.ListenerFile), starts the loop
 // goroutine and returns: from then on workers are accepted and told the
 // Postgres health. The Postgres side is opened by then too; see openPG. A
 // socket path held by a running hub is an error and leaves that hub
@@ -313,8 +313,8 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	// it opens a backend, and workers can connect while Postgres is still
 	// being reached.
 	var sock listenSocket
-	if h.cfg.Listener != nil {
-		sock, err = adoptSocket(h.cfg.Listener, h.cfg.SocketPath)
+	if h.cfg.ListenerFile != nil {
+		sock, err = adoptSocket(h.cfg.ListenerFile, h.cfg.SocketPath)
 		h.cfg.SocketPath = sock.path
 		h.publishConfig()
 	} else if u := h.checkSocketDirs(); u != nil && !h.cfg.ServeRefusableSocket {
@@ -322,7 +322,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	} else {
 		sock, err = bindSocketAs(h.cfg.SocketPath, h.sockPerm)
 	}
-	if err == nil && h.cfg.Listener != nil {
+	if err == nil && h.cfg.ListenerFile != nil {
 		if u := h.checkSocketDirs(); u != nil && !h.cfg.ServeRefusableSocket {
 			sock.close()
 			err = h.refusableSocketError(u)
@@ -372,19 +372,19 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	return nil
 }
 
-// startReports starts Config.Report: once now (on the loop, soon) and every
+// startReports starts Config.OnReport: once now (on the loop, soon) and every
 // ReportInterval. Before the loop runs or on it.
 func (h *Hub) startReports() {
-	if h.cfg.Report != nil {
+	if h.cfg.OnReport != nil {
 		h.loop.Post(h.report)
 		h.loop.Every(h.cfg.ReportInterval, h.report)
 	}
 }
 
-// report hands the current Stats to Config.Report, on the loop goroutine.
+// report hands the current Stats to Config.OnReport, on the loop goroutine.
 func (h *Hub) report() {
-	if h.cfg.Report != nil && !h.closed {
-		h.cfg.Report(h.stats.snapshot())
+	if h.cfg.OnReport != nil && !h.closed {
+		h.cfg.OnReport(h.stats.snapshot())
 	}
 }
 
@@ -430,7 +430,7 @@ func discardLoop(l *loop.Loop) {
 // descriptor, and returns ctx's error. A hub that stopped itself on a
 // Postgres configuration error is stopped already: Stop returns nil, and
 // Wait the reason. The socket file is not removed when the socket was
-// inherited (Config.Listener). Safe from any goroutine, more than once.
+// inherited (Config.ListenerFile). Safe from any goroutine, more than once.
 func (h *Hub) Stop(ctx context.Context) error {
 	if !h.started.Load() || h.loop == nil {
 		return nil

@@ -22,9 +22,9 @@ import (
 const (
 	DefaultListLimit = 100
 	MaxListLimit     = 10000
-	// WorkerNames is how many subscription names a WorkerInfo carries at
+	// MaxWorkerNames is how many subscription names a WorkerInfo carries at
 	// most; Subscriptions has the full count.
-	WorkerNames = 10
+	MaxWorkerNames = 10
 )
 
 // Sort is the order of a page of Hub.Workers or Hub.Channels; its values
@@ -76,7 +76,7 @@ type WorkerInfo struct {
 	UID         int       `json:"uid"`
 	ConnectedAt time.Time `json:"connected_at"`
 	// Subscriptions is how many names it subscribed to; Names holds at
-	// most WorkerNames of them, sorted.
+	// most MaxWorkerNames of them, sorted.
 	Subscriptions int      `json:"subscriptions"`
 	Names         []string `json:"names"`
 	// BacklogFrames and BacklogBytes are pending for it (produced, not

@@ -55,14 +55,14 @@ func channelNames(l ChannelList) []string {
 }
 
 // Workers reports every connected worker with its peer credentials, its
-// subscriptions (names bounded by WorkerNames) and its own counters, sorted
+// subscriptions (names bounded by MaxWorkerNames) and its own counters, sorted
 // and paged as asked, with the total count on every page.
 func TestWorkersListing(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.DurableQueueLimit = 2 })
 	e.do(func() { e.pg.auto = true })
 	before := time.Now()
 	ws := []*tw{e.dial(), e.dial(), e.dial(), e.dial(), e.dial()}
-	// Worker i subscribes to i+1 names; worker 5 to 12 (beyond WorkerNames).
+	// Worker i subscribes to i+1 names; worker 5 to 12 (beyond MaxWorkerNames).
 	for i, w := range ws {
 		n := i + 1
 		if i == 4 {
@@ -106,8 +106,8 @@ func TestWorkersListing(t *testing.T) {
 		if i == 4 {
 			subs = 12
 		}
-		if w.Subscriptions != subs || len(w.Names) != min(subs, WorkerNames) || !slices.IsSorted(w.Names) {
-			t.Errorf("worker %d: %d subscriptions %v, want %d, at most %d names, sorted", w.ID, w.Subscriptions, w.Names, subs, WorkerNames)
+		if w.Subscriptions != subs || len(w.Names) != min(subs, MaxWorkerNames) || !slices.IsSorted(w.Names) {
+			t.Errorf("worker %d: %d subscriptions %v, want %d, at most %d names, sorted", w.ID, w.Subscriptions, w.Names, subs, MaxWorkerNames)
 		}
 		// status + acks + 3 wakes on q01 (+1 on q02 from worker 2 on).
 		sent := uint64(1 + subs + 3)

@@ -202,8 +202,8 @@ type workerRec struct {
 	connectedAt                                      int64
 	pid, uid                                         int32
 	subs, backlogFrames, durablePending              int32
-	// names are its first WorkerNames subscriptions: snap.names[names:
-	// names+min(subs, WorkerNames)], unsorted.
+	// names are its first MaxWorkerNames subscriptions: snap.names[names:
+	// names+min(subs, MaxWorkerNames)], unsorted.
 	names        int32
 	backlogBytes int
 }
@@ -249,7 +249,7 @@ func (h *Hub) beginWorkers(j *snapJob) func(time.Time) bool {
 }
 
 func (ws *workerSnap) add(w *worker) {
-	k := min(w.subs.len(), WorkerNames)
+	k := min(w.subs.len(), MaxWorkerNames)
 	r := workerRec{
 		id: w.id, framesSent: w.framesSent, durableCoalesced: w.durableCoalesced, durableDropped: w.durableDropped,
 		connectedAt: w.connectedAt, pid: w.pid, uid: w.uid,
@@ -322,7 +322,7 @@ func (ws *workerSnap) page(o ListOptions) WorkerList {
 	at := pageAt(recs, from, ws.sorted[:], k, key, func(r *workerRec) uint64 { return r.id })
 	for i := range n {
 		r := at(i)
-		names := slices.Clone(ws.names[r.names : int(r.names)+min(int(r.subs), WorkerNames)])
+		names := slices.Clone(ws.names[r.names : int(r.names)+min(int(r.subs), MaxWorkerNames)])
 		if names == nil {
 			names = []string{}
 		}

@@ -69,7 +69,7 @@ func TestSocketPermConfigErrors(t *testing.T) {
 	}{
 		{Config{SocketPath: "x", SocketMode: 0o4660}, "more than permission bits"},
 		{Config{SocketPath: "x", SocketGroup: "no-such-group-here"}, "SocketGroup"},
-		{Config{Listener: os.Stdin, SocketMode: 0o660}, "inherited socket"},
+		{Config{ListenerFile: os.Stdin, SocketMode: 0o660}, "inherited socket"},
 	} {
 		if _, err := New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New(%+v): %v, want an error about %q", c.cfg, err, c.want)

@@ -90,7 +90,7 @@ func TestReport(t *testing.T) {
 	}
 	e := newEnvPG(t, func(c *Config) {
 		c.ReportInterval = 20 * time.Millisecond
-		c.Report = func(s Stats) { mu.Lock(); got = append(got, s); mu.Unlock() }
+		c.OnReport = func(s Stats) { mu.Lock(); got = append(got, s); mu.Unlock() }
 	}, false)
 	testutil.WaitFor(t, timeout, "first report", func() bool { return len(snap()) > 0 })
 	if s := snap()[0]; s.PostgresHealthy {
@@ -129,7 +129,7 @@ func TestInheritedListener(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "activated.sock")
 	f := testutil.ListenUnixFile(t, path)
 	early := dialRaw(t, path) // queued in the backlog before any hub runs
-	h, err := New(Config{Listener: f, Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil))})
+	h, err := New(Config{ListenerFile: f, Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestInheritedListenerRefused(t *testing.T) {
 		{"other path", file(stream), filepath.Join(dir, "elsewhere"), "not the configured socket"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h, err := New(Config{Listener: c.f, SocketPath: c.path, Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil))})
+			h, err := New(Config{ListenerFile: c.f, SocketPath: c.path, Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil))})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -237,7 +237,7 @@ type handedSocket struct {
 	FD       int    `json:"fd"`
 	Path     string `json:"path"`
 	Dev, Ino uint64
-	// Inherited: systemd's socket (Config.Listener); its file is never
+	// Inherited: systemd's socket (Config.ListenerFile); its file is never
 	// removed, by either process.
 	Inherited bool `json:"inherited,omitempty"`
 }

@@ -235,7 +235,7 @@ func (s *rssSampler) end() int64 {
 type sibling struct {
 	t    testing.TB
 	q    string
-	c    *client.Client
+	c    *client.Conn
 	pg   *pgconn.PgConn
 	rate int
 

@@ -66,7 +66,7 @@ type relayDemo struct {
 	relayC  context.CancelFunc
 	relayD  chan struct{} // closed when Run has returned, relayE set
 	relayE  error
-	clients []*client.Client
+	clients []*client.Conn
 	writers []*pgx.Conn
 	wcancel context.CancelFunc
 	wdone   sync.WaitGroup

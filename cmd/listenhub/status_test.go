@@ -98,7 +98,7 @@ func TestServeIntrospectionEndpoints(t *testing.T) {
 		ids = append(ids, w.ID)
 		subs := []int{1, 2, 3, 15}[i]
 		if w.PID != os.Getpid() || w.UID != os.Getuid() || w.Subscriptions != subs ||
-			len(w.Names) != min(subs, hub.WorkerNames) || w.ConnectedAt.IsZero() {
+			len(w.Names) != min(subs, hub.MaxWorkerNames) || w.ConnectedAt.IsZero() {
 			t.Errorf("worker %d: %+v; want our pid and uid, %d subscriptions", i, w, subs)
 		}
 		// The status on connect, an ack per name, the wake on a.

@@ -33,7 +33,7 @@ to stderr) or closes the connection.
 `
 
 // runTail is `listenhub tail`: a debugging tool that speaks the wire
-// protocol directly rather than through client.Client, so that it shows
+// protocol directly rather than through client.Conn, so that it shows
 // what the hub really sends (unknown frame types and fields included) and
 // never gives up on a slow ack. Exit codes: 0 when ctx ends (a signal), 1
 // when the hub refuses a subscription (a nack: what was asked cannot be

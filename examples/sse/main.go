@@ -89,13 +89,13 @@ const (
 
 // config is the command line.
 type config struct {
-	Socket        string
-	DatabaseURL   string
-	Addr          string
-	ChannelPrefix string
-	ChannelSuffix string
-	MinLocal      time.Duration
-	OneWay        bool
+	Socket          string
+	DatabaseURL     string
+	Addr            string
+	ChannelPrefix   string
+	ChannelSuffix   string
+	FailbackDelay   time.Duration
+	DisableFailback bool
 }
 
 func main() {
@@ -126,9 +126,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"the hub's --channel-prefix, used by the fallback listener (env LISTENHUB_CHANNEL_PREFIX)")
 	fs.StringVar(&cfg.ChannelSuffix, "channel-suffix", os.Getenv("LISTENHUB_CHANNEL_SUFFIX"),
 		"the hub's --channel-suffix, used by the fallback listener (env LISTENHUB_CHANNEL_SUFFIX)")
-	fs.DurationVar(&cfg.MinLocal, "min-local", 5*time.Second,
+	fs.DurationVar(&cfg.FailbackDelay, "min-local", 5*time.Second,
 		"least time on the fallback connection before returning to the hub")
-	fs.BoolVar(&cfg.OneWay, "one-way", false,
+	fs.BoolVar(&cfg.DisableFailback, "one-way", false,
 		"stay on the fallback connection once the hub failed, until restarted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -177,11 +177,11 @@ func newApp(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
 		var err error
 		l, err = client.NewFailover(ctx, client.FailoverOptions{
-			Hub:      client.Options{SocketPath: cfg.Socket},
-			Local:    client.LocalOptions{DatabaseURL: cfg.DatabaseURL, ApplicationName: "listenhub-sse-local", ChannelPrefix: cfg.ChannelPrefix, ChannelSuffix: cfg.ChannelSuffix},
-			MinLocal: cfg.MinLocal,
-			OneWay:   cfg.OneWay,
-			OnWake:   onWake,
+			Hub:             client.Options{SocketPath: cfg.Socket},
+			Local:           client.LocalOptions{DatabaseURL: cfg.DatabaseURL, ApplicationName: "listenhub-sse-local", ChannelPrefix: cfg.ChannelPrefix, ChannelSuffix: cfg.ChannelSuffix},
+			FailbackDelay:   cfg.FailbackDelay,
+			DisableFailback: cfg.DisableFailback,
+			OnWake:          onWake,
 			OnFailover: func(reason error) {
 				log.Warn("hub lost, listening on our own Postgres connection", "reason", reason)
 				modes.set(client.ModeLocal)

@@ -215,7 +215,7 @@ func driverOptions(t testing.TB, h *hub, app string) riverhub.Options {
 		Failover: client.FailoverOptions{
 			Hub:           client.Options{SocketPath: h.socket},
 			Local:         client.LocalOptions{ApplicationName: app},
-			MinLocal:      100 * time.Millisecond,
+			FailbackDelay: 100 * time.Millisecond,
 			ProbeInterval: 100 * time.Millisecond,
 		},
 		Logger: testLogger(t, slog.LevelWarn),

@@ -84,7 +84,7 @@ func workerMain(mode string) int {
 		driver = riverhub.New(pool, riverhub.Options{Failover: client.FailoverOptions{
 			Hub:           client.Options{SocketPath: os.Getenv("LHRIVER_SOCKET")},
 			Local:         client.LocalOptions{ApplicationName: app},
-			MinLocal:      100 * time.Millisecond,
+			FailbackDelay: 100 * time.Millisecond,
 			ProbeInterval: 100 * time.Millisecond,
 		}})
 	default:

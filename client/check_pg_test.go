@@ -25,7 +25,7 @@ func TestPGFailoverThroughPooler(t *testing.T) {
 			h := e.startHub(nil)
 			rec := &recorder{}
 			failedOver := make(chan error, 1)
-			f := e.failover(rec, func(o *FailoverOptions) {
+			f := e.failover(rec, func(o *foSetup) {
 				o.Local.DatabaseURL = b.URL()
 				o.DisableFailback = true
 				o.OnFailover = func(reason error) { failedOver <- reason }

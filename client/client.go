@@ -94,25 +94,6 @@ type Options struct {
 	// the hub's --status-interval when that is over 3s.
 	SilenceTimeout time.Duration
 
-	// OnWake is called for every wake, in the order the hub sent them.
-	// OnStatus is called for every status frame with the hub's Postgres
-	// health. Both are called from the client's single reader goroutine,
-	// one call at a time, wakes and statuses interleaved in wire order.
-	//
-	// A handler must not block for long: while it runs the client reads
-	// nothing, so acks wait (a Subscribe may hit its ack timeout, which
-	// kills the client) and the hub's outbound queue for this process
-	// grows until the hub evicts it (docs/design.md rule 3), which also kills
-	// the client. Hand slow work to another goroutine; Mux does that with
-	// a bounded buffer per subscriber. A handler may call Subscribe only
-	// from another goroutine (Subscribe waits for an ack that this same
-	// goroutine would have to read); it may call Unsubscribe, Healthy,
-	// Err and Close.
-	//
-	// Wake values are copies; the handler may keep them.
-	OnWake   func(Wake)
-	OnStatus func(healthy bool)
-
 	// AllowUIDs lists the uids the hub may run as. Dial checks the peer
 	// of the socket (SO_PEERCRED) and refuses any other as not our hub: a
 	// process that took the socket path (a stale directory, a path
@@ -125,6 +106,29 @@ type Options struct {
 	// Logger receives debug logs (stray acks, unknown frame types) and the
 	// reason of the client's death. Nil discards them.
 	Logger *slog.Logger
+}
+
+// Handlers receive what a Conn or a Local hears. Either may be nil.
+//
+// OnWake is called for every wake, in the order the source sent them.
+// OnStatus is called for every status with the source's Postgres health:
+// each status frame of the hub, each change of a Local's connection. Both
+// are called from the source's single reader goroutine, one call at a
+// time, wakes and statuses interleaved in the order they came.
+//
+// A handler must not block for long: while it runs the Conn reads
+// nothing, so acks wait (a Subscribe may hit its ack timeout, which kills
+// the Conn) and the hub's outbound queue for this process grows until the
+// hub evicts it, which also kills the Conn. Hand slow work to another
+// goroutine; Mux does that with a bounded buffer per subscriber. A handler
+// may call Subscribe only from another goroutine (Subscribe waits for an
+// ack that this same goroutine would have to read); it may call
+// Unsubscribe, Healthy, Err and Close.
+//
+// Wake values are copies; the handler may keep them.
+type Handlers struct {
+	OnWake   func(Wake)
+	OnStatus func(healthy bool)
 }
 
 func (o Options) withDefaults() Options {
@@ -156,6 +160,7 @@ func (o Options) withDefaults() Options {
 type Conn struct {
 	path string
 	opts Options
+	h    Handlers
 	conn net.Conn
 	log  *slog.Logger
 
@@ -221,7 +226,7 @@ type call struct {
 // why in its first frame and closes it: Dial has returned by then, and the
 // client dies with a *RefusedError (errors.Is ErrRefused), which Err and
 // the next Subscribe return.
-func Dial(ctx context.Context, opts Options) (*Conn, error) {
+func Dial(ctx context.Context, opts Options, h Handlers) (*Conn, error) {
 	path := opts.SocketPath
 	if path == "" {
 		return nil, errEmptyPath
@@ -237,14 +242,15 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		conn.Close()
 		return nil, &ConnError{Op: "dial", Path: path, Err: err}
 	}
-	return newClient(conn, path, opts), nil
+	return newClient(conn, path, opts, h), nil
 }
 
-func newClient(conn net.Conn, path string, opts Options) *Conn {
+func newClient(conn net.Conn, path string, opts Options, h Handlers) *Conn {
 	opts = opts.withDefaults()
 	c := &Conn{
 		path:   path,
 		opts:   opts,
+		h:      h,
 		conn:   conn,
 		log:    opts.Logger.With("socket", path),
 		subs:   make(map[string]*subState),
@@ -647,7 +653,7 @@ func (c *Conn) handle(m frame.Message) bool {
 		c.mu.Unlock()
 	case "wake":
 		w := Wake{Name: m.Name, Payload: m.Payload, Durable: !m.HasPayload || m.Payload == ""}
-		if h := c.opts.OnWake; h != nil {
+		if h := c.h.OnWake; h != nil {
 			return c.call(func() { h(w) })
 		}
 	case "status":
@@ -664,7 +670,7 @@ func (c *Conn) handle(m frame.Message) bool {
 			}
 			c.mu.Unlock()
 		}
-		if h := c.opts.OnStatus; h != nil {
+		if h := c.h.OnStatus; h != nil {
 			return c.call(func() { h(m.Healthy) })
 		}
 	default:

@@ -334,7 +334,7 @@ func TestClientUnknownFrameSkipped(t *testing.T) {
 func TestClientStalledWriteKillsClient(t *testing.T) {
 	ours, theirs := net.Pipe()
 	defer theirs.Close()
-	c := newClient(ours, "pipe", Options{AckTimeout: time.Minute, WriteTimeout: 100 * time.Millisecond})
+	c := newClient(ours, "pipe", Options{AckTimeout: time.Minute, WriteTimeout: 100 * time.Millisecond}, Handlers{})
 	defer c.Close()
 	err := await(t, result(func() error { return c.Subscribe(context.Background(), "a") }))
 	var ce *ConnError
@@ -458,7 +458,7 @@ func TestClientCloseFromHandler(t *testing.T) {
 	var mu sync.Mutex
 	calls := 0
 	ready := make(chan struct{})
-	c = dialFake(t, h, nil, Options{OnWake: func(w Wake) {
+	c = dialFake(t, h, nil, Options{}, Handlers{OnWake: func(w Wake) {
 		<-ready
 		mu.Lock()
 		calls++
@@ -489,7 +489,7 @@ func TestClientNoHandlerAfterClose(t *testing.T) {
 	var mu sync.Mutex
 	closed := false
 	late, calls := 0, 0
-	c := dialFake(t, h, nil, Options{OnWake: func(w Wake) {
+	c := dialFake(t, h, nil, Options{}, Handlers{OnWake: func(w Wake) {
 		mu.Lock()
 		calls++
 		if closed {
@@ -523,7 +523,7 @@ func TestClientNoHandlerAfterClose(t *testing.T) {
 
 func TestDialMissingSocket(t *testing.T) {
 	path := filepath.Join(shortDir(t), "absent.sock")
-	_, err := Dial(context.Background(), Options{SocketPath: path})
+	_, err := Dial(context.Background(), Options{SocketPath: path}, Handlers{})
 	var ce *ConnError
 	if !errors.As(err, &ce) || ce.Op != "dial" || !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("err = %v, want a dial *ConnError with ENOENT", err)
@@ -538,7 +538,7 @@ func TestDialStaleSocket(t *testing.T) {
 	}
 	ln.SetUnlinkOnClose(false)
 	ln.Close()
-	_, err = Dial(context.Background(), Options{SocketPath: path})
+	_, err = Dial(context.Background(), Options{SocketPath: path}, Handlers{})
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("err = %v, want ECONNREFUSED", err)
 	}
@@ -548,7 +548,7 @@ func TestDialContextDone(t *testing.T) {
 	h := newFakeHub(t, true)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Dial(ctx, Options{SocketPath: h.path}); !errors.Is(err, context.Canceled) {
+	if _, err := Dial(ctx, Options{SocketPath: h.path}, Handlers{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v", err)
 	}
 }
@@ -557,7 +557,7 @@ func TestClientGoroutinesExit(t *testing.T) {
 	testutil.CheckFDs(t, waitLong)
 	h := newFakeHub(t, true)
 	for range 20 {
-		c, err := Dial(context.Background(), Options{SocketPath: h.path})
+		c, err := Dial(context.Background(), Options{SocketPath: h.path}, Handlers{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -617,7 +617,7 @@ func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 	closed := make(chan struct{})
 	var c atomic.Pointer[Conn]
 	var once sync.Once
-	opts := Options{
+	handlers := Handlers{
 		OnWake: func(Wake) {
 			xmu.Lock()
 			ran.Store(true)
@@ -637,7 +637,7 @@ func TestCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 			})
 		})
 	})
-	cl, err := Dial(context.Background(), withPath(opts, h.path))
+	cl, err := Dial(context.Background(), withPath(Options{}, h.path), handlers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -665,7 +665,7 @@ func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 	var ran atomic.Bool
 	closed := make(chan struct{})
 	var l *Local
-	opts := LocalOptions{
+	handlers := Handlers{
 		OnWake: func(Wake) {
 			xmu.Lock()
 			ran.Store(true)
@@ -683,7 +683,7 @@ func TestLocalCloseWhileHandlerStartsNeverDeadlocks(t *testing.T) {
 			return isClosed(closed) || closeBlockedOnDispatch("Local")
 		})
 	})
-	l = newLocalWith(opts)
+	l = newLocalWith(LocalOptions{}, handlers)
 	l.start(nopPlain{})
 	go l.onNotification("a", "x") // as the connection's goroutine does
 	testutil.WaitClosed(t, closed, waitLong, "Close deadlocked with the handler it let start")

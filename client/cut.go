@@ -164,7 +164,7 @@ func (f *Failover) verifyLater(hc *hubConn) {
 // releaseHeld ends hc's unverified state: its held wakes are delivered
 // (deliver, and hc still current) or dropped.
 func (f *Failover) releaseHeld(hc *hubConn, deliver bool) {
-	h := f.opts.OnWake
+	h := f.h.OnWake
 	f.dispatch.Lock()
 	defer f.dispatch.Unlock()
 	held := hc.held
@@ -226,7 +226,7 @@ func (f *Failover) setProbe(p *dbProbe) {
 // is a fail-back's candidate, delivered when hc is the current hub,
 // dropped otherwise (a candidate given up).
 func (f *Failover) onHubWake(hc *hubConn, w Wake) {
-	h := f.opts.OnWake
+	h := f.h.OnWake
 	f.dispatch.Lock()
 	defer f.dispatch.Unlock()
 	if p := f.probe; p != nil && w.Name == p.q {
@@ -269,7 +269,7 @@ func (f *Failover) onHubWake(hc *hubConn, w Wake) {
 // onLocalWake routes a wake of the local listener: during a cut, up to
 // the marker only.
 func (f *Failover) onLocalWake(w Wake) {
-	h := f.opts.OnWake
+	h := f.h.OnWake
 	f.dispatch.Lock()
 	defer f.dispatch.Unlock()
 	if c := f.cut; c != nil {
@@ -311,7 +311,7 @@ func (f *Failover) setCut(c *cut) {
 // passed its own, in order, before any later one; otherwise, when both
 // passed, it reports that a durable wake per name is owed (see cut).
 func (f *Failover) abandon(c *cut) (owed bool) {
-	h := f.opts.OnWake
+	h := f.h.OnWake
 	f.dispatch.Lock()
 	defer f.dispatch.Unlock()
 	if f.cut != c {

@@ -96,8 +96,7 @@ func ExampleDial() {
 		SocketPath: socket,
 		// Runs on the client's reader goroutine: hand the wake off,
 		// never block here.
-		OnWake: func(w client.Wake) { wakes <- w },
-	})
+	}, client.Handlers{OnWake: func(w client.Wake) { wakes <- w }})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -129,10 +128,9 @@ func ExampleNewFailover() {
 
 	wakes := make(chan client.Wake, 64)
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
-		Hub:    client.Options{SocketPath: socket},
-		Local:  client.LocalOptions{DatabaseURL: databaseURL}, // for the local listener, if ever needed
-		OnWake: func(w client.Wake) { wakes <- w },
-	})
+		Hub:   client.Options{SocketPath: socket},
+		Local: client.LocalOptions{DatabaseURL: databaseURL}, // for the local listener, if ever needed
+	}, client.FailoverHandlers{OnWake: func(w client.Wake) { wakes <- w }})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -171,10 +169,7 @@ func ExampleFailoverOptions_failback() {
 		Hub:           client.Options{SocketPath: socket},
 		Local:         client.LocalOptions{DatabaseURL: databaseURL},
 		FailbackDelay: 100 * time.Millisecond, // default 5s: no flapping
-		OnWake:        func(w client.Wake) { wakes <- w },
-		OnFailover:    func(error) { modes <- "failed over" },
-		OnFailback:    func() { modes <- "back on the hub" },
-	})
+	}, client.FailoverHandlers{OnWake: func(w client.Wake) { wakes <- w }, OnFailover: func(error) { modes <- "failed over" }, OnFailback: func() { modes <- "back on the hub" }})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -210,7 +205,7 @@ func ExampleFailover_Reason() {
 	f, err := client.NewFailover(context.Background(), client.FailoverOptions{
 		Hub:   client.Options{SocketPath: "/nonexistent/listenhub.sock"},
 		Local: client.LocalOptions{DatabaseURL: databaseURL},
-	})
+	}, client.FailoverHandlers{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -225,17 +220,16 @@ func ExampleMux() {
 	defer stop()
 	ctx := context.Background()
 
-	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
-		return client.NewFailover(ctx, client.FailoverOptions{
-			Hub:    client.Options{SocketPath: socket},
-			Local:  client.LocalOptions{DatabaseURL: databaseURL},
-			OnWake: onWake,
-		})
-	}, client.MuxOptions{Buffer: 64})
+	mux := client.NewMux(client.MuxOptions{Buffer: 64})
+	defer mux.Close()
+	f, err := client.NewFailover(ctx, client.FailoverOptions{
+		Hub:   client.Options{SocketPath: socket},
+		Local: client.LocalOptions{DatabaseURL: databaseURL},
+	}, client.FailoverHandlers{OnWake: mux.OnWake})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer mux.Close()
+	mux.Attach(f) // the Mux owns it: its Close closes f
 
 	var subs []*client.Subscription
 	for range 3 {
@@ -271,17 +265,16 @@ func Example_serverSentEvents() {
 	defer stop()
 	ctx := context.Background()
 
-	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
-		return client.NewFailover(ctx, client.FailoverOptions{
-			Hub:    client.Options{SocketPath: socket},
-			Local:  client.LocalOptions{DatabaseURL: databaseURL},
-			OnWake: onWake,
-		})
-	}, client.MuxOptions{})
+	mux := client.NewMux(client.MuxOptions{})
+	defer mux.Close()
+	f, err := client.NewFailover(ctx, client.FailoverOptions{
+		Hub:   client.Options{SocketPath: socket},
+		Local: client.LocalOptions{DatabaseURL: databaseURL},
+	}, client.FailoverHandlers{OnWake: mux.OnWake})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer mux.Close()
+	mux.Attach(f) // the Mux owns it: its Close closes f
 
 	events := func(w http.ResponseWriter, r *http.Request) {
 		sub, err := mux.Subscribe(r.Context(), r.URL.Query().Get("q"))

@@ -26,7 +26,7 @@ func setAckTimeoutHook(t *testing.T, h func()) {
 // setNewLocal makes every Failover build its local listener with f, with
 // no connection settings of its own (no database check), until the test
 // ends.
-func setNewLocal(t *testing.T, f func(ctx context.Context, opts LocalOptions) (Listener, error)) {
+func setNewLocal(t *testing.T, f func(ctx context.Context, opts LocalOptions, h Handlers) (Listener, error)) {
 	t.Helper()
 	savedNew, savedConfig := newLocal, localConfig
 	newLocal = f

@@ -215,10 +215,10 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 			}
 			f.log.Info("listenhub: back on the hub, local listener closed", "socket", f.opts.Hub.SocketPath,
 				"subscriptions", len(recorded), "local_for", time.Since(since).Round(time.Millisecond), "attempts", attempt)
-			if h := f.opts.OnFailback; h != nil {
+			if h := f.h.OnFailback; h != nil {
 				f.deliver(h)
 			}
-			if h := f.opts.OnStatus; h != nil {
+			if h := f.h.OnStatus; h != nil {
 				healthy := c.Healthy()
 				f.deliver(func() { h(healthy) })
 			}

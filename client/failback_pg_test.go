@@ -103,7 +103,7 @@ func TestPGFailbackHubKilledAndRestarted(t *testing.T) {
 	var n *notifier
 	var sentAtFailback atomic.Int64
 	failedBack := make(chan time.Time, 1)
-	f := e.failover(rec, func(o *FailoverOptions) {
+	f := e.failover(rec, func(o *foSetup) {
 		o.FailbackDelay = 500 * time.Millisecond
 		o.OnFailback = func() {
 			sentAtFailback.Store(int64(n.sent()))
@@ -185,7 +185,7 @@ func TestPGFailbackOneWay(t *testing.T) {
 	e := newPGEnv(t)
 	proc := e.startHubProcess()
 	rec := &recorder{}
-	f := e.failover(rec, func(o *FailoverOptions) {
+	f := e.failover(rec, func(o *foSetup) {
 		o.DisableFailback = true
 		o.FailbackDelay, o.ProbeInterval, o.ProbeMaxInterval = time.Millisecond, time.Millisecond, time.Millisecond
 	})
@@ -235,7 +235,7 @@ func TestPGFailbackExactThrough20(t *testing.T) {
 	e.waitBackends(1, 0)
 	rec := &recorder{}
 	var failbacks atomic.Int64
-	f := e.failover(rec, func(o *FailoverOptions) {
+	f := e.failover(rec, func(o *foSetup) {
 		o.FailbackDelay = 100 * time.Millisecond
 		o.ProbeInterval = 50 * time.Millisecond
 		o.ProbeMaxInterval = 200 * time.Millisecond
@@ -295,7 +295,7 @@ func TestPGFailbackRefusesHubOnAnotherDatabase(t *testing.T) {
 	logs := &logBuf{}
 	rec := &recorder{}
 	var failbacks atomic.Int64
-	f := e.failover(rec, func(o *FailoverOptions) {
+	f := e.failover(rec, func(o *foSetup) {
 		o.FailbackDelay = 50 * time.Millisecond
 		o.ProbeInterval = 50 * time.Millisecond
 		o.ProbeMaxInterval = 100 * time.Millisecond
@@ -383,7 +383,7 @@ func TestPGFailoverRefusesHubOnAnotherDatabaseAtStart(t *testing.T) {
 func (e *pgEnv) probingFailover(rec *recorder) (*Failover, *logBuf) {
 	e.t.Helper()
 	logs := &logBuf{}
-	f := e.failover(rec, func(o *FailoverOptions) {
+	f := e.failover(rec, func(o *foSetup) {
 		o.FailbackDelay = 50 * time.Millisecond
 		o.ProbeInterval = 50 * time.Millisecond
 		o.ProbeMaxInterval = 100 * time.Millisecond

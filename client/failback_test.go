@@ -32,8 +32,9 @@ func newFailbackTest(t *testing.T, h *fakeHub, rec *recorder, opts FailoverOptio
 		fastFailback(&opts)
 	}
 	fl, sw := &fakeLocals{}, &swaps{}
-	sw.options(&opts)
-	f, err := newTestFailover(t, h.path, fl, rec, opts)
+	setup := foSetup{FailoverOptions: opts}
+	sw.options(&setup)
+	f, err := newTestFailover(t, h.path, fl, rec, setup.FailoverOptions, setup.FailoverHandlers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func (fc *fakeConn) subscribeVia(t testing.TB, f interface {
 // swaps counts a Failover's OnFailover and OnFailback calls.
 type swaps struct{ failovers, failbacks atomic.Int32 }
 
-func (s *swaps) options(o *FailoverOptions) {
+func (s *swaps) options(o *foSetup) {
 	o.OnFailover = func(error) { s.failovers.Add(1) }
 	o.OnFailback = func() { s.failbacks.Add(1) }
 }
@@ -602,7 +603,7 @@ func (p *recPlain) Notify(context.Context, string, string) error { return nil }
 // the local listener.
 func TestLocalSync(t *testing.T) {
 	rec := &recorder{}
-	l := newLocalWith(LocalOptions{OnWake: rec.onWake})
+	l := newLocalWith(LocalOptions{}, Handlers{OnWake: rec.onWake})
 	p := &recPlain{l: l}
 	l.start(p)
 	defer l.Close()

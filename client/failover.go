@@ -44,16 +44,14 @@ type FailoverOptions struct {
 	// PeerError) is refused at dial, which means local mode (and, for a
 	// fail-back, an attempt that failed). Hub.AckTimeout also bounds a
 	// fail-back's connect and its wait for the hub's first healthy
-	// status. Its OnWake and OnStatus must be nil (the Failover's own are
-	// called); a nil Logger means the Failover's.
+	// status. A nil Logger means the Failover's.
 	Hub Options
 	// Local configures the local listener: DatabaseURL or ConnConfig,
 	// ApplicationName, ChannelPrefix and ChannelSuffix (which must be the
 	// hub's --channel-prefix and --channel-suffix), and CommandTimeout,
 	// which here also bounds building the listener. The URL is parsed by
 	// NewFailover, so a bad one fails at once rather than on the day the
-	// hub goes away. Its OnWake and OnStatus must be nil; a nil Logger
-	// means the Failover's.
+	// hub goes away. A nil Logger means the Failover's.
 	Local LocalOptions
 
 	// DisableFailback keeps pgbus's rule: once local (after a failover, or from
@@ -74,9 +72,24 @@ type FailoverOptions struct {
 	// Defaults 1s and 30s.
 	ProbeInterval, ProbeMaxInterval time.Duration
 
+	// Logger receives the failover's lines: one warning with the reason
+	// at every fall back to the local listener (Reason returns it too),
+	// and the fail-back's progress. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// FailoverHandlers receive what a Failover hears. Any may be nil.
+//
+// Every handler is called from one goroutine at a time, never two at once,
+// and in this order around a swap: the wakes of the listener being left,
+// then OnFailover (or OnFailback), then OnStatus with the new listener's
+// health, then the new listener's wakes (after a fail-back, its durable
+// wakes first). During a fail-back both listeners' wakes are delivered
+// (see Failover); statuses come from the current one only.
+type FailoverHandlers struct {
 	// OnWake and OnStatus receive the wakes and statuses of whichever
 	// listener is current, one call at a time and in order per source
-	// (see Options.OnWake for what a handler must not do). OnStatus is
+	// (see Handlers for what a handler must not do). OnStatus is
 	// called with false when the hub fails, with the local listener's
 	// health once it is swapped in (or at start, in local mode from the
 	// start) and on each change of it, and with the hub's health again
@@ -92,17 +105,14 @@ type FailoverOptions struct {
 	// is ModeHub and the local listener is closed. It comes before the
 	// durable wakes of the fail-back.
 	OnFailback func()
-
-	// Logger receives the failover's lines: one warning with the reason
-	// at every fall back to the local listener (Reason returns it too),
-	// and the fail-back's progress. Nil means slog.Default().
-	Logger *slog.Logger
 }
 
 // newLocal builds a Failover's local listener and localConfig resolves its
 // connection settings at start; tests replace both (export_test.go).
 var (
-	newLocal    = func(ctx context.Context, opts LocalOptions) (Listener, error) { return NewLocal(ctx, opts) }
+	newLocal = func(ctx context.Context, opts LocalOptions, h Handlers) (Listener, error) {
+		return NewLocal(ctx, opts, h)
+	}
 	localConfig = LocalOptions.connConfig
 )
 
@@ -171,6 +181,7 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // could not reach Postgres either.
 type Failover struct {
 	opts     FailoverOptions
+	h        FailoverHandlers
 	localCfg LocalOptions
 	log      *slog.Logger
 
@@ -214,12 +225,9 @@ type hubConn struct {
 // instead (local mode from the start, and fail-back from there unless
 // DisableFailback). It fails only if the options are invalid (an empty SocketPath, a
 // bad DatabaseURL), ctx ends, or neither hub nor Postgres can be reached.
-func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
+func NewFailover(ctx context.Context, opts FailoverOptions, h FailoverHandlers) (*Failover, error) {
 	if opts.Hub.SocketPath == "" {
 		return nil, errEmptyPath
-	}
-	if opts.Hub.OnWake != nil || opts.Hub.OnStatus != nil || opts.Local.OnWake != nil || opts.Local.OnStatus != nil {
-		return nil, errors.New("listenhub client: set OnWake and OnStatus on FailoverOptions, not on its Hub or Local options")
 	}
 	defaults.Set(&opts.Local.CommandTimeout, defaultLocalTimeout)
 	defaults.Set(&opts.Hub.AckTimeout, defaultAckTimeout)
@@ -237,14 +245,13 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 	}
 	f := &Failover{
 		opts:    opts,
+		h:       h,
 		log:     opts.Logger,
 		subs:    make(map[string]struct{}),
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	f.localCfg = opts.Local
-	f.localCfg.OnWake = f.onLocalWake
-	f.localCfg.OnStatus = f.onLocalStatus
 	if f.localCfg.Logger == nil {
 		f.localCfg.Logger = opts.Logger
 	}
@@ -277,7 +284,7 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 			f.log.Info("listenhub: no hub on this platform, listening locally", "reason", err)
 		}
 		lctx, cancel := context.WithTimeout(ctx, opts.Local.CommandTimeout)
-		local, lerr := newLocal(lctx, f.localCfg)
+		local, lerr := newLocal(lctx, f.localCfg, f.localHandlers())
 		cancel()
 		if lerr != nil {
 			return nil, &FailoverError{Hub: err, Local: lerr}
@@ -286,7 +293,7 @@ func NewFailover(ctx context.Context, opts FailoverOptions) (*Failover, error) {
 		f.mode, f.reason, f.hub, f.local, f.localSince = ModeLocal, err, nil, local, time.Now()
 		f.mu.Unlock()
 		f.startLocal(local)
-		if h := opts.OnStatus; h != nil {
+		if h := h.OnStatus; h != nil {
 			healthy := local.Healthy()
 			f.deliver(func() { h(healthy) })
 		}
@@ -306,10 +313,15 @@ func newHubConn() *hubConn { return &hubConn{status: make(chan struct{}, 1)} }
 
 // dialHub connects a hub client whose handlers know it as hc.
 func (f *Failover) dialHub(ctx context.Context, hc *hubConn) (*Conn, error) {
-	o := f.opts.Hub
-	o.OnWake = func(w Wake) { f.onHubWake(hc, w) }
-	o.OnStatus = func(healthy bool) { f.onHubStatus(hc, healthy) }
-	return Dial(ctx, o)
+	return Dial(ctx, f.opts.Hub, Handlers{
+		OnWake:   func(w Wake) { f.onHubWake(hc, w) },
+		OnStatus: func(healthy bool) { f.onHubStatus(hc, healthy) },
+	})
+}
+
+// localHandlers are the handlers of a local listener of the Failover.
+func (f *Failover) localHandlers() Handlers {
+	return Handlers{OnWake: f.onLocalWake, OnStatus: f.onLocalStatus}
 }
 
 // Mode returns where wakes come from now. During a failover it is still
@@ -522,13 +534,13 @@ func (f *Failover) startFailover(hc *hubConn, reason error) {
 // and swaps it in.
 func (f *Failover) failover(reason error) {
 	f.log.Warn("listenhub: hub failed, failing over to a local listener", "socket", f.opts.Hub.SocketPath, "reason", reason)
-	if h := f.opts.OnStatus; h != nil {
+	if h := f.h.OnStatus; h != nil {
 		f.deliver(func() { h(false) })
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), f.opts.Local.CommandTimeout)
 	defer cancel()
-	local, err := newLocal(ctx, f.localCfg)
+	local, err := newLocal(ctx, f.localCfg, f.localHandlers())
 	if err != nil {
 		f.die(&FailoverError{Hub: reason, Local: err})
 		return
@@ -557,10 +569,10 @@ func (f *Failover) failover(reason error) {
 			f.mu.Unlock()
 			f.startLocal(local)
 			f.log.Info("listenhub: local listener active", "subscriptions", len(recorded))
-			if h := f.opts.OnFailover; h != nil {
+			if h := f.h.OnFailover; h != nil {
 				f.deliver(func() { h(reason) })
 			}
-			if h := f.opts.OnStatus; h != nil {
+			if h := f.h.OnStatus; h != nil {
 				healthy := local.Healthy()
 				f.deliver(func() { h(healthy) })
 			}
@@ -605,7 +617,7 @@ func (f *Failover) startLocal(local Listener) {
 // durableWakes delivers one durable wake per name: the gap (or overlap)
 // of a swap is covered by a re-read.
 func (f *Failover) durableWakes(names []string) {
-	h := f.opts.OnWake
+	h := f.h.OnWake
 	if h == nil {
 		return
 	}
@@ -628,7 +640,7 @@ func (f *Failover) die(err error) {
 	for _, l := range ls {
 		l.Close()
 	}
-	if h := f.opts.OnStatus; h != nil {
+	if h := f.h.OnStatus; h != nil {
 		f.deliver(func() { h(false) })
 	}
 }
@@ -664,7 +676,7 @@ func (f *Failover) onHubStatus(hc *hubConn, healthy bool) {
 	if !current {
 		return
 	}
-	if h := f.opts.OnStatus; h != nil {
+	if h := f.h.OnStatus; h != nil {
 		f.deliver(func() { h(healthy) })
 	}
 }
@@ -678,7 +690,7 @@ func (f *Failover) onLocalStatus(healthy bool) {
 		// current listener's health itself.
 		return
 	}
-	if h := f.opts.OnStatus; h != nil {
+	if h := f.h.OnStatus; h != nil {
 		f.deliver(func() { h(healthy) })
 	}
 }

@@ -19,6 +19,7 @@ import (
 // fakeLocal stands in for the Postgres listener in failover tests.
 type fakeLocal struct {
 	opts LocalOptions
+	h    Handlers
 
 	mu      sync.Mutex
 	subs    []string // Subscribe calls, in order
@@ -36,13 +37,13 @@ type fakeLocals struct {
 	failSub error // the built fakeLocal's Subscribe fails with it
 }
 
-func (fl *fakeLocals) newLocal(ctx context.Context, opts LocalOptions) (Listener, error) {
+func (fl *fakeLocals) newLocal(ctx context.Context, opts LocalOptions, h Handlers) (Listener, error) {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
 	if fl.failNew != nil {
 		return nil, fl.failNew
 	}
-	l := &fakeLocal{opts: opts, done: make(chan struct{}), failSub: fl.failSub}
+	l := &fakeLocal{opts: opts, h: h, done: make(chan struct{}), failSub: fl.failSub}
 	fl.built = append(fl.built, l)
 	return l, nil
 }
@@ -116,18 +117,29 @@ func (l *fakeLocal) subscribed() []string {
 
 // notify delivers a NOTIFY as the local listener would.
 func (l *fakeLocal) notify(q, payload string) {
-	l.opts.OnWake(Wake{Name: q, Payload: payload, Durable: payload == ""})
+	l.h.OnWake(Wake{Name: q, Payload: payload, Durable: payload == ""})
 }
 
-func newTestFailover(t *testing.T, path string, fl *fakeLocals, rec *recorder, opts FailoverOptions) (*Failover, error) {
+// foSetup is what a test sets up a Failover with: its options and its
+// handlers.
+type foSetup struct {
+	FailoverOptions
+	FailoverHandlers
+}
+
+func newTestFailover(t *testing.T, path string, fl *fakeLocals, rec *recorder, o FailoverOptions, hs ...FailoverHandlers) (*Failover, error) {
 	t.Helper()
+	opts := foSetup{FailoverOptions: o}
+	if len(hs) > 0 {
+		opts.FailoverHandlers = hs[0]
+	}
 	opts.Hub.SocketPath = path
 	setNewLocal(t, fl.newLocal)
 	if rec != nil {
 		opts.OnWake = rec.onWake
 		opts.OnStatus = rec.onStatus
 	}
-	f, err := NewFailover(context.Background(), opts)
+	f, err := NewFailover(context.Background(), opts.FailoverOptions, opts.FailoverHandlers)
 	if err == nil {
 		t.Cleanup(func() { f.Close() })
 	}
@@ -178,7 +190,7 @@ func TestFailoverOnEOF(t *testing.T) {
 	rec := &recorder{}
 	var reasons []error
 	var mu sync.Mutex
-	f, err := newTestFailover(t, h.path, fl, rec, FailoverOptions{OnFailover: func(err error) {
+	f, err := newTestFailover(t, h.path, fl, rec, FailoverOptions{}, FailoverHandlers{OnFailover: func(err error) {
 		mu.Lock()
 		reasons = append(reasons, err)
 		mu.Unlock()
@@ -458,9 +470,9 @@ func TestFailoverSubscribeContextDuringSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setNewLocal(t, func(ctx context.Context, o LocalOptions) (Listener, error) {
+	setNewLocal(t, func(ctx context.Context, o LocalOptions, h Handlers) (Listener, error) {
 		<-gate
-		return fl.newLocal(ctx, o)
+		return fl.newLocal(ctx, o, h)
 	})
 	fc := h.accept()
 	mustSubscribe(t, f, "a")

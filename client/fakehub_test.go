@@ -298,13 +298,16 @@ func cancelThenAck(t testing.TB, cancel func(), first, second <-chan error, fc *
 }
 
 // dialFake dials h with the recorder's handlers; closed at test end.
-func dialFake(t testing.TB, h *fakeHub, rec *recorder, opts Options) *Conn {
+func dialFake(t testing.TB, h *fakeHub, rec *recorder, opts Options, hs ...Handlers) *Conn {
 	t.Helper()
-	if rec != nil {
-		opts.OnWake = rec.onWake
-		opts.OnStatus = rec.onStatus
+	var handlers Handlers
+	if len(hs) > 0 {
+		handlers = hs[0]
 	}
-	c, err := Dial(context.Background(), withPath(opts, h.path))
+	if rec != nil {
+		handlers = Handlers{OnWake: rec.onWake, OnStatus: rec.onStatus}
+	}
+	c, err := Dial(context.Background(), withPath(opts, h.path), handlers)
 	if err != nil {
 		t.Fatal(err)
 	}

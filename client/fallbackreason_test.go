@@ -46,7 +46,7 @@ func TestFailoverFallbackSaysWhy(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f, err := NewFailover(ctx, FailoverOptions{Hub: Options{SocketPath: path}, Local: LocalOptions{DatabaseURL: c.URL()}})
+	f, err := NewFailover(ctx, FailoverOptions{Hub: Options{SocketPath: path}, Local: LocalOptions{DatabaseURL: c.URL()}}, FailoverHandlers{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -155,20 +155,20 @@ func (e *pgEnv) startHubProcess(args ...string) *exec.Cmd {
 	return cmd
 }
 
-func (e *pgEnv) failover(rec *recorder, mutate func(*FailoverOptions)) *Failover {
+func (e *pgEnv) failover(rec *recorder, mutate func(*foSetup)) *Failover {
 	e.t.Helper()
-	opts := FailoverOptions{
+	opts := foSetup{FailoverOptions: FailoverOptions{
 		Hub:    Options{SocketPath: e.socket},
 		Local:  LocalOptions{DatabaseURL: e.db.URL(), ApplicationName: e.localApp, ChannelPrefix: e.prefix},
 		Logger: e.logs.logger().With("side", "client"),
-	}
+	}}
 	if rec != nil {
 		opts.OnWake, opts.OnStatus = rec.onWake, rec.onStatus
 	}
 	if mutate != nil {
 		mutate(&opts)
 	}
-	f, err := NewFailover(context.Background(), opts)
+	f, err := NewFailover(context.Background(), opts.FailoverOptions, opts.FailoverHandlers)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func TestPGClientWakesAndPayloads(t *testing.T) {
 	e := newPGEnv(t)
 	e.startHub(func(c *hub.Config) { c.ChannelSuffix = ".ins" })
 	rec := &recorder{}
-	c, err := Dial(context.Background(), Options{SocketPath: e.socket, OnWake: rec.onWake, OnStatus: rec.onStatus})
+	c, err := Dial(context.Background(), Options{SocketPath: e.socket}, Handlers{OnWake: rec.onWake, OnStatus: rec.onStatus})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +458,7 @@ func TestPGFailoverHubNeverAcks(t *testing.T) {
 	fh := newFakeHub(t, false)
 	e.socket = fh.path
 	rec := &recorder{}
-	f := e.failover(rec, func(o *FailoverOptions) { o.Hub.AckTimeout = 200 * time.Millisecond })
+	f := e.failover(rec, func(o *foSetup) { o.Hub.AckTimeout = 200 * time.Millisecond })
 	fc := fh.accept()
 	e.waitBackends(0, 0)
 	if err := f.Subscribe(context.Background(), "a"); err != nil {
@@ -483,7 +483,7 @@ func TestPGFailoverEviction(t *testing.T) {
 	var once sync.Once
 	wedged := make(chan struct{})
 	rec := &recorder{}
-	f := e.failover(nil, func(o *FailoverOptions) {
+	f := e.failover(nil, func(o *foSetup) {
 		o.OnWake = func(w Wake) {
 			if w.Payload == "wedge" {
 				once.Do(func() { close(wedged) })
@@ -493,7 +493,7 @@ func TestPGFailoverEviction(t *testing.T) {
 		}
 	})
 	sibling := &recorder{}
-	sc, err := Dial(context.Background(), Options{SocketPath: e.socket, OnWake: sibling.onWake})
+	sc, err := Dial(context.Background(), Options{SocketPath: e.socket}, Handlers{OnWake: sibling.onWake})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,10 +551,8 @@ func TestPGFailoverEviction(t *testing.T) {
 func TestPGMuxFanout1000(t *testing.T) {
 	e := newPGEnv(t)
 	h := e.startHub(nil)
-	m, err := NewMux(func(onWake func(Wake)) (Listener, error) {
-		return e.failover(nil, func(o *FailoverOptions) { o.OnWake = onWake }), nil
-	}, MuxOptions{})
-	if err != nil {
+	m := NewMux(MuxOptions{})
+	if err := m.Attach(e.failover(nil, func(o *foSetup) { o.OnWake = m.OnWake })); err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
@@ -586,8 +584,7 @@ func TestPGLocal(t *testing.T) {
 	l, err := NewLocal(context.Background(), LocalOptions{
 		DatabaseURL: e.db.URL(), ApplicationName: e.localApp,
 		ChannelPrefix: e.prefix, ChannelSuffix: ".s",
-		OnWake: rec.onWake, OnStatus: rec.onStatus,
-	})
+	}, Handlers{OnWake: rec.onWake, OnStatus: rec.onStatus})
 	if err != nil {
 		t.Fatal(err)
 	}

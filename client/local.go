@@ -39,12 +39,8 @@ type LocalOptions struct {
 	// for a reconnect when Postgres is down. Default 10s.
 	CommandTimeout time.Duration
 
-	// OnWake and OnStatus: see Options. Called from the listener's
-	// goroutine, one at a time, in order. OnStatus follows the Postgres
-	// connection (false when lost, true once reconnected and re-LISTENed).
-	OnWake   func(Wake)
-	OnStatus func(healthy bool)
-	Logger   *slog.Logger
+	// Logger receives the listener's debug lines. Nil discards them.
+	Logger *slog.Logger
 }
 
 // connConfig resolves the connection settings.
@@ -88,6 +84,7 @@ type plain interface {
 // overtake an earlier or later Subscribe of the same name.
 type Local struct {
 	opts LocalOptions
+	h    Handlers
 	p    plain
 	log  *slog.Logger
 
@@ -115,7 +112,11 @@ type localOp struct {
 
 // NewLocal connects to Postgres (ctx bounds the connect) and returns a
 // Local with nothing subscribed.
-func NewLocal(ctx context.Context, opts LocalOptions) (*Local, error) {
+//
+// Its handlers are called from the listener's goroutine, one at a time, in
+// order (see Handlers). OnStatus follows the Postgres connection: false
+// when lost, true once reconnected and re-LISTENed.
+func NewLocal(ctx context.Context, opts LocalOptions, h Handlers) (*Local, error) {
 	defaults.Set(&opts.CommandTimeout, defaultLocalTimeout)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -124,7 +125,7 @@ func NewLocal(ctx context.Context, opts LocalOptions) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := newLocalWith(opts)
+	l := newLocalWith(opts, h)
 	p, err := openPlain(ctx, cc, l)
 	if err != nil {
 		return nil, fmt.Errorf("listenhub client: local listener: %w", err)
@@ -133,13 +134,14 @@ func NewLocal(ctx context.Context, opts LocalOptions) (*Local, error) {
 	return l, nil
 }
 
-func newLocalWith(opts LocalOptions) *Local {
+func newLocalWith(opts LocalOptions, h Handlers) *Local {
 	defaults.Set(&opts.CommandTimeout, defaultLocalTimeout)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Local{
 		opts:      opts,
+		h:         h,
 		log:       opts.Logger,
 		listening: make(map[string]bool),
 		done:      make(chan struct{}),
@@ -377,14 +379,14 @@ func (l *Local) onNotification(ch, payload string) {
 		return
 	}
 	w := Wake{Name: q, Payload: payload, Durable: payload == ""}
-	if h := l.opts.OnWake; h != nil {
+	if h := l.h.OnWake; h != nil {
 		l.call(func() { h(w) })
 	}
 }
 
 func (l *Local) onHealth(healthy bool) {
 	l.healthy.Store(healthy)
-	if h := l.opts.OnStatus; h != nil {
+	if h := l.h.OnStatus; h != nil {
 		l.call(func() { h(healthy) })
 	}
 }

@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"errors"
+	"iter"
 	"log/slog"
 	"sync"
 
@@ -38,17 +40,13 @@ type MuxOptions struct {
 // that finds its buffer full closes it with a *SlowSubscriberError, which
 // its Next and Err return.
 //
-// The Listener needs the Mux's wake handler, so NewMux builds it:
-//
-//	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
-//		return client.NewFailover(ctx, client.FailoverOptions{..., OnWake: onWake})
-//	}, client.MuxOptions{})
+// The Listener delivers to the Mux's OnWake handler; see NewMux.
 type Mux struct {
 	buffer int
 	log    *slog.Logger
 
 	mu    sync.RWMutex
-	l     Listener // set once, by NewMux
+	l     Listener // set once, by Attach
 	chans map[string]*muxChan
 	err   error // set when the Mux is closed or its Listener died
 	// closed is closed with err set, so that the watcher of the Listener
@@ -65,25 +63,40 @@ type muxChan struct {
 	changed    chan struct{} // closed (and replaced) whenever subscribed changes or a Subscribe failed
 }
 
-// NewMux builds a Mux and its Listener: open is called once, with the
-// Mux's wake handler to pass as the Listener's OnWake (a Client, Local or
-// Failover), and its error is NewMux's. The Mux owns the Listener: Close
-// closes it, and when it dies the Mux closes every subscriber with its
-// error.
-func NewMux(open func(onWake func(Wake)) (Listener, error), opts MuxOptions) (*Mux, error) {
+// NewMux returns a Mux with no Listener yet. Give the Listener the Mux's
+// OnWake as its wake handler, then Attach it:
+//
+//	mux := client.NewMux(client.MuxOptions{})
+//	f, err := client.NewFailover(ctx, opts, client.FailoverHandlers{OnWake: mux.OnWake})
+//	if err != nil { ... }
+//	mux.Attach(f)
+func NewMux(opts MuxOptions) *Mux {
 	defaults.Set(&opts.Buffer, defaultMuxBuffer)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	m := &Mux{buffer: opts.Buffer, log: opts.Logger, chans: make(map[string]*muxChan), closed: make(chan struct{})}
-	// The Listener may deliver before open returns; handleWake finds no
-	// subscriber until a Subscribe, which needs m.l, and m.l is set
-	// before the Mux is returned.
-	l, err := open(m.handleWake)
-	if err != nil {
-		return nil, err
+	return &Mux{buffer: opts.Buffer, log: opts.Logger, chans: make(map[string]*muxChan), closed: make(chan struct{})}
+}
+
+// Attach makes l the Listener the Mux subscribes through, once: the Mux
+// owns it from here on. Close closes it, and when it dies the Mux closes
+// every subscriber with its error. Wakes l delivered before Attach found
+// no subscriber (Subscribe needs the Listener). Attach to a closed Mux
+// closes l and returns ErrClosed.
+func (m *Mux) Attach(l Listener) error {
+	m.mu.Lock()
+	switch {
+	case m.err != nil:
+		err := m.err
+		m.mu.Unlock()
+		l.Close()
+		return err
+	case m.l != nil:
+		m.mu.Unlock()
+		return errMuxAttached
 	}
 	m.l = l
+	m.mu.Unlock()
 	go func() {
 		select {
 		case <-l.Done():
@@ -91,12 +104,25 @@ func NewMux(open func(onWake func(Wake)) (Listener, error), opts MuxOptions) (*M
 		case <-m.closed:
 		}
 	}()
-	return m, nil
+	return nil
 }
 
+var (
+	errMuxAttached   = errors.New("listenhub client: the Mux has a Listener already")
+	errMuxUnattached = errors.New("listenhub client: the Mux has no Listener yet (Attach)")
+)
+
 // Listener returns the Listener the Mux subscribes through (for a
-// Failover's Mode, say).
-func (m *Mux) Listener() Listener { return m.l }
+// Failover's Mode, say), nil before Attach.
+func (m *Mux) Listener() Listener {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.l
+}
+
+// OnWake is the Mux's wake handler, to give its Listener: it delivers w to
+// every subscriber of w.Name and never blocks.
+func (m *Mux) OnWake(w Wake) { m.handleWake(w) }
 
 // handleWake delivers w to every subscriber of w.Name. It never blocks.
 func (m *Mux) handleWake(w Wake) {
@@ -130,6 +156,10 @@ func (m *Mux) Subscribe(ctx context.Context, q string) (*Subscription, error) {
 		err := m.err
 		m.mu.Unlock()
 		return nil, err
+	}
+	if m.l == nil {
+		m.mu.Unlock()
+		return nil, errMuxUnattached
 	}
 	ch := m.chans[q]
 	if ch == nil {
@@ -180,7 +210,10 @@ func (m *Mux) Subscribers(q string) int {
 // closes the Listener.
 func (m *Mux) Close() error {
 	m.fail(ErrClosed)
-	return m.l.Close()
+	if l := m.Listener(); l != nil {
+		return l.Close()
+	}
+	return nil
 }
 
 func (m *Mux) fail(err error) {
@@ -342,6 +375,32 @@ func (s *Subscription) push(w Wake) bool {
 	default:
 	}
 	return true
+}
+
+// Wakes returns an iterator over the subscription's wakes, for a range
+// loop (as nats.go's iterators): each wake as Next returns it, then Next's
+// first error, after which it ends; breaking out of the loop ends it too.
+// Call it from one goroutine, as Next.
+//
+//	for w, err := range sub.Wakes(ctx) {
+//		if err != nil {
+//			return err // ctx's, ErrClosed, a *SlowSubscriberError, the Listener's
+//		}
+//		handle(w)
+//	}
+func (s *Subscription) Wakes(ctx context.Context) iter.Seq2[Wake, error] {
+	return func(yield func(Wake, error) bool) {
+		for {
+			w, err := s.Next(ctx)
+			if err != nil {
+				yield(Wake{}, err)
+				return
+			}
+			if !yield(w, nil) {
+				return
+			}
+		}
+	}
 }
 
 // Next returns the oldest pending wake, waiting for one if none is pending.

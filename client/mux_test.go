@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -19,12 +20,9 @@ import (
 func muxOverFake(t *testing.T, auto bool, opts MuxOptions) (*Mux, *Conn, *fakeConn) {
 	t.Helper()
 	h := newFakeHub(t, auto)
-	var c *Conn
-	m, err := NewMux(func(onWake func(Wake)) (Listener, error) {
-		c = dialFake(t, h, nil, Options{OnWake: onWake})
-		return c, nil
-	}, opts)
-	if err != nil {
+	m := NewMux(opts)
+	c := dialFake(t, h, nil, Options{}, Handlers{OnWake: m.OnWake})
+	if err := m.Attach(c); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
@@ -284,15 +282,30 @@ func TestMuxClose(t *testing.T) {
 	s.Close() // after Mux.Close: harmless
 }
 
-// NewMux returns the error of the Listener it could not build.
-func TestNewMuxOpenError(t *testing.T) {
-	errOpen := errors.New("no listener")
-	m, err := NewMux(func(onWake func(Wake)) (Listener, error) {
-		onWake(Wake{Name: "a"}) // a wake before any subscriber: no panic
-		return nil, errOpen
-	}, MuxOptions{})
-	if m != nil || !errors.Is(err, errOpen) {
-		t.Fatalf("NewMux = %v, %v; want nil, the open error", m, err)
+// A Mux takes one Listener: Subscribe before Attach is an error, a wake
+// before it reaches nobody, a second Attach is refused, and Attach to a
+// closed Mux closes the Listener.
+func TestMuxAttach(t *testing.T) {
+	m := NewMux(MuxOptions{})
+	m.OnWake(Wake{Name: "a"}) // a wake before any subscriber: no panic
+	if _, err := m.Subscribe(context.Background(), "a"); !errors.Is(err, errMuxUnattached) {
+		t.Fatalf("Subscribe before Attach: %v", err)
+	}
+	first := &fakeLocal{done: make(chan struct{})}
+	if err := m.Attach(first); err != nil {
+		t.Fatal(err)
+	}
+	second := &fakeLocal{done: make(chan struct{})}
+	if err := m.Attach(second); !errors.Is(err, errMuxAttached) || m.Listener() != Listener(first) {
+		t.Fatalf("second Attach: %v, listener %v", err, m.Listener())
+	}
+	if _, err := m.Subscribe(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	late := &fakeLocal{done: make(chan struct{})}
+	if err := m.Attach(late); !errors.Is(err, ErrClosed) || !isClosed(late.done) {
+		t.Fatalf("Attach after Close: %v, closed %v", err, isClosed(late.done))
 	}
 }
 
@@ -382,8 +395,8 @@ func muxWatchers() int {
 func TestMuxCloseEndsWatcher(t *testing.T) {
 	before := muxWatchers()
 	l := &fakeLocal{done: make(chan struct{})}
-	m, err := NewMux(func(func(Wake)) (Listener, error) { return l, nil }, MuxOptions{})
-	if err != nil {
+	m := NewMux(MuxOptions{})
+	if err := m.Attach(l); err != nil {
 		t.Fatal(err)
 	}
 	m.Close()
@@ -437,5 +450,46 @@ func eachReadsInOrder(t *testing.T, subs []*Subscription, n int) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// Wakes ranges over the wakes in order, ends with the subscription's error
+// once, and a break leaves the subscription open.
+func TestSubscriptionWakes(t *testing.T) {
+	m, _, fc := muxOverFake(t, true, MuxOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	s, err := m.Subscribe(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc.expect(t, "sub", "a")
+	for _, p := range []string{"1", "2", "3", "4"} {
+		fc.wake("a", p)
+	}
+	var got []string
+	for w, err := range s.Wakes(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got = append(got, w.Payload); len(got) == 2 {
+			break
+		}
+	}
+	testutil.WaitFor(t, waitLong, "wakes 3 and 4 pending", func() bool { return s.Pending() == 2 })
+	var errs []error
+	go func() {
+		testutil.WaitFor(t, waitLong, "the last two wakes", func() bool { return s.Pending() == 0 })
+		s.Close()
+	}()
+	for w, err := range s.Wakes(ctx) {
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		got = append(got, w.Payload)
+	}
+	if !slices.Equal(got, []string{"1", "2", "3", "4"}) || len(errs) != 1 || !errors.Is(errs[0], ErrClosed) {
+		t.Fatalf("wakes %v, errors %v; want 1 2 3 4 then ErrClosed once", got, errs)
 	}
 }

@@ -50,7 +50,7 @@ func checkRefused(t testing.TB, err error, uid int) {
 // and an explicit list naming the uid accept the same socket.
 func TestDialRefusesPeerUID(t *testing.T) {
 	h := newFakeHub(t, true)
-	_, err := Dial(context.Background(), Options{SocketPath: h.path, AllowUIDs: []int{otherUID()}})
+	_, err := Dial(context.Background(), Options{SocketPath: h.path, AllowUIDs: []int{otherUID()}}, Handlers{})
 	checkRefused(t, err, os.Geteuid())
 	fc := h.accept()
 	fc.waitEOF(t)
@@ -61,7 +61,7 @@ func TestDialRefusesPeerUID(t *testing.T) {
 	}
 
 	for _, allow := range [][]int{nil, {otherUID(), os.Geteuid()}} {
-		c, err := Dial(context.Background(), Options{SocketPath: h.path, AllowUIDs: allow})
+		c, err := Dial(context.Background(), Options{SocketPath: h.path, AllowUIDs: allow}, Handlers{})
 		if err != nil {
 			t.Fatalf("AllowUIDs %v: %v", allow, err)
 		}
@@ -186,7 +186,7 @@ func TestDialRefusesForeignHub(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err := Dial(context.Background(), Options{SocketPath: path})
+	_, err := Dial(context.Background(), Options{SocketPath: path}, Handlers{})
 	checkRefused(t, err, nobody)
 	if l := next(); l != "closed after 0 bytes" {
 		t.Fatalf("helper: %s, want the refused connection closed without a byte", l)
@@ -204,7 +204,7 @@ func TestDialRefusesForeignHub(t *testing.T) {
 		t.Fatalf("helper: %s", l)
 	}
 
-	c, err := Dial(context.Background(), Options{SocketPath: path, AllowUIDs: []int{nobody}})
+	c, err := Dial(context.Background(), Options{SocketPath: path, AllowUIDs: []int{nobody}}, Handlers{})
 	if err != nil {
 		t.Fatalf("AllowUIDs [nobody]: %v", err)
 	}

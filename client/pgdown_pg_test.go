@@ -93,7 +93,7 @@ func TestPGPostgresDownAtStartWorkerStays(t *testing.T) {
 	e.startHub(func(c *hub.Config) { c.DatabaseURL = down })
 	rec := &recorder{}
 	var failovers atomic.Int64
-	f := e.failover(rec, func(o *FailoverOptions) {
+	f := e.failover(rec, func(o *foSetup) {
 		o.Local.DatabaseURL = down
 		o.Hub.AckTimeout = time.Second
 		o.OnFailover = func(error) { failovers.Add(1) }
@@ -163,7 +163,7 @@ func TestPGUnverifiedHubOnAnotherDatabaseRefusedOnceUp(t *testing.T) {
 	ou.Path = "/" + other
 	e.startHub(func(c *hub.Config) { c.DatabaseURL = p.via(ou.String()) })
 	rec := &recorder{}
-	f := e.failover(rec, func(o *FailoverOptions) { o.Hub.AckTimeout = time.Second })
+	f := e.failover(rec, func(o *foSetup) { o.Hub.AckTimeout = time.Second })
 	if f.Mode() != ModeHub {
 		t.Fatalf("mode %v at start, want hub (unverified)", f.Mode())
 	}
@@ -202,7 +202,7 @@ func TestPGFrozenHubFailsOver(t *testing.T) {
 	proc := e.startHubProcess("--status-interval", "200ms") // status re-sent every second
 	e.waitBackends(1, 0)
 	rec := &recorder{}
-	f := e.failover(rec, func(o *FailoverOptions) { o.Hub.SilenceTimeout = 3 * time.Second })
+	f := e.failover(rec, func(o *foSetup) { o.Hub.SilenceTimeout = 3 * time.Second })
 	mustSubscribe(t, f, "a")
 	if f.Mode() != ModeHub {
 		t.Fatalf("mode %v, want hub", f.Mode())

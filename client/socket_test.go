@@ -23,12 +23,12 @@ import (
 // An empty socket path is an error at construction, for Dial and for a
 // Failover (which would otherwise listen locally for good, silently).
 func TestEmptySocketPath(t *testing.T) {
-	if _, err := Dial(context.Background(), Options{SocketPath: ""}); err == nil || !strings.Contains(err.Error(), "no socket path") {
+	if _, err := Dial(context.Background(), Options{SocketPath: ""}, Handlers{}); err == nil || !strings.Contains(err.Error(), "no socket path") {
 		t.Fatalf("Dial(\"\"): %v, want an error saying there is no socket path", err)
 	}
 	fl := &fakeLocals{}
 	setNewLocal(t, fl.newLocal)
-	f, err := NewFailover(context.Background(), FailoverOptions{})
+	f, err := NewFailover(context.Background(), FailoverOptions{}, FailoverHandlers{})
 	if err == nil {
 		f.Close()
 		t.Fatal("NewFailover without SocketPath: no error")
@@ -66,14 +66,14 @@ func TestDialSocketIdentity(t *testing.T) {
 	if err := os.Symlink(h.path, link); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Dial(context.Background(), Options{SocketPath: link})
+	_, err := Dial(context.Background(), Options{SocketPath: link}, Handlers{})
 	checkIdentity(t, err, "a symlink (mode 120777): not our hub's socket")
 
 	file := filepath.Join(dir, "file.sock")
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Dial(context.Background(), Options{SocketPath: file})
+	_, err = Dial(context.Background(), Options{SocketPath: file}, Handlers{})
 	checkIdentity(t, err, "not a socket (mode 100644): not our hub's socket")
 
 	hubDir := filepath.Dir(h.path)
@@ -81,14 +81,14 @@ func TestDialSocketIdentity(t *testing.T) {
 		if err := os.Chmod(hubDir, mode); err != nil {
 			t.Fatal(err)
 		}
-		_, err = Dial(context.Background(), Options{SocketPath: h.path})
+		_, err = Dial(context.Background(), Options{SocketPath: h.path}, Handlers{})
 		checkIdentity(t, err, fmt.Sprintf("directory mode %04o is writable by group or other (and not sticky)", mode))
 	}
 	// Sticky: only an entry's owner may replace it.
 	if err := os.Chmod(hubDir, 0o777|os.ModeSticky); err != nil {
 		t.Fatal(err)
 	}
-	c, err := Dial(context.Background(), Options{SocketPath: h.path})
+	c, err := Dial(context.Background(), Options{SocketPath: h.path}, Handlers{})
 	if err != nil {
 		t.Fatalf("sticky directory: %v", err)
 	}
@@ -99,7 +99,7 @@ func TestDialSocketIdentity(t *testing.T) {
 
 	// A relative path is checked in the working directory.
 	if rel, err := filepath.Rel(mustGetwd(t), h.path); err == nil && len(rel) < maxSunPath {
-		c, err := Dial(context.Background(), Options{SocketPath: rel})
+		c, err := Dial(context.Background(), Options{SocketPath: rel}, Handlers{})
 		if err != nil {
 			t.Fatalf("relative path %s: %v", rel, err)
 		}
@@ -126,7 +126,7 @@ func TestDialSocketOwners(t *testing.T) {
 	if err := os.Chown(h.path, nobody, -1); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Dial(context.Background(), Options{SocketPath: h.path})
+	_, err := Dial(context.Background(), Options{SocketPath: h.path}, Handlers{})
 	checkIdentity(t, err, "socket owned by uid 65534, not ours (0), root or an allowed uid: not our hub")
 	if err := os.Chown(h.path, 0, -1); err != nil {
 		t.Fatal(err)
@@ -134,10 +134,10 @@ func TestDialSocketOwners(t *testing.T) {
 	if err := os.Chown(filepath.Dir(h.path), nobody, -1); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Dial(context.Background(), Options{SocketPath: h.path})
+	_, err = Dial(context.Background(), Options{SocketPath: h.path}, Handlers{})
 	checkIdentity(t, err, "directory owned by uid 65534, not ours (0), root or an allowed uid")
 	// Naming the uid trusts it (and our own uid stays trusted for files).
-	c, err := Dial(context.Background(), Options{SocketPath: h.path, AllowUIDs: []int{nobody, 0}})
+	c, err := Dial(context.Background(), Options{SocketPath: h.path, AllowUIDs: []int{nobody, 0}}, Handlers{})
 	if err != nil {
 		t.Fatalf("AllowUIDs [nobody root]: %v", err)
 	}
@@ -157,7 +157,7 @@ func TestDialWithoutProc(t *testing.T) {
 	if err := await(t, res); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Dial(context.Background(), Options{SocketPath: filepath.Join(filepath.Dir(h.path), "absent.sock")})
+	_, err := Dial(context.Background(), Options{SocketPath: filepath.Join(filepath.Dir(h.path), "absent.sock")}, Handlers{})
 	if !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("absent socket: %v", err)
 	}
@@ -190,7 +190,7 @@ func TestRefusedByHub(t *testing.T) {
 func TestRefusalWinsOverWriteError(t *testing.T) {
 	h := newFakeHub(t, false)
 	for i := range 20 {
-		c, err := Dial(context.Background(), Options{SocketPath: h.path})
+		c, err := Dial(context.Background(), Options{SocketPath: h.path}, Handlers{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +265,7 @@ func TestFrameTimeout(t *testing.T) {
 func TestPGRefusedByRealHub(t *testing.T) {
 	e := newPGEnv(t)
 	e.startHub(func(c *hub.Config) { c.AllowUIDs = []int{otherUID()} })
-	c, err := Dial(context.Background(), Options{SocketPath: e.socket, Logger: e.logs.logger()})
+	c, err := Dial(context.Background(), Options{SocketPath: e.socket, Logger: e.logs.logger()}, Handlers{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func attack(t *testing.T, mode string) (ok, refused int) {
 	const extra = 15 * time.Second
 	for i := 0; i < n || (mode == "dir" && (ok == 0 || refused == 0) && time.Since(start) < extra); i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := Dial(ctx, Options{SocketPath: target, AckTimeout: 2 * time.Second})
+		c, err := Dial(ctx, Options{SocketPath: target, AckTimeout: 2 * time.Second}, Handlers{})
 		cancel()
 		if err != nil {
 			refused++
@@ -449,7 +449,7 @@ func TestFailoverRefusedByHub(t *testing.T) {
 func TestBigFrameInSmallPieces(t *testing.T) {
 	h := newFakeHub(t, true)
 	got := make(chan Wake, 1)
-	c := dialFake(t, h, nil, Options{OnWake: func(w Wake) { got <- w }})
+	c := dialFake(t, h, nil, Options{}, Handlers{OnWake: func(w Wake) { got <- w }})
 	fc := h.accept()
 	if err := await(t, result(func() error { return c.Subscribe(context.Background(), "big") })); err != nil {
 		t.Fatal(err)
@@ -490,7 +490,7 @@ func TestBigFrameInSmallPieces(t *testing.T) {
 // dials as nobody (root may search anything).
 func TestUnreachableDirectoryNamesThePermission(t *testing.T) {
 	if sock := os.Getenv("LISTENHUB_TEST_DIAL_AS"); sock != "" {
-		_, err := Dial(context.Background(), Options{SocketPath: sock})
+		_, err := Dial(context.Background(), Options{SocketPath: sock}, Handlers{})
 		fmt.Println(err)
 		return
 	}

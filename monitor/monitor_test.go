@@ -75,7 +75,7 @@ func TestStartServesHub(t *testing.T) {
 	}
 	defer srv.Close()
 	base := "http://" + srv.Addr().String()
-	w, err := client.Dial(ctx, client.Options{SocketPath: sock})
+	w, err := client.Dial(ctx, client.Options{SocketPath: sock}, client.Handlers{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -390,7 +390,7 @@ func TestServeRelayPublicationDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	wakes := make(chan client.Wake, 16)
-	c, err := client.Dial(ctx, client.Options{SocketPath: sock, OnWake: func(w client.Wake) { wakes <- w }})
+	c, err := client.Dial(ctx, client.Options{SocketPath: sock}, client.Handlers{OnWake: func(w client.Wake) { wakes <- w }})
 	if err != nil {
 		t.Fatal(err)
 	}

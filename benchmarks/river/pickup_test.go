@@ -78,7 +78,7 @@ func BenchmarkRiverPickup(b *testing.B) {
 	b.Cleanup(func() { hub.Process.Signal(syscall.SIGTERM); hub.Wait() })
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		c, err := client.Dial(ctx, client.Options{SocketPath: sock})
+		c, err := client.Dial(ctx, client.Options{SocketPath: sock}, client.Handlers{})
 		if err == nil {
 			c.Close()
 			break

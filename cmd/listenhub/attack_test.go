@@ -259,15 +259,13 @@ func startSibling(t testing.TB, socket, q string, rate int) *sibling {
 	c, err := client.Dial(context.Background(), client.Options{
 		SocketPath: socket,
 		AckTimeout: timeout,
-		OnWake:     s.onWake,
-		OnStatus: func(ok bool) {
-			if !ok {
-				s.mu.Lock()
-				s.unhealthy++
-				s.mu.Unlock()
-			}
-		},
-	})
+	}, client.Handlers{OnWake: s.onWake, OnStatus: func(ok bool) {
+		if !ok {
+			s.mu.Lock()
+			s.unhealthy++
+			s.mu.Unlock()
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

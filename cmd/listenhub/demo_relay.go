@@ -204,7 +204,7 @@ func (d *relayDemo) setUp(ctx context.Context) (sock string, err error) {
 	}
 	d.hub = h
 	for range d.cfg.workers {
-		c, err := client.Dial(ctx, client.Options{SocketPath: sock, OnWake: d.onWake})
+		c, err := client.Dial(ctx, client.Options{SocketPath: sock}, client.Handlers{OnWake: d.onWake})
 		if err != nil {
 			return "", err
 		}

@@ -173,18 +173,15 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		mu.Unlock()
 	}
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
-		Hub:    client.Options{SocketPath: socket},
-		Local:  client.LocalOptions{DatabaseURL: databaseURL, ApplicationName: appName},
-		OnWake: onWake,
-		OnFailover: func(reason error) {
-			fmt.Fprintf(stderr, "listenhub demo-worker %d: hub failed (%s); listening on its own connection\n", os.Getpid(), oneLine(reason))
-			emit("mode local")
-		},
-		OnFailback: func() {
-			fmt.Fprintf(stderr, "listenhub demo-worker %d: hub back; its own connection closed\n", os.Getpid())
-			emit("mode hub")
-		},
-	})
+		Hub:   client.Options{SocketPath: socket},
+		Local: client.LocalOptions{DatabaseURL: databaseURL, ApplicationName: appName},
+	}, client.FailoverHandlers{OnWake: onWake, OnFailover: func(reason error) {
+		fmt.Fprintf(stderr, "listenhub demo-worker %d: hub failed (%s); listening on its own connection\n", os.Getpid(), oneLine(reason))
+		emit("mode local")
+	}, OnFailback: func() {
+		fmt.Fprintf(stderr, "listenhub demo-worker %d: hub back; its own connection closed\n", os.Getpid())
+		emit("mode hub")
+	}})
 	if err != nil {
 		fmt.Fprintf(stderr, "listenhub demo-worker: %s\n", oneLine(err))
 		return 1

@@ -93,7 +93,7 @@ func startResubscriber(t *testing.T, socket string, every time.Duration) *resubs
 	t.Helper()
 	s := &resubscriber{background: newBackground()}
 	go s.loop(every, func(i int) bool {
-		c, err := client.Dial(context.Background(), client.Options{SocketPath: socket, AckTimeout: 2 * time.Second})
+		c, err := client.Dial(context.Background(), client.Options{SocketPath: socket, AckTimeout: 2 * time.Second}, client.Handlers{})
 		if err == nil {
 			err = c.Subscribe(context.Background(), fmt.Sprintf("resubscriber%d", i))
 			c.Close()

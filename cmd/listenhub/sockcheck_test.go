@@ -64,7 +64,7 @@ func TestAllowRefusableSocket(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, client.Options{SocketPath: path})
+	c, err := client.Dial(ctx, client.Options{SocketPath: path}, client.Handlers{})
 	var se *client.SocketError
 	if err == nil {
 		c.Close()
@@ -93,7 +93,7 @@ func TestMissingSocketDirSaysInstall(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "missing", "hub.sock")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := client.Dial(ctx, client.Options{SocketPath: path}); err == nil || !strings.Contains(err.Error(), "install -d") {
+	if _, err := client.Dial(ctx, client.Options{SocketPath: path}, client.Handlers{}); err == nil || !strings.Contains(err.Error(), "install -d") {
 		t.Errorf("client.Dial: %v, want an error saying install -d", err)
 	}
 	_, by, _ := doctor(t, "--socket", path)

@@ -65,8 +65,7 @@ func run(ctx context.Context, databaseURL, sock string, ln net.Listener) error {
 
 	worker, err := client.Dial(ctx, client.Options{
 		SocketPath: sock,
-		OnWake:     func(w client.Wake) { log.Printf("wake: %s %q", w.Name, w.Payload) },
-	})
+	}, client.Handlers{OnWake: func(w client.Wake) { log.Printf("wake: %s %q", w.Name, w.Payload) }})
 	if err != nil {
 		return err
 	}

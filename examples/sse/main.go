@@ -173,28 +173,28 @@ type app struct {
 
 func newApp(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	modes := newModeWatch()
-	var l *client.Failover
-	mux, err := client.NewMux(func(onWake func(client.Wake)) (client.Listener, error) {
-		var err error
-		l, err = client.NewFailover(ctx, client.FailoverOptions{
-			Hub:             client.Options{SocketPath: cfg.Socket},
-			Local:           client.LocalOptions{DatabaseURL: cfg.DatabaseURL, ApplicationName: "listenhub-sse-local", ChannelPrefix: cfg.ChannelPrefix, ChannelSuffix: cfg.ChannelSuffix},
-			FailbackDelay:   cfg.FailbackDelay,
-			DisableFailback: cfg.DisableFailback,
-			OnWake:          onWake,
-			OnFailover: func(reason error) {
-				log.Warn("hub lost, listening on our own Postgres connection", "reason", reason)
-				modes.set(client.ModeLocal)
-			},
-			OnFailback: func() {
-				log.Info("hub back, our own Postgres connection closed")
-				modes.set(client.ModeHub)
-			},
-			Logger: log,
-		})
-		return l, err
-	}, client.MuxOptions{Logger: log})
+	mux := client.NewMux(client.MuxOptions{Logger: log})
+	l, err := client.NewFailover(ctx, client.FailoverOptions{
+		Hub:             client.Options{SocketPath: cfg.Socket},
+		Local:           client.LocalOptions{DatabaseURL: cfg.DatabaseURL, ApplicationName: "listenhub-sse-local", ChannelPrefix: cfg.ChannelPrefix, ChannelSuffix: cfg.ChannelSuffix},
+		FailbackDelay:   cfg.FailbackDelay,
+		DisableFailback: cfg.DisableFailback,
+		Logger:          log,
+	}, client.FailoverHandlers{
+		OnWake: mux.OnWake,
+		OnFailover: func(reason error) {
+			log.Warn("hub lost, listening on our own Postgres connection", "reason", reason)
+			modes.set(client.ModeLocal)
+		},
+		OnFailback: func() {
+			log.Info("hub back, our own Postgres connection closed")
+			modes.set(client.ModeHub)
+		},
+	})
 	if err != nil {
+		return nil, err
+	}
+	if err := mux.Attach(l); err != nil {
 		return nil, err
 	}
 	modes.initial(l.Mode())

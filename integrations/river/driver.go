@@ -18,8 +18,7 @@ type Options struct {
 	// Failover.Local's connection settings default to the pool's (its
 	// ApplicationName to "listenhub-local"); set Failover.Local.DatabaseURL
 	// to a direct URL when the pool goes through a transaction pooler, whose
-	// connections cannot LISTEN. OnWake and OnStatus must be unset: the
-	// listener sets its own.
+	// connections cannot LISTEN.
 	Failover client.FailoverOptions
 	// Logger defaults to Failover.Logger, then slog.Default().
 	Logger *slog.Logger

@@ -99,7 +99,7 @@ func (h *hub) start() {
 	waitFor(h.t, timeout, "the hub's socket", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		c, err := client.Dial(ctx, client.Options{SocketPath: h.socket})
+		c, err := client.Dial(ctx, client.Options{SocketPath: h.socket}, client.Handlers{})
 		if err != nil {
 			return false
 		}

@@ -123,8 +123,9 @@ func (l *listener) Connect(ctx context.Context) error {
 		markers:  make(map[string]chan struct{}),
 		marker:   "lh.river." + token(),
 	}
-	opts.OnWake = func(w client.Wake) { l.onWake(c, w) }
-	fo, err := client.NewFailover(ctx, opts)
+	fo, err := client.NewFailover(ctx, opts, client.FailoverHandlers{
+		OnWake: func(w client.Wake) { l.onWake(c, w) },
+	})
 	if err != nil {
 		return fmt.Errorf("listenhub river listener: %w", err)
 	}

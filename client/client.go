@@ -631,7 +631,7 @@ func (c *Conn) handle(m frame.Message) bool {
 		}
 		c.mu.Unlock()
 	case "nack":
-		err := &NackError{Name: m.Name, Reason: m.Error, InvalidName: invalidNameReason(m.Error), Limit: limitReason(m.Error)}
+		err := &NackError{Name: m.Name, Reason: m.Error, Kind: nackKind(m.Error)}
 		c.mu.Lock()
 		s := c.subs[m.Name]
 		if s == nil || s.call == nil {
@@ -639,7 +639,7 @@ func (c *Conn) handle(m frame.Message) bool {
 			c.log.Debug("listenhub client: nack without a pending sub", "q", m.Name, "reason", m.Error)
 			return true
 		}
-		if !err.InvalidName && !err.Limit {
+		if err.Kind == NackOther {
 			// Dead before the waiters wake: they see Done closed.
 			c.mu.Unlock()
 			c.fail(err)

@@ -170,7 +170,7 @@ func nackedSub(t *testing.T, q, reason string) (*Conn, *fakeConn, error) {
 func TestClientNackInvalidNameKeepsClient(t *testing.T) {
 	c, fc, err := nackedSub(t, "bad", "invalid channel: 70 bytes, longer than 63")
 	var nack *NackError
-	if !errors.As(err, &nack) || !nack.InvalidName || !errors.Is(err, ErrInvalidName) {
+	if !errors.As(err, &nack) || nack.Kind != NackInvalidName || !errors.Is(err, ErrInvalidName) {
 		t.Fatalf("err = %#v, want an invalid-name *NackError", err)
 	}
 	if nack.Name != "bad" || !strings.Contains(nack.Reason, "63") {
@@ -195,7 +195,7 @@ func TestClientNackLimitKeepsClient(t *testing.T) {
 		fc.nack(q, reason)
 		err := await(t, done)
 		var nack *NackError
-		if !errors.As(err, &nack) || !nack.Limit || nack.InvalidName || !errors.Is(err, ErrLimit) {
+		if !errors.As(err, &nack) || nack.Kind != NackLimit || !errors.Is(err, ErrLimit) {
 			t.Fatalf("err = %#v, want a limit *NackError", err)
 		}
 		if c.Err() != nil || isClosed(c.Done()) {
@@ -221,7 +221,7 @@ func TestClientInvalidNameLocally(t *testing.T) {
 func TestClientNackOtherKillsClient(t *testing.T) {
 	c, fc, err := nackedSub(t, "a", "LISTEN failed: connection to Postgres is down")
 	var nack *NackError
-	if !errors.As(err, &nack) || nack.InvalidName || errors.Is(err, ErrInvalidName) {
+	if !errors.As(err, &nack) || nack.Kind != NackOther || errors.Is(err, ErrInvalidName) {
 		t.Fatalf("err = %v, want a non-name *NackError", err)
 	}
 	if !isClosed(c.Done()) || !errors.As(c.Err(), &nack) {

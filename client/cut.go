@@ -77,7 +77,7 @@ func (c *cut) passed() {
 // ErrOtherDatabase is wrapped by the reason of a Failover that does not
 // use a hub because the hub does not deliver what is committed on the
 // Failover's own database: it serves another database or cluster.
-var ErrOtherDatabase = errors.New("the hub serves another database")
+var ErrOtherDatabase = errors.New("listenhub client: the hub serves another database")
 
 // dbProbe is the start's check that the hub hears the Failover's database
 // (checkDatabase): a private name, a random payload, closed came once the

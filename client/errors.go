@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -20,7 +21,7 @@ var ErrClosed = errors.New("listenhub client: closed")
 // a NUL. Such a refusal is final for that name and harmless for the
 // transport: a hub client stays alive after it, and a Failover does not fail
 // over because of it.
-var ErrInvalidName = errors.New("invalid subscription name")
+var ErrInvalidName = errors.New("listenhub client: invalid subscription name")
 
 // ErrLimit matches (errors.Is) a refusal for one of the hub's caps: this
 // worker holds the most subscriptions the hub allows one connection, or the
@@ -28,25 +29,43 @@ var ErrInvalidName = errors.New("invalid subscription name")
 // for that subscribe and harmless for the transport: the hub keeps the
 // connection, the client stays alive and a Failover does not fail over (its
 // own connection would only move the load onto a backend of its own).
-var ErrLimit = errors.New("hub limit reached")
+var ErrLimit = errors.New("listenhub client: hub limit reached")
 
 // ErrAckTimeout matches (errors.Is) an *AckTimeoutError.
-var ErrAckTimeout = errors.New("ack timeout")
+var ErrAckTimeout = errors.New("listenhub client: ack timeout")
 
 // ErrSlowSubscriber matches (errors.Is) the error of a Mux Subscription that
 // was closed because its buffer of ephemeral wakes overflowed.
-var ErrSlowSubscriber = errors.New("slow subscriber")
+var ErrSlowSubscriber = errors.New("listenhub client: slow subscriber")
+
+// NackKind says what a nack refused, and so what the client does after it.
+type NackKind int
+
+const (
+	// NackOther is a refusal of the transport's kind (the LISTEN
+	// failed): it kills the client, and a Failover fails over.
+	NackOther NackKind = iota
+	// NackInvalidName refuses the name itself (see ErrInvalidName).
+	NackInvalidName
+	// NackLimit is one of the hub's caps (see ErrLimit).
+	NackLimit
+)
+
+func (k NackKind) String() string {
+	switch k {
+	case NackInvalidName:
+		return "invalid-name"
+	case NackLimit:
+		return "limit"
+	}
+	return "other"
+}
 
 // NackError is the hub's refusal of a subscription: its nack frame.
 type NackError struct {
-	Name   string // the subscription name that was refused
-	Reason string // the hub's "error" field, verbatim
-	// InvalidName is true when the refusal is about the name (see
-	// ErrInvalidName), Limit when it is one of the hub's caps (see
-	// ErrLimit); any other nack (LISTEN failed, Postgres down) kills the
-	// client.
-	InvalidName bool
-	Limit       bool
+	Name   string   // the subscription name that was refused
+	Reason string   // the hub's "error" field, verbatim
+	Kind   NackKind // what was refused
 }
 
 func (e *NackError) Error() string {
@@ -56,7 +75,7 @@ func (e *NackError) Error() string {
 // Is makes errors.Is(err, ErrInvalidName) true for a name refusal and
 // errors.Is(err, ErrLimit) for a cap.
 func (e *NackError) Is(target error) bool {
-	return target == ErrInvalidName && e.InvalidName || target == ErrLimit && e.Limit
+	return target == ErrInvalidName && e.Kind == NackInvalidName || target == ErrLimit && e.Kind == NackLimit
 }
 
 // AckTimeoutError says that the hub did not answer a sub within the ack
@@ -76,7 +95,7 @@ func (e *AckTimeoutError) Is(target error) bool { return target == ErrAckTimeout
 
 // ErrNotOurHub matches (errors.Is) a *PeerError: the process behind the
 // socket runs as a uid the client does not trust.
-var ErrNotOurHub = errors.New("not our hub")
+var ErrNotOurHub = errors.New("listenhub client: not our hub")
 
 // PeerError is Dial's refusal of the process behind the socket: its uid
 // (SO_PEERCRED) is not in the allowed list (Options.AllowUIDs; by default
@@ -101,7 +120,7 @@ func (e *PeerError) Error() string {
 func (e *PeerError) Is(target error) bool { return target == ErrNotOurHub }
 
 // ErrRefused matches (errors.Is) a *RefusedError.
-var ErrRefused = errors.New("refused by the hub")
+var ErrRefused = errors.New("listenhub client: refused by the hub")
 
 // RefusedError is the hub's refusal of this connection: a peer uid its
 // --allow-uid does not name, its --max-workers reached, no descriptors left.
@@ -190,4 +209,54 @@ func invalidNameReason(reason string) bool {
 		strings.Contains(r, "invalid channel") ||
 		strings.Contains(r, "too long") ||
 		strings.Contains(r, "contains nul")
+}
+
+// nackKind classifies a nack's reason: the name first, then the caps.
+func nackKind(reason string) NackKind {
+	switch {
+	case invalidNameReason(reason):
+		return NackInvalidName
+	case limitReason(reason):
+		return NackLimit
+	}
+	return NackOther
+}
+
+// Timeout reports whether err is the hub not answering in time: an ack
+// timeout, a write that stalled past Options.WriteTimeout, a frame or a
+// silence past FrameTimeout or SilenceTimeout. Like pgconn.Timeout, for a
+// caller that must decide whether to wait longer.
+func Timeout(err error) bool {
+	if errors.Is(err, ErrAckTimeout) {
+		return true
+	}
+	var ce *ConnError
+	return errors.As(err, &ce) && errors.Is(ce.Err, os.ErrDeadlineExceeded)
+}
+
+// SafeToRetry reports whether the same call may succeed if made again on a
+// new Conn or Failover: true for a failure of the transport (the hub went
+// away, was evicted, refused the connection for a cap, timed out), false
+// for a refusal a retry meets again (the name, the hub's caps on
+// subscriptions, a socket or peer that is not our hub, a hub on another
+// database) and for ErrClosed. A Mux subscriber closed for being slow may
+// subscribe again. Like pgconn.SafeToRetry.
+func SafeToRetry(err error) bool {
+	switch {
+	case err == nil,
+		errors.Is(err, ErrClosed),
+		errors.Is(err, ErrInvalidName),
+		errors.Is(err, ErrLimit),
+		errors.Is(err, ErrNotOurHub),
+		errors.Is(err, ErrOtherDatabase):
+		return false
+	}
+	var se *SocketError
+	if errors.As(err, &se) {
+		return false
+	}
+	var ce *ConnError
+	var ne *NackError
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, ErrAckTimeout) ||
+		errors.Is(err, ErrRefused) || errors.Is(err, ErrSlowSubscriber)
 }

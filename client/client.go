@@ -104,7 +104,8 @@ type Options struct {
 	AllowUIDs []int
 
 	// Logger receives debug logs (stray acks, unknown frame types) and the
-	// reason of the client's death. Nil discards them.
+	// reason of the client's death. Nil means slog.Default(), as everywhere
+	// in this module; slog.New(slog.DiscardHandler) silences it.
 	Logger *slog.Logger
 }
 
@@ -131,15 +132,22 @@ type Handlers struct {
 	OnStatus func(healthy bool)
 }
 
-func (o Options) withDefaults() Options {
-	defaults.Set(&o.AckTimeout, defaultAckTimeout)
-	defaults.Set(&o.SilenceTimeout, defaultSilenceTimeout)
-	defaults.Set(&o.WriteTimeout, defaultWriteTimeout)
-	defaults.Set(&o.FrameTimeout, defaultFrameTimeout)
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+// withDefaults fills the zero fields with their defaults and refuses the
+// negative ones.
+func (o Options) withDefaults() (Options, error) {
+	err := errors.Join(
+		defaults.Or(&o.AckTimeout, defaultAckTimeout, "Options.AckTimeout"),
+		defaults.Or(&o.SilenceTimeout, defaultSilenceTimeout, "Options.SilenceTimeout"),
+		defaults.Or(&o.WriteTimeout, defaultWriteTimeout, "Options.WriteTimeout"),
+		defaults.Or(&o.FrameTimeout, defaultFrameTimeout, "Options.FrameTimeout"),
+	)
+	if err != nil {
+		return o, fmt.Errorf("listenhub client: %w", err)
 	}
-	return o
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
 }
 
 // Conn is a connection to a listenhub hub: one per process, shared by all
@@ -231,6 +239,10 @@ func Dial(ctx context.Context, opts Options, h Handlers) (*Conn, error) {
 	if path == "" {
 		return nil, errEmptyPath
 	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -245,8 +257,8 @@ func Dial(ctx context.Context, opts Options, h Handlers) (*Conn, error) {
 	return newClient(conn, path, opts, h), nil
 }
 
+// newClient runs a client over conn, with opts' defaults applied.
 func newClient(conn net.Conn, path string, opts Options, h Handlers) *Conn {
-	opts = opts.withDefaults()
 	c := &Conn{
 		path:   path,
 		opts:   opts,

@@ -334,9 +334,13 @@ func TestClientUnknownFrameSkipped(t *testing.T) {
 func TestClientStalledWriteKillsClient(t *testing.T) {
 	ours, theirs := net.Pipe()
 	defer theirs.Close()
-	c := newClient(ours, "pipe", Options{AckTimeout: time.Minute, WriteTimeout: 100 * time.Millisecond}, Handlers{})
+	opts, err := Options{AckTimeout: time.Minute, WriteTimeout: 100 * time.Millisecond}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(ours, "pipe", opts, Handlers{})
 	defer c.Close()
-	err := await(t, result(func() error { return c.Subscribe(context.Background(), "a") }))
+	err = await(t, result(func() error { return c.Subscribe(context.Background(), "a") }))
 	var ce *ConnError
 	if !errors.As(err, &ce) || ce.Op != "write" || !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("err = %v, want a write *ConnError past its deadline", err)

@@ -1,11 +1,15 @@
 package client_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/listenhub/listenhub/client"
 )
@@ -57,5 +61,31 @@ func TestErrorsSayThePackage(t *testing.T) {
 		if s := err.Error(); len(s) < 17 || s[:17] != "listenhub client:" {
 			t.Errorf("%q does not start with \"listenhub client:\"", s)
 		}
+	}
+}
+
+// A negative option is refused by name; zero means the default.
+func TestNegativeOptionsRefused(t *testing.T) {
+	ctx := context.Background()
+	sock := filepath.Join(t.TempDir(), "absent.sock")
+	_, err := client.Dial(ctx, client.Options{SocketPath: sock, AckTimeout: -time.Second}, client.Handlers{})
+	wantField(t, err, "Options.AckTimeout")
+	_, err = client.NewLocal(ctx, client.LocalOptions{DatabaseURL: "postgres://localhost/x", CommandTimeout: -1}, client.Handlers{})
+	wantField(t, err, "LocalOptions.CommandTimeout")
+	_, err = client.NewFailover(ctx, client.FailoverOptions{Hub: client.Options{SocketPath: sock}, FailbackDelay: -time.Second}, client.FailoverHandlers{})
+	wantField(t, err, "FailoverOptions.FailbackDelay")
+	_, err = client.NewFailover(ctx, client.FailoverOptions{Hub: client.Options{SocketPath: sock, FrameTimeout: -time.Second}}, client.FailoverHandlers{})
+	wantField(t, err, "Options.FrameTimeout")
+	_, err = client.NewMux(client.MuxOptions{Buffer: -1})
+	wantField(t, err, "MuxOptions.Buffer")
+	if _, err := client.NewMux(client.MuxOptions{}); err != nil {
+		t.Fatalf("zero MuxOptions: %v", err)
+	}
+}
+
+func wantField(t *testing.T, err error, field string) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), field+" is negative") || !strings.HasPrefix(err.Error(), "listenhub client:") {
+		t.Errorf("error %v does not refuse %s", err, field)
 	}
 }

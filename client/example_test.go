@@ -220,7 +220,10 @@ func ExampleMux() {
 	defer stop()
 	ctx := context.Background()
 
-	mux := client.NewMux(client.MuxOptions{Buffer: 64})
+	mux, err := client.NewMux(client.MuxOptions{Buffer: 64})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer mux.Close()
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
 		Hub:   client.Options{SocketPath: socket},
@@ -265,7 +268,10 @@ func Example_serverSentEvents() {
 	defer stop()
 	ctx := context.Background()
 
-	mux := client.NewMux(client.MuxOptions{})
+	mux, err := client.NewMux(client.MuxOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer mux.Close()
 	f, err := client.NewFailover(ctx, client.FailoverOptions{
 		Hub:   client.Options{SocketPath: socket},

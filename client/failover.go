@@ -229,12 +229,6 @@ func NewFailover(ctx context.Context, opts FailoverOptions, h FailoverHandlers) 
 	if opts.Hub.SocketPath == "" {
 		return nil, errEmptyPath
 	}
-	defaults.Set(&opts.Local.CommandTimeout, defaultLocalTimeout)
-	defaults.Set(&opts.Hub.AckTimeout, defaultAckTimeout)
-	defaults.Set(&opts.FailbackDelay, defaultFailbackDelay)
-	defaults.Set(&opts.ProbeInterval, defaultProbeInterval)
-	defaults.Set(&opts.ProbeMaxInterval, defaultProbeMaxInterval)
-	opts.ProbeMaxInterval = max(opts.ProbeMaxInterval, opts.ProbeInterval)
 	if opts.Logger == nil {
 		// A fallback must never be silent: without a logger of the
 		// application's, the process's default one says why.
@@ -243,6 +237,20 @@ func NewFailover(ctx context.Context, opts FailoverOptions, h FailoverHandlers) 
 	if opts.Hub.Logger == nil {
 		opts.Hub.Logger = opts.Logger
 	}
+	hubOpts, err := opts.Hub.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("%w (FailoverOptions.Hub)", err)
+	}
+	opts.Hub = hubOpts
+	if err := errors.Join(
+		defaults.Or(&opts.Local.CommandTimeout, defaultLocalTimeout, "FailoverOptions.Local.CommandTimeout"),
+		defaults.Or(&opts.FailbackDelay, defaultFailbackDelay, "FailoverOptions.FailbackDelay"),
+		defaults.Or(&opts.ProbeInterval, defaultProbeInterval, "FailoverOptions.ProbeInterval"),
+		defaults.Or(&opts.ProbeMaxInterval, defaultProbeMaxInterval, "FailoverOptions.ProbeMaxInterval"),
+	); err != nil {
+		return nil, fmt.Errorf("listenhub client: %w", err)
+	}
+	opts.ProbeMaxInterval = max(opts.ProbeMaxInterval, opts.ProbeInterval)
 	f := &Failover{
 		opts:    opts,
 		h:       h,

@@ -551,7 +551,10 @@ func TestPGFailoverEviction(t *testing.T) {
 func TestPGMuxFanout1000(t *testing.T) {
 	e := newPGEnv(t)
 	h := e.startHub(nil)
-	m := NewMux(MuxOptions{})
+	m, err := NewMux(MuxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := m.Attach(e.failover(nil, func(o *foSetup) { o.OnWake = m.OnWake })); err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,8 @@ type LocalOptions struct {
 	// for a reconnect when Postgres is down. Default 10s.
 	CommandTimeout time.Duration
 
-	// Logger receives the listener's debug lines. Nil discards them.
+	// Logger receives the listener's debug lines. Nil means
+	// slog.Default().
 	Logger *slog.Logger
 }
 
@@ -117,9 +118,8 @@ type localOp struct {
 // order (see Handlers). OnStatus follows the Postgres connection: false
 // when lost, true once reconnected and re-LISTENed.
 func NewLocal(ctx context.Context, opts LocalOptions, h Handlers) (*Local, error) {
-	defaults.Set(&opts.CommandTimeout, defaultLocalTimeout)
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+	if err := defaults.Or(&opts.CommandTimeout, defaultLocalTimeout, "LocalOptions.CommandTimeout"); err != nil {
+		return nil, fmt.Errorf("listenhub client: %w", err)
 	}
 	cc, err := opts.connConfig()
 	if err != nil {
@@ -137,7 +137,7 @@ func NewLocal(ctx context.Context, opts LocalOptions, h Handlers) (*Local, error
 func newLocalWith(opts LocalOptions, h Handlers) *Local {
 	defaults.Set(&opts.CommandTimeout, defaultLocalTimeout)
 	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+		opts.Logger = slog.Default()
 	}
 	return &Local{
 		opts:      opts,

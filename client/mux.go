@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 	"log/slog"
 	"sync"
@@ -24,7 +25,7 @@ type MuxOptions struct {
 	// into it). Default 64.
 	Buffer int
 	// Logger receives a line per subscriber closed for being slow. Nil
-	// discards.
+	// means slog.Default().
 	Logger *slog.Logger
 }
 
@@ -66,16 +67,20 @@ type muxChan struct {
 // NewMux returns a Mux with no Listener yet. Give the Listener the Mux's
 // OnWake as its wake handler, then Attach it:
 //
-//	mux := client.NewMux(client.MuxOptions{})
+//	mux, _ := client.NewMux(client.MuxOptions{})
 //	f, err := client.NewFailover(ctx, opts, client.FailoverHandlers{OnWake: mux.OnWake})
 //	if err != nil { ... }
 //	mux.Attach(f)
-func NewMux(opts MuxOptions) *Mux {
-	defaults.Set(&opts.Buffer, defaultMuxBuffer)
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+//
+// A negative MuxOptions.Buffer is its only error.
+func NewMux(opts MuxOptions) (*Mux, error) {
+	if err := defaults.Or(&opts.Buffer, defaultMuxBuffer, "MuxOptions.Buffer"); err != nil {
+		return nil, fmt.Errorf("listenhub client: %w", err)
 	}
-	return &Mux{buffer: opts.Buffer, log: opts.Logger, chans: make(map[string]*muxChan), closed: make(chan struct{})}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Mux{buffer: opts.Buffer, log: opts.Logger, chans: make(map[string]*muxChan), closed: make(chan struct{})}, nil
 }
 
 // Attach makes l the Listener the Mux subscribes through, once: the Mux

@@ -20,7 +20,10 @@ import (
 func muxOverFake(t *testing.T, auto bool, opts MuxOptions) (*Mux, *Conn, *fakeConn) {
 	t.Helper()
 	h := newFakeHub(t, auto)
-	m := NewMux(opts)
+	m, err := NewMux(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := dialFake(t, h, nil, Options{}, Handlers{OnWake: m.OnWake})
 	if err := m.Attach(c); err != nil {
 		t.Fatal(err)
@@ -286,7 +289,10 @@ func TestMuxClose(t *testing.T) {
 // before it reaches nobody, a second Attach is refused, and Attach to a
 // closed Mux closes the Listener.
 func TestMuxAttach(t *testing.T) {
-	m := NewMux(MuxOptions{})
+	m, err := NewMux(MuxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	m.OnWake(Wake{Name: "a"}) // a wake before any subscriber: no panic
 	if _, err := m.Subscribe(context.Background(), "a"); !errors.Is(err, errMuxUnattached) {
 		t.Fatalf("Subscribe before Attach: %v", err)
@@ -395,7 +401,10 @@ func muxWatchers() int {
 func TestMuxCloseEndsWatcher(t *testing.T) {
 	before := muxWatchers()
 	l := &fakeLocal{done: make(chan struct{})}
-	m := NewMux(MuxOptions{})
+	m, err := NewMux(MuxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := m.Attach(l); err != nil {
 		t.Fatal(err)
 	}

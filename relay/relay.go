@@ -132,7 +132,18 @@ type Options struct {
 	RecreateInvalidSlot bool
 }
 
-func (o Options) withDefaults() Options {
+// withDefaults fills the zero fields with their defaults and refuses the
+// negative ones, by name.
+func (o Options) withDefaults() (Options, error) {
+	if err := errors.Join(
+		defaults.Or(&o.StandbyRetry, DefaultStandbyRetry, "Options.StandbyRetry"),
+		defaults.Or(&o.MaxLag, DefaultMaxLag, "Options.MaxLag"),
+		defaults.Or(&o.MaxLagBytes, DefaultMaxLagBytes, "Options.MaxLagBytes"),
+		defaults.Or(&o.StatusInterval, DefaultStatusInterval, "Options.StatusInterval"),
+		defaults.Or(&o.ConfigRetry, DefaultConfigRetry, "Options.ConfigRetry"),
+	); err != nil {
+		return o, fmt.Errorf("relay: %w", err)
+	}
 	if o.ApplicationName == "" {
 		o.ApplicationName = DefaultApplicationName
 	}
@@ -148,15 +159,10 @@ func (o Options) withDefaults() Options {
 	if o.Ops == 0 {
 		o.Ops = DefaultOps
 	}
-	defaults.Set(&o.StandbyRetry, DefaultStandbyRetry)
-	defaults.Set(&o.MaxLag, DefaultMaxLag)
-	defaults.Set(&o.MaxLagBytes, DefaultMaxLagBytes)
-	defaults.Set(&o.StatusInterval, DefaultStatusInterval)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	defaults.Set(&o.ConfigRetry, DefaultConfigRetry)
-	return o
+	return o, nil
 }
 
 // ConfigError is a misconfiguration that retrying cannot cure: Run returns
@@ -296,9 +302,12 @@ func New(opts Options) (*Relay, error) {
 		return nil, errors.New("relay: Options.ConnConfig is nil")
 	}
 	if opts.Window < 0 {
-		return nil, fmt.Errorf("relay: negative window %v", opts.Window)
+		return nil, fmt.Errorf("relay: Options.Window is negative (%v)", opts.Window)
 	}
-	opts = opts.withDefaults()
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	if err := checkSlotName(opts.Slot); err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}

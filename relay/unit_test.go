@@ -135,7 +135,7 @@ func newTestRelay(t testing.TB, ops Ops) *Relay {
 		t.Fatal("New without ConnConfig")
 	}
 	tm, _ := ParseTemplate(DefaultChannelTemplate)
-	o := Options{Ops: ops}.withDefaults()
+	o, _ := Options{Ops: ops}.withDefaults()
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	r = &Relay{opts: o, tmpl: tm, log: o.Logger, hist: histogram.New(commitToNotifyBounds), decodeHist: histogram.New(commitToNotifyBounds)}
 	return r

@@ -18,7 +18,7 @@ Gem::Specification.new do |s|
   s.homepage = "https://github.com/listenhub/listenhub"
   s.metadata = { "source_code_uri" => "https://github.com/listenhub/listenhub/tree/main/clients/ruby",
                  "changelog_uri" => "https://github.com/listenhub/listenhub/blob/main/CHANGELOG.md" }
-  s.required_ruby_version = ">= 3.0"
+  s.required_ruby_version = ">= 3.1"
   s.files = Dir.chdir(__dir__) { Dir["lib/**/*.rb"] + %w[README.md LICENSE listenhub.gemspec] }
   s.require_paths = ["lib"]
   s.add_dependency "pg", ">= 1.1", "< 2"

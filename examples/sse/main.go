@@ -173,7 +173,10 @@ type app struct {
 
 func newApp(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	modes := newModeWatch()
-	mux := client.NewMux(client.MuxOptions{Logger: log})
+	mux, err := client.NewMux(client.MuxOptions{Logger: log})
+	if err != nil {
+		return nil, err
+	}
 	l, err := client.NewFailover(ctx, client.FailoverOptions{
 		Hub:             client.Options{SocketPath: cfg.Socket},
 		Local:           client.LocalOptions{DatabaseURL: cfg.DatabaseURL, ApplicationName: "listenhub-sse-local", ChannelPrefix: cfg.ChannelPrefix, ChannelSuffix: cfg.ChannelSuffix},

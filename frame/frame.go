@@ -1,7 +1,8 @@
 // Package frame is the listenhub wire codec: each frame is a 4-byte
 // big-endian body length followed by that many bytes of UTF-8 JSON holding
-// one object, whose "t" field names the message type (docs/design.md, "Wire
-// protocol (v1)").
+// one object, whose "t" field names the message type (docs/protocol.md).
+// A worker in Go may speak it directly: Append* writes frames, Decoder
+// reads a stream of them.
 //
 // The codec is byte-compatible with the pgbus streams hub (Ruby), so a pgbus
 // worker can talk to listenhub unchanged. It does no I/O: the hub reads a
@@ -98,7 +99,7 @@ var (
 
 // Error is the error Decode and Decoder.Next return for a rejected frame.
 // It says why, so that the hub can log the reason when it severs the
-// connection (docs/design.md rule 9).
+// connection (docs/protocol.md).
 type Error struct {
 	// Err is ErrTooLarge or ErrMalformed; Unwrap returns it.
 	Err error

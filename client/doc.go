@@ -24,14 +24,15 @@
 //     streams, websockets), each with a bounded buffer, so that a process
 //     holds one subscription per name however many subscribers it has.
 //
-// Client, Local and Failover satisfy Listener, which is what a Mux is bound
+// Conn, Local and Failover satisfy Listener, which is what a Mux is bound
 // to.
 //
 // # Handlers
 //
-// OnWake and OnStatus (in Options, LocalOptions and FailoverOptions) are the
-// delivery API, as pgconn.Config.OnNotification is pgx's: called one at a
-// time, in order, from the listener's own goroutine. A handler that blocks
+// Handlers (for Dial and NewLocal) and FailoverHandlers (for NewFailover),
+// given to the constructor beside the options, are the delivery API, as
+// pgconn.Config.OnNotification is pgx's: called one at a time, in order,
+// from the listener's own goroutine. A handler that blocks
 // stops that goroutine from reading: acks wait (Subscribe may time out and
 // kill the client) and the hub's backlog for this process grows until the
 // hub evicts it, which is a failover. Hand work off; a Mux does, to

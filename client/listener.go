@@ -7,9 +7,9 @@ import "context"
 // (*Failover) all satisfy it, so code above them (a Mux, an application)
 // does not care which one delivers.
 //
-// Wakes and statuses are delivered through the OnWake and OnStatus handlers
-// given to the constructor, one call at a time and in order; handlers must
-// not block for long (see Options.OnWake).
+// Wakes and statuses are delivered through the Handlers given to the
+// constructor, one call at a time and in order; handlers must
+// not block for long (see Handlers).
 type Listener interface {
 	// Subscribe returns once every NOTIFY committed from now on for q
 	// will be delivered. It is bounded (ack timeout, command timeout,

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
@@ -630,5 +631,119 @@ func TestLocalSync(t *testing.T) {
 	defer p.mu.Unlock()
 	if !slices.Equal(p.listens, []string{"a", "a"}) {
 		t.Fatalf("LISTENs %v, want the subscribe's and the sync's", p.listens)
+	}
+}
+
+// seqHandlers records every handler call of a Failover in one sequence,
+// and whether two ever ran at once.
+type seqHandlers struct {
+	mu       sync.Mutex
+	seq      []string
+	inFlight atomic.Int32
+	overlap  atomic.Bool
+}
+
+func (s *seqHandlers) add(ev string) {
+	if s.inFlight.Add(1) > 1 {
+		s.overlap.Store(true)
+	}
+	s.mu.Lock()
+	s.seq = append(s.seq, ev)
+	s.mu.Unlock()
+	time.Sleep(time.Millisecond) // widen the window a second call would overlap in
+	s.inFlight.Add(-1)
+}
+
+func (s *seqHandlers) handlers() FailoverHandlers {
+	return FailoverHandlers{
+		OnWake: func(w Wake) {
+			if w.Durable {
+				s.add("durable " + w.Name)
+			} else {
+				s.add("wake " + w.Name + " " + w.Payload)
+			}
+		},
+		OnStatus:   func(ok bool) { s.add(fmt.Sprint("status ", ok)) },
+		OnFailover: func(error) { s.add("failover") },
+		OnFailback: func() { s.add("failback") },
+	}
+}
+
+func (s *seqHandlers) snapshot() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.seq)
+}
+
+// The order FailoverHandlers promises, through a failover and a fail-back:
+// never two calls at once; the hub's wakes, then OnFailover, the local
+// listener's health and a durable wake per name; then OnFailback, the hub's
+// health and a durable wake per name, with no local wake after OnFailback.
+func TestFailoverHandlerOrder(t *testing.T) {
+	h := newFakeHub(t, true)
+	fl := &fakeLocals{}
+	s := &seqHandlers{}
+	var opts FailoverOptions
+	fastFailback(&opts)
+	f, err := newTestFailover(t, h.path, fl, nil, opts, s.handlers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := h.accept()
+	fc.status(true)
+	for _, q := range []string{"a", "b"} {
+		mustSubscribe(t, f, q)
+	}
+	fc.expectSubs(t, 2)
+	fc.wake("a", "from the hub")
+	testutil.WaitFor(t, waitLong, "the hub's wake", func() bool { return slices.Contains(s.snapshot(), "wake a from the hub") })
+	fc.c.Close()
+	testutil.WaitFor(t, waitLong, "local mode", func() bool { return slices.Contains(s.snapshot(), "failover") })
+	fl.get(t).notify("a", "from the local listener")
+	back := h.accept()
+	back.expectSubs(t, 2)
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return slices.Contains(s.snapshot(), "failback") })
+	back.wake("a", "from the hub again")
+	testutil.WaitFor(t, waitLong, "the new hub's wake and the fail-back's durable wakes", func() bool {
+		seq := s.snapshot()
+		count := func(ev string) (n int) {
+			for _, e := range seq {
+				if e == ev {
+					n++
+				}
+			}
+			return n
+		}
+		return slices.Contains(seq, "wake a from the hub again") && count("durable a") == 2 && count("durable b") == 2
+	})
+
+	seq := s.snapshot()
+	at := func(ev string, from int) int {
+		i := slices.Index(seq[from:], ev)
+		if i < 0 {
+			t.Fatalf("no %q after position %d in %v", ev, from, seq)
+		}
+		return from + i
+	}
+	hubWake := at("wake a from the hub", 0)
+	failover := at("failover", hubWake)
+	localStatus := at("status true", failover)
+	at("durable a", localStatus)
+	at("durable b", localStatus)
+	failback := at("failback", at("wake a from the local listener", 0))
+	hubStatus := at("status true", failback)
+	at("durable a", hubStatus)
+	at("durable b", hubStatus)
+	at("wake a from the hub again", hubStatus)
+	if i := slices.Index(seq, "failover"); i != failover {
+		t.Fatalf("OnFailover twice: %v", seq)
+	}
+	for _, ev := range seq[failback:] {
+		if ev == "wake a from the local listener" {
+			t.Fatalf("a local wake after OnFailback: %v", seq)
+		}
+	}
+	if s.overlap.Load() {
+		t.Fatalf("two handler calls ran at once: %v", seq)
 	}
 }

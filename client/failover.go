@@ -80,12 +80,20 @@ type FailoverOptions struct {
 
 // FailoverHandlers receive what a Failover hears. Any may be nil.
 //
-// Every handler is called from one goroutine at a time, never two at once,
-// and in this order around a swap: the wakes of the listener being left,
-// then OnFailover (or OnFailback), then OnStatus with the new listener's
-// health, then the new listener's wakes (after a fail-back, its durable
-// wakes first). During a fail-back both listeners' wakes are delivered
-// (see Failover); statuses come from the current one only.
+// Calls never overlap: every handler runs under one lock, from the
+// goroutine of the listener that delivers (the hub client's reader, the
+// local listener's, or the swap's), one call at a time. Around a swap:
+//
+//   - to local: the hub's last wakes, then OnFailover, OnStatus with the
+//     local listener's health, and one durable wake per subscribed name.
+//     The local listener's wakes start as soon as its LISTENs are confirmed,
+//     so some may come before OnFailover (nothing committed during the swap
+//     is held back).
+//   - back to the hub: OnFailback, OnStatus with the hub's health, and one
+//     durable wake per name; no wake of the local listener comes after
+//     OnFailback. The hub's wakes start at the cut, so some may come before
+//     OnFailback or among the durable wakes.
+
 type FailoverHandlers struct {
 	// OnWake and OnStatus receive the wakes and statuses of whichever
 	// listener is current, one call at a time and in order per source

@@ -93,7 +93,6 @@ type FailoverOptions struct {
 //     durable wake per name; no wake of the local listener comes after
 //     OnFailback. The hub's wakes start at the cut, so some may come before
 //     OnFailback or among the durable wakes.
-
 type FailoverHandlers struct {
 	// OnWake and OnStatus receive the wakes and statuses of whichever
 	// listener is current, one call at a time and in order per source

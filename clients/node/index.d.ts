@@ -8,7 +8,7 @@ import { EventEmitter } from 'node:events';
 export interface Wake {
   type: 'wake';
   /** The subscription name (the hub's channel without prefix and suffix). */
-  q: string;
+  name: string;
   /** null for a durable wake (a NOTIFY without payload: "re-read"). */
   payload: string | null;
   /**
@@ -95,12 +95,16 @@ export interface FailoverOptions extends ClientOptions, LocalOptions {
 }
 
 /**
- * What every listener offers: an EventEmitter in node-postgres's style.
- * 'wake' and 'status' events without a listener of their kind are queued
- * for events(); 'error' is emitted once at death (not for close(), and only
- * to a registered listener); 'end' follows death or close().
+ * What every listener offers: an EventEmitter in node-postgres's style, and
+ * an async iterable. Every 'wake' and 'status' is emitted to its listeners
+ * and queued for events() / get() / for await, unless a 'wake' or 'status'
+ * listener (onWake, onStatus) came before the first events() or get():
+ * then the iterator sees the events from that first call on. Neither takes
+ * from the other. 'error' is emitted once at death (not for close(), and
+ * only to a registered listener: with none, a death is done's value and
+ * never an unhandled 'error'); 'end' follows death or close().
  */
-export interface Listener extends EventEmitter {
+export interface Listener extends EventEmitter, AsyncIterable<Event> {
   on(event: 'wake', listener: (wake: Wake) => void): this;
   on(event: 'status', listener: (healthy: boolean) => void): this;
   on(event: 'error', listener: (err: Error) => void): this;
@@ -116,8 +120,9 @@ export interface Listener extends EventEmitter {
   /** Alive and Postgres connected, as far as it knows. */
   healthy(): boolean;
   subscriptions(): Set<string>;
-  /** The events, when no callback takes them. */
+  /** Every event from the start (or from this first call, in callback mode). */
   events(): AsyncIterableIterator<Event>;
+  [Symbol.asyncIterator](): AsyncIterableIterator<Event>;
   /** The next queued event; null after timeoutMs or once dead and drained. */
   get(timeoutMs?: number): Promise<Event | null>;
   /** Resolves once closed (socket or connection ended). Idempotent; safe from a handler. */
@@ -201,22 +206,26 @@ export class ClosedError extends ListenhubError {
 }
 /** The name is refused (too long once mapped, a NUL, the hub's nack); the client stays alive. */
 export class InvalidNameError extends ListenhubError {
-  constructor(q: string, reason: string);
-  readonly q: string;
+  constructor(subscriptionName: string, reason: string);
+  readonly subscriptionName: string;
   readonly reason: string;
 }
-/** Refused at one of the hub's caps; the client stays alive. */
-export class LimitError extends InvalidNameError {}
+/** Refused at one of the hub's caps; the client stays alive. Not an InvalidNameError. */
+export class LimitError extends ListenhubError {
+  constructor(subscriptionName: string, reason: string);
+  readonly subscriptionName: string;
+  readonly reason: string;
+}
 /** Refused for another reason (LISTEN failed); the client is dead. */
 export class NackError extends ListenhubError {
-  constructor(q: string, reason: string);
-  readonly q: string;
+  constructor(subscriptionName: string, reason: string);
+  readonly subscriptionName: string;
   readonly reason: string;
 }
 /** No ack within the ack timeout; the client is dead. */
 export class AckTimeoutError extends ListenhubError {
-  constructor(q: string, timeoutMs: number);
-  readonly q: string;
+  constructor(subscriptionName: string, timeoutMs: number);
+  readonly subscriptionName: string;
   readonly timeout: number;
 }
 /** A transport failure: op is "dial", "peer", "read" or "write". */

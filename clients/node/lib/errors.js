@@ -21,9 +21,9 @@ class ClosedError extends ListenhubError {
 // harmless for the transport. The client stays alive and a failover does not
 // fail over because of it.
 class InvalidNameError extends ListenhubError {
-  constructor(q, reason) {
-    super(`listenhub: invalid subscription name ${JSON.stringify(q)}: ${reason}`);
-    this.q = q;
+  constructor(name, reason) {
+    super(`listenhub: invalid subscription name ${JSON.stringify(name)}: ${reason}`);
+    this.subscriptionName = name;
     this.reason = reason;
   }
 }
@@ -33,24 +33,31 @@ class InvalidNameError extends ListenhubError {
 // a name refusal it is final for that subscribe and harmless for the
 // transport: the hub keeps the connection, so the client stays alive and a
 // failover does not fail over (its own connection would only move the load
-// onto a backend of its own).
-class LimitError extends InvalidNameError {}
+// onto a backend of its own). Not an InvalidNameError: the name is fine, and
+// the same subscribe may pass once the hub has room.
+class LimitError extends ListenhubError {
+  constructor(name, reason) {
+    super(`listenhub: hub limit reached for ${JSON.stringify(name)}: ${reason}`);
+    this.subscriptionName = name;
+    this.reason = reason;
+  }
+}
 
 // The hub refused a subscription for a reason other than the name (LISTEN
 // failed, its Postgres is down): the client is dead after it.
 class NackError extends ListenhubError {
-  constructor(q, reason) {
-    super(`listenhub: hub refused ${JSON.stringify(q)}: ${reason}`);
-    this.q = q;
+  constructor(name, reason) {
+    super(`listenhub: hub refused ${JSON.stringify(name)}: ${reason}`);
+    this.subscriptionName = name;
     this.reason = reason;
   }
 }
 
 // No ack or nack within the ack timeout: a wedged hub. The client is dead.
 class AckTimeoutError extends ListenhubError {
-  constructor(q, timeoutMs) {
-    super(`listenhub: no ack for ${JSON.stringify(q)} within ${timeoutMs} ms`);
-    this.q = q;
+  constructor(name, timeoutMs) {
+    super(`listenhub: no ack for ${JSON.stringify(name)} within ${timeoutMs} ms`);
+    this.subscriptionName = name;
     this.timeout = timeoutMs;
   }
 }

@@ -8,12 +8,13 @@ const { ClosedError, SlowConsumerError } = require('./errors');
 
 const DEFAULT_MAX_PENDING = 65536;
 
-// A wake: q is the subscription name; payload is null and durable true for a
-// NOTIFY without payload ("something changed, re-read": may be coalesced and
-// synthesized after a gap), otherwise the payload may be the only copy.
-function wake(q, p) {
-  if (p === null || p === undefined || p === '') return { type: 'wake', q, payload: null, durable: true };
-  return { type: 'wake', q, payload: p, durable: false };
+// A wake: name is the subscription name; payload is null and durable true
+// for a NOTIFY without payload ("something changed, re-read": may be
+// coalesced and synthesized after a gap), otherwise the payload may be the
+// only copy.
+function wake(name, p) {
+  if (p === null || p === undefined || p === '') return { type: 'wake', name, payload: null, durable: true };
+  return { type: 'wake', name, payload: p, durable: false };
 }
 
 // The hub's (or the local listener's) Postgres connection is (not) healthy.
@@ -93,9 +94,16 @@ class Sink {
 // (the Postgres connection's health, a boolean), 'error' (the error the
 // listener died of, once; not for close(), and only when an 'error'
 // listener is registered: a death is also done's value, so it never throws
-// an unhandled 'error'), and 'end' (after death or close()). Wakes and
-// statuses without a listener of their kind are queued for events(). A
-// subclass calls _init(opts) and _ended(err) at death.
+// an unhandled 'error'), and 'end' (after death or close()).
+//
+// The listeners and the iterator never take from each other: every wake and
+// status is emitted to the listeners of its kind, and also queued for
+// events() (and get(), and for await on the listener itself) from the start,
+// unless a 'wake' or 'status' listener (onWake, onStatus) was added before
+// the first events() or get(): such a listener is in callback mode, and its
+// iterator sees every event from that first call on. A listener added while
+// iterating (a debug log) takes nothing from the iterator. A subclass calls
+// _init(opts) and _ended(err) at death.
 class Listener extends EventEmitter {
   // Sets up the queue and the done promise, and registers opts.onWake and
   // opts.onStatus as listeners.
@@ -104,6 +112,11 @@ class Listener extends EventEmitter {
     this.err = null;
     this.done = new Promise((resolve) => {
       this._resolveDone = resolve;
+    });
+    this._iterating = false; // events() or get() was called
+    this._listened = false; // a 'wake' or 'status' listener was added
+    this.on('newListener', (type) => {
+      if (type === 'wake' || type === 'status') this._listened = true;
     });
     if (opts.onWake) this.on('wake', opts.onWake);
     if (opts.onStatus) this.on('status', opts.onStatus);
@@ -127,11 +140,18 @@ class Listener extends EventEmitter {
   // Async iterator over the events without a callback, until the listener
   // is dead and the queue drained.
   events() {
+    this._iterating = true;
     return this._sink.events();
+  }
+
+  // for await (const ev of listener): the same as events().
+  [Symbol.asyncIterator]() {
+    return this.events();
   }
 
   // The next queued event; null after timeoutMs or at the end.
   get(timeoutMs) {
+    this._iterating = true;
     return this._sink.get(timeoutMs);
   }
 
@@ -141,15 +161,17 @@ class Listener extends EventEmitter {
   }
 
   // Emits ev to its listeners (a throw is a warning, not the listener's
-  // death) or, without any, queues it for events(); false when the queue
-  // is full.
+  // death) and queues it for events() unless in callback mode (see
+  // Listener); false when the queue is full.
   _handOver(ev) {
-    if (this.listenerCount(ev.type) === 0) return this._sink.put(ev);
-    try {
-      this.emit(ev.type, ev.type === 'wake' ? ev : ev.healthy);
-    } catch (e) {
-      process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
+    if (this.listenerCount(ev.type) > 0) {
+      try {
+        this.emit(ev.type, ev.type === 'wake' ? ev : ev.healthy);
+      } catch (e) {
+        process.emitWarning(`listenhub: callback threw: ${e && e.stack ? e.stack : e}`);
+      }
     }
+    if (this._iterating || !this._listened) return this._sink.put(ev);
     return true;
   }
 

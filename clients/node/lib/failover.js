@@ -8,7 +8,7 @@ const frame = require('./frame');
 const { connect, DEFAULT_ACK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT } = require('./client');
 const { Local, DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, databaseUrl } = require('./local');
 const { Listener, wake, status } = require('./events');
-const { ClosedError, ConnError, FailoverError, InvalidNameError, OtherDatabaseError } = require('./errors');
+const { ClosedError, ConnError, FailoverError, InvalidNameError, LimitError, OtherDatabaseError } = require('./errors');
 
 const HUB = 'hub';
 const LOCAL = 'local';
@@ -297,7 +297,7 @@ class Failover extends Listener {
         await (this._mode === HUB ? cur.subscribe(q, opts) : cur.subscribe(q));
         return;
       } catch (e) {
-        if (e instanceof InvalidNameError) {
+        if (e instanceof InvalidNameError || e instanceof LimitError) {
           this._subs.delete(q);
           throw e;
         }
@@ -373,7 +373,7 @@ class Failover extends Listener {
         try {
           await local.subscribe(q);
         } catch (e) {
-          if (e instanceof InvalidNameError) {
+          if (e instanceof InvalidNameError || e instanceof LimitError) {
             this._subs.delete(q);
             continue;
           }
@@ -436,7 +436,7 @@ class Failover extends Listener {
 
   _hubWake(c, state, w) {
     const probe = this._probe;
-    if (probe && c && probe.hub === c && w.q === probe.q) {
+    if (probe && c && probe.hub === c && w.name === probe.q) {
       if (w.payload === probe.token) probe.arrived(true);
       return;
     }
@@ -446,7 +446,7 @@ class Failover extends Listener {
     }
     const cut = this._cut;
     if (cut && c && cut.hub === c) {
-      if (w.q === cut.q) {
+      if (w.name === cut.q) {
         if (w.payload === cut.token && !cut.hubPast) {
           cut.hubPast = true;
           cut.held = []; // the hub delivers them from here on
@@ -468,7 +468,7 @@ class Failover extends Listener {
   _localWake(w) {
     const cut = this._cut;
     if (cut) {
-      if (w.q === cut.q) {
+      if (w.name === cut.q) {
         if (w.payload === cut.token && !cut.localPast) {
           cut.localPast = true;
           for (const b of cut.buf) this._deliver(b);
@@ -622,7 +622,7 @@ class Failover extends Listener {
           await c.subscribe(q);
           acked.add(q);
         } catch (e) {
-          if (e instanceof InvalidNameError) this._subs.delete(q);
+          if (e instanceof InvalidNameError || e instanceof LimitError) this._subs.delete(q);
           else first = first || e;
         }
       }

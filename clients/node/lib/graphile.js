@@ -92,10 +92,10 @@ function hubPool(pool, options = {}) {
       if (!client) return;
       let payload = w.payload;
       if (w.durable) {
-        if (w.q !== 'jobs:insert') return;
+        if (w.name !== 'jobs:insert') return;
         payload = GAP_NUDGE;
       }
-      client.emit('notification', { processId: 0, channel: w.q, payload });
+      client.emit('notification', { processId: 0, channel: w.name, payload });
     };
     Failover.create(socketPath, {
       ...options.failover,

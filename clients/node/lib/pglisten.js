@@ -56,7 +56,7 @@ function createPostgresSubscriber(connectionConfig, options = {}) {
   const onWake = (w) => {
     // Unsubscribing does not wait for the hub: what it still sends for a
     // channel no longer listened to is dropped here, as after UNLISTEN.
-    if (!subscribed.has(w.q)) return;
+    if (!subscribed.has(w.name)) return;
     let payload;
     try {
       payload = w.payload ? parse(w.payload) : undefined;
@@ -65,7 +65,7 @@ function createPostgresSubscriber(connectionConfig, options = {}) {
       events.emit('error', error);
       return;
     }
-    events.emit('notification', { processId: 0, channel: w.q, payload });
+    events.emit('notification', { processId: 0, channel: w.name, payload });
   };
 
   const failoverOptions = () => {

@@ -34,8 +34,8 @@ test('subscribe acks, then wakes with payload and durable', { skip }, async (t) 
   await db.notify('orders', '');
   await col.wait('both wakes', (s) => s.wakes.length >= 2);
   assert.deepEqual(col.wakes.slice(0, 2), [
-    { type: 'wake', q: 'orders', payload: 'hello', durable: false },
-    { type: 'wake', q: 'orders', payload: null, durable: true },
+    { type: 'wake', name: 'orders', payload: 'hello', durable: false },
+    { type: 'wake', name: 'orders', payload: null, durable: true },
   ]);
 });
 
@@ -84,7 +84,43 @@ test('events() iterator without callbacks', { skip }, async (t) => {
     if (ev.type === 'wake') break;
   }
   assert.deepEqual(got[0], { type: 'status', healthy: true });
-  assert.deepEqual(got.at(-1), { type: 'wake', q: 'it', payload: 'p1', durable: false });
+  assert.deepEqual(got.at(-1), { type: 'wake', name: 'it', payload: 'p1', durable: false });
+});
+
+// A listener added while iterating (a debug log) takes nothing from the
+// iterator, and for await works on the listener itself; in callback mode the
+// iterator sees the events from its first call on, the callbacks all of them.
+test('events() and listeners never take from each other', { skip }, async (t) => {
+  const { db, open } = await setup(t);
+  const c = await open();
+  await c.subscribe('both');
+  const debug = [];
+  c.on('wake', (w) => debug.push(w));
+  await db.notify('both', 'p1');
+  const got = [];
+  for await (const ev of c) {
+    got.push(ev);
+    if (ev.type === 'wake') break;
+  }
+  assert.deepEqual(got.at(-1), { type: 'wake', name: 'both', payload: 'p1', durable: false });
+  assert.deepEqual(debug, [got.at(-1)]);
+
+  const seen = [];
+  const cb = await open({ onWake: (w) => seen.push(w) });
+  await cb.subscribe('both');
+  assert.equal(await cb.get(0), null, 'callback mode queues nothing before the first get()');
+  await db.notify('both', 'p2');
+  const ev = await cb.get(TIMEOUT);
+  assert.deepEqual(ev, { type: 'wake', name: 'both', payload: 'p2', durable: false });
+  assert.deepEqual(seen, [ev]);
+});
+
+test('LimitError is not an InvalidNameError', () => {
+  const e = new listenhub.LimitError('a', 'too many subscriptions');
+  assert.ok(e instanceof listenhub.ListenhubError);
+  assert.ok(!(e instanceof listenhub.InvalidNameError));
+  assert.equal(e.subscriptionName, 'a');
+  assert.equal(e.name, 'LimitError');
 });
 
 test('invalid names are refused and the client lives', { skip }, async (t) => {
@@ -110,7 +146,7 @@ test('unsubscribe stops delivery', { skip }, async (t) => {
   await db.notify('a', 'lost');
   await db.notify('b', 'kept');
   await col.wait('the wake of b', (s) => s.has('b', 'kept', false));
-  assert.ok(!col.wakes.some((w) => w.q === 'a'), JSON.stringify(col.wakes));
+  assert.ok(!col.wakes.some((w) => w.name === 'a'), JSON.stringify(col.wakes));
 });
 
 test('the hub dying kills the client', { skip }, async (t) => {
@@ -206,7 +242,7 @@ test('events: wake, status, error, end; close() resolves', { skip }, async (t) =
   await db.notify('emitted', 'p');
   const deadline = Date.now() + TIMEOUT;
   while (wakes.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
-  assert.deepEqual(wakes[0], { type: 'wake', q: 'emitted', payload: 'p', durable: false });
+  assert.deepEqual(wakes[0], { type: 'wake', name: 'emitted', payload: 'p', durable: false });
   assert.equal(statuses[0], true);
   assert.equal(await c.get(0), null, 'a wake with a listener is not queued too');
   hub.kill();

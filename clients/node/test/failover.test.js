@@ -239,7 +239,7 @@ test('fail-back is exact through 20 fail-backs', { skip }, async (t) => {
       await new Promise((r) => setTimeout(r, 2));
     }
   })();
-  const seqs = (s) => s.wakes.filter((w) => w.q === 'seq' && /^n\d+$/.test(w.payload || '')).map((w) => Number(w.payload.slice(1)));
+  const seqs = (s) => s.wakes.filter((w) => w.name === 'seq' && /^n\d+$/.test(w.payload || '')).map((w) => Number(w.payload.slice(1)));
   const upto = (n) => col.wait(`seq ${n}`, (s) => Math.max(0, ...seqs(s)) >= n);
   try {
     await upto(10);
@@ -308,7 +308,7 @@ test('refused fail-backs lose nothing', { skip }, async (t) => {
     stop = true;
     await pump;
   }
-  const seqs = (s) => s.wakes.filter((w) => w.q === 'seq' && /^n\d+$/.test(w.payload || '')).map((w) => Number(w.payload.slice(1)));
+  const seqs = (s) => s.wakes.filter((w) => w.name === 'seq' && /^n\d+$/.test(w.payload || '')).map((w) => Number(w.payload.slice(1)));
   await col.wait('the last NOTIFY', (s) => Math.max(0, ...seqs(s)) >= sent);
   assert.equal(f.mode(), listenhub.LOCAL);
   const got = seqs(col);
@@ -574,7 +574,7 @@ test('events() iterator across the failover', { skip }, async (t) => {
     const ev = await f.get(20000);
     assert.ok(ev, `no event in time; got ${JSON.stringify(got)}`);
     got.push(ev);
-    if (ev.type === 'wake' && ev.q === 'it' && ev.durable) break;
+    if (ev.type === 'wake' && ev.name === 'it' && ev.durable) break;
   }
   assert.equal(f.mode(), listenhub.LOCAL);
   assert.ok(got.some((e) => e.type === 'status' && e.healthy === false));

@@ -159,11 +159,11 @@ class Collector {
   }
 
   has(q, payload, durable) {
-    return this.wakes.some((w) => w.q === q && w.payload === payload && w.durable === durable);
+    return this.wakes.some((w) => w.name === q && w.payload === payload && w.durable === durable);
   }
 
   count(q, payload, durable) {
-    return this.wakes.filter((w) => w.q === q && w.payload === payload && w.durable === durable).length;
+    return this.wakes.filter((w) => w.name === q && w.payload === payload && w.durable === durable).length;
   }
 
   async wait(what, pred) {

@@ -295,7 +295,7 @@ test('delivery: a session pooler delivers', { skip: noBouncer }, async (t) => {
     await other.end();
   }
   const deadline = Date.now() + TIMEOUT;
-  while (!got.some((w) => w.q === 'pooled' && w.payload === 'x')) {
+  while (!got.some((w) => w.name === 'pooled' && w.payload === 'x')) {
     assert.ok(Date.now() < deadline, 'no wake through the session pooler');
     await new Promise((r) => setTimeout(r, 10));
   }

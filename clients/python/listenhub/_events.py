@@ -7,7 +7,7 @@ import collections
 import enum
 import threading
 import time
-from typing import Callable, Deque, Iterator, NamedTuple, Optional, TypeVar, Union
+from typing import Callable, Deque, Iterator, NamedTuple, TypeVar
 
 from .errors import ListenhubError
 
@@ -36,9 +36,9 @@ class Wake(NamedTuple):
     """One NOTIFY as the hub (or the local listener) delivered it."""
 
     #: The subscription name (the channel without the hub's prefix/suffix).
-    q: str
+    name: str
     #: The NOTIFY payload; None for a durable wake.
-    payload: Optional[str]
+    payload: str | None
     #: True for a wake without payload ("something changed, re-read"): may be
     #: coalesced and may be synthesized after a gap (hub reconnect,
     #: failover). False means the payload may be the only copy.
@@ -53,7 +53,7 @@ class Status(NamedTuple):
     healthy: bool
 
 
-_Event = Union[Wake, Status]
+_Event = Wake | Status
 #: on_wake: called with each Wake (its return value is ignored; asyncio
 #: listeners await it when it is a coroutine).
 _OnWake = Callable[[Wake], object]
@@ -67,7 +67,7 @@ class SlowConsumerError(ListenhubError):
     reading is evicted by the hub."""
 
 
-def make_wake(q: str, p: Optional[str]) -> Wake:
+def make_wake(q: str, p: str | None) -> Wake:
     if p is None or p == "":
         return Wake(q, None, True)
     return Wake(q, p, False)
@@ -79,9 +79,9 @@ class Sink:
 
     def __init__(
         self,
-        on_wake: Optional[_OnWake],
-        on_status: Optional[_OnStatus],
-        max_pending: Optional[int],
+        on_wake: _OnWake | None,
+        on_status: _OnStatus | None,
+        max_pending: int | None,
     ) -> None:
         self.on_wake = on_wake
         self.on_status = on_status
@@ -101,7 +101,7 @@ class Sink:
             self._cond.notify_all()
             return True
 
-    def callback(self, ev: _Event) -> Optional[Callable[..., object]]:
+    def callback(self, ev: _Event) -> Callable[..., object] | None:
         """The callback for ev, or None when it goes to the queue."""
         if isinstance(ev, Wake):
             return self.on_wake
@@ -113,7 +113,7 @@ class Sink:
             self._ended = True
             self._cond.notify_all()
 
-    def get(self, timeout: Optional[float] = None) -> Optional[_Event]:
+    def get(self, timeout: float | None = None) -> _Event | None:
         """The next queued event, waiting up to timeout seconds (None: for
         ever); None on timeout or once the listener is dead and the queue
         drained."""
@@ -145,14 +145,14 @@ class Listener:
 
     _sink: Sink
     #: Why the listener died (None while it lives).
-    err: Optional[BaseException]
+    err: BaseException | None
     #: Set when the listener is dead.
     done: threading.Event
 
     def close(self) -> None:
         raise NotImplementedError
 
-    def subscribe(self, q: str, timeout: Optional[float] = None) -> None:
+    def subscribe(self, q: str, timeout: float | None = None) -> None:
         raise NotImplementedError
 
     def unsubscribe(self, q: str) -> None:
@@ -167,12 +167,12 @@ class Listener:
         the listener is dead and the queue drained."""
         return self._sink.events()
 
-    def get(self, timeout: Optional[float] = None) -> Optional[_Event]:
+    def get(self, timeout: float | None = None) -> _Event | None:
         """The next queued event, or None after timeout seconds or at the
         end."""
         return self._sink.get(timeout)
 
-    def wait(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+    def wait(self, timeout: float | None = None) -> BaseException | None:
         """Waits until the listener is dead; returns err (None on
         timeout)."""
         self.done.wait(timeout)

@@ -7,7 +7,7 @@ import base64
 import json
 import struct
 import time
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Iterator
 
 #: Largest frame body either side may send (4 MiB). A longer length header is
 #: a protocol error: the reader closes the connection without allocating.
@@ -19,7 +19,7 @@ MAX_NAME_BYTES = 63
 _HDR = struct.Struct(">I")
 
 
-def encode(msg: Dict[str, Any]) -> bytes:
+def encode(msg: dict[str, Any]) -> bytes:
     """One frame: header + compact JSON body (raw UTF-8, like the hub)."""
     # surrogatepass: a str with a lone surrogate (which name_problem refuses
     # before a sub is ever encoded) goes out as the bytes wire_bytes says.
@@ -53,7 +53,7 @@ class Decoder:
     def __init__(self) -> None:
         self._buf = bytearray()
         self._off = 0
-        self.partial_since: Optional[float] = None
+        self.partial_since: float | None = None
 
     def feed(self, data: bytes) -> None:
         if self._off and self._off == len(self._buf):
@@ -66,7 +66,7 @@ class Decoder:
     def buffered(self) -> int:
         return len(self._buf) - self._off
 
-    def next(self) -> Optional[Dict[str, Any]]:
+    def next(self) -> dict[str, Any] | None:
         """The next whole message (a dict with a string "t"), or None when
         more bytes are needed. Raises FrameError on a malformed frame."""
         if self.buffered() < 4:
@@ -91,7 +91,7 @@ class Decoder:
             raise FrameError("frame is not an object with a string \"t\"")
         return msg
 
-    def messages(self) -> Iterator[Dict[str, Any]]:
+    def messages(self) -> Iterator[dict[str, Any]]:
         """Yields the whole messages fed so far (next() until it returns
         None). Raises FrameError on a malformed frame."""
         while True:
@@ -115,7 +115,7 @@ def q64_bytes(q64: str) -> bytes:
         return b""
 
 
-def name_problem(q: object) -> Optional[str]:
+def name_problem(q: object) -> str | None:
     """Why q can never be a subscription name whatever the hub's prefix and
     suffix (None if it may be): checked before any round trip."""
     if not isinstance(q, str):
@@ -127,7 +127,7 @@ def name_problem(q: object) -> Optional[str]:
     return _length_or_nul(q, b)
 
 
-def channel_problem(channel: str) -> Optional[str]:
+def channel_problem(channel: str) -> str | None:
     """Why the mapped channel is refused (None if fine): empty, too long, NUL."""
     if channel == "":
         return "invalid channel: empty"
@@ -135,7 +135,7 @@ def channel_problem(channel: str) -> Optional[str]:
     return problem and "invalid channel: " + problem
 
 
-def _length_or_nul(s: str, b: bytes) -> Optional[str]:
+def _length_or_nul(s: str, b: bytes) -> str | None:
     """The problem of a name or channel s (b: its bytes) that is too long or
     holds a NUL; None if neither."""
     if len(b) > MAX_NAME_BYTES:
@@ -145,7 +145,7 @@ def _length_or_nul(s: str, b: bytes) -> Optional[str]:
     return None
 
 
-def invalid_name_reason(reason: Optional[str]) -> bool:
+def invalid_name_reason(reason: str | None) -> bool:
     """Tells a nack about the name (final for that name, the connection is
     fine) from any other nack (this hub cannot serve: fail over). Protocol v1
     has no codes, so the reason words are the contract; same rule as the Go
@@ -159,7 +159,7 @@ def invalid_name_reason(reason: Optional[str]) -> bool:
     )
 
 
-def limit_reason(reason: Optional[str]) -> bool:
+def limit_reason(reason: str | None) -> bool:
     """Tells a refusal at one of the hub's caps ("too many subscriptions",
     "too many channels"): final for that subscribe, the connection stays."""
     return (reason or "").lower().startswith("too many ")

@@ -8,7 +8,7 @@ says which frame the caller is to send."""
 from __future__ import annotations
 
 from . import _frame
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Callable
 
 
 class Sub:
@@ -24,10 +24,10 @@ class Sub:
 
 
 def join(
-    subs: Dict[str, Sub],
+    subs: dict[str, Sub],
     q: str,
     new_call: Callable[[], Any],
-) -> Tuple[Optional[Sub], bool]:
+) -> tuple[Sub | None, bool]:
     """Counts one more waiter on the pending sub of q, made with new_call()
     when there is none; returns its Sub and whether the call is new (then
     the caller sends a sub frame). (None, False) when q is acked already."""
@@ -52,7 +52,7 @@ def abandon(s: Sub, c: Any) -> None:
         s.want_unsub = True
 
 
-def drop(subs: Dict[str, Sub], q: str) -> bool:
+def drop(subs: dict[str, Sub], q: str) -> bool:
     """Unsubscribes q; True when the caller is to send an unsub frame now
     (with a sub pending, the unsub waits for its ack)."""
     s = subs.get(q)
@@ -65,7 +65,7 @@ def drop(subs: Dict[str, Sub], q: str) -> bool:
     return True
 
 
-def ack(subs: Dict[str, Sub], q: str) -> Tuple[Any, bool]:
+def ack(subs: dict[str, Sub], q: str) -> tuple[Any, bool]:
     """Takes the pending call an ack of q answers (None when there is none)
     and says whether the caller is to send an unsub frame now (the sub was
     abandoned or unsubscribed meanwhile)."""
@@ -80,7 +80,7 @@ def ack(subs: Dict[str, Sub], q: str) -> Tuple[Any, bool]:
     return c, False
 
 
-def refuse(subs: Dict[str, Sub], q: str) -> Any:
+def refuse(subs: dict[str, Sub], q: str) -> Any:
     """Takes the pending call a nack about the name q answers (None when
     there is none); a name that was never acked is forgotten."""
     s = subs.get(q)
@@ -92,18 +92,18 @@ def refuse(subs: Dict[str, Sub], q: str) -> Any:
     return c
 
 
-def pending(subs: Dict[str, Sub], q: str) -> bool:
+def pending(subs: dict[str, Sub], q: str) -> bool:
     """Whether a sub of q waits for its answer."""
     s = subs.get(q)
     return s is not None and s.call is not None
 
 
-def acked(subs: Dict[str, Sub]) -> Set[str]:
+def acked(subs: dict[str, Sub]) -> set[str]:
     """The acked names."""
     return {q for q, s in subs.items() if s.active}
 
 
-def nacked_name(subs: Dict[str, Sub], q: str, q64: object) -> str:
+def nacked_name(subs: dict[str, Sub], q: str, q64: object) -> str:
     """The name a nack answers. A nack for a name that was not valid UTF-8
     carries the name's bytes as sent in "q64" ("q" then holds U+FFFD in
     their place): the pending sub they match."""

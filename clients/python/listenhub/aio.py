@@ -9,7 +9,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Collection, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
+from typing import Any, AsyncIterator, Callable, Collection, Set, TypeVar, cast
 
 from . import _fork, _frame, _subs
 from ._events import DEFAULT_MAX_PENDING, Mode, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake, make_wake
@@ -19,7 +19,7 @@ from .client import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_SILENCE_TIMEOUT,
     DEFAULT_WRITE_TIMEOUT,
-    dial,
+    _dial,
 )
 from .errors import (
     AckTimeoutError,
@@ -60,13 +60,13 @@ class _AsyncSink:
     """Callbacks (plain functions or coroutine functions, awaited in order)
     or a bounded queue for events()."""
 
-    def __init__(self, on_wake: Optional[_OnWake], on_status: Optional[_OnStatus], max_pending: Optional[int]) -> None:
+    def __init__(self, on_wake: _OnWake | None, on_status: _OnStatus | None, max_pending: int | None) -> None:
         self.on_wake, self.on_status = on_wake, on_status
         self.max_pending = max_pending or DEFAULT_MAX_PENDING
         self._q: asyncio.Queue[object] = asyncio.Queue()
         self._ended = False
 
-    def callback(self, ev: _Event) -> Optional[Callable[[Any], object]]:
+    def callback(self, ev: _Event) -> Callable[[Any], object] | None:
         return self.on_wake if isinstance(ev, Wake) else self.on_status
 
     def put(self, ev: _Event) -> bool:
@@ -82,7 +82,7 @@ class _AsyncSink:
             self._ended = True
             self._q.put_nowait(_END)
 
-    async def get(self, timeout: Optional[float] = None) -> Optional[_Event]:
+    async def get(self, timeout: float | None = None) -> _Event | None:
         if self._q.empty() and self._ended:
             return None
         try:
@@ -119,7 +119,7 @@ class _Call:
     def __init__(self, fut: asyncio.Future[None]) -> None:
         self.fut = fut
         self.waiters = 0
-        self.timer: Optional[asyncio.TimerHandle] = None
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class _AsyncListener:
@@ -130,7 +130,7 @@ class _AsyncListener:
 
     _sink: _AsyncSink
     #: Why the listener died (None while it lives).
-    err: Optional[BaseException]
+    err: BaseException | None
     #: Set when the listener is dead.
     done: asyncio.Event
 
@@ -142,10 +142,10 @@ class _AsyncListener:
         listener is dead and the queue drained."""
         return self._sink.events()
 
-    async def get(self, timeout: Optional[float] = None) -> Optional[_Event]:
+    async def get(self, timeout: float | None = None) -> _Event | None:
         return await self._sink.get(timeout)
 
-    async def wait(self) -> Optional[BaseException]:
+    async def wait(self) -> BaseException | None:
         """Waits until the listener is dead; returns err."""
         await self.done.wait()
         return self.err
@@ -175,8 +175,8 @@ class AsyncClient(_AsyncListener):
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         *,
-        on_wake: Optional[_OnWake],
-        on_status: Optional[_OnStatus],
+        on_wake: _OnWake | None,
+        on_status: _OnStatus | None,
         ack_timeout: float,
         write_timeout: float,
         max_pending: int,
@@ -194,14 +194,14 @@ class AsyncClient(_AsyncListener):
         # drain() then waits until the kernel took every byte.
         writer.transport.set_write_buffer_limits(high=0, low=0)
         self._sink = _AsyncSink(on_wake, on_status, max_pending)
-        self._subs: Dict[str, _subs.Sub] = {}
-        self.err: Optional[BaseException] = None
+        self._subs: dict[str, _subs.Sub] = {}
+        self.err: BaseException | None = None
         self.done = asyncio.Event()
         self._healthy = False
         self._saw_status = False  # a status arrived (see _ack_timeout)
         self._closing = False
-        self._drainer: Optional[asyncio.Task[None]] = None
-        self._lh_state: Dict[str, Any] = {}  # an AsyncFailover's view of this client
+        self._drainer: asyncio.Task[None] | None = None
+        self._lh_state: dict[str, Any] = {}  # an AsyncFailover's view of this client
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._read_loop())
         _fork.track(self)
@@ -252,7 +252,7 @@ class AsyncClient(_AsyncListener):
     def healthy(self) -> bool:
         return self.err is None and self._healthy
 
-    def subscriptions(self) -> Set[str]:
+    def subscriptions(self) -> set[str]:
         return _subs.acked(self._subs)
 
     def close(self) -> None:
@@ -352,7 +352,7 @@ class AsyncClient(_AsyncListener):
                 self._die(ConnError("read", self.path, e))
                 return
 
-    async def _handle(self, m: Dict[str, Any]) -> None:
+    async def _handle(self, m: dict[str, Any]) -> None:
         t: str = m["t"]
         q: Any = m.get("q")  # a str, or what a broken hub sent
         if not self._greeted:
@@ -421,8 +421,8 @@ class AsyncClient(_AsyncListener):
 async def connect(
     path: str,
     *,
-    on_wake: Optional[_OnWake] = None,
-    on_status: Optional[_OnStatus] = None,
+    on_wake: _OnWake | None = None,
+    on_status: _OnStatus | None = None,
     ack_timeout: float = DEFAULT_ACK_TIMEOUT,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
@@ -436,7 +436,7 @@ async def connect(
     ECONNREFUSED) or the socket is not our hub's (the same checks as the
     synchronous client's dial, run in the default executor)."""
     loop = asyncio.get_running_loop()
-    sock = await loop.run_in_executor(None, dial, path, connect_timeout or DEFAULT_CONNECT_TIMEOUT, peer_check, allowed_uids)
+    sock = await loop.run_in_executor(None, _dial, path, connect_timeout or DEFAULT_CONNECT_TIMEOUT, peer_check, allowed_uids)
     try:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
     except OSError as e:
@@ -465,8 +465,8 @@ class _AsyncLocal:
         self,
         loop: asyncio.AbstractEventLoop,
         on_event: Callable[[_AsyncLocal, _Event], object],
-        on_dead: Callable[[Optional[BaseException]], object],
-        local_args: Dict[str, Any],
+        on_dead: Callable[[BaseException | None], object],
+        local_args: dict[str, Any],
     ) -> None:
         # retired: a fail-back swapped it out; its events still queued for
         # the loop are the hub's to deliver now.
@@ -483,8 +483,8 @@ class _AsyncLocal:
     async def create(
         cls,
         on_event: Callable[[_AsyncLocal, _Event], object],
-        on_dead: Callable[[Optional[BaseException]], object],
-        local_args: Dict[str, Any],
+        on_dead: Callable[[BaseException | None], object],
+        local_args: dict[str, Any],
     ) -> _AsyncLocal:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, cls, loop, on_event, on_dead, local_args)
@@ -495,11 +495,11 @@ class _AsyncLocal:
         except RuntimeError:
             pass  # loop closed
 
-    def _watch(self, on_dead: Callable[[Optional[BaseException]], object]) -> None:
+    def _watch(self, on_dead: Callable[[BaseException | None], object]) -> None:
         self.local.done.wait()
         self._from_thread_dead(on_dead)
 
-    def _from_thread_dead(self, on_dead: Callable[[Optional[BaseException]], object]) -> None:
+    def _from_thread_dead(self, on_dead: Callable[[BaseException | None], object]) -> None:
         try:
             self._loop.call_soon_threadsafe(on_dead, self.local.err)
         except RuntimeError:
@@ -511,7 +511,7 @@ class _AsyncLocal:
     def unsubscribe(self, q: str) -> None:
         self.local.unsubscribe(q)
 
-    async def sync(self, timeout: Optional[float]) -> None:
+    async def sync(self, timeout: float | None) -> None:
         await self._loop.run_in_executor(None, self.local.sync, timeout)
 
     @property
@@ -532,11 +532,11 @@ class AsyncFailover(_AsyncListener):
     ...)``. The local listener is the synchronous Local on its own thread,
     its events handed to the loop in order."""
 
-    def __init__(self, socket_path: str, kw: Dict[str, Any]) -> None:
+    def __init__(self, socket_path: str, kw: dict[str, Any]) -> None:
         self.socket_path = socket_path
         self._kw = kw
         self.ack_timeout: float = kw.get("ack_timeout") or DEFAULT_ACK_TIMEOUT
-        self._local_args: Dict[str, Any] = dict(
+        self._local_args: dict[str, Any] = dict(
             database_url_=kw.get("database_url"),
             channel_prefix=kw.get("channel_prefix", ""),
             channel_suffix=kw.get("channel_suffix", ""),
@@ -545,20 +545,20 @@ class AsyncFailover(_AsyncListener):
         )
         self._sink = _AsyncSink(kw.get("on_wake"), kw.get("on_status"), kw.get("max_pending", DEFAULT_MAX_PENDING))
         self._mode = HUB
-        self.reason: Optional[BaseException] = None
-        self._hub: Optional[AsyncClient] = None
-        self._local: Optional[_AsyncLocal] = None
-        self._cand: Optional[AsyncClient] = None
-        self._subs: Set[str] = set()
-        self._swap: Optional[asyncio.Task[None]] = None  # the failover task while it runs
-        self._failback_task: Optional[asyncio.Task[None]] = None
-        self.err: Optional[BaseException] = None
+        self.reason: BaseException | None = None
+        self._hub: AsyncClient | None = None
+        self._local: _AsyncLocal | None = None
+        self._cand: AsyncClient | None = None
+        self._subs: set[str] = set()
+        self._swap: asyncio.Task[None] | None = None  # the failover task while it runs
+        self._failback_task: asyncio.Task[None] | None = None
+        self.err: BaseException | None = None
         self.done = asyncio.Event()
         self._cb_lock = asyncio.Lock()  # one callback at a time across hub and local
-        self._cut: Optional[_AsyncCut] = None  # a fail-back's switch point
+        self._cut: _AsyncCut | None = None  # a fail-back's switch point
         # The start's database check: name, token, and an event set when
         # it came back through the hub.
-        self._probe: Optional[Tuple[str, str, asyncio.Event]] = None
+        self._probe: tuple[str, str, asyncio.Event] | None = None
         self._wrong_database = False
 
     @classmethod
@@ -566,7 +566,7 @@ class AsyncFailover(_AsyncListener):
         cls,
         socket_path: str,
         *,
-        database_url: Optional[str] = None,
+        database_url: str | None = None,
         channel_prefix: str = '',
         channel_suffix: str = '',
         application_name: str = DEFAULT_LOCAL_APPLICATION_NAME,
@@ -581,10 +581,10 @@ class AsyncFailover(_AsyncListener):
         min_local: float = DEFAULT_MIN_LOCAL,
         probe_interval: float = DEFAULT_PROBE_INTERVAL,
         probe_max_interval: float = DEFAULT_PROBE_MAX_INTERVAL,
-        on_wake: Optional[_OnWake] = None,
-        on_status: Optional[_OnStatus] = None,
-        on_failover: Optional[Callable[[BaseException], object]] = None,
-        on_failback: Optional[Callable[[], object]] = None,
+        on_wake: _OnWake | None = None,
+        on_status: _OnStatus | None = None,
+        on_failover: Callable[[BaseException], object] | None = None,
+        on_failback: Callable[[], object] | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
     ) -> 'AsyncFailover':
         kw = dict(locals())
@@ -634,12 +634,12 @@ class AsyncFailover(_AsyncListener):
             if self._swap is not None:
                 await asyncio.shield(self._swap)
                 continue
-            cur: Union[AsyncClient, _AsyncLocal, None] = self._hub if self._mode == HUB else self._local
+            cur: AsyncClient | _AsyncLocal | None = self._hub if self._mode == HUB else self._local
             assert cur is not None  # set whenever no swap runs
             try:
                 await cur.subscribe(q)
                 return
-            except InvalidNameError:
+            except (InvalidNameError, LimitError):
                 self._subs.discard(q)
                 raise
             except ListenhubError as e:
@@ -654,7 +654,7 @@ class AsyncFailover(_AsyncListener):
         self._subs.discard(q)
         if self.err is not None or self._swap is not None:
             return
-        cur: Union[AsyncClient, _AsyncLocal, None] = self._hub if self._mode == HUB else self._local
+        cur: AsyncClient | _AsyncLocal | None = self._hub if self._mode == HUB else self._local
         if cur is not None:
             cur.unsubscribe(q)
 
@@ -662,10 +662,10 @@ class AsyncFailover(_AsyncListener):
     def healthy(self) -> bool:
         if self.err is not None or self._swap is not None:
             return False
-        cur: Union[AsyncClient, _AsyncLocal, None] = self._hub if self._mode == HUB else self._local
+        cur: AsyncClient | _AsyncLocal | None = self._hub if self._mode == HUB else self._local
         return cur is not None and cur.healthy
 
-    def subscriptions(self) -> Set[str]:
+    def subscriptions(self) -> set[str]:
         return set(self._subs)
 
     def close(self) -> None:
@@ -686,7 +686,7 @@ class AsyncFailover(_AsyncListener):
         """A hub client whose statuses are delivered only while it is the
         current one; c._lh_healthy is set at its first healthy status."""
         kw = self._kw
-        state: Dict[str, Any] = {"current": current, "healthy": asyncio.Event()}
+        state: dict[str, Any] = {"current": current, "healthy": asyncio.Event()}
 
         async def on_status(h: bool) -> None:
             if h:
@@ -694,7 +694,7 @@ class AsyncFailover(_AsyncListener):
             if state["current"]:
                 await self._deliver(Status(h))
 
-        holder: List[AsyncClient] = []
+        holder: list[AsyncClient] = []
         c = await connect(
             self.socket_path,
             on_wake=lambda w: self._hub_wake(holder, state, w),
@@ -755,7 +755,7 @@ class AsyncFailover(_AsyncListener):
             pass
         self._release_held(state, True)
 
-    def _release_held(self, state: Dict[str, Any], deliver: bool) -> None:
+    def _release_held(self, state: dict[str, Any], deliver: bool) -> None:
         held = state.get("held") or []
         state["unverified"], state["held"] = False, []
         if deliver and state["current"]:
@@ -790,9 +790,9 @@ class AsyncFailover(_AsyncListener):
 
     # --- the cut of a fail-back (see failover.Failover) ----------------------
 
-    async def _hub_wake(self, holder: List[AsyncClient], state: Dict[str, Any], w: Wake) -> None:
+    async def _hub_wake(self, holder: list[AsyncClient], state: dict[str, Any], w: Wake) -> None:
         probe = self._probe
-        if probe is not None and w.q == probe[0]:
+        if probe is not None and w.name == probe[0]:
             if w.payload == probe[1]:
                 probe[2].set()
             return
@@ -801,7 +801,7 @@ class AsyncFailover(_AsyncListener):
             return
         cut = self._cut
         if cut is not None and holder and cut.hub is holder[0]:
-            if w.q == cut.q:
+            if w.name == cut.q:
                 if w.payload == cut.token and not cut.hub_past:
                     cut.hub_past = True
                     cut.held = []  # the hub delivers them from here on
@@ -826,7 +826,7 @@ class AsyncFailover(_AsyncListener):
         cut = self._cut
         if cut is None:
             return True
-        if w.q == cut.q:
+        if w.name == cut.q:
             if w.payload == cut.token and not cut.local_past:
                 cut.local_past = True
                 loop = asyncio.get_running_loop()
@@ -862,12 +862,12 @@ class AsyncFailover(_AsyncListener):
         if not isinstance(hub.err, ClosedError):
             self._start_failover(hub, hub.err)
 
-    def _start_failover(self, hub: AsyncClient, reason: Optional[BaseException]) -> None:
+    def _start_failover(self, hub: AsyncClient, reason: BaseException | None) -> None:
         if self.err is not None or self._mode != HUB or self._hub is not hub or self._swap is not None:
             return
         self._swap = asyncio.get_running_loop().create_task(self._failover(reason))
 
-    async def _failover(self, reason: Optional[BaseException]) -> None:
+    async def _failover(self, reason: BaseException | None) -> None:
         log.warning("listenhub: hub failed (%s), failing over to a local listener", reason)
         _say("listenhub: hub failed (%s), failing over to a local listener" % reason)
         await self._deliver(Status(False))
@@ -877,7 +877,7 @@ class AsyncFailover(_AsyncListener):
             self._swap = None
             await self._die(FailoverError(reason, e))
             return
-        listened: Set[str] = set()
+        listened: set[str] = set()
         while True:
             if self.err is not None:
                 local.close()
@@ -889,7 +889,7 @@ class AsyncFailover(_AsyncListener):
             for q in sorted(todo):
                 try:
                     await local.subscribe(q)
-                except InvalidNameError:
+                except (InvalidNameError, LimitError):
                     self._subs.discard(q)
                     continue
                 except Exception as e:
@@ -941,7 +941,7 @@ class AsyncFailover(_AsyncListener):
             return True
         self._cand = cand
         swapped = False
-        cut: Optional[_AsyncCut] = None
+        cut: _AsyncCut | None = None
         try:
             try:
                 await asyncio.wait_for(cand._lh_state["healthy"].wait(), self.ack_timeout)
@@ -959,8 +959,8 @@ class AsyncFailover(_AsyncListener):
                 except Exception as e:
                     log.debug("listenhub: fail-back attempt %d: marker: %s", attempt, e)
                     return False
-            marked_at: Optional[int] = None
-            acked: Set[str] = set()
+            marked_at: int | None = None
+            acked: set[str] = set()
             drained = False
             while True:
                 if self.err is not None:
@@ -1013,7 +1013,7 @@ class AsyncFailover(_AsyncListener):
             self._cut = None
             cand.unsubscribe(cut.q)
         log.info("listenhub: back on the hub, local listener closed (attempt %d)", attempt)
-        on_failback: Optional[Callable[[], object]] = self._kw.get("on_failback")
+        on_failback: Callable[[], object] | None = self._kw.get("on_failback")
         if on_failback is not None:
             cb = on_failback
             await _run_callback(lambda _: cb(), None)
@@ -1022,7 +1022,7 @@ class AsyncFailover(_AsyncListener):
             await self._deliver(Wake(q, None, True))
         return True
 
-    async def _send_marker(self, local: _AsyncLocal, cut: _AsyncCut) -> Optional[str]:
+    async def _send_marker(self, local: _AsyncLocal, cut: _AsyncCut) -> str | None:
         """Commits the marker on the local connection and waits until both
         listeners delivered it; None when they did, else why not."""
         try:
@@ -1039,7 +1039,7 @@ class AsyncFailover(_AsyncListener):
         msg, self._wrong_database = wrong_database(self.socket_path, self.ack_timeout, self._wrong_database)
         return msg
 
-    async def _subscribe_all(self, c: AsyncClient, todo: Collection[str], acked: Set[str]) -> Optional[BaseException]:
+    async def _subscribe_all(self, c: AsyncClient, todo: Collection[str], acked: set[str]) -> BaseException | None:
         sem = asyncio.Semaphore(FAILBACK_PARALLEL)
         first = []
 
@@ -1048,7 +1048,7 @@ class AsyncFailover(_AsyncListener):
                 try:
                     await c.subscribe(q)
                     acked.add(q)
-                except InvalidNameError:
+                except (InvalidNameError, LimitError):
                     self._subs.discard(q)
                 except ListenhubError as e:
                     first.append(e)
@@ -1081,7 +1081,7 @@ class AsyncFailover(_AsyncListener):
             return
         asyncio.get_running_loop().create_task(self._deliver(ev))
 
-    def _local_died(self, err: Optional[BaseException]) -> None:
+    def _local_died(self, err: BaseException | None) -> None:
         if not isinstance(err, ClosedError) and self.err is None:
             asyncio.get_running_loop().create_task(self._die(FailoverError(self.reason, err)))
 
@@ -1112,8 +1112,8 @@ class _AsyncCut:
         token = secrets.token_hex(8)
         self.q, self.token = "lh.cut." + token[:8], token
         self.hub_past = self.local_past = False
-        self.buf: List[Wake] = []  # the hub's wakes after its marker, before local passed
-        self.held: List[Wake] = []  # the local listener's wakes after its marker, before the hub passed
+        self.buf: list[Wake] = []  # the hub's wakes after its marker, before local passed
+        self.held: list[Wake] = []  # the local listener's wakes after its marker, before the hub passed
         self.both = asyncio.Event()
 
     def passed(self) -> None:

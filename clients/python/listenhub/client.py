@@ -12,7 +12,7 @@ import stat
 import struct
 import threading
 import time
-from typing import Any, Collection, Dict, Optional, Set
+from typing import Any, Collection
 
 from . import _fork, _frame, _subs
 from ._events import (
@@ -62,7 +62,7 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 log = logging.getLogger("listenhub")
 
 
-def check_peer(
+def _check_peer(
     sock: socket.socket,
     path: str,
     allowed_uids: Collection[int] = (),
@@ -77,11 +77,11 @@ def check_peer(
     raise ConnError("peer", path, "peer pid %d runs as uid %d, not ours (%d) or root: not our hub" % (pid, uid, os.getuid()))
 
 
-def _trusted(allowed_uids: Collection[int]) -> Set[int]:
+def _trusted(allowed_uids: Collection[int]) -> set[int]:
     return {os.getuid(), 0} | set(allowed_uids)
 
 
-def dir_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
+def _dir_problem(st: os.stat_result, trusted: Collection[int]) -> str | None:
     """Why a socket directory with stat st cannot be trusted (None if it
     can), OpenSSH's StrictModes rule: owned by us, root or an allowed uid,
     and not writable by group or other, unless sticky (like /tmp: there only
@@ -94,7 +94,7 @@ def dir_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
     return None
 
 
-def _ancestors_problem(d: str, trusted: Collection[int]) -> Optional[str]:
+def _ancestors_problem(d: str, trusted: Collection[int]) -> str | None:
     """Why a directory above the socket's cannot be trusted, up to / (None
     if none): any of them writable by another user could swap the socket's
     directory for one of its own. The same rule as the hub's and the Go
@@ -106,7 +106,7 @@ def _ancestors_problem(d: str, trusted: Collection[int]) -> Optional[str]:
             return None
         cur = parent
         st = os.stat(cur)
-        problem = dir_problem(st, trusted)
+        problem = _dir_problem(st, trusted)
         if problem:
             if st.st_uid not in trusted:
                 fix = "chown %d %s (or root)" % (os.getuid(), cur)
@@ -124,7 +124,7 @@ def _unsearchable_fix(path: str) -> str:
     )
 
 
-def sock_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
+def _sock_problem(st: os.stat_result, trusted: Collection[int]) -> str | None:
     """Why the file at the socket path (lstat: a symlink is not followed)
     is not our hub's socket (None if it may be)."""
     if not stat.S_ISSOCK(st.st_mode):
@@ -138,9 +138,9 @@ def sock_problem(st: os.stat_result, trusted: Collection[int]) -> Optional[str]:
 _PROC_FD = os.path.isdir("/proc/self/fd")
 
 
-def dial(
+def _dial(
     path: str,
-    timeout: Optional[float],
+    timeout: float | None,
     peer_check: bool,
     allowed_uids: Collection[int],
 ) -> socket.socket:
@@ -150,7 +150,7 @@ def dial(
 
     With peer_check (the default) the socket's identity is checked the same
     way as by the Go and Node clients: the directory is opened (O_PATH) and
-    checked (dir_problem), the name is lstat'ed in it (sock_problem), the
+    checked (_dir_problem), the name is lstat'ed in it (_sock_problem), the
     connect goes through that open directory (/proc/self/fd/N/name: a
     symlink swapped into the path meanwhile changes nothing), and then the
     peer's uid is checked (SO_PEERCRED)."""
@@ -174,11 +174,11 @@ def dial(
                     "%s: the socket's directory is missing: start the hub, or create it "
                     "(install -d -m 0755 %s, owned by the hub's user)" % (e, d),
                 ) from e
-            problem = dir_problem(os.fstat(dfd), trusted) or _ancestors_problem(d or ".", trusted)
+            problem = _dir_problem(os.fstat(dfd), trusted) or _ancestors_problem(d or ".", trusted)
             if problem:
                 raise ConnError("peer", path, problem)
             before = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            problem = sock_problem(before, trusted)
+            problem = _sock_problem(before, trusted)
             if problem:
                 raise ConnError("peer", path, problem)
             via = "/proc/self/fd/%d/%s" % (dfd, name)
@@ -191,7 +191,7 @@ def dial(
                 after = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
                     raise ConnError("peer", path, "the socket file changed during the connect")
-            check_peer(sock, path, allowed_uids)
+            _check_peer(sock, path, allowed_uids)
         sock.settimeout(None)
     except ConnError:
         sock.close()
@@ -215,7 +215,7 @@ class _Call:
 
     def __init__(self, deadline: float) -> None:
         self.done = threading.Event()
-        self.err: Optional[BaseException] = None
+        self.err: BaseException | None = None
         self.waiters = 0
         self.deadline = deadline
 
@@ -240,8 +240,8 @@ class Client(Listener):
         self,
         path: str,
         *,
-        on_wake: Optional[_OnWake] = None,
-        on_status: Optional[_OnStatus] = None,
+        on_wake: _OnWake | None = None,
+        on_status: _OnStatus | None = None,
         ack_timeout: float = DEFAULT_ACK_TIMEOUT,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
@@ -250,7 +250,7 @@ class Client(Listener):
         peer_check: bool = True,
         allowed_uids: Collection[int] = (),
         max_pending: int = DEFAULT_MAX_PENDING,
-        _sock: Optional[socket.socket] = None,
+        _sock: socket.socket | None = None,
     ) -> None:
         self.path = path
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
@@ -258,11 +258,11 @@ class Client(Listener):
         self.frame_timeout = frame_timeout or DEFAULT_FRAME_TIMEOUT
         self.silence_timeout = silence_timeout or DEFAULT_SILENCE_TIMEOUT
         self._sink = Sink(on_wake, on_status, max_pending)
-        self._sock = _sock or dial(path, connect_timeout, peer_check, allowed_uids)
+        self._sock = _sock or _dial(path, connect_timeout, peer_check, allowed_uids)
 
         self._mu = threading.Lock()
         self._cond = threading.Condition(self._mu)  # writer: out queued, a deadline moved, death
-        self._subs: Dict[str, _subs.Sub] = {}
+        self._subs: dict[str, _subs.Sub] = {}
         self._out = bytearray()
         self.err = None
         self.done = threading.Event()
@@ -285,7 +285,7 @@ class Client(Listener):
 
     # --- API -----------------------------------------------------------------
 
-    def subscribe(self, q: str, timeout: Optional[float] = None) -> None:
+    def subscribe(self, q: str, timeout: float | None = None) -> None:
         """Subscribes to q and returns once the hub acked it: from then on
         every NOTIFY committed on q's channel is delivered. Wakes for q may
         arrive before (over-delivery is harmless).
@@ -341,7 +341,7 @@ class Client(Listener):
         connect)."""
         return not self.done.is_set() and self._healthy
 
-    def subscriptions(self) -> Set[str]:
+    def subscriptions(self) -> set[str]:
         """The acked names."""
         with self._mu:
             return _subs.acked(self._subs)
@@ -411,7 +411,7 @@ class Client(Listener):
             log.warning("listenhub client dead: %s", err)
 
     @staticmethod
-    def _resolve(c: _Call, err: Optional[BaseException]) -> None:
+    def _resolve(c: _Call, err: BaseException | None) -> None:
         if not c.done.is_set():
             c.err = err
             c.done.set()
@@ -526,7 +526,7 @@ class Client(Listener):
             self._writer.join()
             self._sock.close()
 
-    def _handle(self, m: Dict[str, Any]) -> bool:
+    def _handle(self, m: dict[str, Any]) -> bool:
         """Processes one frame; False once the client is dead."""
         t = m["t"]
         q: Any = m.get("q")  # a str, or what a broken hub sent
@@ -617,4 +617,4 @@ def connect(path: str, **kwargs: Any) -> Client:
     return Client(path, **kwargs)
 
 
-__all__ = ["Client", "connect", "check_peer", "Wake", "Status", "ListenhubError"]
+__all__ = ["Client", "connect", "Wake", "Status", "ListenhubError"]

@@ -20,28 +20,34 @@ class InvalidNameError(ListenhubError):
     harmless for the transport: the client stays alive and a failover
     listener does not fail over because of it."""
 
-    def __init__(self, q: str, reason: str) -> None:
-        super().__init__("listenhub: invalid subscription name %r: %s" % (q, reason))
-        self.q = q
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__("listenhub: invalid subscription name %r: %s" % (name, reason))
+        self.name = name
         self.reason = reason
 
 
-class LimitError(InvalidNameError):
+class LimitError(ListenhubError):
     """The hub refused the subscription at one of its caps ("too many
     subscriptions" for this connection, "too many channels" for the hub).
     Like a name refusal it is final for that subscribe and harmless for the
     transport: the hub keeps the connection, so the client stays alive and a
     failover listener does not fail over (its own connection would only move
-    the load onto a backend of its own)."""
+    the load onto a backend of its own). Not an InvalidNameError: the name
+    is fine, and the same subscribe may pass once the hub has room."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__("listenhub: hub limit reached for %r: %s" % (name, reason))
+        self.name = name
+        self.reason = reason
 
 
 class NackError(ListenhubError):
     """The hub refused a subscription for a reason other than the name (its
     LISTEN failed, its Postgres is down): the client is dead after it."""
 
-    def __init__(self, q: str, reason: str) -> None:
-        super().__init__("listenhub: hub refused %r: %s" % (q, reason))
-        self.q = q
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__("listenhub: hub refused %r: %s" % (name, reason))
+        self.name = name
         self.reason = reason
 
 
@@ -49,9 +55,9 @@ class AckTimeoutError(ListenhubError):
     """No ack or nack within the ack timeout: the hub is wedged (or an old
     hub dropped what it refused). The client is dead after it."""
 
-    def __init__(self, q: str, timeout: float) -> None:
-        super().__init__("listenhub: no ack for %r within %gs" % (q, timeout))
-        self.q = q
+    def __init__(self, name: str, timeout: float) -> None:
+        super().__init__("listenhub: no ack for %r within %gs" % (name, timeout))
+        self.name = name
         self.timeout = timeout
 
 

@@ -10,12 +10,12 @@ import random
 import secrets
 import threading
 import warnings
-from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Collection
 
 from . import _fork, _frame
 from ._events import DEFAULT_MAX_PENDING, Listener, Mode, Sink, SlowConsumerError, Status, Wake, _Event, _OnStatus, _OnWake
 from .client import DEFAULT_ACK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SILENCE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Client
-from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, ListenhubError, ListenhubWarning, OtherDatabaseError
+from .errors import ClosedError, ConnError, FailoverError, InvalidNameError, LimitError, ListenhubError, ListenhubWarning, OtherDatabaseError
 from .local import DEFAULT_LOCAL_APPLICATION_NAME, DEFAULT_LOCAL_TIMEOUT, Local, _connect, database_url
 
 
@@ -90,7 +90,7 @@ class Failover(Listener):
         self,
         socket_path: str,
         *,
-        database_url: Optional[str] = None,
+        database_url: str | None = None,
         channel_prefix: str = '',
         channel_suffix: str = '',
         application_name: str = DEFAULT_LOCAL_APPLICATION_NAME,
@@ -105,15 +105,15 @@ class Failover(Listener):
         min_local: float = DEFAULT_MIN_LOCAL,
         probe_interval: float = DEFAULT_PROBE_INTERVAL,
         probe_max_interval: float = DEFAULT_PROBE_MAX_INTERVAL,
-        on_wake: Optional[_OnWake] = None,
-        on_status: Optional[_OnStatus] = None,
-        on_failover: Optional[Callable[[BaseException], object]] = None,
-        on_failback: Optional[Callable[[], object]] = None,
+        on_wake: _OnWake | None = None,
+        on_status: _OnStatus | None = None,
+        on_failover: Callable[[BaseException], object] | None = None,
+        on_failback: Callable[[], object] | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
         self.socket_path = socket_path
         self.ack_timeout = ack_timeout or DEFAULT_ACK_TIMEOUT
-        self._hub_args: Dict[str, Any] = dict(
+        self._hub_args: dict[str, Any] = dict(
             ack_timeout=self.ack_timeout,
             write_timeout=write_timeout,
             connect_timeout=connect_timeout,
@@ -121,7 +121,7 @@ class Failover(Listener):
             peer_check=peer_check,
             allowed_uids=allowed_uids,
         )
-        self._local_args: Dict[str, Any] = dict(
+        self._local_args: dict[str, Any] = dict(
             database_url_=database_url,
             channel_prefix=channel_prefix,
             channel_suffix=channel_suffix,
@@ -141,23 +141,23 @@ class Failover(Listener):
         # Routing of wakes during a fail-back's cut (_Cut), taken before
         # _dispatch: what is delivered and in which order.
         self._route = threading.Lock()
-        self._cut: Optional[_Cut] = None
+        self._cut: _Cut | None = None
         # The start's database check: name, token, and an event set when
         # it came back through the hub.
-        self._probe: Optional[Tuple[str, str, threading.Event]] = None
+        self._probe: tuple[str, str, threading.Event] | None = None
         self._wrong_database = False
         self._mu = threading.Lock()
         self._mode = HUB
-        self.reason: Optional[BaseException] = None
-        self._hub: Optional[Client] = None
-        self._hub_state: Optional[Dict[str, Any]] = None
-        self._local: Optional[Local] = None
-        self._cand: Optional[Client] = None  # a fail-back's hub client until swapped in or given up
-        self._subs: Set[str] = set()
+        self.reason: BaseException | None = None
+        self._hub: Client | None = None
+        self._hub_state: dict[str, Any] | None = None
+        self._local: Local | None = None
+        self._cand: Client | None = None  # a fail-back's hub client until swapped in or given up
+        self._subs: set[str] = set()
         self._swapping = False
         self._settled = threading.Event()  # set while no failover runs
         self._settled.set()
-        self.err: Optional[BaseException] = None
+        self.err: BaseException | None = None
         self.done = threading.Event()
         _fork.track(self)
 
@@ -186,7 +186,7 @@ class Failover(Listener):
         if state.get("unverified"):
             threading.Thread(target=self._verify_later, args=(hub, state), name="listenhub-verify", daemon=True).start()
 
-    def _check_database(self, hub: Client, state: Dict[str, Any]) -> None:
+    def _check_database(self, hub: Client, state: dict[str, Any]) -> None:
         """At start: the hub must hear the database this listener was given.
         A private name is subscribed through it, a NOTIFY of it committed on
         a short connection of this process's own, and it must come back
@@ -206,7 +206,7 @@ class Failover(Listener):
             return
         self._probe_database(hub)
 
-    def _verify_later(self, hub: Client, state: Dict[str, Any]) -> None:
+    def _verify_later(self, hub: Client, state: dict[str, Any]) -> None:
         """The start's check, once the hub first says healthy: verified, the
         held wakes are delivered; a hub on another database is left for a
         local listener (reason OtherDatabaseError), its held wakes, another
@@ -224,7 +224,7 @@ class Failover(Listener):
             return
         self._release_held(state, True)
 
-    def _release_held(self, state: Dict[str, Any], deliver: bool) -> None:
+    def _release_held(self, state: dict[str, Any], deliver: bool) -> None:
         with self._route:
             held = state.get("held") or []
             state["unverified"], state["held"] = False, []
@@ -276,7 +276,7 @@ class Failover(Listener):
         with self._mu:
             return self._mode
 
-    def subscribe(self, q: str, timeout: Optional[float] = None) -> None:
+    def subscribe(self, q: str, timeout: float | None = None) -> None:
         """Records q and subscribes the current listener. In hub mode a hub
         failure (anything but an invalid name or this caller's timeout)
         triggers the failover and the subscription is made locally. Raises
@@ -295,12 +295,12 @@ class Failover(Listener):
                 if not self._settled.wait(timeout):
                     raise TimeoutError("listenhub: failover not finished in time")
                 continue
-            cur: Optional[Listener] = hub if mode == HUB else local
+            cur: Listener | None = hub if mode == HUB else local
             assert cur is not None  # set whenever no swap runs
             try:
                 cur.subscribe(q, timeout)
                 return
-            except InvalidNameError:
+            except (InvalidNameError, LimitError):
                 self._forget(q)
                 raise
             except TimeoutError:
@@ -323,7 +323,7 @@ class Failover(Listener):
         blocks."""
         with self._mu:
             self._subs.discard(q)
-            cur: Optional[Listener] = None
+            cur: Listener | None = None
             if self.err is None and not self._swapping:
                 cur = self._hub if self._mode == HUB else self._local
         if cur is not None:
@@ -335,10 +335,10 @@ class Failover(Listener):
         with self._mu:
             if self.err is not None or self._swapping:
                 return False
-            cur: Optional[Listener] = self._hub if self._mode == HUB else self._local
+            cur: Listener | None = self._hub if self._mode == HUB else self._local
         return cur is not None and cur.healthy
 
-    def subscriptions(self) -> Set[str]:
+    def subscriptions(self) -> set[str]:
         """The recorded set."""
         with self._mu:
             return set(self._subs)
@@ -360,11 +360,11 @@ class Failover(Listener):
 
     # --- internals -----------------------------------------------------------
 
-    def _new_hub(self, current: bool) -> Tuple[Client, Dict[str, Any]]:
+    def _new_hub(self, current: bool) -> tuple[Client, dict[str, Any]]:
         """A hub client whose statuses are delivered only while it is the
         current one (state["current"]); state["healthy"] is set at its
         first healthy status."""
-        state: Dict[str, Any] = {"current": current, "healthy": threading.Event()}
+        state: dict[str, Any] = {"current": current, "healthy": threading.Event()}
 
         def on_status(h: bool) -> None:
             if h:
@@ -372,7 +372,7 @@ class Failover(Listener):
             if state["current"]:
                 self._deliver(Status(h))
 
-        holder: List[Client] = []
+        holder: list[Client] = []
         c = Client(self.socket_path, on_wake=lambda w: self._hub_wake(holder, state, w), on_status=on_status, **self._hub_args)
         holder.append(c)
         return c, state
@@ -391,10 +391,10 @@ class Failover(Listener):
     def _cut_fits(self) -> bool:
         return cut_fits(self._local_args)
 
-    def _hub_wake(self, holder: List[Client], state: Dict[str, Any], w: Wake) -> None:
+    def _hub_wake(self, holder: list[Client], state: dict[str, Any], w: Wake) -> None:
         with self._route:
             probe = self._probe
-            if probe is not None and w.q == probe[0]:
+            if probe is not None and w.name == probe[0]:
                 if w.payload == probe[1]:
                     probe[2].set()
                 return
@@ -403,7 +403,7 @@ class Failover(Listener):
                 return
             cut = self._cut
             if cut is not None and holder and cut.hub is holder[0]:
-                if w.q == cut.q:
+                if w.name == cut.q:
                     if w.payload == cut.token and not cut.hub_past:
                         cut.hub_past = True
                         cut.held = []  # the hub delivers them from here on
@@ -422,7 +422,7 @@ class Failover(Listener):
         with self._route:
             cut = self._cut
             if cut is not None:
-                if w.q == cut.q:
+                if w.name == cut.q:
                     if w.payload == cut.token and not cut.local_past:
                         cut.local_past = True
                         for b in cut.buf:
@@ -437,7 +437,7 @@ class Failover(Listener):
                     return  # after the marker: the hub delivers it
             self._deliver(w)
 
-    def _set_cut(self, cut: Optional[_Cut]) -> None:
+    def _set_cut(self, cut: _Cut | None) -> None:
         with self._route:
             self._cut = cut
 
@@ -463,7 +463,7 @@ class Failover(Listener):
             for q in names:
                 self._deliver(Wake(q, None, True))
 
-    def _send_marker(self, local: Local, cut: _Cut) -> Optional[str]:
+    def _send_marker(self, local: Local, cut: _Cut) -> str | None:
         """Commits the marker and waits until both listeners delivered it;
         None when they did, else why not."""
         try:
@@ -477,18 +477,18 @@ class Failover(Listener):
         msg, self._wrong_database = wrong_database(self.socket_path, self.ack_timeout, self._wrong_database)
         return msg
 
-    def _watch(self, listener: Listener, then: Callable[[Any, Optional[BaseException]], None]) -> None:
+    def _watch(self, listener: Listener, then: Callable[[Any, BaseException | None], None]) -> None:
         def run() -> None:
             listener.done.wait()
             then(listener, listener.err)
 
         threading.Thread(target=run, name="listenhub-failover-watch", daemon=True).start()
 
-    def _hub_died(self, hub: Client, err: Optional[BaseException]) -> None:
+    def _hub_died(self, hub: Client, err: BaseException | None) -> None:
         if err is not None and not isinstance(err, ClosedError):
             self._begin_failover(hub, err, in_thread=False)
 
-    def _local_died(self, local: Local, err: Optional[BaseException]) -> None:
+    def _local_died(self, local: Local, err: BaseException | None) -> None:
         if not isinstance(err, ClosedError):
             self._die(FailoverError(self.reason, err))
 
@@ -524,7 +524,7 @@ class Failover(Listener):
             self._end_swap()
             self._die(FailoverError(reason, e))
             return
-        listened: Set[str] = set()
+        listened: set[str] = set()
         while True:
             with self._mu:
                 todo = self._subs - listened
@@ -541,7 +541,7 @@ class Failover(Listener):
             for q in sorted(todo):
                 try:
                     local.subscribe(q)
-                except InvalidNameError:
+                except (InvalidNameError, LimitError):
                     self._forget(q)
                     continue
                 except Exception as e:
@@ -610,7 +610,7 @@ class Failover(Listener):
                     log.debug("listenhub: fail-back attempt %d: marker: %s", attempt, e)
                     return False
             marked_at = None
-            acked: Set[str] = set()
+            acked: set[str] = set()
             drained = False
             while True:
                 with self._mu:
@@ -678,18 +678,18 @@ class Failover(Listener):
             self._deliver(Wake(q, None, True))
         return True
 
-    def _subscribe_all(self, c: Client, todo: Collection[str], acked: Set[str]) -> Optional[BaseException]:
+    def _subscribe_all(self, c: Client, todo: Collection[str], acked: set[str]) -> BaseException | None:
         """Subscribes c to todo, FAILBACK_PARALLEL at a time; the acked names
         join acked, invalid ones are forgotten; the first other error is
         returned (c is dead then)."""
-        first: Optional[BaseException] = None
+        first: BaseException | None = None
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(FAILBACK_PARALLEL, len(todo))) as ex:
             futs = [(q, ex.submit(c.subscribe, q)) for q in todo]
             for q, fut in futs:
                 try:
                     fut.result()
                     acked.add(q)
-                except InvalidNameError:
+                except (InvalidNameError, LimitError):
                     self._forget(q)
                 except Exception as e:
                     first = first or e
@@ -744,14 +744,14 @@ class Failover(Listener):
             self._deliver(Status(healthy))
 
 
-def cut_fits(local_args: Dict[str, Any]) -> bool:
+def cut_fits(local_args: dict[str, Any]) -> bool:
     """Whether a marker's name (lh.cut. and 8 hex digits) fits in a channel
     between the hub's prefix and suffix."""
     prefix, suffix = local_args["channel_prefix"] or "", local_args["channel_suffix"] or ""
     return len(prefix.encode()) + len("lh.cut.") + 8 + len(suffix.encode()) <= 63
 
 
-def notify_probe(local_args: Dict[str, Any], q: str, token: str, timeout: float) -> Optional[str]:
+def notify_probe(local_args: dict[str, Any], q: str, token: str, timeout: float) -> str | None:
     """Commits a NOTIFY of q's channel with token on a short connection of
     this process's own (a start's database check); returns the database it
     went to ("name at host:port"), or None when it could not be sent."""
@@ -769,7 +769,7 @@ def notify_probe(local_args: Dict[str, Any], q: str, token: str, timeout: float)
         conn.close()
 
 
-def wrong_database(socket_path: str, timeout: float, said: bool) -> Tuple[str, bool]:
+def wrong_database(socket_path: str, timeout: float, said: bool) -> tuple[str, bool]:
     """A fail-back marker that did not come back through the hub: the
     reason, logged at ERROR the first time (said: already once) and at
     DEBUG after; returns it and the new said."""
@@ -795,8 +795,8 @@ class _Cut:
         token = secrets.token_hex(8)
         self.q, self.token = "lh.cut." + token[:8], token
         self.hub_past = self.local_past = False
-        self.buf: List[Wake] = []  # the hub's wakes after its marker, before local passed
-        self.held: List[Wake] = []  # the local listener's wakes after its marker, before the hub passed
+        self.buf: list[Wake] = []  # the hub's wakes after its marker, before local passed
+        self.held: list[Wake] = []  # the local listener's wakes after its marker, before the hub passed
         self.both = threading.Event()
 
     def passed(self) -> None:

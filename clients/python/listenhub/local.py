@@ -11,7 +11,7 @@ import secrets
 import select
 import threading
 import time
-from typing import Any, Deque, Dict, Optional, Set
+from typing import Any, Deque
 
 from . import _fork, _frame
 from ._events import (
@@ -40,7 +40,7 @@ _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 5.0
 log = logging.getLogger("listenhub")
 
 
-def database_url(url: Optional[str] = None) -> str:
+def database_url(url: str | None = None) -> str:
     """url, else LISTENHUB_DATABASE_URL, else DATABASE_URL, else "" (libpq's
     PG* variables alone)."""
     return url or os.environ.get("LISTENHUB_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
@@ -51,7 +51,7 @@ def _connect(url: str, application_name: str, timeout: float) -> Any:
     from psycopg.conninfo import conninfo_to_dict
 
     params = conninfo_to_dict(url)
-    kwargs: Dict[str, Any] = {"autocommit": True}
+    kwargs: dict[str, Any] = {"autocommit": True}
     if "application_name" not in params and not os.environ.get("PGAPPNAME"):
         kwargs["application_name"] = application_name
     if "connect_timeout" not in params and not os.environ.get("PGCONNECT_TIMEOUT"):
@@ -163,10 +163,10 @@ class _Op:
     __slots__ = ("q", "listen", "reply", "err", "payload")
 
     def __init__(
-        self, q: Optional[str], listen: Optional[bool], reply: Optional[threading.Event], payload: Optional[str] = None
+        self, q: str | None, listen: bool | None, reply: threading.Event | None, payload: str | None = None
     ) -> None:
         self.q, self.listen, self.reply = q, listen, reply
-        self.err: Optional[BaseException] = None
+        self.err: BaseException | None = None
         self.payload = payload  # not None: a NOTIFY of q's channel
 
 
@@ -186,14 +186,14 @@ class Local(Listener):
 
     def __init__(
         self,
-        database_url_: Optional[str] = None,
+        database_url_: str | None = None,
         *,
         channel_prefix: str = '',
         channel_suffix: str = '',
         application_name: str = DEFAULT_LOCAL_APPLICATION_NAME,
         command_timeout: float = DEFAULT_LOCAL_TIMEOUT,
-        on_wake: Optional[_OnWake] = None,
-        on_status: Optional[_OnStatus] = None,
+        on_wake: _OnWake | None = None,
+        on_status: _OnStatus | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
         self.url = database_url(database_url_)
@@ -206,7 +206,7 @@ class Local(Listener):
 
         self._mu = threading.Lock()
         self._ops: Deque[_Op] = collections.deque()
-        self._listening: Set[str] = set()
+        self._listening: set[str] = set()
         self.err = None
         self.done = threading.Event()
         self._healthy = True
@@ -241,7 +241,7 @@ class Local(Listener):
         pid: int = self._conn.info.backend_pid
         return pid
 
-    def subscribe(self, q: str, timeout: Optional[float] = None) -> None:
+    def subscribe(self, q: str, timeout: float | None = None) -> None:
         """LISTENs to q's channel; returns once Postgres confirmed it.
         InvalidNameError for a name no channel can carry. ``timeout``
         (default the command timeout) bounds the wait: TimeoutError, and the
@@ -265,7 +265,7 @@ class Local(Listener):
         if op.err is not None:
             raise op.err
 
-    def sync(self, timeout: Optional[float] = None) -> None:
+    def sync(self, timeout: float | None = None) -> None:
         """A round trip on the connection, in order after every LISTEN and
         UNLISTEN queued before it: every notification the server sent before
         it has been delivered when it returns (a fail-back drains the local
@@ -282,7 +282,7 @@ class Local(Listener):
         if op.err is not None:
             raise op.err
 
-    def _notify(self, q: str, payload: str, timeout: Optional[float] = None) -> None:
+    def _notify(self, q: str, payload: str, timeout: float | None = None) -> None:
         """Commits NOTIFY on q's channel with payload on this connection, in
         order after the LISTENs and UNLISTENs queued before it (a
         fail-back's marker: see Failover)."""
@@ -517,6 +517,6 @@ class Local(Listener):
                 self._deliver(Wake(q, None, True))
             return
 
-    def _wait_kick(self, seconds: Optional[float]) -> None:
+    def _wait_kick(self, seconds: float | None) -> None:
         select.select([self._wake_r], [], [], seconds)
         self._drain_kick()

@@ -95,7 +95,7 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
         self.db.notify("a", "lost")
         self.db.notify("b", "kept")
         seen = await next_matching(c, lambda e: e == Wake("b", "kept", False), "the wake of b")
-        self.assertFalse(any(isinstance(e, Wake) and e.q == "a" for e in seen), seen)
+        self.assertFalse(any(isinstance(e, Wake) and e.name == "a" for e in seen), seen)
 
     async def test_hub_death_kills_the_client(self):
         c = await aio.connect(self.hub.socket)
@@ -214,7 +214,7 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         backs = asyncio.Queue()
 
         def on_wake(w):
-            if w.q == "seq" and w.payload and w.payload.startswith("n"):
+            if w.name == "seq" and w.payload and w.payload.startswith("n"):
                 got.append(int(w.payload[1:]))
 
         f = await self.failover(
@@ -284,7 +284,7 @@ class AsyncFailoverTest(unittest.IsolatedAsyncioTestCase):
         got = []
 
         def on_wake(w):
-            if w.q == "seq" and w.payload and w.payload.startswith("n"):
+            if w.name == "seq" and w.payload and w.payload.startswith("n"):
                 got.append(int(w.payload[1:]))
 
         sock = os.path.join(scratch_dir(self), "hub.sock")

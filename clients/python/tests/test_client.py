@@ -100,7 +100,7 @@ class ClientTest(unittest.TestCase):
         self.db.notify("a", "lost")
         self.db.notify("b", "kept")
         col.wait("the wake of b", lambda s: Wake("b", "kept", False) in s.wakes)
-        self.assertFalse(any(w.q == "a" for w in col.wakes), col.wakes)
+        self.assertFalse(any(w.name == "a" for w in col.wakes), col.wakes)
 
     def test_hub_death_kills_the_client(self):
         c = self.connect()

@@ -255,7 +255,7 @@ class FailoverTest(unittest.TestCase):
                 db.close()
 
         def seqs(s):
-            return [int(w.payload[1:]) for w in s.wakes if w.q == "seq" and w.payload and w.payload.startswith("n")]
+            return [int(w.payload[1:]) for w in s.wakes if w.name == "seq" and w.payload and w.payload.startswith("n")]
 
         def upto(n):
             self.col.wait("seq %d" % n, lambda s: max(seqs(s), default=0) >= n)
@@ -344,7 +344,7 @@ class FailoverTest(unittest.TestCase):
             t.join()
 
         def seqs(s):
-            return [int(w.payload[1:]) for w in s.wakes if w.q == "seq" and w.payload and w.payload.startswith("n")]
+            return [int(w.payload[1:]) for w in s.wakes if w.name == "seq" and w.payload and w.payload.startswith("n")]
 
         self.col.wait("the last NOTIFY", lambda s: max(seqs(s), default=0) >= state["sent"])
         self.assertEqual(f.mode, listenhub.LOCAL)

@@ -378,7 +378,7 @@ class DeliveryCheckTest(unittest.TestCase):
         with psycopg.connect(DATABASE_URL, autocommit=True) as other:
             other.execute("NOTIFY pooled, 'x'")
         ev = next_wake(self, loc, "no wake through the session pooler")
-        self.assertEqual((ev.q, ev.payload), ("pooled", "x"))
+        self.assertEqual((ev.name, ev.payload), ("pooled", "x"))
 
     def test_pid_mismatch_without_a_notification_fails(self):
         # A fake of the pooler's tell: BackendKeyData's pid is not

@@ -35,7 +35,7 @@ class ClientTest < LHTestCase
     db.notify(name.dup.force_encoding(Encoding::UTF_8), "x")
     col.wait("the wake") { |s| s.wakes.any? { |w| w.payload == "x" } }
     w = col.wakes.find { |x| x.payload == "x" }
-    assert_equal "caf\u00e9-\u00fc", w.q
+    assert_equal "caf\u00e9-\u00fc", w.name
     assert_nil c.err
     c.unsubscribe(name)
     assert_empty c.subscriptions

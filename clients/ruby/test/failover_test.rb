@@ -89,7 +89,7 @@ class FailoverTest < LHTestCase
     wakes = Queue.new
     on_wake = lambda do |w|
       @col.on_wake.call(w)
-      wakes << true if w.q == "counter" && w.durable?
+      wakes << true if w.name == "counter" && w.durable?
     end
     @app = "lhrb-local-#{name}"[0, 60]
     f = Listenhub::Failover.new(h.socket, database_url: DATABASE_URL, channel_prefix: PREFIX, channel_suffix: SUFFIX,

@@ -230,7 +230,7 @@ module LHTest
     end
 
     def payloads(q)
-      @mu.synchronize { @wakes.select { |w| w.q == q }.map(&:payload) }
+      @mu.synchronize { @wakes.select { |w| w.name == q }.map(&:payload) }
     end
   end
 

@@ -16,6 +16,11 @@ export async function main(sock: string, url: string): Promise<void> {
   });
   await c.subscribe('orders', { signal: AbortSignal.timeout(500) });
   c.unsubscribe('orders');
+  for await (const ev of c) {
+    const e: Event = ev;
+    void e;
+    break;
+  }
   for await (const ev of c.events()) {
     const e: Event = ev;
     if (e.type === 'status') {
@@ -24,7 +29,7 @@ export async function main(sock: string, url: string): Promise<void> {
     }
   }
   const f = await Failover.create(sock, { databaseUrl: url, oneWay: false, onFailover: (e: Error) => void e });
-  f.on('wake', (w: Wake) => void w.q);
+  f.on('wake', (w: Wake) => void w.name);
   f.on('status', (healthy: boolean) => void healthy);
   f.on('error', (err: Error) => void err.message);
   f.on('failback', () => undefined);
@@ -35,7 +40,7 @@ export async function main(sock: string, url: string): Promise<void> {
     await f.subscribe('x');
   } catch (e) {
     if (e instanceof ConnError) console.log(e.op, e.path);
-    if (e instanceof InvalidNameError) console.log(e.q, e.reason);
+    if (e instanceof InvalidNameError) console.log(e.subscriptionName, e.reason);
   }
   // @ts-expect-error: names are strings
   await c.subscribe(42);

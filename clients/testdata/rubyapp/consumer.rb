@@ -19,7 +19,7 @@ wakes = Queue.new
 c = Listenhub.connect(sock, on_wake: ->(w) { wakes << w })
 c.subscribe(q)
 w = Timeout.timeout(10) { wakes.pop }
-puts "hub: #{w.q} #{w.payload.inspect}"
+puts "hub: #{w.name} #{w.payload.inspect}"
 c.close
 
 wakes = Queue.new
@@ -28,7 +28,7 @@ raise "want local mode without a hub, got #{f.mode}" unless f.mode == :local
 
 f.subscribe(q)
 w = Timeout.timeout(10) { wakes.pop }
-puts "local: #{w.q} #{w.payload.inspect}"
+puts "local: #{w.name} #{w.payload.inspect}"
 f.close
 
 require "active_support/core_ext/string/inflections" # what Rails has loaded before Action Cable configures

@@ -43,23 +43,26 @@ module Listenhub
   # mapped to a Postgres channel, a NUL, not UTF-8. Final for that name and
   # harmless for the transport: the client stays alive and a Failover does
   # not fail over because of it.
-  InvalidNameError = error_class(Error, :q, :reason) do |q, reason|
-    "listenhub: invalid subscription name #{q.inspect}: #{reason}"
+  InvalidNameError = error_class(Error, :name, :reason) do |name, reason|
+    "listenhub: invalid subscription name #{name.inspect}: #{reason}"
   end
 
   # The hub refused the subscription at one of its caps ("too many
   # subscriptions", "too many channels"): final for that subscribe, the
   # connection stays (a Failover does not fail over: its own connection would
-  # only move the load onto a backend of its own).
-  class LimitError < InvalidNameError; end
+  # only move the load onto a backend of its own). Not an InvalidNameError:
+  # the name is fine, and the same subscribe may pass once the hub has room.
+  LimitError = error_class(Error, :name, :reason) do |name, reason|
+    "listenhub: hub limit reached for #{name.inspect}: #{reason}"
+  end
 
   # The hub refused a subscription for a reason other than the name (its
   # LISTEN failed): the client is dead after it.
-  NackError = error_class(Error, :q, :reason) { |q, reason| "listenhub: hub refused #{q.inspect}: #{reason}" }
+  NackError = error_class(Error, :name, :reason) { |name, reason| "listenhub: hub refused #{name.inspect}: #{reason}" }
 
   # No ack or nack within the ack timeout: the hub is wedged. The client is
   # dead after it.
-  AckTimeoutError = error_class(Error, :q, :timeout) { |q, timeout| "listenhub: no ack for #{q.inspect} within #{timeout}s" }
+  AckTimeoutError = error_class(Error, :name, :timeout) { |name, timeout| "listenhub: no ack for #{name.inspect} within #{timeout}s" }
 
   # A transport failure of the hub connection: the connect (no socket, stale
   # socket, wrong peer: op "dial" or "peer"), a read (EOF, which is also what

@@ -161,7 +161,7 @@ module Listenhub
         begin
           cur.subscribe(q, timeout: left)
           return nil
-        rescue InvalidNameError # and LimitError: final for this name
+        rescue InvalidNameError, LimitError # final for this name
           forget(q)
           raise
         rescue Listenhub::TimeoutError
@@ -453,7 +453,7 @@ module Listenhub
     # candidate given up: the local listener delivered the same).
     def hub_wake(c, state, w)
       @dispatch.synchronize do
-        if (probe = @probe) && w.q == probe[0]
+        if (probe = @probe) && w.name == probe[0]
           probe[2].open if w.payload == probe[1]
           return
         end
@@ -463,7 +463,7 @@ module Listenhub
         end
         cut = @cut
         if cut && cut.hub.equal?(c)
-          if w.q == cut.q
+          if w.name == cut.q
             if w.payload == cut.token && !cut.hub_past
               cut.hub_past = true
               cut.held.clear # the hub delivers them from here on
@@ -489,7 +489,7 @@ module Listenhub
       @dispatch.synchronize do
         cut = @cut
         if cut
-          if w.q == cut.q
+          if w.name == cut.q
             if w.payload == cut.token && !cut.local_past
               cut.local_past = true
               cut.buf.each { |b| deliver(@on_wake, b) }

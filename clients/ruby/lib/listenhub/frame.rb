@@ -152,7 +152,7 @@ module Listenhub
   # nil for a durable wake ("something changed, re-read"), which may be
   # coalesced and may be synthesized after a gap (hub reconnect, failover);
   # a payload may be the only copy of the message.
-  Wake = Struct.new(:q, :payload) do
+  Wake = Struct.new(:name, :payload) do
     def durable?
       payload.nil?
     end

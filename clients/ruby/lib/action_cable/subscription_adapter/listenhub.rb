@@ -267,7 +267,7 @@ module ActionCable
                 failover.subscribe(op[1])
                 failover = verify_database(failover, op[1])
                 @event_loop.post(&op[2]) if op[2]
-              rescue ::Listenhub::InvalidNameError => e
+              rescue ::Listenhub::InvalidNameError, ::Listenhub::LimitError => e
                 @logger.error("listenhub adapter: #{e.message}")
               rescue ::Listenhub::Error => e
                 @logger.error("listenhub adapter: subscribe to #{op[1].inspect} failed: #{e.message}; retrying")
@@ -423,13 +423,13 @@ module ActionCable
         # delivered (the postgresql adapter delivers "").
         def on_wake(w)
           probe = @probe_mu.synchronize { @probe }
-          if probe && w.q == probe[0]
+          if probe && w.name == probe[0]
             @probe_mu.synchronize { @probe[2] = true if @probe && w.payload == probe[1] }
             return
           end
           return if w.durable?
 
-          broadcast(w.q, w.payload)
+          broadcast(w.name, w.payload)
         end
 
         # Stands for "no Failover, and shutting down".

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/listenhub/listenhub/internal/peercred"
 	"github.com/listenhub/listenhub/internal/sockdir"
 )
 
@@ -161,12 +162,14 @@ func checkPeer(conn net.Conn, allow []int) error {
 	var uid, pid int
 	var cerr error
 	if err := raw.Control(func(fd uintptr) {
-		uid, pid, cerr = peerCred(int(fd))
+		var c peercred.Cred
+		c, cerr = peercred.Get(int(fd))
+		uid, pid = int(c.UID), int(c.PID)
 	}); err != nil {
 		return fmt.Errorf("peer credentials: %w", err)
 	}
 	if cerr != nil {
-		return fmt.Errorf("peer credentials: %w", os.NewSyscallError(peerCredCall, cerr))
+		return fmt.Errorf("peer credentials: %w", os.NewSyscallError(peercred.Call, cerr))
 	}
 	if len(allow) == 0 {
 		allow = []int{os.Geteuid(), 0}

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/listenhub/listenhub/internal/peercred"
 	"github.com/listenhub/listenhub/loop"
 )
 
@@ -95,26 +96,26 @@ func (h *Hub) admit(fd int) {
 	}
 	h.nextID++
 	id := h.nextID
-	cred, err := peerCred(fd)
+	cred, err := peercred.Get(fd)
 	if err != nil {
 		h.refuse(fd, "no peer credentials", "no peer credentials", "worker", id, "fd", fd,
-			"error", os.NewSyscallError(peerCredCall, err))
+			"error", os.NewSyscallError(peercred.Call, err))
 		return
 	}
-	if _, ok := h.allow[cred.Uid]; !ok {
-		h.refuse(fd, reasonNotAllowed.String(), fmt.Sprintf("uid %d is not allowed (--allow-uid)", cred.Uid),
-			"worker", id, "pid", cred.Pid, "uid", cred.Uid)
+	if _, ok := h.allow[cred.UID]; !ok {
+		h.refuse(fd, reasonNotAllowed.String(), fmt.Sprintf("uid %d is not allowed (--allow-uid)", cred.UID),
+			"worker", id, "pid", cred.PID, "uid", cred.UID)
 		return
 	}
 	w := h.newWorker()
-	w.id, w.fd, w.pid, w.uid, w.partialIdx = id, int32(fd), cred.Pid, int32(cred.Uid), -1
+	w.id, w.fd, w.pid, w.uid, w.partialIdx = id, int32(fd), cred.PID, int32(cred.UID), -1
 	w.connectedAt = h.loop.Now().UnixNano()
 	w.out.Max = h.bufferMax()
 	w.dec.Max = maxInboundFrame
 	w.tok, err = h.loop.Register(fd, loop.Readable, w.onEvent)
 	if err != nil {
 		h.freeWorker(w) // never seen by anyone
-		h.refuse(fd, "register failed", "hub error: register failed", "worker", id, "pid", cred.Pid, "error", err)
+		h.refuse(fd, "register failed", "hub error: register failed", "worker", id, "pid", cred.PID, "error", err)
 		return
 	}
 	h.workers.add(w)

@@ -1,4 +1,4 @@
-package hub
+package peercred
 
 import "golang.org/x/sys/unix"
 

@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/listenhub/listenhub v0.0.0-00010101000000-000000000000
-	github.com/listenhub/listenhub/integrations/river v0.0.0-00010101000000-000000000000
+	github.com/listenhub/listenhub/integrations/riverhub v0.0.0-00010101000000-000000000000
 	github.com/panjf2000/gnet/v2 v2.9.7
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
@@ -34,4 +34,4 @@ require (
 
 replace github.com/listenhub/listenhub => ../
 
-replace github.com/listenhub/listenhub/integrations/river => ../integrations/river
+replace github.com/listenhub/listenhub/integrations/riverhub => ../integrations/riverhub

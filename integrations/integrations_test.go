@@ -56,5 +56,5 @@ func runModule(t *testing.T, dir string) {
 	}
 }
 
-// TestRiver: integrations/river, River's listener through the hub.
-func TestRiver(t *testing.T) { runModule(t, "river") }
+// TestRiver: integrations/riverhub, River's listener through the hub.
+func TestRiver(t *testing.T) { runModule(t, "riverhub") }

@@ -1,5 +1,5 @@
 // Package river_test measures River's job pick-up latency with its notifier
-// going through the hub (integrations/river) against River's own listener
+// going through the hub (integrations/riverhub) against River's own listener
 // (riverpgxv5), in one run on one machine and one Postgres, the two
 // interleaved job by job:
 //
@@ -29,7 +29,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/listenhub/listenhub/client"
-	riverhub "github.com/listenhub/listenhub/integrations/river"
+	"github.com/listenhub/listenhub/integrations/riverhub"
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/testutil"
 )

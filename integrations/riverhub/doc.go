@@ -2,7 +2,7 @@
 // every River client of every process on the host shares the hub's one
 // LISTEN connection instead of holding a Postgres backend of its own.
 //
-//	import riverhub "github.com/listenhub/listenhub/integrations/river"
+//	import "github.com/listenhub/listenhub/integrations/riverhub"
 //
 //	driver := riverhub.New(pool, riverhub.Options{
 //		Failover: client.FailoverOptions{Hub: client.Options{SocketPath: "/run/listenhub/listenhub.sock"}},

@@ -1,4 +1,4 @@
-module github.com/listenhub/listenhub/integrations/river
+module github.com/listenhub/listenhub/integrations/riverhub
 
 go 1.26.0
 

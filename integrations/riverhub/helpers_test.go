@@ -22,7 +22,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/listenhub/listenhub/client"
-	riverhub "github.com/listenhub/listenhub/integrations/river"
+	"github.com/listenhub/listenhub/integrations/riverhub"
 )
 
 // The harness (integrations/integrations_test.go in the main module, run

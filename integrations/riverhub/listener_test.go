@@ -18,7 +18,7 @@ import (
 
 	"github.com/riverqueue/river/riverdriver"
 
-	riverhub "github.com/listenhub/listenhub/integrations/river"
+	"github.com/listenhub/listenhub/integrations/riverhub"
 )
 
 type listenerBundle struct {

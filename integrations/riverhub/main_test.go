@@ -16,7 +16,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/listenhub/listenhub/client"
-	riverhub "github.com/listenhub/listenhub/integrations/river"
+	"github.com/listenhub/listenhub/integrations/riverhub"
 )
 
 // TestMain runs a worker process when LHRIVER_WORKER is set: the census

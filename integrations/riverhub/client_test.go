@@ -12,7 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
-	riverhub "github.com/listenhub/listenhub/integrations/river"
+	"github.com/listenhub/listenhub/integrations/riverhub"
 )
 
 // pickupArgs is a job whose worker reports its ID.

@@ -2,7 +2,7 @@ package client
 
 // A failover is done only once the local listener has shown that
 // notifications arrive on its connection (the delivery check of
-// listener.Plain): through a transaction-pooling PgBouncer it fails loudly
+// listener.Conn): through a transaction-pooling PgBouncer it fails loudly
 // with the cause, through a session pooler it works.
 
 import (

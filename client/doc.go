@@ -11,7 +11,7 @@
 //     leaves it dead, with Done closed and Err saying why.
 //   - Failover (NewFailover) starts on a Client and, on its failure, swaps
 //     to a Local listener (this process's own Postgres connection,
-//     listener.Plain), re-subscribing the names it recorded. From local mode
+//     listener.Conn), re-subscribing the names it recorded. From local mode
 //     it keeps trying the hub (after FailoverOptions.FailbackDelay, then with
 //     backoff) and returns to it once a healthy hub has acked the whole set
 //     and a marker NOTIFY came through both (exact: no wake twice, none

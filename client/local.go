@@ -67,7 +67,7 @@ func (o LocalOptions) connConfig() (*pgconn.Config, error) {
 	return cc, nil
 }
 
-// plain is what Local needs of listener.Plain (tests substitute it).
+// plain is what Local needs of listener.Conn (tests substitute it).
 type plain interface {
 	Listen(ctx context.Context, channel string) error
 	Unlisten(ctx context.Context, channel string) error
@@ -76,7 +76,7 @@ type plain interface {
 }
 
 // Local is a Listener over this process's own Postgres connection
-// (listener.Plain): what a Failover swaps to, or usable alone. The
+// (listener.Conn): what a Failover swaps to, or usable alone. The
 // connection reconnects by itself (with backoff, re-LISTENing the set), so
 // a Local dies only by Close.
 //

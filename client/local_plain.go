@@ -8,10 +8,10 @@ import (
 	"github.com/listenhub/listenhub/listener"
 )
 
-// openPlain connects the listener.Plain under l. Its callbacks run on its
+// openPlain connects the listener.Conn under l. Its callbacks run on its
 // own goroutine; Local serializes them with its dispatch lock.
 func openPlain(ctx context.Context, cc *pgconn.Config, l *Local) (plain, error) {
-	return listener.NewPlain(ctx, listener.PlainConfig{
+	return listener.Connect(ctx, listener.Config{
 		ConnConfig:     cc,
 		OnNotification: l.onNotification,
 		OnHealth:       l.onHealth,

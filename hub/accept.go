@@ -16,7 +16,7 @@ import (
 // waiting connections bring the handler back next iteration, after the
 // other fds had their turn.
 func (h *Hub) onAcceptable(ev loop.Events) {
-	if h.stopping || h.acceptPaused {
+	if h.stopping || h.accepting.paused {
 		return
 	}
 	for i := 0; i < h.cfg.AcceptBatch; i++ {
@@ -62,16 +62,16 @@ func (h *Hub) pauseAccept(err error) {
 		h.logLine(logAccept, slog.LevelWarn, "accept paused", "reason", os.NewSyscallError(acceptCall, err),
 			"pause", acceptPause, "workers", h.workers.len())
 	}
-	h.acceptPaused = true
+	h.accepting.paused = true
 	if err := h.loop.Modify(h.sock.tok, 0); err != nil {
 		h.log.Error("pause accept", "reason", err)
 	}
-	h.acceptTimer = h.loop.AfterFunc(acceptPause, func() {
-		h.acceptTimer = nil
+	h.accepting.timer = h.loop.AfterFunc(acceptPause, func() {
+		h.accepting.timer = nil
 		if h.stopping {
 			return
 		}
-		h.acceptPaused = false
+		h.accepting.paused = false
 		if err := h.loop.Modify(h.sock.tok, loop.Readable); err != nil {
 			h.log.Error("resume accept", "reason", err)
 		}
@@ -132,3 +132,10 @@ func (h *Hub) admit(fd int) {
 // enough not to spin on a readiness that cannot be served, short enough that
 // workers barely notice once descriptors free up.
 const acceptPause = 100 * time.Millisecond
+
+// accepting is whether accepting is paused (descriptors or the worker cap
+// exhausted), and the timer that resumes it.
+type accepting struct {
+	paused bool
+	timer  *loop.Timer
+}

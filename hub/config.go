@@ -182,7 +182,7 @@ type Config struct {
 	// accepted and closed at once (the worker falls back to its own
 	// LISTEN), counted in Stats.ConnectionsRefused and logged. The cap in
 	// force is lower when RLIMIT_NOFILE is: the descriptors open at Start
-	// and fdReserve (plus ReservedFDs) more are never spent on workers,
+	// and fdReserve (plus Hub.ReserveFDs) more are never spent on workers,
 	// so that neither the Postgres reconnect nor the metrics server fails
 	// with EMFILE. The limit is read again on every status tick and when
 	// accept fails with EMFILE, so a limit lowered on the running hub
@@ -237,13 +237,6 @@ type Config struct {
 	// thread. The helpers write only while the loop has been idle more
 	// than busy lately (see loopLoad). Default min(GOMAXPROCS, 4).
 	WriteThreads int
-
-	// ReservedFDs is how many descriptors the program embedding the hub
-	// may hold at most besides it (the binary: its metrics server's
-	// capped connections and listener). They are kept out of the worker
-	// budget on top of fdReserve, so that a flood of them cannot take
-	// the workers' descriptors nor the Postgres reconnect's. Default 0.
-	ReservedFDs int
 }
 
 // maxPartialBytes is a variable so that tests can lower it.
@@ -313,7 +306,6 @@ func (c Config) withDefaults() (Config, error) {
 		defDur(&c.FrameTimeout, DefaultFrameTimeout, "FrameTimeout"),
 		defDur(&c.StallTimeout, DefaultStallTimeout, "StallTimeout"),
 		defInt(&c.PostgresConnections, 1, "PostgresConnections"),
-		defInt(&c.ReservedFDs, 0, "ReservedFDs"),
 		defInt(&c.WriteThreads, defaultWriteThreads(), "WriteThreads"),
 		defDur(&c.StatusInterval, DefaultStatusInterval, "StatusInterval"),
 		defDur(&c.HealthCheckInterval, DefaultHealthCheckInterval, "HealthCheckInterval"),

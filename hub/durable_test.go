@@ -73,7 +73,7 @@ func TestDurableWakesDoNotUseTheHardLimit(t *testing.T) {
 		e.notify("c1", "eph")
 	}
 	var behind bool
-	e.do(func() { _, behind = e.h.behind[e.h.workers.byID(1)] })
+	e.do(func() { _, behind = e.h.stall.behind[e.h.workers.byID(1)] })
 	if !behind {
 		t.Fatalf("not past the hard limit of %d after %d more frames", hard, hard)
 	}

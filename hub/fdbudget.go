@@ -44,7 +44,7 @@ type fdBudget struct {
 // Called by Start once the hub's own descriptors (loop, socket, Postgres)
 // are open (and by an upgrade's new process once it has taken over):
 // every descriptor open now stays open, fdReserve more (and
-// Config.ReservedFDs, and one per Postgres connection) are kept for the
+// ReserveFDs, and one per Postgres connection) are kept for the
 // Postgres reconnect, the metrics server and the like, and workers get at
 // most what is left of RLIMIT_NOFILE (the soft limit, which the Go runtime
 // raises to the hard one at start).
@@ -224,10 +224,10 @@ func (h *Hub) shedWithSpare() bool {
 }
 
 // reservedFDs is how many descriptors are kept out of the worker budget: the
-// hub's own reserve, one per Postgres connection, the embedder's
-// (Config.ReservedFDs) and those of servers beside the hub (ReserveFDs).
+// hub's own reserve, one per Postgres connection, and what the program
+// embedding the hub holds beside it (ReserveFDs: the metrics server's).
 func (h *Hub) reservedFDs() int {
-	return fdReserve + h.cfg.PostgresConnections + h.cfg.ReservedFDs + int(h.fds.heldBack.Load())
+	return fdReserve + h.cfg.PostgresConnections + int(h.fds.heldBack.Load())
 }
 
 // ReserveFDs keeps n more descriptors out of the worker budget until

@@ -3,37 +3,39 @@ package hub
 import (
 	"log/slog"
 	"time"
+
+	"github.com/listenhub/listenhub/loop"
 )
 
 // frameStarted and frameDone track the workers with an incomplete inbound
-// frame (see Hub.partials).
+// frame (see Hub.partial.workers).
 func (h *Hub) frameStarted(w *worker, now time.Time) {
 	w.partialSince = now.UnixNano()
 	if w.partialIdx >= 0 {
 		return
 	}
-	w.partialIdx = int32(len(h.partials))
-	h.partials = append(h.partials, w)
-	if h.frameTimer == nil && !h.stopping {
-		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
+	w.partialIdx = int32(len(h.partial.workers))
+	h.partial.workers = append(h.partial.workers, w)
+	if h.partial.timer == nil && !h.stopping {
+		h.partial.timer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
 	}
 }
 
 func (h *Hub) frameDone(w *worker) {
-	h.partialBytes -= int(w.partialBytes) // held by a paused worker too
+	h.partial.bytes -= int(w.partialBytes) // held by a paused worker too
 	w.partialBytes = 0
 	i := w.partialIdx
 	if i < 0 {
 		return
 	}
-	last := len(h.partials) - 1
-	h.partials[i] = h.partials[last]
-	h.partials[i].partialIdx = i
-	h.partials[last] = nil
-	h.partials = h.partials[:last]
+	last := len(h.partial.workers) - 1
+	h.partial.workers[i] = h.partial.workers[last]
+	h.partial.workers[i].partialIdx = i
+	h.partial.workers[last] = nil
+	h.partial.workers = h.partial.workers[:last]
 	w.partialIdx = -1
-	if len(h.partials) == 0 && cap(h.partials) > 1024 {
-		h.partials = nil // a flood's worth of slots is not kept
+	if len(h.partial.workers) == 0 && cap(h.partial.workers) > 1024 {
+		h.partial.workers = nil // a flood's worth of slots is not kept
 	}
 }
 
@@ -47,19 +49,19 @@ func (h *Hub) frameSweep() time.Duration {
 // onFrameTimer severs the workers whose incomplete frame is older than
 // FrameTimeout, and runs again while any partial frame is left.
 func (h *Hub) onFrameTimer() {
-	h.frameTimer = nil
+	h.partial.timer = nil
 	if h.stopping {
 		return
 	}
 	if h.up != nil {
 		// An upgrade is handing the workers over: none may be closed
 		// under it. Look again later (the new process starts afresh).
-		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
+		h.partial.timer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
 		return
 	}
 	now := h.loop.Now()
-	for i := 0; i < len(h.partials); {
-		w := h.partials[i]
+	for i := 0; i < len(h.partial.workers); {
+		w := h.partial.workers[i]
 		if time.Duration(now.UnixNano()-w.partialSince) < h.cfg.FrameTimeout {
 			i++
 			continue
@@ -72,7 +74,19 @@ func (h *Hub) onFrameTimer() {
 		}
 		h.closeWorker(w, reasonFrameTimeout, nil) // takes it out of partials
 	}
-	if len(h.partials) > 0 {
-		h.frameTimer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
+	if len(h.partial.workers) > 0 {
+		h.partial.timer = h.loop.AfterFunc(h.frameSweep(), h.onFrameTimer)
 	}
+}
+
+// partialFrames are the workers holding an incomplete inbound frame, each
+// at its partialIdx; the timer severs those whose frame started more than
+// FrameTimeout ago. Only they are looked at, so the timer costs nothing
+// while nobody is sending.
+type partialFrames struct {
+	workers []*worker
+	timer   *loop.Timer
+	// bytes is the sum of the partial frames' bytes the workers hold (as
+	// of their last read), which maxPartialBytes bounds.
+	bytes int
 }

@@ -92,15 +92,31 @@ type clock interface {
 
 type loopClock struct{ l *loop.Loop }
 
-// The hub's seams, package variables that tests replace (export_test.go):
-// openPostgres connects a hub's Postgres side, newClock makes its clock,
-// and afterPrecopy runs on an upgrade's handover goroutine between the
-// pre-copy and the freeze.
-var (
-	openPostgres pgOpener = openListener
-	newClock              = func(_ *Hub, l *loop.Loop) clock { return loopClock{l} }
-	afterPrecopy          = func(*Hub, *precopy) {}
-)
+// seams are what a test hub replaces (export_test.go's setHooks); the zero
+// value is production. openPG connects the Postgres side, clock schedules
+// the repeating timers, and precopied runs on an upgrade's handover
+// goroutine between the pre-copy and the freeze.
+type seams struct {
+	openPG    pgOpener
+	clock     clock
+	precopied func(*precopy)
+}
+
+// openPostgres connects h's Postgres side.
+func (h *Hub) openPostgres(ctx context.Context, l *loop.Loop) (postgres, error) {
+	if h.seams.openPG != nil {
+		return h.seams.openPG(ctx, l, h)
+	}
+	return openListener(ctx, l, h)
+}
+
+// newClock is the clock of h's repeating timers.
+func (h *Hub) newClock(l *loop.Loop) clock {
+	if h.seams.clock != nil {
+		return h.seams.clock
+	}
+	return loopClock{l}
+}
 
 func (c loopClock) Every(d time.Duration, f func()) stopper { return c.l.Every(d, f) }
 
@@ -140,38 +156,23 @@ type Hub struct {
 	fatal error
 
 	// Set once in Start, before the loop goroutine starts.
-	loop *loop.Loop
-	pg   postgres
-	clk  clock
+	loop  *loop.Loop
+	pg    postgres
+	clk   clock
+	seams seams // tests' replacements (export_test.go); zero in production
 
 	sockPerm socketPerm // the socket file's mode and group (Config)
 
 	// Everything below belongs to the loop goroutine.
-	sock         listenSocket
-	acceptPaused bool
-	acceptTimer  *loop.Timer
-	allow        map[uint32]struct{}
-	fds          fdBudget // the worker cap and the descriptors (fdbudget.go)
+	sock      listenSocket
+	accepting accepting // paused accepting, and when it resumes (accept.go)
+	allow     map[uint32]struct{}
+	fds       fdBudget // the worker cap and the descriptors (fdbudget.go)
 
 	logBuckets [numLogKinds]logBucket
 
-	// partials are the workers holding an incomplete inbound frame, each
-	// at its partialIdx; the frame timer severs those whose frame started
-	// more than FrameTimeout ago. Only they are looked at, so the timer
-	// costs nothing while nobody is sending.
-	partials   []*worker
-	frameTimer *loop.Timer
-	// partialBytes is the sum of the partial frames' bytes the workers in
-	// partials hold (as of their last read), which maxPartialBytes
-	// bounds.
-	partialBytes int
-
-	// behind are the workers whose backlog is past HardQueueLimit
-	// frames, with where each last made progress; the stall timer evicts
-	// those whose socket took nothing for StallTimeout (stall.go). nil
-	// while nobody is behind.
-	behind     map[*worker]stallMark
-	stallTimer *loop.Timer
+	partial partialFrames // the workers mid-frame (frametimeout.go)
+	stall   stalls        // the workers past HardQueueLimit (stall.go)
 
 	workers  workerSet
 	nextID   uint64
@@ -180,10 +181,12 @@ type Hub struct {
 	stopping bool
 	closed   bool // OnClose ran: every fd is gone
 
-	// notDelivered and notDeliveredAt: the last failed delivery check
-	// logged (see onNotDelivered).
-	notDelivered   string
-	notDeliveredAt time.Time
+	// notDelivered is the last failed delivery check logged (see
+	// onNotDelivered).
+	notDelivered struct {
+		reason string
+		at     time.Time
+	}
 
 	// connected: Postgres was healthy at least once. Until then no
 	// worker was acked, so the first healthy is no reconnect: nothing to
@@ -194,18 +197,12 @@ type Hub struct {
 	// closedWorkers were closed in this iteration; flush recycles them
 	// into freeWorkers. freeTracked are tracked structs to reuse.
 	closedWorkers []*worker
-	// outBytes is the bytes queued on every worker's ring, which
-	// MaxOutboundBytes bounds (outbudget.go); doomedList are the workers
-	// evicted for it in this iteration, closed by flush; noVictim says
-	// a look for one to evict found none in this iteration.
-	outBytes    int
-	doomedList  []*worker
-	noVictim    bool
-	freeWorkers []*worker
-	freeTracked []*tracked
-	rbuf        []byte   // shared read buffer
-	scratch     []byte   // one encoded wake, copied to each subscriber
-	iov         [][]byte // writev vectors, reused
+	out           outbound // the bytes queued for every worker (outbudget.go)
+	freeWorkers   []*worker
+	freeTracked   []*tracked
+	rbuf          []byte   // shared read buffer
+	scratch       []byte   // one encoded wake, copied to each subscriber
+	iov           [][]byte // writev vectors, reused
 	// fan writes a large flush over several threads (fanout.go); nil
 	// until the first one. pwork is its list of workers, reused.
 	fan   *fanout
@@ -308,7 +305,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("hub: %w", err)
 	}
 	h.loop = l
-	h.clk = newClock(h, l)
+	h.clk = h.newClock(l)
 	// The socket first: a second hub started by mistake is refused before
 	// it opens a backend, and workers can connect while Postgres is still
 	// being reached.
@@ -337,7 +334,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 		discardLoop(l)
 		return fmt.Errorf("hub: %w", err)
 	}
-	pg, err := openPostgres(ctx, l, h)
+	pg, err := h.openPostgres(ctx, l)
 	if err != nil {
 		sock.close()
 		discardLoop(l)
@@ -408,10 +405,10 @@ func (h *Hub) onFatal(err error) {
 func (h *Hub) onNotDelivered(err error) {
 	msg := err.Error()
 	now := time.Now()
-	if msg == h.notDelivered && now.Sub(h.notDeliveredAt) < notDeliveredLogEvery {
+	if msg == h.notDelivered.reason && now.Sub(h.notDelivered.at) < notDeliveredLogEvery {
 		return
 	}
-	h.notDelivered, h.notDeliveredAt = msg, now
+	h.notDelivered.reason, h.notDelivered.at = msg, now
 	h.log.Error(msg)
 }
 
@@ -517,14 +514,14 @@ func (h *Hub) shutdown() {
 	if h.statusTimer != nil {
 		h.statusTimer.Stop()
 	}
-	if h.acceptTimer != nil {
-		h.acceptTimer.Stop()
+	if h.accepting.timer != nil {
+		h.accepting.timer.Stop()
 	}
-	if h.frameTimer != nil {
-		h.frameTimer.Stop()
+	if h.partial.timer != nil {
+		h.partial.timer.Stop()
 	}
-	if h.stallTimer != nil {
-		h.stallTimer.Stop()
+	if h.stall.timer != nil {
+		h.stall.timer.Stop()
 	}
 	for w := range h.workers.all() {
 		// One last try for frames already produced; never wait for it.

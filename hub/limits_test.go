@@ -138,8 +138,8 @@ func TestFrameTimeout(t *testing.T) {
 	}
 	e.sync()
 	e.do(func() {
-		if len(e.h.partials) != 0 {
-			t.Errorf("%d workers still tracked with a partial frame", len(e.h.partials))
+		if len(e.h.partial.workers) != 0 {
+			t.Errorf("%d workers still tracked with a partial frame", len(e.h.partial.workers))
 		}
 	})
 	if s := e.h.Stats(); s.ProtocolErrors != 1 || s.Workers != 1 {
@@ -432,7 +432,7 @@ func TestInboundBudget(t *testing.T) {
 	// budget.
 	testutil.WaitFor(t, timeout, "first's and small's partial frames read", func() bool {
 		var held int
-		e.do(func() { held = e.h.partialBytes })
+		e.do(func() { held = e.h.partial.bytes })
 		return held == len(frame)-1+smallFrame-100
 	})
 	second.send(frame[:len(frame)-1]) // 120 KiB held with the first's
@@ -448,8 +448,8 @@ func TestInboundBudget(t *testing.T) {
 	small.send(frame[smallFrame-100:])
 	small.expect(ack("big"))
 	e.do(func() {
-		if e.h.partialBytes != 0 {
-			t.Errorf("partial bytes %d with no partial frame", e.h.partialBytes)
+		if e.h.partial.bytes != 0 {
+			t.Errorf("partial bytes %d with no partial frame", e.h.partial.bytes)
 		}
 	})
 }
@@ -505,7 +505,7 @@ func TestReleaseMemoryAfterBurst(t *testing.T) {
 	}
 	testutil.WaitFor(t, timeout, "every partial frame held", func() bool {
 		n := 0
-		e.do(func() { n = e.h.partialBytes })
+		e.do(func() { n = e.h.partial.bytes })
 		return n >= burst*60<<10
 	})
 	for _, c := range conns {

@@ -105,25 +105,25 @@ func cgroupMemoryMax() uint64 {
 func (h *Hub) appendOut(w *worker, b []byte) error {
 	err := w.out.Append(b)
 	if err == nil {
-		h.outBytes += len(b) // published once per iteration, by flush
+		h.out.bytes += len(b) // published once per iteration, by flush
 	}
 	return err
 }
 
 // dropOut forgets everything w has queued (it is closing or evicted).
 func (h *Hub) dropOut(w *worker) {
-	h.outBytes -= w.out.Len()
+	h.out.bytes -= w.out.Len()
 	w.out.Reset()
 }
 
 // countOut recounts the outbound total from the rings: for a new process
 // that adopted workers with their unsent bytes.
 func (h *Hub) countOut() {
-	h.outBytes = 0
+	h.out.bytes = 0
 	for _, w := range h.workers.list {
-		h.outBytes += w.out.Len()
+		h.out.bytes += w.out.Len()
 	}
-	h.stats.outBytes.Store(int64(h.outBytes))
+	h.stats.outBytes.Store(int64(h.out.bytes))
 }
 
 // readable is the read half of w's interest: none while an upgrade holds
@@ -161,7 +161,7 @@ func (h *Hub) checkAnswers(w *worker) {
 		held := w.partialBytes
 		h.frameDone(w)
 		w.partialBytes = held
-		h.partialBytes += int(held)
+		h.partial.bytes += int(held)
 	}
 	ev := loop.Events(0)
 	if w.armed {
@@ -204,7 +204,7 @@ func (h *Hub) maybeResume(w *worker) {
 // walk of a routing table: the one that pays is doomed (its bytes freed at
 // once, its frames refused) and closed at the end of the iteration.
 func (h *Hub) roomFor(w *worker, n int) bool {
-	if h.outBytes+n <= h.cfg.MaxOutboundBytes {
+	if h.out.bytes+n <= h.cfg.MaxOutboundBytes {
 		return true
 	}
 	if !w.armed {
@@ -216,12 +216,12 @@ func (h *Hub) roomFor(w *worker, n int) bool {
 			return false
 		}
 	}
-	for h.outBytes+n > h.cfg.MaxOutboundBytes && !h.noVictim {
+	for h.out.bytes+n > h.cfg.MaxOutboundBytes && !h.out.noVictim {
 		v := h.largestBehind()
 		if v == nil {
 			// Only unflushed bytes: the flush writes them, and
 			// enforceBudget judges what is left.
-			h.noVictim = true
+			h.out.noVictim = true
 			break
 		}
 		if v == w {
@@ -254,7 +254,7 @@ func (h *Hub) doom(v *worker) {
 	if h.logOK(logEvicted, slog.LevelWarn) {
 		h.logLine(logEvicted, slog.LevelWarn, "worker evicted: it holds the most of the hub's outbound budget",
 			append(v.logAttrs(), "limit", "max-outbound-bytes", "bytes", v.out.Len(), "frames", v.out.Frames(),
-				"hub_outbound_bytes", h.outBytes, "max_outbound_bytes", h.cfg.MaxOutboundBytes)...)
+				"hub_outbound_bytes", h.out.bytes, "max_outbound_bytes", h.cfg.MaxOutboundBytes)...)
 	}
 	if v.hold == holdPaused {
 		h.stats.paused.Add(-1)
@@ -262,23 +262,23 @@ func (h *Hub) doom(v *worker) {
 	v.hold = holdDoomed
 	h.dropOut(v)
 	h.untrack(v)
-	h.doomedList = append(h.doomedList, v)
+	h.out.doomed = append(h.out.doomed, v)
 }
 
 // closeDoomed closes the workers doomed in this iteration.
 func (h *Hub) closeDoomed() {
-	for i, v := range h.doomedList {
-		h.doomedList[i] = nil
+	for i, v := range h.out.doomed {
+		h.out.doomed[i] = nil
 		h.closeWorker(v, reasonEvicted, nil)
 	}
-	h.doomedList = h.doomedList[:0]
+	h.out.doomed = h.out.doomed[:0]
 }
 
 // enforceBudget runs at the end of an iteration's flush, when every byte
 // still queued is one the kernel refused: while the hub holds more than
 // the budget, the worker holding the most is evicted.
 func (h *Hub) enforceBudget() {
-	for h.outBytes > h.cfg.MaxOutboundBytes {
+	for h.out.bytes > h.cfg.MaxOutboundBytes {
 		v := h.largestBehind()
 		if v == nil {
 			return
@@ -286,4 +286,16 @@ func (h *Hub) enforceBudget() {
 		h.doom(v)
 		h.closeDoomed()
 	}
+}
+
+// outbound is the hub's account of what it queued for workers.
+type outbound struct {
+	// bytes is the bytes queued on every worker's ring, which
+	// MaxOutboundBytes bounds.
+	bytes int
+	// doomed are the workers evicted for it in this iteration, closed by
+	// flush; noVictim says a look for one to evict found none in this
+	// iteration.
+	doomed   []*worker
+	noVictim bool
 }

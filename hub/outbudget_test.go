@@ -263,7 +263,7 @@ func TestOutboundBudgetDropsDurable(t *testing.T) {
 	payload := strings.Repeat("p", 7000)
 	for i := 0; ; i++ {
 		var held int
-		e.do(func() { held = e.h.outBytes })
+		e.do(func() { held = e.h.out.bytes })
 		if held+2*7100 > budget {
 			break
 		}
@@ -274,7 +274,7 @@ func TestOutboundBudgetDropsDurable(t *testing.T) {
 	}
 	for i := 0; ; i++ { // then to within 800 bytes of it
 		var held int
-		e.do(func() { held = e.h.outBytes })
+		e.do(func() { held = e.h.out.bytes })
 		if held+200 > budget-800 {
 			break
 		}

@@ -297,7 +297,7 @@ func (h *Hub) evict(w *worker, limit string, more ...any) {
 // EPOLLOUT are skipped: their socket was full a moment ago, and the
 // Writable event flushes them.
 func (h *Hub) flush() {
-	if len(h.doomedList) > 0 && h.up == nil {
+	if len(h.out.doomed) > 0 && h.up == nil {
 		h.closeDoomed()
 	}
 	if len(h.dirty) >= parallelMin && h.cfg.WriteThreads > 1 && h.load.idle() {
@@ -311,14 +311,14 @@ func (h *Hub) flush() {
 		}
 	}
 	h.dirty = h.dirty[:0]
-	h.noVictim = false
-	if h.outBytes > h.cfg.MaxOutboundBytes && h.up == nil {
+	h.out.noVictim = false
+	if h.out.bytes > h.cfg.MaxOutboundBytes && h.up == nil {
 		h.enforceBudget()
 	}
 	if len(h.closedWorkers) > 0 {
 		h.recycle()
 	}
-	h.stats.outBytes.Store(int64(h.outBytes)) // once here, not per frame: an atomic store per subscriber would cost a fanout
+	h.stats.outBytes.Store(int64(h.out.bytes)) // once here, not per frame: an atomic store per subscriber would cost a fanout
 	// One clock read per iteration, however many notifications and
 	// workers.
 	now := time.Now()
@@ -354,7 +354,7 @@ func (h *Hub) wrote(w *worker, n int, err error) {
 	if n > 0 {
 		frames := w.out.Frames()
 		w.out.Discard(n)
-		h.outBytes -= n
+		h.out.bytes -= n
 		sent := uint64(frames - w.out.Frames())
 		w.framesSent += sent
 		h.stats.framesSent.Add(sent)

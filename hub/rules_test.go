@@ -402,7 +402,7 @@ func TestEvictionByFrames(t *testing.T) {
 		}
 	}()
 	payload := strings.Repeat("p", 1000)
-	behind := func() (n int) { e.do(func() { n = len(e.h.behind) }); return n }
+	behind := func() (n int) { e.do(func() { n = len(e.h.stall.behind) }); return n }
 	sent := 0
 	for behind() == 0 {
 		if sent > 5000 {
@@ -539,7 +539,7 @@ func TestSlowReaderNotEvicted(t *testing.T) {
 		for i := range n {
 			e.h.onNotification([]byte("e"), []byte(fmt.Sprintf("%d:%s", i, payload)))
 		}
-		behindSeen = len(e.h.behind) == 1
+		behindSeen = len(e.h.stall.behind) == 1
 	})
 	if !behindSeen {
 		t.Fatal("the worker is not past the frame limit: the test proves nothing")

@@ -1,6 +1,10 @@
 package hub
 
-import "time"
+import (
+	"time"
+
+	"github.com/listenhub/listenhub/loop"
+)
 
 // Rule 3 for a worker that reads: a backlog past HardQueueLimit frames is
 // not enough to evict. One transaction of 20,000 NOTIFYs arrives in a few
@@ -21,15 +25,15 @@ type stallMark struct {
 // overFrames notes that w's backlog is past HardQueueLimit: from now on it
 // must keep taking bytes to stay.
 func (h *Hub) overFrames(w *worker) {
-	if _, ok := h.behind[w]; ok {
+	if _, ok := h.stall.behind[w]; ok {
 		return
 	}
-	if h.behind == nil {
-		h.behind = make(map[*worker]stallMark)
+	if h.stall.behind == nil {
+		h.stall.behind = make(map[*worker]stallMark)
 	}
-	h.behind[w] = stallMark{written: w.out.Written(), at: time.Now().UnixNano()}
-	if h.stallTimer == nil && !h.stopping {
-		h.stallTimer = h.loop.AfterFunc(h.stallSweep(), h.onStallTimer)
+	h.stall.behind[w] = stallMark{written: w.out.Written(), at: time.Now().UnixNano()}
+	if h.stall.timer == nil && !h.stopping {
+		h.stall.timer = h.loop.AfterFunc(h.stallSweep(), h.onStallTimer)
 	}
 }
 
@@ -43,26 +47,26 @@ func (h *Hub) stallSweep() time.Duration {
 // StallTimeout, forgets those back under the frame limit, and runs again
 // while any is left.
 func (h *Hub) onStallTimer() {
-	h.stallTimer = nil
+	h.stall.timer = nil
 	if h.stopping {
 		return
 	}
 	if h.up != nil {
 		// An upgrade is handing the workers over: none may be closed
 		// under it.
-		h.stallTimer = h.loop.AfterFunc(h.stallSweep(), h.onStallTimer)
+		h.stall.timer = h.loop.AfterFunc(h.stallSweep(), h.onStallTimer)
 		return
 	}
 	// The clock, not the loop's iteration time: an iteration may have
 	// run long, and progress seen at its end is progress now.
 	now := time.Now().UnixNano()
-	for w, m := range h.behind {
+	for w, m := range h.stall.behind {
 		if w.closed {
-			delete(h.behind, w)
+			delete(h.stall.behind, w)
 			continue
 		}
 		if frames, _ := w.backlog(); frames < h.cfg.HardQueueLimit {
-			delete(h.behind, w)
+			delete(h.stall.behind, w)
 			continue
 		}
 		if w.out.Written() == m.written {
@@ -71,29 +75,37 @@ func (h *Hub) onStallTimer() {
 			// and a worker that read in that time takes bytes now.
 			h.write(w)
 			if w.closed {
-				delete(h.behind, w)
+				delete(h.stall.behind, w)
 				continue
 			}
 		}
 		if wr := w.out.Written(); wr != m.written {
-			h.behind[w] = stallMark{written: wr, at: now}
+			h.stall.behind[w] = stallMark{written: wr, at: now}
 			continue
 		}
 		if stalled := time.Duration(now - m.at); stalled >= h.cfg.StallTimeout {
-			delete(h.behind, w)
+			delete(h.stall.behind, w)
 			h.evict(w, "frames", "stalled", stalled.Round(time.Millisecond), "stall_timeout", h.cfg.StallTimeout)
 		}
 	}
-	if len(h.behind) > 0 {
-		h.stallTimer = h.loop.AfterFunc(h.stallSweep(), h.onStallTimer)
+	if len(h.stall.behind) > 0 {
+		h.stall.timer = h.loop.AfterFunc(h.stallSweep(), h.onStallTimer)
 	} else {
-		h.behind = nil // a burst's worth of entries is not kept
+		h.stall.behind = nil // a burst's worth of entries is not kept
 	}
 }
 
 // forgetBehind drops w from behind (it is closing).
 func (h *Hub) forgetBehind(w *worker) {
-	if h.behind != nil {
-		delete(h.behind, w)
+	if h.stall.behind != nil {
+		delete(h.stall.behind, w)
 	}
+}
+
+// stalls are the workers whose backlog is past HardQueueLimit frames, with
+// where each last made progress; the timer evicts those whose socket took
+// nothing for StallTimeout. behind is nil while nobody is behind.
+type stalls struct {
+	behind map[*worker]stallMark
+	timer  *loop.Timer
 }

@@ -94,7 +94,9 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 		return fmt.Errorf("hub: upgrade: pre-copy: %w", err)
 	}
 	defer h.dropPrecopy(pc)
-	afterPrecopy(h, pc)
+	if f := h.seams.precopied; f != nil {
+		f(pc)
+	}
 
 	// The freeze: from here to the commit, bounded by freezeLimit (and
 	// ctx), after which everything is undone.
@@ -254,11 +256,11 @@ func (h *Hub) freeze(marker string, pc *precopy, frozen chan<- error, prepared c
 		return
 	}
 	h.up = &upgrade{pg: pg, marker: marker, pre: pc}
-	if h.acceptTimer != nil {
-		h.acceptTimer.Stop()
-		h.acceptTimer = nil
+	if h.accepting.timer != nil {
+		h.accepting.timer.Stop()
+		h.accepting.timer = nil
 	}
-	h.acceptPaused = false
+	h.accepting.paused = false
 	if err := h.loop.Modify(h.sock.tok, 0); err != nil {
 		frozen <- fmt.Errorf("hub: upgrade: stop accepting: %w", err)
 		return

@@ -192,7 +192,7 @@ func TestHandoverInProcess(t *testing.T) {
 			half.send(unsub[:partial])
 			partialBytes := func(h *Hub) int {
 				got := make(chan int, 1)
-				if err := h.loop.Post(func() { got <- h.partialBytes }); err != nil {
+				if err := h.loop.Post(func() { got <- h.partial.bytes }); err != nil {
 					t.Fatal(err)
 				}
 				return <-got
@@ -204,7 +204,7 @@ func TestHandoverInProcess(t *testing.T) {
 				got := make(chan []int64, 1)
 				if err := h.loop.Post(func() {
 					var out []int64
-					for _, w := range h.partials {
+					for _, w := range h.partial.workers {
 						out = append(out, w.partialSince)
 					}
 					got <- out

@@ -48,7 +48,7 @@ func (h *Hub) takeover(ctx context.Context, conn *fdpass.Conn, onLive func()) (e
 		return abort(fmt.Errorf("hub: %w", err))
 	}
 	h.loop = l
-	h.clk = newClock(h, l)
+	h.clk = h.newClock(l)
 	h.up = &upgrade{taking: true, listening: make(chan struct{})}
 	if err := sendMsg(conn, upMsg{T: "hello", PID: os.Getpid()}, nil); err != nil {
 		return abort(err)
@@ -424,7 +424,7 @@ func (h *Hub) goLive() {
 			h.frameStarted(w, since)
 			// Counted toward maxPartialBytes as read's would count it.
 			w.partialBytes = int32(n)
-			h.partialBytes += n
+			h.partial.bytes += n
 		}
 	}
 	h.budgetFDs()

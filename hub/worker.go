@@ -91,10 +91,10 @@ type worker struct {
 
 	// partialSince is when the incomplete frame in dec started arriving
 	// (unix nanoseconds); partialIdx is the worker's index in
-	// Hub.partials, -1 when dec holds no partial frame.
+	// Hub.partial.workers, -1 when dec holds no partial frame.
 	partialSince int64
 	partialIdx   int32
-	// partialBytes is this worker's share of Hub.partialBytes (at most
+	// partialBytes is this worker's share of Hub.partial.bytes (at most
 	// maxInboundFrame and a header).
 	partialBytes int32
 
@@ -328,13 +328,13 @@ func (h *Hub) read(w *worker) {
 	// smaller, so the budget only bites those sending what no worker
 	// needs to.
 	held := w.dec.Buffered()
-	h.partialBytes += held - int(w.partialBytes)
+	h.partial.bytes += held - int(w.partialBytes)
 	w.partialBytes = int32(held)
-	if held > smallFrame && h.partialBytes > maxPartialBytes {
+	if held > smallFrame && h.partial.bytes > maxPartialBytes {
 		h.stats.protocolErrors.Add(1)
 		if h.logOK(logProtocol, slog.LevelWarn) {
 			h.logLine(logProtocol, slog.LevelWarn, "worker holds a large partial frame while the hub's inbound budget is spent; closing it",
-				append(w.logAttrs(), "reason", reasonInboundBudget, "buffered", held, "hub_partial_bytes", h.partialBytes,
+				append(w.logAttrs(), "reason", reasonInboundBudget, "buffered", held, "hub_partial_bytes", h.partial.bytes,
 					"max_partial_bytes", maxPartialBytes)...)
 		}
 		h.closeWorker(w, reasonInboundBudget, nil)

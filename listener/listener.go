@@ -1,12 +1,12 @@
 // Package listener is the Postgres side of listenhub for a program without a
-// hub: Plain, a per-process LISTEN connection owned by one goroutine, with
+// hub: Conn, a per-process LISTEN connection owned by one goroutine, with
 // the hub's semantics (Listen and Unlisten return once the server confirmed
 // them; commands are batched into multi-statement queries; an idle
 // connection is health-checked, and on loss it reconnects with capped
 // exponential backoff and jitter, re-LISTENs the whole set and only then
 // reports healthy again). Healthy means notifications provably arrive: each
 // connection NOTIFYs a private channel of its own and waits for it to come
-// back (CheckDelivery runs the same check once, for tools).
+// back.
 //
 // The hub's own connection, driven by its event loop, shares this code and
 // is not part of the API (internal/pglisten).
@@ -32,7 +32,7 @@ const DefaultApplicationName = pglisten.DefaultApplicationName
 // listen to a different channel than the one asked for.
 const MaxChannelLen = pglisten.MaxChannelLen
 
-// Defaults applied to the zero fields of a PlainConfig.
+// Defaults applied to the zero fields of a Config.
 const (
 	DefaultHealthCheckInterval = pglisten.DefaultHealthCheckInterval
 	DefaultHealthCheckTimeout  = pglisten.DefaultHealthCheckTimeout
@@ -61,8 +61,8 @@ var (
 	ErrURLScheme = pglisten.ErrURLScheme
 )
 
-// PlainConfig configures a Plain listener (NewPlain).
-type PlainConfig struct {
+// Config configures a listener Conn (Connect).
+type Config struct {
 	// ConnConfig is where to connect (ParseConfig makes one). Required.
 	ConnConfig *pgconn.Config
 
@@ -81,7 +81,7 @@ type PlainConfig struct {
 	// nothing is read from the connection: hand slow work off.
 	OnNotification func(channel, payload string)
 	// OnHealth is called from the listener's goroutine: true right after
-	// NewPlain and after every reconnect once the whole set is LISTENed
+	// Connect and after every reconnect once the whole set is LISTENed
 	// again, false when the connection is lost.
 	OnHealth func(healthy bool)
 
@@ -90,80 +90,53 @@ type PlainConfig struct {
 	Logger *slog.Logger
 }
 
-// Plain is a per-process LISTEN connection for a worker that has no hub:
+// Conn is a per-process LISTEN connection for a worker that has no hub:
 // one pgconn connection owned by one goroutine. pgconn cannot run a query
 // while it waits for a notification, so commands are queued, the wait is
 // cut short, and everything queued runs as one multi-statement query. All
 // methods are safe for concurrent use.
-type Plain struct {
+type Conn struct {
 	p *pglisten.Plain
 }
 
-// NewPlain connects with cfg and returns a Plain listener once the
+// Connect connects with cfg and returns a Conn once the
 // connection passed the delivery check; an unreachable server, or one
 // through which notifications do not arrive (ErrNotDelivered), is the
 // error.
-func NewPlain(ctx context.Context, cfg PlainConfig) (*Plain, error) {
+func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 	p, err := pglisten.NewPlain(ctx, pglisten.PlainConfig(cfg))
 	if err != nil {
 		return nil, err
 	}
-	return &Plain{p: p}, nil
+	return &Conn{p: p}, nil
 }
 
 // Listen starts listening to channel and returns once Postgres has
 // confirmed it: every NOTIFY committed after that reaches OnNotification.
 // While the connection is down it waits for the reconnect, bounded by ctx.
 // A name ValidChannel refuses is an error wrapping ErrInvalidChannel.
-func (p *Plain) Listen(ctx context.Context, channel string) error { return p.p.Listen(ctx, channel) }
+func (p *Conn) Listen(ctx context.Context, channel string) error { return p.p.Listen(ctx, channel) }
 
 // Unlisten stops listening to channel and returns once Postgres has
 // confirmed it.
-func (p *Plain) Unlisten(ctx context.Context, channel string) error {
+func (p *Conn) Unlisten(ctx context.Context, channel string) error {
 	return p.p.Unlisten(ctx, channel)
 }
 
 // Notify commits NOTIFY channel, payload on this connection, in order with
 // the Listen and Unlisten calls before it: a point in commit order that
 // this connection and any other listener of the database both see.
-func (p *Plain) Notify(ctx context.Context, channel, payload string) error {
+func (p *Conn) Notify(ctx context.Context, channel, payload string) error {
 	return p.p.Notify(ctx, channel, payload)
 }
 
 // Healthy reports whether the connection is up with the whole set
 // LISTENed and its last delivery check passed.
-func (p *Plain) Healthy() bool { return p.p.Healthy() }
+func (p *Conn) Healthy() bool { return p.p.Healthy() }
 
 // Close sends UNLISTEN * and Terminate, closes the connection and waits for
 // the listener's goroutine to return. Commands still waiting get ErrClosed.
-func (p *Plain) Close() error { return p.p.Close() }
-
-// Delivery is what CheckDelivery found out about a connection.
-type Delivery struct {
-	// BackendPID is the server's pg_backend_pid() (0 when the check did
-	// not get that far).
-	BackendPID uint32
-	// KeyDataPID is the pid of the BackendKeyData the connection got at
-	// start-up: the server's, unless a pooler or proxy made it up.
-	KeyDataPID uint32
-}
-
-// Pooled reports whether something other than the server made up the
-// BackendKeyData: a pooler (PgBouncer does, in every pool mode) or a proxy.
-func (d Delivery) Pooled() bool { return d.BackendPID != 0 && d.BackendPID != d.KeyDataPID }
-
-// CheckDelivery connects with cfg and runs the delivery check every
-// connection runs: LISTEN a private channel, compare pg_backend_pid() with
-// BackendKeyData, NOTIFY it and wait for it, and when a pooler sits between,
-// have a second session NOTIFY it too. An error wrapping ErrNotDelivered
-// says notifications do not arrive on such a connection (and why, most
-// likely); any other error is the connection's. timeout bounds each wait
-// (default DefaultHealthCheckTimeout); ctx the whole. For tools (listenhub
-// doctor).
-func CheckDelivery(ctx context.Context, cfg *pgconn.Config, timeout time.Duration) (Delivery, error) {
-	d, err := pglisten.CheckDelivery(ctx, cfg, timeout)
-	return Delivery(d), err
-}
+func (p *Conn) Close() error { return p.p.Close() }
 
 // ParseConfig parses a connection string the way libpq does, through
 // pgconn.ParseConfig: a postgres:// URL, a key=value DSN, or "" for the PG*

@@ -22,6 +22,7 @@ import (
 
 	"github.com/listenhub/listenhub/frame"
 	"github.com/listenhub/listenhub/hub"
+	"github.com/listenhub/listenhub/internal/pglisten"
 	"github.com/listenhub/listenhub/internal/relayfix"
 	"github.com/listenhub/listenhub/internal/sockdir"
 	"github.com/listenhub/listenhub/listener"
@@ -149,7 +150,7 @@ func doctorDatabase(ctx context.Context, url, app, publication, slot string, add
 	defer conn.Close(context.Background())
 	add(finding{"database", statusPass, fmt.Sprintf("connected to %s as %s, database %s", hostPort(cc), cc.User, cc.Database), ""})
 
-	d, err := listener.CheckDelivery(ctx, cc, doctorTimeout)
+	d, err := pglisten.CheckDelivery(ctx, cc, doctorTimeout)
 	switch {
 	case err == nil && d.Pooled():
 		add(finding{"delivery", statusPass, fmt.Sprintf("notifications arrive, through a pooler in session mode (backend pid %d, BackendKeyData pid %d)", d.BackendPID, d.KeyDataPID), ""})

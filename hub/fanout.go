@@ -212,17 +212,17 @@ func rawWrite(w *worker, iov [][]byte) (int, error) {
 // flushParallel writes the dirty workers over the write threads (see
 // fanout.go) and applies each result; flush then finds them written.
 func (h *Hub) flushParallel() {
-	ws := h.pwork[:0]
+	ws := h.writers.pwork[:0]
 	for _, w := range h.dirty {
 		if !w.closed && !w.armed && w.out.Len() > 0 {
 			ws = append(ws, w)
 		}
 	}
 	if len(ws) >= parallelMin {
-		if h.fan == nil {
-			h.fan = newFanout(h.cfg.WriteThreads - 1)
+		if h.writers.fan == nil {
+			h.writers.fan = newFanout(h.cfg.WriteThreads - 1)
 		}
-		res := h.fan.writeAll(ws)
+		res := h.writers.fan.writeAll(ws)
 		for i, w := range ws {
 			// In order, on the loop: a failed write closes its
 			// worker, a short one arms EPOLLOUT. flush's pass then
@@ -232,5 +232,5 @@ func (h *Hub) flushParallel() {
 		}
 	}
 	clear(ws)
-	h.pwork = ws[:0]
+	h.writers.pwork = ws[:0]
 }

@@ -34,7 +34,7 @@ func TestParallelFanout(t *testing.T) {
 				// the machine's business (TestLoopLoad covers the rule).
 				ch, p := []byte("fan"), []byte(fmt.Sprint(i, ":", payload))
 				e.do(func() {
-					e.h.load.wait = math.MaxInt64 / 2
+					e.h.writers.load.wait = math.MaxInt64 / 2
 					e.h.onNotification(ch, p)
 				})
 			}
@@ -52,7 +52,7 @@ func TestParallelFanout(t *testing.T) {
 				ws[0].expect(wake("fan", ptr(fmt.Sprint(i, ":", payload))))
 			}
 			var used bool
-			e.do(func() { used = e.h.fan != nil })
+			e.do(func() { used = e.h.writers.fan != nil })
 			if used != (threads > 1) {
 				t.Fatalf("helper threads started: %v, want %v", used, threads > 1)
 			}

@@ -200,31 +200,16 @@ type Hub struct {
 	out           outbound // the bytes queued for every worker (outbudget.go)
 	freeWorkers   []*worker
 	freeTracked   []*tracked
-	rbuf          []byte   // shared read buffer
-	scratch       []byte   // one encoded wake, copied to each subscriber
-	iov           [][]byte // writev vectors, reused
-	// fan writes a large flush over several threads (fanout.go); nil
-	// until the first one. pwork is its list of workers, reused.
-	fan   *fanout
-	pwork []*worker
-	load  loopLoad // whether the helpers may write (fanout.go)
-
-	// notifs counts the notifications of this iteration that were routed
-	// to a subscriber; notifAt is when the iteration began (the Postgres
-	// socket was readable by then). flush records their latency, once
-	// per iteration however many there were.
-	notifs  uint64
-	notifAt time.Time
-
-	ticks       uint64
-	statusTimer stopper
+	rbuf          []byte       // shared read buffer
+	scratch       []byte       // one encoded wake, copied to each subscriber
+	iov           [][]byte     // writev vectors, reused
+	writers       writers      // the helper threads of a large flush (fanout.go)
+	iter          iterNotifs   // this iteration's notifications, for the latency
+	status        statusRounds // the status timer and its re-send rounds
 	// socketChecked is when the socket's directories were last checked
 	// (sockcheck.go).
 	socketChecked time.Time
-	// resendAt is the index below which workers still wait for this
-	// round's status re-send (resendStatus); 0 when no round is going.
-	resendAt  int
-	stopTimer *loop.Timer
+	stopTimer     *loop.Timer
 
 	up *upgrade // a hot upgrade in progress, either side (upgrade.go)
 
@@ -352,7 +337,7 @@ func (h *Hub) Start(ctx context.Context) (err error) {
 	h.stats.healthy.Store(h.healthy)
 	l.AfterIteration(h.flush)
 	l.OnClose(h.onLoopClose)
-	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
+	h.status.timer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
 	h.startReports()
 	h.socketChecked = time.Now()
 	h.onSocketCheck()
@@ -511,8 +496,8 @@ func (h *Hub) shutdown() {
 	h.stopping = true
 	h.log.Info("hub stopping", "workers", h.workers.len(), "channels", len(h.channels))
 	h.closeSocket()
-	if h.statusTimer != nil {
-		h.statusTimer.Stop()
+	if h.status.timer != nil {
+		h.status.timer.Stop()
 	}
 	if h.accepting.timer != nil {
 		h.accepting.timer.Stop()
@@ -552,9 +537,9 @@ func (h *Hub) onLoopClose() {
 	}
 	h.closed = true
 	h.stopping = true
-	if h.fan != nil {
-		h.fan.stop()
-		h.fan = nil
+	if h.writers.fan != nil {
+		h.writers.fan.stop()
+		h.writers.fan = nil
 	}
 	h.closeSocket()
 	if h.fds.spareFD >= 0 {
@@ -580,7 +565,7 @@ func (h *Hub) onStatusTick() {
 	if h.up != nil && h.up.handed {
 		return // the workers are the new process's now
 	}
-	h.ticks++
+	h.status.ticks++
 	h.rebudgetFDs()
 	h.shedNewest()
 	for w := range h.workers.all() {
@@ -596,10 +581,10 @@ func (h *Hub) onStatusTick() {
 		h.socketChecked = now
 		h.onSocketCheck()
 	}
-	if h.ticks%statusEvery != 0 || h.resendAt > 0 {
+	if h.status.ticks%statusEvery != 0 || h.status.resendAt > 0 {
 		return // not this tick, or the last round is still going out
 	}
-	h.resendAt = h.workers.len()
+	h.status.resendAt = h.workers.len()
 	h.resendStatus()
 }
 
@@ -617,16 +602,16 @@ const statusSlice = 128
 // worker that connects meanwhile got its status when it connected.
 func (h *Hub) resendStatus() {
 	if h.stopping || h.closed || (h.up != nil && h.up.handed) {
-		h.resendAt = 0
+		h.status.resendAt = 0
 		return
 	}
 	for n := 0; n < statusSlice; n++ {
-		h.resendAt = min(h.resendAt, h.workers.len())
-		if h.resendAt == 0 {
+		h.status.resendAt = min(h.status.resendAt, h.workers.len())
+		if h.status.resendAt == 0 {
 			return
 		}
-		h.resendAt--
-		w := h.workers.list[h.resendAt]
+		h.status.resendAt--
+		w := h.workers.list[h.status.resendAt]
 		// A status frame still wholly unsent says the same thing: the
 		// re-send would only add to the backlog of a worker that is
 		// not reading.
@@ -635,8 +620,8 @@ func (h *Hub) resendStatus() {
 		}
 		h.sendStatus(w)
 	}
-	if h.resendAt > 0 && h.loop.Post(h.resendStatus) != nil {
-		h.resendAt = 0
+	if h.status.resendAt > 0 && h.loop.Post(h.resendStatus) != nil {
+		h.status.resendAt = 0
 	}
 }
 
@@ -719,10 +704,10 @@ func (h *Hub) onNotification(channel, payload []byte) {
 	if len(ch.subs) == 0 {
 		return
 	}
-	if h.notifs == 0 {
-		h.notifAt = h.loop.Now()
+	if h.iter.notifs == 0 {
+		h.iter.notifAt = h.loop.Now()
 	}
-	h.notifs++
+	h.iter.notifs++
 	// Encode once; every subscriber gets a copy of the same bytes.
 	durable := len(payload) == 0
 	h.scratch = frame.AppendWake(h.scratch[:0], ch.q, payload, !durable)
@@ -760,4 +745,31 @@ func (h *Hub) listenerConfig() pglisten.Config {
 		OnNotDelivered:      h.onNotDelivered,
 		Logger:              h.log,
 	}
+}
+
+// writers write a large flush over several threads (fanout.go).
+type writers struct {
+	// fan is nil until the first such flush; pwork is its list of
+	// workers, reused.
+	fan   *fanout
+	pwork []*worker
+	load  loopLoad // whether the helpers may write
+}
+
+// iterNotifs counts the notifications of this iteration that were routed
+// to a subscriber; notifAt is when the iteration began (the Postgres socket
+// was readable by then). flush records their latency, once per iteration
+// however many there were.
+type iterNotifs struct {
+	notifs  uint64
+	notifAt time.Time
+}
+
+// statusRounds is the status timer: ticks counts them, and resendAt is the
+// index below which workers still wait for this round's status re-send
+// (resendStatus); 0 when no round is going.
+type statusRounds struct {
+	ticks    uint64
+	timer    stopper
+	resendAt int
 }

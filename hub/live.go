@@ -74,9 +74,9 @@ func (h *Hub) setLive(l Live) error {
 			w.out.Max = h.bufferMax() // never drops what is queued
 		}
 	}
-	if c.StatusInterval != old.StatusInterval && h.statusTimer != nil && !h.stopping && (h.up == nil || !h.up.handed) {
-		h.statusTimer.Stop()
-		h.statusTimer = h.clk.Every(c.StatusInterval, h.onStatusTick)
+	if c.StatusInterval != old.StatusInterval && h.status.timer != nil && !h.stopping && (h.up == nil || !h.up.handed) {
+		h.status.timer.Stop()
+		h.status.timer = h.clk.Every(c.StatusInterval, h.onStatusTick)
 	}
 	clear(h.allow)
 	for _, uid := range c.AllowUIDs {

@@ -300,7 +300,7 @@ func (h *Hub) flush() {
 	if len(h.out.doomed) > 0 && h.up == nil {
 		h.closeDoomed()
 	}
-	if len(h.dirty) >= parallelMin && h.cfg.WriteThreads > 1 && h.load.idle() {
+	if len(h.dirty) >= parallelMin && h.cfg.WriteThreads > 1 && h.writers.load.idle() {
 		h.flushParallel()
 	}
 	for i, w := range h.dirty {
@@ -322,11 +322,11 @@ func (h *Hub) flush() {
 	// One clock read per iteration, however many notifications and
 	// workers.
 	now := time.Now()
-	h.load.iteration(h.loop.Now(), now)
-	if h.notifs > 0 {
+	h.writers.load.iteration(h.loop.Now(), now)
+	if h.iter.notifs > 0 {
 		// Each notification waited from the iteration's start to here.
-		h.fanoutLatency.Observe(now.Sub(h.notifAt), h.notifs)
-		h.notifs = 0
+		h.fanoutLatency.Observe(now.Sub(h.iter.notifAt), h.iter.notifs)
+		h.iter.notifs = 0
 	}
 }
 

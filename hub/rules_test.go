@@ -881,8 +881,8 @@ func TestStatusResendIsSliced(t *testing.T) {
 	probed := make(chan struct{})
 	e.do(func() {
 		e.clk.advance(time.Second)
-		first = e.h.resendAt
-		if err := e.h.loop.Post(func() { second = e.h.resendAt; close(probed) }); err != nil {
+		first = e.h.status.resendAt
+		if err := e.h.loop.Post(func() { second = e.h.status.resendAt; close(probed) }); err != nil {
 			t.Error(err)
 		}
 	})
@@ -897,7 +897,7 @@ func TestStatusResendIsSliced(t *testing.T) {
 	for _, w := range ws {
 		w.expect(statusTrue)
 	}
-	e.do(func() { left = e.h.resendAt })
+	e.do(func() { left = e.h.status.resendAt })
 	if left != 0 {
 		t.Fatalf("the round ended with %d workers left", left)
 	}

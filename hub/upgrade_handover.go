@@ -487,8 +487,8 @@ func (h *Hub) thaw(cause error) {
 func (h *Hub) release() {
 	u := h.up
 	h.stopping = true
-	if h.statusTimer != nil {
-		h.statusTimer.Stop()
+	if h.status.timer != nil {
+		h.status.timer.Stop()
 	}
 	if h.sock.fd >= 0 {
 		_ = h.loop.Unregister(h.sock.tok)

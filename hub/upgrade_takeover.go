@@ -432,7 +432,7 @@ func (h *Hub) goLive() {
 	if h.cfg.ReleaseMemory {
 		go h.returnMemory(memCheckEvery)
 	}
-	h.statusTimer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
+	h.status.timer = h.clk.Every(h.cfg.StatusInterval, h.onStatusTick)
 	h.startReports()
 	h.dropEmpty()
 	u.live = true

@@ -160,7 +160,7 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // delivering. Then it commits a marker NOTIFY on the local connection,
 // which both listeners deliver at the same place in commit order: the
 // local listener's wakes are delivered up to the marker and the hub's
-// after it (cut.go), so no wake arrives twice and none is lost; a marker
+// after it, so no wake arrives twice and none is lost; a marker
 // that does not come back through the hub means a hub on another database,
 // and the attempt is refused (an ERROR line, once). Only then does it swap
 // the hub client in and close the local listener (make before break).
@@ -182,7 +182,7 @@ func (e *FailoverError) Unwrap() []error { return []error{e.Local, e.Hub} }
 // A Subscribe that meets the hub's failure waits for the swap and
 // subscribes the local listener; if the local listener cannot be built or
 // subscribed, Subscribe returns that error (the Failover is then dead, a
-// *FailoverError), bounded by AckTimeout plus LocalTimeout. While the hub
+// *FailoverError), bounded by Hub.AckTimeout plus Local.CommandTimeout. While the hub
 // says its Postgres is down, a Subscribe on the hub waits for Postgres
 // (its ctx bounds it): failing over would not help, the local listener
 // could not reach Postgres either.

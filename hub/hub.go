@@ -270,7 +270,8 @@ func (h *Hub) Config() Config {
 
 // Start binds the socket (or takes over Config.ListenerFile), starts the loop
 // goroutine and returns: from then on workers are accepted and told the
-// Postgres health. The Postgres side is opened by then too; see openPG. A
+// Postgres health. The Postgres side is opened by then too, and connects
+// in the background (healthy:false until it is up). A
 // socket path held by a running hub is an error and leaves that hub
 // untouched; a stale socket file is replaced. Start may be called once.
 func (h *Hub) Start(ctx context.Context) (err error) {

@@ -49,7 +49,7 @@ const (
 	DefaultMaxLagBytes     = 1 << 30
 	DefaultApplicationName = "listenhub-relay"
 	DefaultStatusInterval  = 10 * time.Second
-	// DefaultConfigRetry is a second: a guest relay is back within 2 s
+	// DefaultConfigRetry is a second: a relay with RetryConfigErrors is back within 2 s
 	// of the fix (a publication created, a grant given). A retry costs
 	// two connections and the preflight's queries.
 	DefaultConfigRetry = time.Second
@@ -121,7 +121,8 @@ type Options struct {
 	// inside another program (serve --relay) must. Default false: Run
 	// returns the error.
 	RetryConfigErrors bool
-	// ConfigRetry is how often a guest relay that is down tries again;
+	// ConfigRetry is how often a relay with RetryConfigErrors that is down
+	// tries again;
 	// DefaultConfigRetry if 0.
 	ConfigRetry time.Duration
 	// RecreateInvalidSlot lets the relay drop and create again a slot that
@@ -188,7 +189,7 @@ const (
 	StateStandby               // the slot is in use by another relay; retrying
 	StateRetrying              // the connection was lost; reconnecting
 	StateStopped               // Run returned
-	StateDown                  // a guest stopped by a permanent error, trying again every ConfigRetry
+	StateDown                  // stopped by a permanent error, trying again every ConfigRetry (RetryConfigErrors)
 )
 
 // stateNames are the String forms, indexed by value.

@@ -102,6 +102,10 @@ type Config struct {
 	DatabaseURL string
 	// ConnConfig, when set, is used as is (its application_name included).
 	ConnConfig *pgconn.Config
+	// Upstream, when set, is where the hub takes its notifications from
+	// instead of a Postgres connection of its own (DatabaseURL, ConnConfig
+	// and PostgresConnections are then unused): a fleet's NATS.
+	Upstream Upstream
 
 	// ChannelPrefix and ChannelSuffix map a subscription name Q to the
 	// Postgres channel Prefix+Q+Suffix (pgbus: "pgmq.q_" and ".INSERT").
@@ -356,7 +360,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.ConnConfig == nil {
+	if c.ConnConfig == nil && c.Upstream == nil {
 		// Parsed here, not at connect time: the connection is made in
 		// the background after Start, and a string that cannot parse
 		// is a mistake to report at once.

@@ -104,8 +104,11 @@ type seams struct {
 
 // openPostgres connects h's Postgres side.
 func (h *Hub) openPostgres(ctx context.Context, l *loop.Loop) (postgres, error) {
-	if h.seams.openPG != nil {
+	switch {
+	case h.seams.openPG != nil:
 		return h.seams.openPG(ctx, l, h)
+	case h.cfg.Upstream != nil:
+		return openUpstream(ctx, l, h)
 	}
 	return openListener(ctx, l, h)
 }

@@ -27,6 +27,9 @@ func (h *Hub) handover(ctx context.Context, conn *fdpass.Conn, extra map[string]
 	if !h.started.Load() || h.loop == nil {
 		return errors.New("hub: upgrade: not started")
 	}
+	if h.cfg.Upstream != nil {
+		return errors.New("hub: upgrade: a hub fed by an Upstream is not hot-upgraded; restart it (its workers fail over and back)")
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}

@@ -22,8 +22,9 @@ var maxSize = map[string]int{
 }
 
 // docsBudget is what the README and docs/*.md may hold together: a
-// reference a user can read through, each fact said once.
-const docsBudget = 150 << 10
+// reference a user can read through, each fact said once. (The fleet's
+// page raised it from 150 KiB: a new part, not more words for the old.)
+const docsBudget = 160 << 10
 
 func TestReferenceSizes(t *testing.T) {
 	pages, _ := filepath.Glob("*.md")

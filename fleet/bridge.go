@@ -55,6 +55,7 @@ type Bridge struct {
 	log  *slog.Logger
 
 	active    atomic.Bool
+	term      atomic.Pointer[term] // while active
 	takeovers atomic.Uint64
 	published atomic.Uint64
 }
@@ -193,8 +194,12 @@ func (b *Bridge) serve(ctx context.Context, lease *pgx.Conn) error {
 		return fmt.Errorf("NATS subscribe: %w", err)
 	}
 	defer sub.Unsubscribe()
+	b.term.Store(t)
 	b.active.Store(true)
-	defer b.active.Store(false)
+	defer func() {
+		b.active.Store(false)
+		b.term.Store(nil)
+	}()
 	b.log.Info("fleet bridge: active", "epoch", t.epoch)
 	t.heartbeat()
 
@@ -255,7 +260,7 @@ func (t *term) onInterest(m *nats.Msg) {
 		ttl = DefaultInterestTTL
 	}
 	until := time.Now().Add(ttl)
-	var fresh []string
+	var fresh, added []string
 	t.mu.Lock()
 	for _, ch := range req.Listen {
 		hubs := t.refs[ch]
@@ -263,6 +268,9 @@ func (t *term) onInterest(m *nats.Msg) {
 			hubs = map[string]time.Time{}
 			t.refs[ch] = hubs
 			fresh = append(fresh, ch)
+		}
+		if _, ok := hubs[req.Hub]; !ok {
+			added = append(added, ch)
 		}
 		hubs[req.Hub] = until
 	}
@@ -296,7 +304,23 @@ func (t *term) onInterest(m *nats.Msg) {
 	for _, ch := range gone {
 		_ = t.pg.Unlisten(ctx, ch)
 	}
-	_ = m.Respond(mustJSON(interestReply{Epoch: t.epoch}))
+	_ = m.Respond(mustJSON(interestReply{Epoch: t.epoch, Added: added}))
+}
+
+// Channels returns the channels this bridge LISTENs for the fleet while
+// active, each with the number of hubs holding a lease on it.
+func (b *Bridge) Channels() map[string]int {
+	t := b.term.Load()
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]int, len(t.refs))
+	for ch, hubs := range t.refs {
+		out[ch] = len(hubs)
+	}
+	return out
 }
 
 // drop forgets ch after its LISTEN failed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -345,4 +346,105 @@ func TestFleetNATSDownAndBack(t *testing.T) {
 	w.until("the resync's durable wake", isWake("feed", ""))
 	notify(t, "feed", "back")
 	w.until("the wake after NATS returned", isWake("feed", "back"))
+}
+
+// startCluster runs n nats-servers routed into one cluster on loopback.
+func startCluster(t *testing.T, n int) []*natsserver.Server {
+	t.Helper()
+	var servers []*natsserver.Server
+	var routes []*url.URL
+	for i := range n {
+		opts := &natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, ServerName: fmt.Sprint("n", i),
+			Cluster: natsserver.ClusterOpts{Name: "fleet", Host: "127.0.0.1", Port: -1}, Routes: routes}
+		s, err := natsserver.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(wait) {
+			t.Fatal("nats-server not ready")
+		}
+		t.Cleanup(s.Shutdown)
+		servers = append(servers, s)
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: s.ClusterAddr().String()})
+	}
+	deadline := time.Now().Add(wait)
+	for _, s := range servers {
+		for s.NumRoutes() < n-1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("server %s has %d routes, want %d", s.Name(), s.NumRoutes(), n-1)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return servers
+}
+
+// Kill the NATS node a hub is connected to, in a cluster of three: the hub
+// moves to another node, says healthy:false, then true with a durable wake
+// per channel (what was published meanwhile may be gone), and NOTIFYs flow
+// through the node it moved to.
+func TestFleetClusterNodeLost(t *testing.T) {
+	ns := startCluster(t, 3)
+	startBridge(t, ns[0].ClientURL())
+	all := ns[1].ClientURL() + "," + ns[2].ClientURL() + "," + ns[0].ClientURL()
+	sock, up := startHub(t, all)
+	w := dialWorker(t, sock)
+	w.until("healthy", isStatus(true))
+	w.subscribe("news")
+	notify(t, "news", "one")
+	w.until("the first wake", isWake("news", "one"))
+	ns[1].Shutdown() // the hub's node (first in its list)
+	w.until("healthy:false", isStatus(false))
+	w.until("healthy:true", isStatus(true))
+	w.until("the resync's durable wake", isWake("news", ""))
+	notify(t, "news", "two")
+	w.until("the wake through another node", isWake("news", "two"))
+	if up.Gaps() == 0 {
+		t.Fatal("no gap counted for the node lost")
+	}
+}
+
+// Interest is leased: a dead host's channel is UNLISTENed once its lease
+// runs out; a live hub whose interest the bridge dropped finds out at its
+// next renewal, and resyncs rather than miss what was published meanwhile.
+func TestFleetInterestLease(t *testing.T) {
+	ns := startNATS(t, 0)
+	b, _ := startBridge(t, ns.ClientURL())
+	sock, up := startHub(t, ns.ClientURL())
+	w := dialWorker(t, sock)
+	w.until("healthy", isStatus(true))
+	w.subscribe("kept")
+	nc := natsConn(t, ns.ClientURL())
+	s := subjects(t)
+	ask := func(req string) {
+		t.Helper()
+		if _, err := nc.Request(s.Interest(), []byte(req), wait); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask(`{"hub":"ghost","listen":["ghost-ch"],"ttl_ms":300}`)
+	if n := b.Channels()["ghost-ch"]; n != 1 {
+		t.Fatalf("ghost-ch held by %d hubs, want 1", n)
+	}
+	deadline := time.Now().Add(wait)
+	for b.Channels()["ghost-ch"] != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a dead hub's interest never expired")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	gaps := up.Gaps()
+	ask(fmt.Sprintf(`{"hub":%q,"unlisten":["kept"],"ttl_ms":1000}`, t.Name())) // as if its lease ran out
+	if n := b.Channels()["kept"]; n != 0 {
+		t.Fatalf("kept still held by %d hubs", n)
+	}
+	w.until("healthy:false", isStatus(false))
+	w.until("healthy:true", isStatus(true))
+	w.until("the resync's durable wake", isWake("kept", ""))
+	if n := b.Channels()["kept"]; n != 1 || up.Gaps() <= gaps {
+		t.Fatalf("after the renewal: kept held by %d hubs, gaps %d (were %d)", n, up.Gaps(), gaps)
+	}
+	notify(t, "kept", "again")
+	w.until("the wake after the renewal", isWake("kept", "again"))
 }

@@ -113,18 +113,17 @@ func (u *Upstream) Reason() string {
 	return u.reason
 }
 
-// Watch is the NATS connection's handlers the Upstream needs: pass them to
-// nats.Connect (nats.DisconnectErrHandler, nats.ReconnectHandler) or call
-// them from yours.
+// Watch is the NATS connection's handlers that make the Upstream see a
+// disconnect or a reconnect at once rather than at its next look (a
+// quarter of HeartbeatTimeout): pass them to nats.Connect
+// (nats.DisconnectErrHandler, nats.ReconnectHandler) or call them from
+// yours.
 func (u *Upstream) Watch() (disconnected func(*nats.Conn, error), reconnected func(*nats.Conn)) {
 	return func(*nats.Conn, error) {
-			u.mu.Lock()
-			u.connected = false
-			u.mu.Unlock()
 			u.poke()
 		}, func(*nats.Conn) {
 			u.mu.Lock()
-			u.connected, u.resync = true, true
+			u.resync = true // however short the outage, messages were lost
 			u.mu.Unlock()
 			u.gaps.Add(1)
 			u.poke()
@@ -183,7 +182,14 @@ func (u *Upstream) run() {
 		case <-u.kick:
 		case <-tick.C:
 		}
+		connected := u.opts.NATS.IsConnected()
 		u.mu.Lock()
+		if connected && !u.connected {
+			// Connected again (or for the first time after a failed
+			// first connect): what was published meanwhile is lost.
+			u.resync = true
+		}
+		u.connected = connected
 		reason := ""
 		switch {
 		case !u.connected:
@@ -214,10 +220,21 @@ func (u *Upstream) run() {
 			continue
 		}
 		if reason == "" && time.Since(renewed) > u.opts.InterestTTL/3 {
-			if err := u.register(u.names(), nil); err != nil {
+			added, err := u.registerAdded(u.names(), nil)
+			if err != nil {
 				u.log.Warn("fleet upstream: renewing the interest failed", "error", err)
 			}
 			renewed = time.Now()
+			if len(added) > 0 {
+				// The bridge had let our lease go: what it published
+				// on those channels meanwhile never reached us.
+				u.log.Warn("fleet upstream: the bridge had dropped this hub's interest; resyncing", "channels", added)
+				u.mu.Lock()
+				u.resync = true
+				u.mu.Unlock()
+				u.gaps.Add(1)
+				u.poke()
+			}
 		}
 	}
 }
@@ -252,20 +269,27 @@ func (u *Upstream) names() []string {
 // success it adopts the bridge's epoch (and forgets the sequences of the
 // last one).
 func (u *Upstream) register(listen, unlisten []string) error {
+	_, err := u.registerAdded(listen, unlisten)
+	return err
+}
+
+// registerAdded is register, with the channels the bridge did not hold
+// for this hub.
+func (u *Upstream) registerAdded(listen, unlisten []string) ([]string, error) {
 	req := interestRequest{Hub: u.opts.HubID, Listen: listen, Unlisten: unlisten, TTLMS: u.opts.InterestTTL.Milliseconds()}
 	m, err := u.opts.NATS.Request(u.opts.Subjects.Interest(), mustJSON(req), u.opts.RequestTimeout)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
-			return errors.New("no active bridge answers on " + u.opts.Subjects.Interest())
+			return nil, errors.New("no active bridge answers on " + u.opts.Subjects.Interest())
 		}
-		return err
+		return nil, err
 	}
 	var rep interestReply
 	if err := json.Unmarshal(m.Data, &rep); err != nil {
-		return fmt.Errorf("bridge reply: %w", err)
+		return nil, fmt.Errorf("bridge reply: %w", err)
 	}
 	if rep.Error != "" {
-		return errors.New("bridge: " + rep.Error)
+		return nil, errors.New("bridge: " + rep.Error)
 	}
 	u.mu.Lock()
 	if rep.Epoch != u.epoch {
@@ -275,7 +299,7 @@ func (u *Upstream) register(listen, unlisten []string) error {
 		u.epoch = rep.Epoch
 	}
 	u.mu.Unlock()
-	return nil
+	return rep.Added, nil
 }
 
 // Listen implements hub.Upstream: subscribe, flush, register at the bridge.

@@ -32,6 +32,11 @@ type interestRequest struct {
 type interestReply struct {
 	Epoch uint64 `json:"epoch,omitempty"`
 	Error string `json:"error,omitempty"`
+	// Added are the channels of Listen the bridge did not hold for this
+	// hub: all of them at a first Listen; at a renewal, channels whose
+	// lease had expired (or that a new bridge never had), whose
+	// notifications the hub may have missed.
+	Added []string `json:"added,omitempty"`
 }
 
 func (r interestRequest) ttl() time.Duration { return time.Duration(r.TTLMS) * time.Millisecond }

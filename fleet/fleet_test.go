@@ -93,12 +93,12 @@ func startBridge(t *testing.T, url string) (*fleet.Bridge, func()) {
 
 // startHub runs a hub fed by an Upstream on url; its socket path is
 // returned.
-func startHub(t *testing.T, url string) (string, *fleet.Upstream) {
+func startHub(t *testing.T, url string, opts ...nats.Option) (string, *fleet.Upstream) {
 	t.Helper()
 	var up *fleet.Upstream
-	nc := natsConn(t, url,
+	nc := natsConn(t, url, append(opts,
 		nats.DisconnectErrHandler(func(c *nats.Conn, err error) { d, _ := up.Watch(); d(c, err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { _, r := up.Watch(); r(c) }))
+		nats.ReconnectHandler(func(c *nats.Conn) { _, r := up.Watch(); r(c) }))...)
 	var err error
 	up, err = fleet.NewUpstream(fleet.UpstreamOptions{NATS: nc, Subjects: subjects(t), HubID: t.Name(),
 		HeartbeatTimeout: 400 * time.Millisecond, InterestTTL: 3 * time.Second})
@@ -162,14 +162,15 @@ func (w *worker) next() frame.Message {
 func (w *worker) until(what string, f func(frame.Message) bool) []frame.Message {
 	w.t.Helper()
 	var seen []frame.Message
+	deadline := time.Now().Add(wait)
 	for {
 		m := w.next()
 		if f(m) {
 			return seen
 		}
 		seen = append(seen, m)
-		if len(seen) > 100000 {
-			w.t.Fatalf("no %s in %d frames", what, len(seen))
+		if time.Now().After(deadline) {
+			w.t.Fatalf("no %s within %v (%d other frames)", what, wait, len(seen))
 		}
 	}
 }
@@ -388,7 +389,7 @@ func TestFleetClusterNodeLost(t *testing.T) {
 	ns := startCluster(t, 3)
 	startBridge(t, ns[0].ClientURL())
 	all := ns[1].ClientURL() + "," + ns[2].ClientURL() + "," + ns[0].ClientURL()
-	sock, up := startHub(t, all)
+	sock, up := startHub(t, all, nats.DontRandomize()) // on ns[1], the first
 	w := dialWorker(t, sock)
 	w.until("healthy", isStatus(true))
 	w.subscribe("news")

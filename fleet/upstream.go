@@ -201,7 +201,9 @@ func (u *Upstream) run() {
 		case !u.hbPG:
 			reason = "the bridge's Postgres connection is down"
 		}
-		resync := u.resync || (reason == "" && u.epoch != u.hbEpoch && len(u.chans) > 0)
+		// A heartbeat of another epoch than the one our channels were
+		// registered with: a takeover. (Epoch 0: nothing registered yet.)
+		resync := u.resync || (reason == "" && u.epoch != 0 && u.epoch != u.hbEpoch && len(u.chans) > 0)
 		if resync && reason == "" {
 			reason = "resyncing after a gap"
 		}

@@ -58,3 +58,7 @@ func runModule(t *testing.T, dir string) {
 
 // TestRiver: integrations/riverhub, River's listener through the hub.
 func TestRiver(t *testing.T) { runModule(t, "riverhub") }
+
+// TestFleet: fleet/, the NATS side (bridge, the hub's NATS upstream, the
+// listenhub-fleet binary), against real nats-servers started in its tests.
+func TestFleet(t *testing.T) { runModule(t, "../fleet") }

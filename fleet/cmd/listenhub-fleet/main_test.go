@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -29,28 +28,12 @@ func TestMain(m *testing.M) { pgtesting.Main(m, pgtest.Options{}, &db) }
 
 const wait = 30 * time.Second
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
+// build builds this command into the test's temporary directory.
 func build(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "listenhub-fleet")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "listenhub-fleet")
-		out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	binary := filepath.Join(t.TempDir(), "listenhub-fleet")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return binary
 }
@@ -62,9 +45,9 @@ type proc struct {
 	lines []string
 }
 
-func start(t *testing.T, args ...string) *proc {
+func start(t *testing.T, binary string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(build(t), args...)
+	cmd := exec.Command(binary, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -133,12 +116,13 @@ func TestBridgeSIGKILLUnderLoad(t *testing.T) {
 	addr := ns.Addr().(*net.TCPAddr)
 	natsURL := fmt.Sprintf("nats://fleet:s3cret-pw@127.0.0.1:%d", addr.Port)
 
-	a := start(t, "bridge", "--database-url", db.URL(), "--nats", natsURL, "--database", "app")
+	bin := build(t)
+	a := start(t, bin, "bridge", "--database-url", db.URL(), "--nats", natsURL, "--database", "app")
 	waitFor(t, "an active bridge", func() bool { return a.said("fleet bridge: active") })
-	b := start(t, "bridge", "--database-url", db.URL(), "--nats", natsURL, "--database", "app")
+	b := start(t, bin, "bridge", "--database-url", db.URL(), "--nats", natsURL, "--database", "app")
 	waitFor(t, "the standby", func() bool { return b.said("standing by") })
 	sock := filepath.Join(t.TempDir(), "hub.sock")
-	h := start(t, "serve", "--socket", sock, "--upstream", natsURL, "--database", "app")
+	h := start(t, bin, "serve", "--socket", sock, "--upstream", natsURL, "--database", "app")
 	var c net.Conn
 	waitFor(t, "the hub's socket", func() bool {
 		c, err = net.Dial("unix", sock)

@@ -86,7 +86,7 @@ type Config struct {
 	OnHealth func(healthy bool)
 
 	// Logger receives the connection's lines (reconnects, notices). Nil
-	// discards them.
+	// means slog.Default(), as everywhere in this module.
 	Logger *slog.Logger
 }
 
@@ -104,6 +104,9 @@ type Conn struct {
 // through which notifications do not arrive (ErrNotDelivered), is the
 // error.
 func Connect(ctx context.Context, cfg Config) (*Conn, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	p, err := pglisten.NewPlain(ctx, pglisten.PlainConfig(cfg))
 	if err != nil {
 		return nil, err

@@ -453,3 +453,23 @@ func TestFleetInterestLease(t *testing.T) {
 	notify(t, "kept", "again")
 	w.until("the wake after the renewal", isWake("kept", "again"))
 }
+
+// A subscribe before any bridge is active waits for one (as a hub's waits
+// for Postgres), and is acked once the bridge LISTENs.
+func TestFleetSubscribeBeforeTheBridge(t *testing.T) {
+	ns := startNATS(t, 0)
+	sock, _ := startHub(t, ns.ClientURL())
+	w := dialWorker(t, sock)
+	if _, err := w.c.Write(frame.AppendSub(nil, "early")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // no bridge for a while: the sub must not be refused meanwhile
+	startBridge(t, ns.ClientURL())
+	for _, m := range w.until("ack early", func(m frame.Message) bool { return m.Type == frame.TypeAck && m.Name == "early" }) {
+		if m.Type == frame.TypeNack {
+			t.Fatalf("refused before the bridge came: %+v", m)
+		}
+	}
+	notify(t, "early", "x")
+	w.until("the wake", isWake("early", "x"))
+}

@@ -291,7 +291,7 @@ func (u *Upstream) registerAdded(listen, unlisten []string) ([]string, error) {
 		return nil, fmt.Errorf("bridge reply: %w", err)
 	}
 	if rep.Error != "" {
-		return nil, errors.New("bridge: " + rep.Error)
+		return nil, &bridgeError{rep.Error}
 	}
 	u.mu.Lock()
 	if rep.Epoch != u.epoch {
@@ -305,6 +305,8 @@ func (u *Upstream) registerAdded(listen, unlisten []string) ([]string, error) {
 }
 
 // Listen implements hub.Upstream: subscribe, flush, register at the bridge.
+// Without an active bridge (or NATS) it waits for one, as a hub waits for
+// Postgres; the bridge's refusal (a LISTEN that failed) is done's error.
 func (u *Upstream) Listen(channel string, done func(error)) {
 	go func() {
 		sub, err := u.opts.NATS.Subscribe(u.opts.Subjects.Notify(channel), u.onNotify)
@@ -321,17 +323,38 @@ func (u *Upstream) Listen(channel string, done func(error)) {
 		u.mu.Lock()
 		u.chans[channel] = &upChan{sub: sub}
 		u.mu.Unlock()
-		if err := u.register([]string{channel}, nil); err != nil {
-			u.mu.Lock()
-			delete(u.chans, channel)
-			u.mu.Unlock()
-			sub.Unsubscribe()
-			done(err)
-			return
+		// No bridge (yet), NATS away: wait for them, as a hub waits
+		// for Postgres; a bridge's refusal is the answer.
+		for {
+			err := u.register([]string{channel}, nil)
+			var refused *bridgeError
+			switch {
+			case err == nil:
+				done(nil)
+				return
+			case errors.As(err, &refused):
+				u.mu.Lock()
+				delete(u.chans, channel)
+				u.mu.Unlock()
+				sub.Unsubscribe()
+				done(err)
+				return
+			}
+			select {
+			case <-u.stop:
+				done(errors.New("fleet: upstream closed"))
+				return
+			case <-time.After(u.opts.HeartbeatTimeout / 4):
+			}
 		}
-		done(nil)
 	}()
 }
+
+// bridgeError is the bridge's refusal of a registration: final, unlike
+// its absence.
+type bridgeError struct{ msg string }
+
+func (e *bridgeError) Error() string { return "bridge: " + e.msg }
 
 // Unlisten implements hub.Upstream.
 func (u *Upstream) Unlisten(channel string, done func(error)) {

@@ -6,6 +6,7 @@
 //
 //	listenhub-fleet bridge --database-url URL --nats URL [flags]
 //	listenhub-fleet serve --socket PATH --upstream URL --database NAME [flags]
+//	listenhub-fleet demo [--hubs N]
 //
 // Every flag is also read from LISTENHUB_ and its name in capitals, dashes
 // as underscores; the command line wins.
@@ -39,6 +40,8 @@ const usage = `listenhub-fleet bridge --database-url URL --nats URL [--subject-p
     hold the database's one LISTEN for the fleet and publish every notification on NATS (run two or more: one is active)
 listenhub-fleet serve --socket PATH --upstream URL --database NAME [--subject-prefix P] [--hub-id ID] [--metrics-addr ADDR] [NATS flags as bridge's]
     a hub whose notifications come from NATS through the active bridge; no Postgres connection
+listenhub-fleet demo [--hubs N] [--rate N] [--duration D] [--database-url URL]
+    a local NATS, a throwaway cluster, a bridge and N hubs with a worker each; a line a second
 `
 
 func main() {
@@ -55,6 +58,8 @@ func main() {
 		err = runBridge(ctx, log, os.Args[2:])
 	case "serve":
 		err = runServe(ctx, log, os.Args[2:])
+	case "demo":
+		err = runDemo(ctx, os.Stdout, os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

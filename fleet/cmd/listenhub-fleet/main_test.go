@@ -226,3 +226,25 @@ func TestBridgeSIGKILLUnderLoad(t *testing.T) {
 	t.Logf("SIGKILL of the active bridge under %d NOTIFYs: healthy again %v later; %d payloads delivered, none twice; the gap is covered by the durable wake",
 		sent.Load(), back.Round(time.Millisecond), len(got))
 }
+
+// The demo: one listening backend for every hub, and wakes at every worker.
+func TestDemo(t *testing.T) {
+	bin := build(t)
+	out, err := exec.Command(bin, "demo", "--hubs", "3", "--duration", "4s", "--database-url", db.URL()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	lines := strings.Split(string(out), "\n")
+	woke := false
+	for _, l := range lines {
+		if strings.Contains(l, "backends") && !strings.Contains(l, "backends 1 (3 with direct LISTEN)") {
+			t.Fatalf("a line without the one backend: %q", l)
+		}
+		if strings.Contains(l, "wakes/s") && !strings.Contains(l, "wakes/s 0 ") {
+			woke = true
+		}
+	}
+	if !woke {
+		t.Fatalf("no wakes:\n%s", out)
+	}
+}

@@ -421,7 +421,10 @@ func (u *Upstream) onNotify(m *nats.Msg) {
 		u.log.Warn("fleet upstream: a notification was lost", "channel", ch, "expected", c.lastSeq+1, "got", seq)
 	}
 	c.lastSeq = seq
+	gap := u.resync
 	u.mu.Unlock()
-	u.poke()
+	if gap {
+		u.poke()
+	}
 	u.sink.Notify(ch, string(m.Data))
 }

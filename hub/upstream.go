@@ -53,7 +53,13 @@ type upstreamSide struct {
 
 	mu      sync.Mutex
 	healthy bool
+	// pending are the notifications not handed to the loop yet: the
+	// first of a batch posts the drain, the others join it, so a burst
+	// costs the loop one wake, not one per notification.
+	pending []upNote
 }
+
+type upNote struct{ ch, payload []byte }
 
 // openUpstream is the pgOpener of a hub with Config.Upstream.
 func openUpstream(_ context.Context, l *loop.Loop, h *Hub) (postgres, error) {
@@ -65,15 +71,36 @@ func openUpstream(_ context.Context, l *loop.Loop, h *Hub) (postgres, error) {
 }
 
 func (s *upstreamSide) Notify(channel, payload string) {
-	ch, p := []byte(channel), []byte(payload)
-	_ = s.l.Post(func() { s.h.onNotification(ch, p) })
+	s.mu.Lock()
+	first := len(s.pending) == 0
+	s.pending = append(s.pending, upNote{[]byte(channel), []byte(payload)})
+	s.mu.Unlock()
+	if first {
+		_ = s.l.Post(s.drain)
+	}
 }
 
+// drain hands the pending notifications to the hub, on the loop.
+func (s *upstreamSide) drain() {
+	s.mu.Lock()
+	notes := s.pending
+	s.pending = nil
+	s.mu.Unlock()
+	for _, n := range notes {
+		s.h.onNotification(n.ch, n.payload)
+	}
+}
+
+// Health is ordered with the notifications: those reported before it are
+// handed to the hub first.
 func (s *upstreamSide) Health(healthy bool) {
 	s.mu.Lock()
 	s.healthy = healthy
 	s.mu.Unlock()
-	_ = s.l.Post(func() { s.h.onHealth(healthy) })
+	_ = s.l.Post(func() {
+		s.drain()
+		s.h.onHealth(healthy)
+	})
 }
 
 func (s *upstreamSide) Listen(ch string, done func(error)) {

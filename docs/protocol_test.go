@@ -346,11 +346,11 @@ func TestProtocolFacts(t *testing.T) {
 		want any
 		text string // must appear in protocol.md
 	}{
-		{"hub.DefaultHardQueueLimit", hub.DefaultHardQueueLimit, 1024, "`--hard-queue-limit` 1024 frames"},
-		{"hub.DefaultStallTimeout", hub.DefaultStallTimeout, 2 * time.Second, "`--stall-timeout` 2 s"},
-		{"hub.DefaultHardQueueBytes", hub.DefaultHardQueueBytes, 8 << 20, "`--hard-queue-bytes` 8 MiB"},
-		{"hub.DefaultDurableQueueLimit", hub.DefaultDurableQueueLimit, 256, "`--durable-queue-limit` 256"},
-		{"hub.DefaultStatusInterval", hub.DefaultStatusInterval, time.Second, "5 s by default"},
+		{"hub.DefaultConfig().HardQueueLimit", hub.DefaultConfig().HardQueueLimit, 1024, "`--hard-queue-limit` 1024 frames"},
+		{"hub.DefaultConfig().StallTimeout", hub.DefaultConfig().StallTimeout, 2 * time.Second, "`--stall-timeout` 2 s"},
+		{"hub.DefaultConfig().HardQueueBytes", hub.DefaultConfig().HardQueueBytes, 8 << 20, "`--hard-queue-bytes` 8 MiB"},
+		{"hub.DefaultConfig().DurableQueueLimit", hub.DefaultConfig().DurableQueueLimit, 256, "`--durable-queue-limit` 256"},
+		{"hub.DefaultConfig().StatusInterval", hub.DefaultConfig().StatusInterval, time.Second, "5 s by default"},
 		{"listener.MaxChannelLen", listener.MaxChannelLen, 63, "63 bytes (Postgres NAMEDATALEN-1)"},
 		{"pgbus LISTEN", "LISTEN " + listener.QuoteIdentifier("pgmq.q_"+"default"+".INSERT"), `LISTEN "pgmq.q_default.INSERT"`, "`LISTEN \"pgmq.q_default.INSERT\"`"},
 	} {

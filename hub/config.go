@@ -13,20 +13,44 @@ import (
 	"github.com/listenhub/listenhub/internal/pglisten"
 )
 
-// Defaults for the zero fields of a Config. They are docs/design.md's defaults.
+// DefaultConfig returns a Config with every field that has a default set
+// to it: what a zero field means (as nats.go's GetDefaultOptions). The
+// connection (SocketPath, DatabaseURL) is left empty. MaxOutboundBytes
+// depends on this machine's memory (see Config.MaxOutboundBytes).
+func DefaultConfig() Config {
+	return Config{
+		ApplicationName:     defaultApplicationName,
+		DurableQueueLimit:   defaultDurableQueueLimit,
+		HardQueueLimit:      defaultHardQueueLimit,
+		HardQueueBytes:      defaultHardQueueBytes,
+		MaxOutboundBytes:    defaultMaxOutboundBytes(),
+		StatusInterval:      defaultStatusInterval,
+		HealthCheckInterval: defaultHealthCheckInterval,
+		HealthCheckTimeout:  defaultHealthCheckTimeout,
+		AcceptBatch:         defaultAcceptBatch,
+		MaxWorkers:          defaultMaxWorkers,
+		MaxSubscriptions:    defaultMaxSubscriptions,
+		MaxChannels:         defaultMaxChannels,
+		FrameTimeout:        defaultFrameTimeout,
+		StallTimeout:        defaultStallTimeout,
+		SocketMode:          defaultSocketMode,
+	}
+}
+
+// The defaults of a Config's zero fields (DefaultConfig); docs/design.md's.
 const (
-	DefaultApplicationName     = "listenhub"
-	DefaultDurableQueueLimit   = 256
-	DefaultHardQueueLimit      = 1024
-	DefaultStatusInterval      = time.Second
-	DefaultHealthCheckInterval = 250 * time.Millisecond
-	DefaultHealthCheckTimeout  = time.Second
-	DefaultAcceptBatch         = 64
-	DefaultMaxWorkers          = 10000
-	DefaultMaxSubscriptions    = 10000
-	DefaultMaxChannels         = 50000
-	DefaultFrameTimeout        = 10 * time.Second
-	DefaultStallTimeout        = 2 * time.Second
+	defaultApplicationName     = "listenhub"
+	defaultDurableQueueLimit   = 256
+	defaultHardQueueLimit      = 1024
+	defaultStatusInterval      = time.Second
+	defaultHealthCheckInterval = 250 * time.Millisecond
+	defaultHealthCheckTimeout  = time.Second
+	defaultAcceptBatch         = 64
+	defaultMaxWorkers          = 10000
+	defaultMaxSubscriptions    = 10000
+	defaultMaxChannels         = 50000
+	defaultFrameTimeout        = 10 * time.Second
+	defaultStallTimeout        = 2 * time.Second
 
 	// maxInboundFrame (64 KiB) is the largest frame body the hub reads
 	// from a worker. A worker only ever sends sub and unsub, a few hundred
@@ -48,13 +72,13 @@ const (
 	// (Config.PostgresConnections).
 	fdReserve = 64
 
-	// DefaultHardQueueBytes (8 MiB) is the byte half of the hard limit.
+	// defaultHardQueueBytes (8 MiB) is the byte half of the hard limit.
 	// A NOTIFY payload is at most 8000 bytes, so a frame is at most about
 	// 8100 bytes unless the payload needs JSON escapes; 1024 such frames
 	// (8.3 MB) fit under 8 MiB (8.39 MB). The frame cap is therefore the one
 	// that normally bites, and the byte cap only stops payloads that escape
 	// heavily from pinning more than 8 MiB of hub memory per worker.
-	DefaultHardQueueBytes = 8 << 20
+	defaultHardQueueBytes = 8 << 20
 
 	// maxDurableFrame bounds one durable wake frame: the header and
 	// {"t":"wake","q":"…","p":null} with a name of at most channame.MaxLen
@@ -84,7 +108,7 @@ type Config struct {
 	ListenerFile *os.File
 
 	// SocketMode is the permission bits of the socket file the hub
-	// creates at SocketPath. Default 0600 (DefaultSocketMode): only the
+	// creates at SocketPath. Default 0600 (defaultSocketMode): only the
 	// hub's uid (and root) can connect. 0660 with SocketGroup lets a
 	// group's members connect; AllowUIDs still decides whom the hub
 	// serves. Not for a Listener, whose file belongs to whoever bound it
@@ -128,7 +152,7 @@ type Config struct {
 	// HardQueueBytes caps the pending bytes of one worker, durable wakes
 	// and answers again not counted: past it the worker is evicted at
 	// once, reading or not. It is what bounds the hub's memory for one
-	// worker. Default DefaultHardQueueBytes.
+	// worker. Default defaultHardQueueBytes.
 	HardQueueBytes int
 	// StallTimeout is how long a worker past HardQueueLimit may go
 	// without its socket taking a byte before it is evicted. Default 2s:
@@ -141,7 +165,7 @@ type Config struct {
 	// the worker holding the most is evicted (see outbudget.go): a hub
 	// whose workers all fall behind at once holds at most this much for
 	// them, not MaxWorkers times HardQueueBytes. Default
-	// DefaultMaxOutboundBytes(), sized to the machine; at least
+	// defaultMaxOutboundBytes(), sized to the machine; at least
 	// HardQueueBytes.
 	MaxOutboundBytes int
 
@@ -268,7 +292,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("hub: config: SocketPath (or Listener) is required")
 	}
 	if c.ApplicationName == "" {
-		c.ApplicationName = DefaultApplicationName
+		c.ApplicationName = defaultApplicationName
 	}
 	if c.SocketMode&^os.ModePerm != 0 {
 		return c, fmt.Errorf("hub: config: SocketMode %#o has more than permission bits", uint32(c.SocketMode))
@@ -277,7 +301,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("hub: config: SocketMode and SocketGroup are for a socket the hub creates; an inherited socket has its unit's SocketMode= and SocketGroup=")
 	}
 	if c.SocketMode == 0 {
-		c.SocketMode = DefaultSocketMode
+		c.SocketMode = defaultSocketMode
 	}
 	outboundDefault := c.MaxOutboundBytes == 0
 	defInt := func(v *int, def int, name string) error {
@@ -299,21 +323,21 @@ func (c Config) withDefaults() (Config, error) {
 		return nil
 	}
 	for _, err := range []error{
-		defInt(&c.DurableQueueLimit, DefaultDurableQueueLimit, "DurableQueueLimit"),
-		defInt(&c.HardQueueLimit, DefaultHardQueueLimit, "HardQueueLimit"),
-		defInt(&c.HardQueueBytes, DefaultHardQueueBytes, "HardQueueBytes"),
-		defInt(&c.MaxOutboundBytes, DefaultMaxOutboundBytes(), "MaxOutboundBytes"),
-		defInt(&c.AcceptBatch, DefaultAcceptBatch, "AcceptBatch"),
-		defInt(&c.MaxWorkers, DefaultMaxWorkers, "MaxWorkers"),
-		defInt(&c.MaxSubscriptions, DefaultMaxSubscriptions, "MaxSubscriptions"),
-		defInt(&c.MaxChannels, DefaultMaxChannels, "MaxChannels"),
-		defDur(&c.FrameTimeout, DefaultFrameTimeout, "FrameTimeout"),
-		defDur(&c.StallTimeout, DefaultStallTimeout, "StallTimeout"),
+		defInt(&c.DurableQueueLimit, defaultDurableQueueLimit, "DurableQueueLimit"),
+		defInt(&c.HardQueueLimit, defaultHardQueueLimit, "HardQueueLimit"),
+		defInt(&c.HardQueueBytes, defaultHardQueueBytes, "HardQueueBytes"),
+		defInt(&c.MaxOutboundBytes, defaultMaxOutboundBytes(), "MaxOutboundBytes"),
+		defInt(&c.AcceptBatch, defaultAcceptBatch, "AcceptBatch"),
+		defInt(&c.MaxWorkers, defaultMaxWorkers, "MaxWorkers"),
+		defInt(&c.MaxSubscriptions, defaultMaxSubscriptions, "MaxSubscriptions"),
+		defInt(&c.MaxChannels, defaultMaxChannels, "MaxChannels"),
+		defDur(&c.FrameTimeout, defaultFrameTimeout, "FrameTimeout"),
+		defDur(&c.StallTimeout, defaultStallTimeout, "StallTimeout"),
 		defInt(&c.PostgresConnections, 1, "PostgresConnections"),
 		defInt(&c.WriteThreads, defaultWriteThreads(), "WriteThreads"),
-		defDur(&c.StatusInterval, DefaultStatusInterval, "StatusInterval"),
-		defDur(&c.HealthCheckInterval, DefaultHealthCheckInterval, "HealthCheckInterval"),
-		defDur(&c.HealthCheckTimeout, DefaultHealthCheckTimeout, "HealthCheckTimeout"),
+		defDur(&c.StatusInterval, defaultStatusInterval, "StatusInterval"),
+		defDur(&c.HealthCheckInterval, defaultHealthCheckInterval, "HealthCheckInterval"),
+		defDur(&c.HealthCheckTimeout, defaultHealthCheckTimeout, "HealthCheckTimeout"),
 		defDur(&c.CommandTimeout, 0, "CommandTimeout"),
 		defDur(&c.ReconnectMin, 0, "ReconnectMin"),
 		defDur(&c.ReconnectMax, 0, "ReconnectMax"),

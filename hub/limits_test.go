@@ -264,9 +264,9 @@ func TestMaxWorkersFollowsFDLimit(t *testing.T) {
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
 	}
-	want := min(DefaultMaxWorkers, int(lim.Cur)-testutil.FDCount()-fdReserve)
+	want := min(defaultMaxWorkers, int(lim.Cur)-testutil.FDCount()-fdReserve)
 	// FDCount now and at Start differ by the test's own descriptors.
-	if got > DefaultMaxWorkers || got < want-8 || got > want+8 {
+	if got > defaultMaxWorkers || got < want-8 || got > want+8 {
 		t.Fatalf("max workers in force %d, want about %d (limit %d)", got, want, lim.Cur)
 	}
 }
@@ -297,7 +297,7 @@ func TestFDReserveGrowsWithPostgresConnections(t *testing.T) {
 		return got
 	}
 	one, sixteen := capWith(1), capWith(16)
-	if one >= DefaultMaxWorkers || one > 400-fdReserve {
+	if one >= defaultMaxWorkers || one > 400-fdReserve {
 		t.Fatalf("cap %d with K=1 under a limit 400 above the open descriptors: not lowered", one)
 	}
 	// The two hubs open the same descriptors; 15 more are kept back.
@@ -408,8 +408,8 @@ func TestDecoderBufferReleased(t *testing.T) {
 	if n := held(); n > 4<<10 {
 		t.Fatalf("decoder holds %d bytes after a 60 KiB frame", n)
 	}
-	e.advance(2 * DefaultStatusInterval)
-	e.advance(DefaultStatusInterval)
+	e.advance(2 * defaultStatusInterval)
+	e.advance(defaultStatusInterval)
 	if n := held(); n != 0 {
 		t.Fatalf("idle worker's decoder holds %d bytes", n)
 	}

@@ -25,7 +25,7 @@ func TestSetLive(t *testing.T) {
 		if n := len(e.clk.tickers); n != 2 || !e.clk.tickers[0].stopped || e.clk.tickers[1].d != 2*time.Second {
 			t.Errorf("status timer not restarted at 2s: %d tickers", n)
 		}
-		if got := e.h.cfg.HardQueueLimit; got != DefaultHardQueueLimit {
+		if got := e.h.cfg.HardQueueLimit; got != defaultHardQueueLimit {
 			t.Errorf("zero HardQueueLimit gave %d, want the default", got)
 		}
 	})

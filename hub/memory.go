@@ -44,7 +44,7 @@ type memSample struct {
 // grew by less than an eighth (or 4 MiB) since prev (the ordinary
 // allocations between two collections are no burst either).
 func shouldRelease(prev, cur memSample, base uint64) bool {
-	quiet := cur.accepts-prev.accepts < DefaultAcceptBatch && cur.heap <= prev.heap+max(prev.heap/8, 4<<20)
+	quiet := cur.accepts-prev.accepts < defaultAcceptBatch && cur.heap <= prev.heap+max(prev.heap/8, 4<<20)
 	return quiet && cur.heap > 2*base+memSlack
 }
 

@@ -57,10 +57,10 @@ const (
 	maxDefaultOutbound = 4 << 30
 )
 
-// DefaultMaxOutboundBytes is the default of Config.MaxOutboundBytes: an
+// defaultMaxOutboundBytes is the default of Config.MaxOutboundBytes: an
 // eighth of the memory available to the process (physical memory, or the
 // cgroup's memory.max when that is lower), at least 64 MiB and at most 4 GiB.
-func DefaultMaxOutboundBytes() int {
+func defaultMaxOutboundBytes() int {
 	mem := physicalMemory()
 	if cg := cgroupMemoryMax(); cg > 0 && (mem == 0 || cg < mem) {
 		mem = cg

@@ -229,8 +229,8 @@ func TestDefaultMaxOutboundBytes(t *testing.T) {
 			t.Errorf("outboundFor(%d) = %d, want %d", c.mem, got, c.want)
 		}
 	}
-	if d := DefaultMaxOutboundBytes(); d < 64<<20 || d > 4<<30 {
-		t.Fatalf("DefaultMaxOutboundBytes() = %d", d)
+	if d := defaultMaxOutboundBytes(); d < 64<<20 || d > 4<<30 {
+		t.Fatalf("defaultMaxOutboundBytes() = %d", d)
 	}
 	if _, err := New(Config{SocketPath: "x", HardQueueBytes: 1 << 20, MaxOutboundBytes: 1 << 19}); err == nil {
 		t.Fatal("a budget below HardQueueBytes was accepted")

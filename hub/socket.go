@@ -90,12 +90,12 @@ func checkSocket(path string) error {
 // rename(2), fails when path exists, so a hub started at the same moment
 // is still never replaced.
 func bindSocket(path string) (listenSocket, error) {
-	return bindSocketAs(path, socketPerm{mode: DefaultSocketMode, gid: -1})
+	return bindSocketAs(path, socketPerm{mode: defaultSocketMode, gid: -1})
 }
 
-// DefaultSocketMode is the mode of the socket file when Config.SocketMode
+// defaultSocketMode is the mode of the socket file when Config.SocketMode
 // is zero: the hub's own uid only (root can connect anyway).
-const DefaultSocketMode os.FileMode = 0o600
+const defaultSocketMode os.FileMode = 0o600
 
 // socketPerm is who may connect to the socket file: its permission bits,
 // and its group (-1: the hub's).
@@ -203,7 +203,7 @@ func setSocketPerm(name string, perm socketPerm) error {
 			return fmt.Errorf("hub: socket group %d: %w", perm.gid, err)
 		}
 	}
-	if perm.mode != DefaultSocketMode {
+	if perm.mode != defaultSocketMode {
 		if err := os.Chmod(name, perm.mode); err != nil {
 			return fmt.Errorf("hub: socket mode %#o: %w", perm.mode, err)
 		}

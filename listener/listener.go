@@ -22,10 +22,10 @@ import (
 	"github.com/listenhub/listenhub/internal/pglisten"
 )
 
-// DefaultApplicationName is the application_name a listener's backends
+// defaultApplicationName is the application_name a listener's backends
 // carry in pg_stat_activity unless the connection string or PGAPPNAME says
 // otherwise: `listenhub census` counts backends by it.
-const DefaultApplicationName = pglisten.DefaultApplicationName
+const defaultApplicationName = pglisten.DefaultApplicationName
 
 // MaxChannelLen is the longest channel name Postgres keeps: identifiers are
 // silently truncated at NAMEDATALEN-1 bytes, and a truncated LISTEN would
@@ -34,10 +34,10 @@ const MaxChannelLen = pglisten.MaxChannelLen
 
 // Defaults applied to the zero fields of a Config.
 const (
-	DefaultHealthCheckInterval = pglisten.DefaultHealthCheckInterval
-	DefaultHealthCheckTimeout  = pglisten.DefaultHealthCheckTimeout
-	DefaultReconnectMin        = pglisten.DefaultReconnectMin
-	DefaultReconnectMax        = pglisten.DefaultReconnectMax
+	defaultHealthCheckInterval = pglisten.DefaultHealthCheckInterval
+	defaultHealthCheckTimeout  = pglisten.DefaultHealthCheckTimeout
+	defaultReconnectMin        = pglisten.DefaultReconnectMin
+	defaultReconnectMax        = pglisten.DefaultReconnectMax
 )
 
 var (
@@ -68,12 +68,12 @@ type Config struct {
 
 	// HealthCheckInterval is how long an idle connection may stay silent
 	// before its delivery check runs; HealthCheckTimeout bounds the
-	// check's round trip. Defaults DefaultHealthCheckInterval and
-	// DefaultHealthCheckTimeout.
+	// check's round trip. Defaults defaultHealthCheckInterval and
+	// defaultHealthCheckTimeout.
 	HealthCheckInterval, HealthCheckTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the backoff between reconnect
-	// attempts (doubling, with jitter). Defaults DefaultReconnectMin and
-	// DefaultReconnectMax.
+	// attempts (doubling, with jitter). Defaults defaultReconnectMin and
+	// defaultReconnectMax.
 	ReconnectMin, ReconnectMax time.Duration
 
 	// OnNotification is called for every notification, in the order the
@@ -145,7 +145,7 @@ func (p *Conn) Close() error { return p.p.Close() }
 // pgconn.ParseConfig: a postgres:// URL, a key=value DSN, or "" for the PG*
 // environment variables alone (which also fill in whatever the string
 // leaves out). The application_name is applicationName, or
-// DefaultApplicationName when that is empty, unless the string or
+// defaultApplicationName when that is empty, unless the string or
 // PGAPPNAME already sets one.
 func ParseConfig(connString, applicationName string) (*pgconn.Config, error) {
 	return pglisten.ParseConfig(connString, applicationName)

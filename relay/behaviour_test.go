@@ -190,7 +190,7 @@ func TestRelayTLS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	n, err := db.QueryInt(ctx, `SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
-		WHERE a.application_name = $1 AND s.ssl`, DefaultApplicationName)
+		WHERE a.application_name = $1 AND s.ssl`, defaultApplicationName)
 	if err != nil {
 		t.Fatal(err)
 	}

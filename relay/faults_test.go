@@ -285,7 +285,7 @@ func TestRelayResyncOwed(t *testing.T) {
 		t.Errorf("LastError %q does not name the blocker", st.LastError)
 	}
 	// The NOTIFY connection dies during the wait.
-	if n, err := db.Terminate(ctx, DefaultApplicationName); err != nil || n != 1 {
+	if n, err := db.Terminate(ctx, defaultApplicationName); err != nil || n != 1 {
 		t.Fatalf("terminated %d NOTIFY backends (%v), want 1", n, err)
 	}
 	if _, err := blocker.Exec(ctx, "COMMIT"); err != nil {
@@ -321,13 +321,13 @@ func TestRelaySlotWaitLoggedWithoutNotifyConn(t *testing.T) {
 	rn := f.run(f.options())
 	testutil.WaitFor(t, 10*time.Second, "the slot creation waiting on a lock", func() bool {
 		n, err := db.QueryInt(ctx, `SELECT count(*)::int FROM pg_stat_activity
-			WHERE application_name = $1 AND backend_type = 'walsender' AND wait_event_type = 'Lock'`, DefaultApplicationName)
+			WHERE application_name = $1 AND backend_type = 'walsender' AND wait_event_type = 'Lock'`, defaultApplicationName)
 		return err == nil && n == 1
 	})
 	if strings.Contains(rn.log.String(), "waits for the transactions running") {
 		t.Skip("the wait was logged before the NOTIFY connection could be ended")
 	}
-	if n, err := db.Terminate(ctx, DefaultApplicationName); err != nil || n != 1 {
+	if n, err := db.Terminate(ctx, defaultApplicationName); err != nil || n != 1 {
 		t.Fatalf("terminated %d NOTIFY backends (%v), want 1", n, err)
 	}
 	testutil.WaitFor(t, 5*time.Second, "the wait logged with the blocker's pid", func() bool {

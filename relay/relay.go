@@ -39,21 +39,41 @@ import (
 
 // Defaults of Options (and of the command's flags).
 const (
-	DefaultPublication     = "listenhub"
-	DefaultSlot            = "listenhub_relay"
-	DefaultChannelTemplate = "{schema}.{table}.{op}"
-	DefaultOps             = OpInsert
-	DefaultWindow          = time.Millisecond
-	DefaultStandbyRetry    = time.Second
-	DefaultMaxLag          = 10 * time.Second
-	DefaultMaxLagBytes     = 1 << 30
-	DefaultApplicationName = "listenhub-relay"
-	DefaultStatusInterval  = 10 * time.Second
-	// DefaultConfigRetry is a second: a relay with RetryConfigErrors is back within 2 s
+	defaultPublication     = "listenhub"
+	defaultSlot            = "listenhub_relay"
+	defaultChannelTemplate = "{schema}.{table}.{op}"
+	defaultOps             = OpInsert
+	defaultWindow          = time.Millisecond
+	defaultStandbyRetry    = time.Second
+	defaultMaxLag          = 10 * time.Second
+	defaultMaxLagBytes     = 1 << 30
+	defaultApplicationName = "listenhub-relay"
+	defaultStatusInterval  = 10 * time.Second
+	// defaultConfigRetry is a second: a relay with RetryConfigErrors is back within 2 s
 	// of the fix (a publication created, a grant given). A retry costs
 	// two connections and the preflight's queries.
-	DefaultConfigRetry = time.Second
+	defaultConfigRetry = time.Second
 )
+
+// DefaultOptions returns Options with every field that has a default set
+// to it: what a zero field means (Window aside: zero there is no window,
+// one NOTIFY transaction per decoded transaction; DefaultOptions has the
+// window the command uses). ConnConfig is left nil.
+func DefaultOptions() Options {
+	return Options{
+		ApplicationName: defaultApplicationName,
+		Publication:     defaultPublication,
+		Slot:            defaultSlot,
+		ChannelTemplate: defaultChannelTemplate,
+		Ops:             defaultOps,
+		Window:          defaultWindow,
+		StandbyRetry:    defaultStandbyRetry,
+		MaxLag:          defaultMaxLag,
+		MaxLagBytes:     defaultMaxLagBytes,
+		StatusInterval:  defaultStatusInterval,
+		ConfigRetry:     defaultConfigRetry,
+	}
+}
 
 // visibilityRetry is how long the relay waits before it checks again
 // whether the transactions of a batch are visible: the gap between a commit
@@ -63,7 +83,7 @@ const visibilityRetry = 100 * time.Microsecond
 
 // Options configure a Relay. ConnConfig is required; the zero value of
 // every other field is its default, except Window (0 means one NOTIFY
-// transaction per decoded transaction; DefaultWindow is what the command
+// transaction per decoded transaction; defaultWindow is what the command
 // uses).
 type Options struct {
 	// ConnConfig is the server to read and NOTIFY on: a primary, through
@@ -73,16 +93,16 @@ type Options struct {
 	// modified.
 	ConnConfig *pgconn.Config
 	// ApplicationName of both connections, whatever ConnConfig says;
-	// DefaultApplicationName if empty.
+	// defaultApplicationName if empty.
 	ApplicationName string
-	// Publication the slot decodes; DefaultPublication if empty.
+	// Publication the slot decodes; defaultPublication if empty.
 	Publication string
 	// CreatePublication, when not empty, creates a missing publication
 	// with CREATE PUBLICATION <Publication> FOR <CreatePublication>, e.g.
 	// "TABLES IN SCHEMA pgmq" or "ALL TABLES". Empty: a missing
 	// publication is a ConfigError that names the SQL.
 	CreatePublication string
-	// Slot is the replication slot; DefaultSlot if empty. A permanent
+	// Slot is the replication slot; defaultSlot if empty. A permanent
 	// slot is created when missing and kept: it holds WAL while no relay
 	// reads it.
 	Slot string
@@ -91,10 +111,10 @@ type Options struct {
 	// committed then is covered by a resync: every channel of the
 	// publication is NOTIFYed once after the slot is created.
 	TemporarySlot bool
-	// ChannelTemplate names the channel of a change; DefaultChannelTemplate
+	// ChannelTemplate names the channel of a change; defaultChannelTemplate
 	// if empty ({schema}, {table} and {op}, op in upper case as TG_OP).
 	ChannelTemplate string
-	// Ops are the kinds of change NOTIFYed; DefaultOps if 0.
+	// Ops are the kinds of change NOTIFYed; defaultOps if 0.
 	Ops Ops
 	// Window is how long transactions decoded one after the other are
 	// gathered into one NOTIFY transaction. A batch goes out at once,
@@ -103,15 +123,15 @@ type Options struct {
 	// transaction.
 	Window time.Duration
 	// StandbyRetry is how often a relay whose slot is in use by another
-	// tries to take it; DefaultStandbyRetry if 0.
+	// tries to take it; defaultStandbyRetry if 0.
 	StandbyRetry time.Duration
 	// MaxLag and MaxLagBytes: above either, a warning is logged (at most
-	// once a minute). Defaults DefaultMaxLag and DefaultMaxLagBytes.
+	// once a minute). Defaults defaultMaxLag and defaultMaxLagBytes.
 	MaxLag      time.Duration
 	MaxLagBytes int64
 	// StatusInterval is how often an idle relay reports its position to
 	// the server and asks for an answer (which also tells it the
-	// connection is alive); DefaultStatusInterval if 0.
+	// connection is alive); defaultStatusInterval if 0.
 	StatusInterval time.Duration
 	// Logger receives the relay's log lines; slog.Default() if nil.
 	Logger *slog.Logger
@@ -123,7 +143,7 @@ type Options struct {
 	RetryConfigErrors bool
 	// ConfigRetry is how often a relay with RetryConfigErrors that is down
 	// tries again;
-	// DefaultConfigRetry if 0.
+	// defaultConfigRetry if 0.
 	ConfigRetry time.Duration
 	// RecreateInvalidSlot lets the relay drop and create again a slot that
 	// can no longer decode: invalidated (wal_status lost) or with a
@@ -137,28 +157,28 @@ type Options struct {
 // negative ones, by name.
 func (o Options) withDefaults() (Options, error) {
 	if err := errors.Join(
-		defaults.Or(&o.StandbyRetry, DefaultStandbyRetry, "Options.StandbyRetry"),
-		defaults.Or(&o.MaxLag, DefaultMaxLag, "Options.MaxLag"),
-		defaults.Or(&o.MaxLagBytes, DefaultMaxLagBytes, "Options.MaxLagBytes"),
-		defaults.Or(&o.StatusInterval, DefaultStatusInterval, "Options.StatusInterval"),
-		defaults.Or(&o.ConfigRetry, DefaultConfigRetry, "Options.ConfigRetry"),
+		defaults.Or(&o.StandbyRetry, defaultStandbyRetry, "Options.StandbyRetry"),
+		defaults.Or(&o.MaxLag, defaultMaxLag, "Options.MaxLag"),
+		defaults.Or(&o.MaxLagBytes, defaultMaxLagBytes, "Options.MaxLagBytes"),
+		defaults.Or(&o.StatusInterval, defaultStatusInterval, "Options.StatusInterval"),
+		defaults.Or(&o.ConfigRetry, defaultConfigRetry, "Options.ConfigRetry"),
 	); err != nil {
 		return o, fmt.Errorf("relay: %w", err)
 	}
 	if o.ApplicationName == "" {
-		o.ApplicationName = DefaultApplicationName
+		o.ApplicationName = defaultApplicationName
 	}
 	if o.Publication == "" {
-		o.Publication = DefaultPublication
+		o.Publication = defaultPublication
 	}
 	if o.Slot == "" {
-		o.Slot = DefaultSlot
+		o.Slot = defaultSlot
 	}
 	if o.ChannelTemplate == "" {
-		o.ChannelTemplate = DefaultChannelTemplate
+		o.ChannelTemplate = defaultChannelTemplate
 	}
 	if o.Ops == 0 {
-		o.Ops = DefaultOps
+		o.Ops = defaultOps
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -75,7 +75,7 @@ func (f *fixture) options() Options {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return Options{ConnConfig: cc, Publication: f.pub, Slot: f.slot, Window: DefaultWindow,
+	return Options{ConnConfig: cc, Publication: f.pub, Slot: f.slot, Window: defaultWindow,
 		Logger: slog.New(slog.NewTextHandler(testWriter{f.t}, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 }
 

@@ -134,7 +134,7 @@ func newTestRelay(t testing.TB, ops Ops) *Relay {
 	if err == nil {
 		t.Fatal("New without ConnConfig")
 	}
-	tm, _ := ParseTemplate(DefaultChannelTemplate)
+	tm, _ := ParseTemplate(defaultChannelTemplate)
 	o, _ := Options{Ops: ops}.withDefaults()
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	r = &Relay{opts: o, tmpl: tm, log: o.Logger, hist: histogram.New(commitToNotifyBounds), decodeHist: histogram.New(commitToNotifyBounds)}

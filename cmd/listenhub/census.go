@@ -27,7 +27,7 @@ const censusApp = "listenhub-census"
 func runCensus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("census")
 	databaseURL := fs.String("database-url", "", "PostgreSQL URL or key=value DSN (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-	appName := fs.String("application-name", hub.DefaultApplicationName, "application_name to count")
+	appName := fs.String("application-name", hub.DefaultConfig().ApplicationName, "application_name to count")
 	asJSON := fs.Bool("json", false, `print {"application_name":NAME,"backends":N}`)
 	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

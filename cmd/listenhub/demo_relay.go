@@ -182,7 +182,7 @@ func (d *relayDemo) setUp(ctx context.Context) (sock string, err error) {
 	}
 	warn := slog.New(slog.NewTextHandler(d.errw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	d.relay, err = relay.New(relay.Options{ConnConfig: cc, ApplicationName: d.schema + "-relay", Publication: d.schema,
-		Slot: d.schema, TemporarySlot: true, Window: relay.DefaultWindow, Logger: warn})
+		Slot: d.schema, TemporarySlot: true, Window: relay.DefaultOptions().Window, Logger: warn})
 	if err != nil {
 		return "", err
 	}

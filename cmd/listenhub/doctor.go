@@ -78,7 +78,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := newFlagSet("doctor")
 	databaseURL := fs.String("database-url", "", "PostgreSQL `URL` or key=value DSN to check (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
 	socket := fs.String("socket", "", "the hub's socket `PATH` to check (env "+envName("socket")+"; not checked when empty)")
-	appName := fs.String("application-name", hub.DefaultApplicationName, "the hubs' application_name `NAME`, counted as LISTEN backends (and NAME-local for fallen-back workers)")
+	appName := fs.String("application-name", hub.DefaultConfig().ApplicationName, "the hubs' application_name `NAME`, counted as LISTEN backends (and NAME-local for fallen-back workers)")
 	publication := fs.String("publication", "", "the relay's publication `NAME` to check (relay checks off when this and --slot are empty)")
 	slot := fs.String("slot", "", "the relay's replication slot `NAME` to check")
 	prefix := fs.String("channel-prefix", "", "the hub's --channel-prefix, for the check that it hears the URL's database")

@@ -32,17 +32,17 @@ type relayFlags struct {
 }
 
 func (f *relayFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.publication, "publication", relay.DefaultPublication, "the publication whose tables are relayed")
+	fs.StringVar(&f.publication, "publication", relay.DefaultOptions().Publication, "the publication whose tables are relayed")
 	fs.StringVar(&f.createPublication, "create-publication", "", "create a missing publication FOR this, e.g. 'TABLES IN SCHEMA pgmq'; without it a missing publication is an error that names the SQL")
-	fs.StringVar(&f.slot, "slot", relay.DefaultSlot, "the logical replication slot, created when missing; two relays on one slot are active and standby")
+	fs.StringVar(&f.slot, "slot", relay.DefaultOptions().Slot, "the logical replication slot, created when missing; two relays on one slot are active and standby")
 	fs.BoolVar(&f.temporarySlot, "temporary-slot", false, "a slot that lives as long as the relay's connection: no WAL held while it is down, a resync at every start instead")
 	fs.BoolVar(&f.recreateInvalidSlot, "recreate-invalid-slot", false, "drop and create again a slot that can no longer decode (invalidated past max_slot_wal_keep_size, or older than its publication), with a resync; without it the relay names the fix and stops")
-	fs.StringVar(&f.channelTemplate, "channel-template", relay.DefaultChannelTemplate, "the channel of a change: {schema}, {table}, {op} (INSERT, UPDATE, DELETE, TRUNCATE); the default is pgmq's")
-	fs.StringVar(&f.ops, "ops", relay.DefaultOps.String(), "the changes NOTIFYed: insert, update, delete, truncate, comma-separated, or all")
-	f.window = durationFlag(fs, "window", relay.DefaultWindow, "transactions decoded within this are NOTIFYed in one transaction, each channel once (at once when nothing more waits); 0: one per transaction")
-	f.standbyRetry = durationFlag(fs, "standby-retry", relay.DefaultStandbyRetry, "while another relay has the slot, try to take it this often")
-	f.maxLag = durationFlag(fs, "max-lag", relay.DefaultMaxLag, "warn when the NOTIFYs are further behind the commits than this")
-	fs.Int64Var(&f.maxLagBytes, "max-lag-bytes", relay.DefaultMaxLagBytes, "warn when the slot holds more WAL than this")
+	fs.StringVar(&f.channelTemplate, "channel-template", relay.DefaultOptions().ChannelTemplate, "the channel of a change: {schema}, {table}, {op} (INSERT, UPDATE, DELETE, TRUNCATE); the default is pgmq's")
+	fs.StringVar(&f.ops, "ops", relay.DefaultOptions().Ops.String(), "the changes NOTIFYed: insert, update, delete, truncate, comma-separated, or all")
+	f.window = durationFlag(fs, "window", relay.DefaultOptions().Window, "transactions decoded within this are NOTIFYed in one transaction, each channel once (at once when nothing more waits); 0: one per transaction")
+	f.standbyRetry = durationFlag(fs, "standby-retry", relay.DefaultOptions().StandbyRetry, "while another relay has the slot, try to take it this often")
+	f.maxLag = durationFlag(fs, "max-lag", relay.DefaultOptions().MaxLag, "warn when the NOTIFYs are further behind the commits than this")
+	fs.Int64Var(&f.maxLagBytes, "max-lag-bytes", relay.DefaultOptions().MaxLagBytes, "warn when the slot holds more WAL than this")
 }
 
 // options turns the flags into relay options; the error names the flag.
@@ -137,7 +137,7 @@ func parseRelay(args []string, stdout, stderr io.Writer) (*relayCmd, int) {
 	c := &relayCmd{fs: newFlagSet("relay"), stderr: stderr}
 	fs := c.fs
 	c.databaseURL = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct connection to the primary (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
-	c.appName = fs.String("application-name", relay.DefaultApplicationName, "application_name of the relay's two backends")
+	c.appName = fs.String("application-name", relay.DefaultOptions().ApplicationName, "application_name of the relay's two backends")
 	c.rf.register(fs)
 	c.metricsAddr = fs.String("metrics-addr", "", "serve /metrics, /healthz and /relay on this address, e.g. 127.0.0.1:9188 (off when empty)")
 	c.logFormat = fs.String("log-format", "text", "log format: text or json")

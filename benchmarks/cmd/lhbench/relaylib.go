@@ -26,9 +26,9 @@ import (
 func relayMain(args []string) error {
 	fs := flag.NewFlagSet("relay", flag.ExitOnError)
 	url := fs.String("database-url", "", "database URL")
-	pub := fs.String("publication", relay.DefaultPublication, "publication")
-	slot := fs.String("slot", relay.DefaultSlot, "replication slot")
-	window := fs.Duration("window", relay.DefaultWindow, "coalescing window")
+	pub := fs.String("publication", relay.DefaultOptions().Publication, "publication")
+	slot := fs.String("slot", relay.DefaultOptions().Slot, "replication slot")
+	window := fs.Duration("window", relay.DefaultOptions().Window, "coalescing window")
 	metrics := fs.String("metrics-addr", "", "serve /metrics here")
 	fs.String("log-level", "warn", "ignored (the embedded relay logs at warn)")
 	fs.Parse(args)

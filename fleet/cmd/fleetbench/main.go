@@ -124,69 +124,17 @@ func run(ctx context.Context, db *pgtest.Cluster, natsURL, arm string, h int, d 
 			c()
 		}
 	}()
+	var setUp func(context.Context, *pgconn.Config, string, int, *receivers) ([]func(), error)
 	switch arm {
 	case "direct":
-		// H listening backends: what H hubs with a connection each cost.
-		for range h {
-			l, err := listener.Connect(ctx, listener.Config{ConnConfig: cc.Copy(),
-				OnNotification: func(_, p string) { rec.wake(p) }})
-			if err != nil {
-				return result{}, err
-			}
-			if err := l.Listen(ctx, "bench"); err != nil {
-				return result{}, err
-			}
-			closers = append(closers, func() { l.Close() })
-		}
+		setUp = startDirect
 	case "nats":
-		subj, _ := fleet.NewSubjects("bench", "db")
-		bnc, err := nats.Connect(natsURL)
-		if err != nil {
-			return result{}, err
-		}
-		closers = append(closers, bnc.Close)
-		b, err := fleet.NewBridge(fleet.BridgeOptions{ConnConfig: cc, NATS: bnc, Subjects: subj})
-		if err != nil {
-			return result{}, err
-		}
-		bctx, cancel := context.WithCancel(ctx)
-		bdone := make(chan struct{})
-		go func() { defer close(bdone); b.Run(bctx) }()
-		closers = append(closers, func() { cancel(); <-bdone })
-		for !b.Active() {
-			time.Sleep(10 * time.Millisecond)
-		}
-		dir, _ := os.MkdirTemp("", "fleetbench")
-		closers = append(closers, func() { os.RemoveAll(dir) })
-		for i := range h {
-			nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
-			if err != nil {
-				return result{}, err
-			}
-			closers = append(closers, nc.Close)
-			up, err := fleet.NewUpstream(fleet.UpstreamOptions{NATS: nc, Subjects: subj, HubID: fmt.Sprint("hub", i)})
-			if err != nil {
-				return result{}, err
-			}
-			hb, err := hub.New(hub.Config{SocketPath: filepath.Join(dir, fmt.Sprint(i)), Upstream: up,
-				Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				return result{}, err
-			}
-			if err := hb.Start(ctx); err != nil {
-				return result{}, err
-			}
-			closers = append(closers, func() {
-				sctx, c := context.WithTimeout(ctx, 10*time.Second)
-				defer c()
-				hb.Stop(sctx)
-			})
-			w, err := dialWorker(filepath.Join(dir, fmt.Sprint(i)), "bench", rec.wake)
-			if err != nil {
-				return result{}, err
-			}
-			closers = append(closers, w)
-		}
+		setUp = startNATS
+	}
+	cs, err := setUp(ctx, cc, natsURL, h, rec)
+	closers = append(closers, cs...)
+	if err != nil {
+		return result{}, err
 	}
 	conn, err := pgx.Connect(ctx, db.URL())
 	if err != nil {
@@ -232,4 +180,76 @@ func run(ctx context.Context, db *pgtest.Cluster, natsURL, arm string, h int, d 
 		p99:      q(0.99),
 		lost:     rec.want.Load() - rec.got.Load(),
 	}, nil
+}
+
+// startDirect opens h listening backends: what h hubs with a connection
+// each cost the primary.
+func startDirect(ctx context.Context, cc *pgconn.Config, _ string, h int, rec *receivers) (closers []func(), err error) {
+	// H listening backends: what H hubs with a connection each cost.
+	for range h {
+		l, err := listener.Connect(ctx, listener.Config{ConnConfig: cc.Copy(),
+			OnNotification: func(_, p string) { rec.wake(p) }})
+		if err != nil {
+			return closers, err
+		}
+		if err := l.Listen(ctx, "bench"); err != nil {
+			return closers, err
+		}
+		closers = append(closers, func() { l.Close() })
+	}
+	return closers, nil
+}
+
+// startNATS runs one bridge and h hubs fed by it over NATS, a worker on
+// each.
+func startNATS(ctx context.Context, cc *pgconn.Config, natsURL string, h int, rec *receivers) (closers []func(), err error) {
+	subj, _ := fleet.NewSubjects("bench", "db")
+	bnc, err := nats.Connect(natsURL)
+	if err != nil {
+		return closers, err
+	}
+	closers = append(closers, bnc.Close)
+	b, err := fleet.NewBridge(fleet.BridgeOptions{ConnConfig: cc, NATS: bnc, Subjects: subj})
+	if err != nil {
+		return closers, err
+	}
+	bctx, cancel := context.WithCancel(ctx)
+	bdone := make(chan struct{})
+	go func() { defer close(bdone); b.Run(bctx) }()
+	closers = append(closers, func() { cancel(); <-bdone })
+	for !b.Active() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	dir, _ := os.MkdirTemp("", "fleetbench")
+	closers = append(closers, func() { os.RemoveAll(dir) })
+	for i := range h {
+		nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
+		if err != nil {
+			return closers, err
+		}
+		closers = append(closers, nc.Close)
+		up, err := fleet.NewUpstream(fleet.UpstreamOptions{NATS: nc, Subjects: subj, HubID: fmt.Sprint("hub", i)})
+		if err != nil {
+			return closers, err
+		}
+		hb, err := hub.New(hub.Config{SocketPath: filepath.Join(dir, fmt.Sprint(i)), Upstream: up,
+			Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return closers, err
+		}
+		if err := hb.Start(ctx); err != nil {
+			return closers, err
+		}
+		closers = append(closers, func() {
+			sctx, c := context.WithTimeout(ctx, 10*time.Second)
+			defer c()
+			hb.Stop(sctx)
+		})
+		w, err := dialWorker(filepath.Join(dir, fmt.Sprint(i)), "bench", rec.wake)
+		if err != nil {
+			return closers, err
+		}
+		closers = append(closers, w)
+	}
+	return closers, nil
 }

@@ -90,36 +90,10 @@ func runDemo(ctx context.Context, out io.Writer, args []string) error {
 	defer os.RemoveAll(dir)
 	var lat latencies
 	var healthy atomic.Int32
-	for i := range *hubs {
-		nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1))
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		up, err := fleet.NewUpstream(fleet.UpstreamOptions{NATS: nc, Subjects: subj, HubID: fmt.Sprint("host", i), Logger: quiet})
-		if err != nil {
-			return err
-		}
-		sock := filepath.Join(dir, fmt.Sprint(i))
-		h, err := hub.New(hub.Config{SocketPath: sock, Upstream: up, Logger: quiet})
-		if err != nil {
-			return err
-		}
-		if err := h.Start(ctx); err != nil {
-			return err
-		}
-		defer func() {
-			sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-			defer c()
-			h.Stop(sctx)
-		}()
-		c, err := net.Dial("unix", sock)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		go readWakes(c, &lat, &healthy)
-		c.Write(frame.AppendSub(nil, "demo"))
+	stopHubs, err := startHubs(ctx, *hubs, ns.ClientURL(), subj, dir, &lat, &healthy)
+	defer stopHubs()
+	if err != nil {
+		return err
 	}
 	pg, err := pgx.Connect(ctx, url) // the notifier's
 	if err != nil {
@@ -151,6 +125,11 @@ func runDemo(ctx context.Context, out io.Writer, args []string) error {
 	for !b.Active() && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
+	return reportEverySecond(ctx, out, probe, *hubs, &sent, &lat, &healthy)
+}
+
+// reportEverySecond prints the demo's line every second until ctx ends.
+func reportEverySecond(ctx context.Context, out io.Writer, probe *pgx.Conn, hubs int, sent *atomic.Int64, lat *latencies, healthy *atomic.Int32) error {
 	start := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -169,8 +148,8 @@ func runDemo(ctx context.Context, out io.Writer, args []string) error {
 		}
 		s, w, p50, p99 := sent.Load(), lat.count(), lat.quantile(0.5), lat.quantile(0.99)
 		fmt.Fprintf(out, "%5.0fs  backends %d (%d with direct LISTEN)  notify/s %d  wakes/s %d  p50 %v  p99 %v  hubs healthy %d/%d\n",
-			time.Since(start).Seconds(), backends, *hubs, s-lastSent, w-lastWakes,
-			p50.Round(time.Microsecond), p99.Round(time.Microsecond), healthy.Load(), *hubs)
+			time.Since(start).Seconds(), backends, hubs, s-lastSent, w-lastWakes,
+			p50.Round(time.Microsecond), p99.Round(time.Microsecond), healthy.Load(), hubs)
 		lastSent, lastWakes = s, w
 	}
 }
@@ -243,4 +222,48 @@ func (l *latencies) quantile(q float64) time.Duration {
 	}
 	slices.Sort(s)
 	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// startHubs starts n hubs fed through NATS, each with a worker subscribed
+// to "demo" whose wakes lat times; stop undoes what was started.
+func startHubs(ctx context.Context, n int, natsURL string, subj fleet.Subjects, dir string, lat *latencies, healthy *atomic.Int32) (stop func(), err error) {
+	var closers []func()
+	stop = func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	for i := range n {
+		nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
+		if err != nil {
+			return stop, err
+		}
+		closers = append(closers, nc.Close)
+		up, err := fleet.NewUpstream(fleet.UpstreamOptions{NATS: nc, Subjects: subj, HubID: fmt.Sprint("host", i), Logger: quiet})
+		if err != nil {
+			return stop, err
+		}
+		sock := filepath.Join(dir, fmt.Sprint(i))
+		h, err := hub.New(hub.Config{SocketPath: sock, Upstream: up, Logger: quiet})
+		if err != nil {
+			return stop, err
+		}
+		if err := h.Start(ctx); err != nil {
+			return stop, err
+		}
+		closers = append(closers, func() {
+			sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+			defer c()
+			h.Stop(sctx)
+		})
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return stop, err
+		}
+		closers = append(closers, func() { c.Close() })
+		go readWakes(c, lat, healthy)
+		c.Write(frame.AppendSub(nil, "demo"))
+	}
+	return stop, nil
 }

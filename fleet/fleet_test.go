@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +22,7 @@ import (
 	"github.com/listenhub/listenhub/hub"
 	"github.com/listenhub/listenhub/internal/pgtest"
 	"github.com/listenhub/listenhub/internal/pgtest/pgtesting"
+	"github.com/listenhub/listenhub/monitor"
 )
 
 var db *pgtest.Cluster
@@ -93,7 +96,7 @@ func startBridge(t *testing.T, url string) (*fleet.Bridge, func()) {
 
 // startHub runs a hub fed by an Upstream on url; its socket path is
 // returned.
-func startHub(t *testing.T, url string, opts ...nats.Option) (string, *fleet.Upstream) {
+func startHub(t *testing.T, url string, opts ...nats.Option) (string, *fleet.Upstream, *hub.Hub) {
 	t.Helper()
 	var up *fleet.Upstream
 	nc := natsConn(t, url, append(opts,
@@ -118,7 +121,7 @@ func startHub(t *testing.T, url string, opts ...nats.Option) (string, *fleet.Ups
 		defer cancel()
 		h.Stop(ctx)
 	})
-	return sock, up
+	return sock, up, h
 }
 
 // worker is a raw protocol client of the hub.
@@ -238,7 +241,7 @@ func TestFleetDeliversThroughOneListen(t *testing.T) {
 	startBridge(t, ns.ClientURL())
 	var ws []*worker
 	for range 3 {
-		sock, _ := startHub(t, ns.ClientURL())
+		sock, _, _ := startHub(t, ns.ClientURL())
 		w := dialWorker(t, sock)
 		w.until("healthy", isStatus(true))
 		w.subscribe("orders")
@@ -277,7 +280,7 @@ func TestFleetBridgeTakeover(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	b, _ := startBridge(t, ns.ClientURL())
-	sock, up := startHub(t, ns.ClientURL())
+	sock, up, _ := startHub(t, ns.ClientURL())
 	w := dialWorker(t, sock)
 	w.until("healthy", isStatus(true))
 	w.subscribe("jobs")
@@ -305,7 +308,7 @@ func TestFleetBridgeTakeover(t *testing.T) {
 func TestFleetForeignMessagesDropped(t *testing.T) {
 	ns := startNATS(t, 0)
 	startBridge(t, ns.ClientURL())
-	sock, up := startHub(t, ns.ClientURL())
+	sock, up, _ := startHub(t, ns.ClientURL())
 	w := dialWorker(t, sock)
 	w.until("healthy", isStatus(true))
 	w.subscribe("chat")
@@ -336,7 +339,7 @@ func TestFleetNATSDownAndBack(t *testing.T) {
 	ns := startNATS(t, 0)
 	port := ns.Addr().(*net.TCPAddr).Port
 	startBridge(t, ns.ClientURL())
-	sock, up := startHub(t, ns.ClientURL())
+	sock, up, h := startHub(t, ns.ClientURL())
 	w := dialWorker(t, sock)
 	w.until("healthy", isStatus(true))
 	w.subscribe("feed")
@@ -344,6 +347,11 @@ func TestFleetNATSDownAndBack(t *testing.T) {
 	w.until("healthy:false", isStatus(false))
 	if r := up.Reason(); r == "" {
 		t.Fatal("unhealthy without a reason")
+	}
+	rec := httptest.NewRecorder()
+	monitor.Handler(h, monitor.Options{}).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "upstream unhealthy: NATS disconnected") {
+		t.Fatalf("/healthz: %d %q", rec.Code, rec.Body.String())
 	}
 	t.Logf("while NATS is down: %s", up.Reason())
 	startNATS(t, port)
@@ -393,7 +401,7 @@ func TestFleetClusterNodeLost(t *testing.T) {
 	ns := startCluster(t, 3)
 	startBridge(t, ns[0].ClientURL())
 	all := ns[1].ClientURL() + "," + ns[2].ClientURL() + "," + ns[0].ClientURL()
-	sock, up := startHub(t, all, nats.DontRandomize()) // on ns[1], the first
+	sock, up, _ := startHub(t, all, nats.DontRandomize()) // on ns[1], the first
 	w := dialWorker(t, sock)
 	w.until("healthy", isStatus(true))
 	w.subscribe("news")
@@ -416,7 +424,7 @@ func TestFleetClusterNodeLost(t *testing.T) {
 func TestFleetInterestLease(t *testing.T) {
 	ns := startNATS(t, 0)
 	b, _ := startBridge(t, ns.ClientURL())
-	sock, up := startHub(t, ns.ClientURL())
+	sock, up, _ := startHub(t, ns.ClientURL())
 	w := dialWorker(t, sock)
 	w.until("healthy", isStatus(true))
 	w.subscribe("kept")
@@ -458,7 +466,7 @@ func TestFleetInterestLease(t *testing.T) {
 // for Postgres), and is acked once the bridge LISTENs.
 func TestFleetSubscribeBeforeTheBridge(t *testing.T) {
 	ns := startNATS(t, 0)
-	sock, _ := startHub(t, ns.ClientURL())
+	sock, _, _ := startHub(t, ns.ClientURL())
 	w := dialWorker(t, sock)
 	if _, err := w.c.Write(frame.AppendSub(nil, "early")); err != nil {
 		t.Fatal(err)

@@ -15,7 +15,8 @@ import (
 // the Upstream keeps its side of the contract below.
 //
 // The hub calls Listen, Unlisten and Close from its loop goroutine; they
-// must not block. The Upstream calls their done functions, and the
+// must not block. An Upstream with a method Reason() string (why it is not
+// healthy, "" when it is) has it said on monitor's /healthz. The Upstream calls their done functions, and the
 // UpstreamSink's methods, from any goroutine.
 type Upstream interface {
 	// Open starts the upstream, which reports to sink until Close.

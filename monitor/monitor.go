@@ -115,7 +115,13 @@ func Handler(h *hub.Hub, o Options) http.Handler {
 		}
 		if !h.Stats().PostgresHealthy {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "postgres unhealthy")
+			// A hub fed by an Upstream that says why (a fleet's:
+			// NATS, the bridge's heartbeat, its Postgres) says it.
+			if up, ok := h.Config().Upstream.(interface{ Reason() string }); ok && up.Reason() != "" {
+				fmt.Fprintln(w, "upstream unhealthy:", up.Reason())
+			} else {
+				fmt.Fprintln(w, "postgres unhealthy")
+			}
 		} else {
 			fmt.Fprintln(w, "ok")
 		}

@@ -36,6 +36,9 @@ const stopTimeout = 10 * time.Second
 // the hub (and the relay of --relay), then run it until a signal stops it,
 // an upgrade replaces it or a misconfiguration ends it.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if _, ok := upstreamArg(args); ok {
+		return serveUpstream(args, stderr)
+	}
 	f, code := parseServe(args, stdout, stderr)
 	if f == nil {
 		return code
@@ -100,6 +103,9 @@ func (f *serveFlags) define() {
 	fs := f.fs
 	f.databaseURL = fs.String("database-url", "", "PostgreSQL URL or key=value DSN of a direct (or session-pooled) connection (env "+envName("database-url")+", then DATABASE_URL, then the libpq PG* variables)")
 	f.socket = fs.String("socket", "", socketHelp)
+	// Read before parsing (runServe): a hub fed through NATS is
+	// listenhub-fleet's. Here for -h and the docs' checks.
+	fs.String("upstream", "", "a hub fed through NATS, not Postgres: runs listenhub-fleet serve (beside this binary or on PATH; exit 2 without it) with these arguments")
 	f.prefix = fs.String("channel-prefix", "", "Postgres channel = prefix + Q + suffix (pgbus: pgmq.q_)")
 	f.suffix = fs.String("channel-suffix", "", "Postgres channel suffix (pgbus: .INSERT)")
 	f.appName = fs.String("application-name", hub.DefaultConfig().ApplicationName, "application_name of the hub's backend, counted by census")

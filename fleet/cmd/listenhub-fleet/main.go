@@ -38,7 +38,7 @@ import (
 
 const usage = `listenhub-fleet bridge --database-url URL --nats URL [--subject-prefix P] [--database NAME] [--nats-ca FILE] [--nats-user U --nats-password-file F | --nats-token-file F]
     hold the database's one LISTEN for the fleet and publish every notification on NATS (run two or more: one is active)
-listenhub-fleet serve --socket PATH --upstream URL --database NAME [--subject-prefix P] [--hub-id ID] [--metrics-addr ADDR] [NATS flags as bridge's]
+listenhub-fleet serve --socket PATH --upstream URL (--database NAME | --database-url URL) [--subject-prefix P] [--hub-id ID] [--metrics-addr ADDR] [NATS flags as bridge's]
     a hub whose notifications come from NATS through the active bridge; no Postgres connection
 listenhub-fleet demo [--hubs N] [--rate N] [--duration D] [--database-url URL]
     a local NATS, a throwaway cluster, a bridge and N hubs with a worker each; a line a second
@@ -231,6 +231,7 @@ func runServe(ctx context.Context, log *slog.Logger, args []string) error {
 	socket := fs.String("socket", "", "the hub's Unix socket")
 	hubID := fs.String("hub-id", "", "this hub's name at the bridge (default: the host name and the socket)")
 	metricsAddr := fs.String("metrics-addr", "", "host:port of /metrics, /healthz and /status (empty: none)")
+	dbURL := fs.String("database-url", "", "only for the database's name in the subjects, when --database is not given (no connection is made)")
 	nf := addNATSFlags(fs, "upstream", "NATS URL(s) the hub takes its notifications from (nats://host:4222)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -238,8 +239,15 @@ func runServe(ctx context.Context, log *slog.Logger, args []string) error {
 	if *socket == "" {
 		return usageError{errors.New("serve: no --socket")}
 	}
+	if *nf.database == "" && *dbURL != "" {
+		cc, err := pgconn.ParseConfig(*dbURL)
+		if err != nil {
+			return usageError{fmt.Errorf("serve: --database-url: %w", err)}
+		}
+		*nf.database = cc.Database
+	}
 	if *nf.database == "" {
-		return usageError{errors.New("serve: no --database (the bridge's database name in the subjects)")}
+		return usageError{errors.New("serve: no --database (the bridge's database name in the subjects) nor --database-url")}
 	}
 	subj, err := fleet.NewSubjects(*nf.prefix, *nf.database)
 	if err != nil {

@@ -248,3 +248,61 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("no wakes:\n%s", out)
 	}
 }
+
+// `listenhub serve --upstream` is listenhub-fleet's serve when that is
+// installed beside it: the same command line, the database's name taken
+// from --database-url, no Postgres connection; without it, exit 2 and
+// what to install.
+func TestListenhubServeUpstream(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "listenhub-fleet"), ".").CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	alone := t.TempDir()
+	for _, d := range []string{dir, alone} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(d, "listenhub"), "github.com/listenhub/listenhub/cmd/listenhub").CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(wait) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(ns.Shutdown)
+
+	cmd := exec.Command(filepath.Join(alone, "listenhub"), "serve", "--upstream", ns.ClientURL(), "--socket", filepath.Join(alone, "s"))
+	cmd.Env = append(cmd.Environ(), "PATH=/usr/bin:/bin")
+	out, err := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(string(out), "listenhub-fleet") {
+		t.Fatalf("without listenhub-fleet: exit %d (%v)\n%s", code, err, out)
+	}
+
+	start(t, filepath.Join(dir, "listenhub-fleet"), "bridge", "--database-url", db.URL(), "--nats", ns.ClientURL())
+	sock := filepath.Join(dir, "hub.sock")
+	start(t, filepath.Join(dir, "listenhub"), "serve", "--upstream", ns.ClientURL(), "--database-url", db.URL(), "--socket", sock)
+	var c net.Conn
+	waitFor(t, "the hub's socket", func() bool {
+		c, err = net.Dial("unix", sock)
+		return err == nil
+	})
+	defer c.Close()
+	c.Write(frame.AppendSub(nil, "via"))
+	var dec frame.Decoder
+	buf := make([]byte, 4096)
+	acked := false
+	for !acked {
+		c.SetReadDeadline(time.Now().Add(wait))
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("no ack: %v", err)
+		}
+		dec.Feed(buf[:n])
+		for m, ok, _ := dec.Next(); ok; m, ok, _ = dec.Next() {
+			acked = acked || m.Type == frame.TypeAck && m.Name == "via"
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -268,10 +269,13 @@ func (f *Failover) onHubWake(hc *hubConn, w Wake) {
 
 // onLocalWake routes a wake of the local listener: during a cut, up to
 // the marker only.
-func (f *Failover) onLocalWake(w Wake) {
+func (f *Failover) onLocalWake(live *atomic.Bool, w Wake) {
 	h := f.h.OnWake
 	f.dispatch.Lock()
 	defer f.dispatch.Unlock()
+	if !live.Load() {
+		return // swapped out by a fail-back: the hub delivers from the cut on
+	}
 	if c := f.cut; c != nil {
 		switch {
 		case w.Name == c.q:

@@ -203,6 +203,10 @@ func (f *Failover) failback(local Listener, attempt int) (stop bool) {
 			}
 			recorded := keys(f.subs)
 			f.mode, f.reason, f.hub, f.local, f.cand = ModeHub, nil, hc, nil, nil
+			if f.localLive != nil {
+				f.localLive.Store(false) // before the cut goes: see localLive
+				f.localLive = nil
+			}
 			hc.current.Store(true)
 			f.mu.Unlock()
 			swapped = true

@@ -747,3 +747,31 @@ func TestFailoverHandlerOrder(t *testing.T) {
 		t.Fatalf("two handler calls ran at once: %v", seq)
 	}
 }
+
+// A wake the local listener hands over as the fail-back closes it (a
+// notification already read when Close was called) is not delivered: the
+// hub delivers from the swap on, so it would arrive twice.
+func TestFailbackDropsTheClosedLocalsStraggler(t *testing.T) {
+	h := newFakeHub(t, true)
+	rec := &recorder{}
+	f, fl, sw := newFailbackTest(t, h, rec, FailoverOptions{})
+	fc := h.accept()
+	mustSubscribe(t, f, "a")
+	fc.expectSubs(t, 1)
+	fc.c.Close()
+	sw.waitLocal(t)
+	local := fl.get(t)
+	local.notify("a", "while local")
+	back := h.accept()
+	back.expectSubs(t, 1)
+	testutil.WaitFor(t, waitLong, "back on the hub", func() bool { return sw.failbacks.Load() == 1 })
+	local.notify("a", "straggler") // what a closing listener may still hand over
+	back.wake("a", "from the hub")
+	testutil.WaitFor(t, waitLong, "the hub's wake", func() bool { return rec.has("wake a from the hub") })
+	if rec.has("wake a straggler") {
+		t.Fatalf("the closed local listener's wake was delivered: %v", rec.snapshot())
+	}
+	if !rec.has("wake a while local") {
+		t.Fatalf("the local listener's wake before the fail-back is missing: %v", rec.snapshot())
+	}
+}

@@ -199,11 +199,16 @@ type Failover struct {
 	// (logged at ERROR once).
 	wrongDatabase atomic.Bool
 
-	mu         sync.Mutex
-	mode       Mode
-	reason     error    // the hub failure that made it local; nil in hub mode
-	hub        *hubConn // the current hub client (ModeHub); nil in local mode
-	local      Listener // the current local listener (ModeLocal); nil in hub mode
+	mu     sync.Mutex
+	mode   Mode
+	reason error    // the hub failure that made it local; nil in hub mode
+	hub    *hubConn // the current hub client (ModeHub); nil in local mode
+	local  Listener // the current local listener (ModeLocal); nil in hub mode
+	// localLive is the current local listener's flag: its wakes are
+	// delivered while it is set, and a fail-back clears it at the swap,
+	// so that a wake the listener was handing over as it closed is not
+	// delivered after the cut is gone (the hub delivers it).
+	localLive  *atomic.Bool
 	cand       *hubConn // a fail-back's hub client until it is swapped in or given up
 	localSince time.Time
 	subs       map[string]struct{} // the recorded set
@@ -299,13 +304,15 @@ func NewFailover(ctx context.Context, opts FailoverOptions, h FailoverHandlers) 
 			f.log.Info("listenhub: no hub on this platform, listening locally", "reason", err)
 		}
 		lctx, cancel := context.WithTimeout(ctx, opts.Local.CommandTimeout)
-		local, lerr := newLocal(lctx, f.localCfg, f.localHandlers())
+		handlers, live := f.localHandlers()
+		local, lerr := newLocal(lctx, f.localCfg, handlers)
 		cancel()
 		if lerr != nil {
 			return nil, &FailoverError{Hub: err, Local: lerr}
 		}
 		f.mu.Lock() // the local listener's goroutine is already running
 		f.mode, f.reason, f.hub, f.local, f.localSince = ModeLocal, err, nil, local, time.Now()
+		f.localLive = live
 		f.mu.Unlock()
 		f.startLocal(local)
 		if h := h.OnStatus; h != nil {
@@ -334,9 +341,12 @@ func (f *Failover) dialHub(ctx context.Context, hc *hubConn) (*Conn, error) {
 	})
 }
 
-// localHandlers are the handlers of a local listener of the Failover.
-func (f *Failover) localHandlers() Handlers {
-	return Handlers{OnWake: f.onLocalWake, OnStatus: f.onLocalStatus}
+// localHandlers are the handlers of a new local listener of the Failover,
+// and its live flag (set: its wakes are delivered; see localLive).
+func (f *Failover) localHandlers() (Handlers, *atomic.Bool) {
+	live := new(atomic.Bool)
+	live.Store(true)
+	return Handlers{OnWake: func(w Wake) { f.onLocalWake(live, w) }, OnStatus: f.onLocalStatus}, live
 }
 
 // Mode returns where wakes come from now. During a failover it is still
@@ -555,7 +565,8 @@ func (f *Failover) failover(reason error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), f.opts.Local.CommandTimeout)
 	defer cancel()
-	local, err := newLocal(ctx, f.localCfg, f.localHandlers())
+	handlers, live := f.localHandlers()
+	local, err := newLocal(ctx, f.localCfg, handlers)
 	if err != nil {
 		f.die(&FailoverError{Hub: reason, Local: err})
 		return
@@ -580,6 +591,7 @@ func (f *Failover) failover(reason error) {
 			}
 			recorded := keys(f.subs)
 			f.mode, f.reason, f.hub, f.local, f.localSince = ModeLocal, reason, nil, local, time.Now()
+			f.localLive = live
 			f.endSwapLocked()
 			f.mu.Unlock()
 			f.startLocal(local)
